@@ -1,0 +1,41 @@
+# adam8 — the two quickstart commands are `make lab` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_PIN := torch==2.13.0
+# Where torch comes from. Empty = pip's default (a local wheel here; PyPI elsewhere).
+# On a CPU-only Linux box elsewhere: make lab TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
+EXTRAS ?= course,test,gpu
+PYTEST := $(PY) -m pytest
+
+.PHONY: lab test unit nbtest setup exercises outputs grade bench clean help
+
+help:
+	@echo "make lab    - set up .venv (first time) and start JupyterLab on the course"
+	@echo "make test   - set up .venv (first time) and run the whole test suite"
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) $(TORCH_PIN)
+	$(PY) -m pip install -q -c constraints.txt -e ".[$(EXTRAS)]"
+	@touch $@
+
+setup: $(VENV)/.installed
+
+lab: setup
+	$(VENV)/bin/jupyter lab notebooks/
+
+# The whole suite: unit tests, then notebooks through nbval (as they exist).
+test: setup
+	$(PYTEST) tests
+	@nb=$$(ls notebooks/*.ipynb solutions/*.ipynb 2>/dev/null); \
+	if [ -n "$$nb" ]; then $(PYTEST) --nbval --nbval-current-env -p no:randomly $$nb; fi
+
+unit: setup
+	$(PYTEST) tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

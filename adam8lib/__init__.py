@@ -1,0 +1,45 @@
+"""adam8lib — 8-bit Adam built from scratch, the library of the adam8 course.
+
+Modules, in the order the course builds them:
+
+* :mod:`adam8lib.ema` — moving averages of g and g², bias correction (lesson 02)
+* :mod:`adam8lib.adam` — the fp32 Adam/AdamW rule, equal to torch.optim (lesson 03)
+* :mod:`adam8lib.quant` — absmax int8, the dynamic map, blockwise quantization (04–06)
+* :mod:`adam8lib.optim` — ``Adam8bit`` / ``AdamW8bit`` (07), stepping through
+  :mod:`adam8lib.kernels` (reference PyTorch, Triton (08), fast CPU)
+* :mod:`adam8lib.memory` — estimated and measured optimizer memory (01, 09)
+* :mod:`adam8lib.training` — weight-decay groups and DistilBERT for fine-tuning (10)
+"""
+
+from .adam import adam_step
+from .ema import adam_moments, bias_correction, ema_update
+from .memory import compute_optimizer_size, estimate_optimizer_memory
+from .optim import Adam8bit, AdamW8bit
+from .quant import (
+    absmax_dequantize,
+    absmax_quantize,
+    dequantize_blockwise,
+    dynamic_map,
+    quantize_blockwise,
+)
+from .training import decay_parameter_names, make_param_groups
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Adam8bit",
+    "AdamW8bit",
+    "adam_step",
+    "adam_moments",
+    "bias_correction",
+    "ema_update",
+    "absmax_quantize",
+    "absmax_dequantize",
+    "dynamic_map",
+    "quantize_blockwise",
+    "dequantize_blockwise",
+    "estimate_optimizer_memory",
+    "compute_optimizer_size",
+    "decay_parameter_names",
+    "make_param_groups",
+]

@@ -1,0 +1,233 @@
+"""Quantization: linear (absmax) int8, the dynamic tree map, and blockwise quantization.
+
+Three ideas, in the order the course teaches them:
+
+1. **Linear absmax int8** (lesson 04). One scale per tensor::
+
+       q = round(127 * x / max|x|)          x ≈ q * max|x| / 127
+
+   Simple, but one outlier stretches the scale and every small value collapses to 0.
+
+2. **The dynamic (tree) map** (lesson 05). 256 fp32 values, dense near 0 and sparse near
+   ±1, covering seven decades (1e-7 … 1). A value is stored as the *index* (a uint8 "code")
+   of the nearest map entry to ``x / absmax``. ``dynamic_map`` rebuilds the table that
+   bitsandbytes uses, bit for bit.
+
+3. **Blockwise** (lesson 06). Cut the flat tensor into blocks of ``blocksize`` elements and
+   keep one fp32 ``absmax`` per block, so an outlier only hurts its own block::
+
+       absmax[b] = max_{i in b} |x_i|           code_i = argmin_k |map[k] - x_i / absmax[b]|
+       x_i ≈ map[code_i] * absmax[b]
+
+Rounding rule (used by every backend, Triton included): the code is the *exact* nearest
+map entry; on an exact tie the lower index wins. An all-zero block has ``absmax = 0`` and
+stores the code of 0.0, so it dequantizes to exact zeros (no NaN).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "absmax_quantize",
+    "absmax_dequantize",
+    "dynamic_map",
+    "linear_map",
+    "nearest_code",
+    "quantize_blockwise",
+    "dequantize_blockwise",
+    "num_blocks",
+    "check_blocksize",
+    "SUPPORTED_BLOCKSIZES",
+]
+
+#: Blocksizes accepted everywhere: powers of two from 64 to 4096 (bitsandbytes uses 256,
+#: the 8-bit optimizers paper used 2048).
+SUPPORTED_BLOCKSIZES = tuple(2**k for k in range(6, 13))
+
+
+def _require_float(x: torch.Tensor, what: str = "x") -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{what} must be a floating-point tensor to quantize, got dtype {x.dtype}")
+
+
+def check_blocksize(blocksize: int) -> int:
+    """Return ``blocksize`` if it is supported, else raise ValueError."""
+    if isinstance(blocksize, bool) or not isinstance(blocksize, int) or blocksize not in SUPPORTED_BLOCKSIZES:
+        raise ValueError(
+            f"Unsupported blocksize: {blocksize!r}; use a power of two in {list(SUPPORTED_BLOCKSIZES)}"
+        )
+    return blocksize
+
+
+def num_blocks(n: int, blocksize: int) -> int:
+    """Number of blocks for ``n`` elements: ceil(n / blocksize) (the tail block may be short)."""
+    return -(-n // blocksize)
+
+
+# ----------------------------------------------------------------------------------------
+# 1. Linear absmax int8
+# ----------------------------------------------------------------------------------------
+def absmax_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric linear int8 quantization with one scale for the whole tensor.
+
+    Returns ``(q, absmax)`` with ``q = round(127 * x / absmax)`` as int8 and ``absmax``
+    a 0-d fp32 tensor. An all-zero tensor gives ``absmax = 0`` and ``q = 0``.
+    """
+    _require_float(x)
+    x32 = x.float()
+    absmax = x32.abs().amax() if x32.numel() else torch.zeros((), dtype=torch.float32)
+    scale = torch.where(absmax > 0, 127.0 / absmax, torch.zeros_like(absmax))
+    q = torch.round(x32 * scale).clamp_(-127, 127).to(torch.int8)
+    return q, absmax
+
+
+def absmax_dequantize(q: torch.Tensor, absmax: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`absmax_quantize`: ``q * absmax / 127`` in fp32."""
+    if q.dtype != torch.int8:
+        raise TypeError(f"q must be int8 codes from absmax_quantize, got dtype {q.dtype}")
+    return q.float() * (torch.as_tensor(absmax, dtype=torch.float32) / 127.0)
+
+
+# ----------------------------------------------------------------------------------------
+# 2. Quantization maps
+# ----------------------------------------------------------------------------------------
+def dynamic_map(signed: bool = True) -> torch.Tensor:
+    """The 256-entry dynamic (tree) quantization map, sorted ascending, fp32.
+
+    Built the way the 8-bit optimizers paper describes it: seven "decades" 1e-6 … 1; decade
+    ``i`` holds the midpoints of an evenly spaced grid on [0.1, 1] scaled by ``10**(i-6)``.
+    Decade ``i`` has ``2**i`` values (signed, mirrored to the negatives) or ``2**(i+1)``
+    values (unsigned, all positive, so twice as fine). Then 0 and 1.0 are added.
+
+    * signed: range [-0.99297, 1.0], 0.0 at index 127 — used for Adam's first moment ``m``;
+    * unsigned: range [0, 1.0], 0.0 at index 0 — used for the second moment ``v >= 0``.
+
+    Bit-identical to ``bitsandbytes.functional.create_dynamic_map(signed)`` (tested): the
+    grid, the midpoints and the scaling are all computed in fp32.
+    """
+    values = [torch.tensor([0.0, 1.0], dtype=torch.float32)]
+    for i in range(7):
+        n_points = (2**i if signed else 2 ** (i + 1)) + 1
+        grid = torch.linspace(0.1, 1.0, n_points, dtype=torch.float32)
+        midpoints = (grid[:-1] + grid[1:]) / 2.0
+        decade = midpoints * (10.0 ** (i - 6))  # fp32 times the scale: same rounding as bnb
+        values.append(decade)
+        if signed:
+            values.append(-decade)
+    table = torch.cat(values)
+    assert table.numel() == 256, table.numel()
+    return torch.sort(table).values
+
+
+def linear_map(signed: bool = True) -> torch.Tensor:
+    """A 256-entry *linear* map (evenly spaced), for comparing against the dynamic map.
+
+    signed: ``linspace(-1, 1, 256)``; unsigned: ``linspace(0, 1, 256)``. Used with
+    :func:`quantize_blockwise` it gives plain blockwise linear quantization.
+    """
+    return torch.linspace(-1.0 if signed else 0.0, 1.0, 256, dtype=torch.float32)
+
+
+def nearest_code(x: torch.Tensor, code: torch.Tensor, *, keep_sign: bool = False) -> torch.Tensor:
+    """Index (uint8) of the nearest entry of the sorted map ``code`` for each value of ``x``.
+
+    Binary search (``searchsorted``) finds the first entry ``>= x``; the answer is that entry
+    or the one before it, whichever is closer; on an exact tie the lower index wins.
+
+    ``keep_sign=True`` is the rule bitsandbytes applies to Adam's first moment: a negative
+    value whose nearest entry is ``>= 0`` moves one code down (to the smallest negative
+    entry), so a small negative momentum never becomes zero or positive.
+    """
+    x = x.float()
+    hi = torch.searchsorted(code, x).clamp_(1, code.numel() - 1)
+    lo = hi - 1
+    pick_hi = (code[hi] - x) < (x - code[lo])
+    idx = torch.where(pick_hi, hi, lo)
+    if keep_sign:
+        idx = idx - ((x < 0) & (code[idx] >= 0)).long()
+    return idx.to(torch.uint8)
+
+
+# ----------------------------------------------------------------------------------------
+# 3. Blockwise quantization
+# ----------------------------------------------------------------------------------------
+def _as_blocks(flat: torch.Tensor, blocksize: int) -> torch.Tensor:
+    """View a flat tensor as (num_blocks, blocksize), zero-padding the ragged tail."""
+    n = flat.numel()
+    pad = num_blocks(n, blocksize) * blocksize - n
+    if pad:
+        flat = torch.nn.functional.pad(flat, (0, pad))
+    return flat.view(-1, blocksize)
+
+
+def quantize_blocks(
+    flat32: torch.Tensor, code: torch.Tensor, blocksize: int, *, keep_sign: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize a flat fp32 tensor: returns (codes uint8 flat, absmax fp32 per block).
+
+    The building block shared by :func:`quantize_blockwise` and the optimizer backends.
+    """
+    n = flat32.numel()
+    blocks = _as_blocks(flat32, blocksize)
+    absmax = blocks.abs().amax(dim=1)
+    inv = torch.where(absmax > 0, 1.0 / absmax, torch.zeros_like(absmax))
+    normalized = (blocks * inv[:, None]).view(-1)[:n]
+    return nearest_code(normalized, code, keep_sign=keep_sign), absmax
+
+
+def dequantize_blocks(codes: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, blocksize: int) -> torch.Tensor:
+    """Inverse of :func:`quantize_blocks`: flat fp32 values ``code[codes] * absmax[block]``."""
+    n = codes.numel()
+    values = _as_blocks(code[codes.long()], blocksize)
+    return (values * absmax[:, None]).view(-1)[:n]
+
+
+def quantize_blockwise(
+    x: torch.Tensor, code: torch.Tensor | None = None, blocksize: int = 256
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Blockwise quantization with a 256-entry map (the signed dynamic map by default).
+
+    Returns ``(codes, absmax)``: ``codes`` is uint8 with the shape of ``x``; ``absmax`` is
+    fp32 with ``ceil(x.numel() / blocksize)`` entries. Any length works (the last block may
+    be short) and non-contiguous inputs are read in their logical (row-major) order.
+    """
+    _require_float(x)
+    check_blocksize(blocksize)
+    code = _check_code(code, x.device)
+    codes, absmax = quantize_blocks(x.reshape(-1).float(), code, blocksize)
+    return codes.view(x.shape), absmax
+
+
+def dequantize_blockwise(
+    codes: torch.Tensor,
+    absmax: torch.Tensor,
+    code: torch.Tensor | None = None,
+    blocksize: int = 256,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Inverse of :func:`quantize_blockwise`: ``code[codes] * absmax[block]``, shape kept."""
+    if not isinstance(codes, torch.Tensor) or codes.dtype != torch.uint8:
+        raise TypeError(f"codes must be a uint8 tensor, got {getattr(codes, 'dtype', type(codes).__name__)}")
+    check_blocksize(blocksize)
+    code = _check_code(code, codes.device)
+    expected = num_blocks(codes.numel(), blocksize)
+    if absmax.numel() != expected:
+        raise ValueError(
+            f"absmax has {absmax.numel()} entries but {codes.numel()} codes in blocks of {blocksize} need {expected}"
+        )
+    out = dequantize_blocks(codes.reshape(-1), absmax.reshape(-1).float(), code, blocksize)
+    return out.view(codes.shape).to(dtype)
+
+
+def _check_code(code: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    if code is None:
+        return dynamic_map(signed=True).to(device)
+    _require_float(code, "code")
+    if code.shape != (256,):
+        raise ValueError(f"code must be a 256-entry map, got shape {tuple(code.shape)}")
+    if bool((code[1:] < code[:-1]).any()):
+        raise ValueError("code must be sorted ascending (nearest-code search is a binary search)")
+    return code.to(device=device, dtype=torch.float32)
