@@ -10,7 +10,7 @@ TORCH_INDEX ?=
 EXTRAS ?= course,test,gpu
 PYTEST := $(PY) -m pytest
 
-.PHONY: lab test unit nbtest setup exercises outputs grade bench clean help
+.PHONY: lab test unit setup exercises outputs grade bench clean help
 
 help:
 	@echo "make lab    - set up .venv (first time) and start JupyterLab on the course"
@@ -39,3 +39,22 @@ unit: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
+
+# ---- course tooling (each target's module is documented in README) ----
+# Re-execute lessons and solutions on the CPU and store their outputs (deterministic).
+outputs: setup
+	$(PY) -m adam8lib.notebooks execute notebooks solutions
+
+# Regenerate the learner workbooks from the solutions.
+exercises: setup
+	$(PY) -m adam8lib.grading.generate solutions exercises
+
+# Grade a class: one subfolder of notebooks per learner -> grades/gradebook.csv
+SUBMISSIONS ?= submissions
+grade: setup
+	$(PY) -m adam8lib.grading.gradebook $(SUBMISSIONS) --out grades/gradebook.csv
+
+# Side-by-side CPU benchmark of the 8-bit step (writes bench/README.md tables).
+bench: setup
+	$(PY) bench/bench_step.py
+
