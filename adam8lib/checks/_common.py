@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
@@ -87,13 +88,9 @@ def require_callable(fn: Any, name: str = "your function") -> Callable:
 
 
 def _short(value: Any) -> str:
-    try:
-        import torch
-
-        if isinstance(value, torch.Tensor):
-            return f"tensor(shape={tuple(value.shape)}, dtype={value.dtype})"
-    except ImportError:  # pragma: no cover - torch is a dependency
-        pass
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return f"tensor(shape={tuple(value.shape)}, dtype={value.dtype})"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -116,17 +113,15 @@ def call(fn: Callable, *args: Any, **kwargs: Any) -> Any:
 
 
 def _to_tensor(value: Any):
-    import torch
-
-    if isinstance(value, torch.Tensor):
+    """``value`` as a torch tensor if it is a tensor or a NumPy array, else None."""
+    torch = sys.modules.get("torch")  # not imported yet -> value cannot be a tensor
+    if torch is not None and isinstance(value, torch.Tensor):
         return value
-    try:
-        import numpy as np
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(value, np.ndarray):
+        import torch
 
-        if isinstance(value, np.ndarray):
-            return torch.from_numpy(value)
-    except ImportError:  # pragma: no cover
-        pass
+        return torch.from_numpy(value)
     return None
 
 
@@ -151,8 +146,6 @@ def assert_close(
     (compared item by item). ``dtype`` requires that dtype of a tensor result;
     ``check_dtype=True`` requires the dtype of ``expected``.
     """
-    import torch
-
     if actual is None and expected is not None:
         fail(f"{what} is None.", hint="did you forget to `return` the result?")
     if isinstance(expected, Mapping):
@@ -193,6 +186,8 @@ def assert_close(
         if not ok:
             fail(f"{what} = {actual!r}, expected {expected!r} (difference {abs(a - e):.3g}).", hint)
         return
+
+    import torch
 
     act_t = _to_tensor(actual)
     if act_t is None:
