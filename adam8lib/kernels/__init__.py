@@ -9,7 +9,8 @@ and parameters within 1e-6 of the reference. Backends:
   registered by :mod:`adam8lib.kernels.triton` when triton imports;
 * further backends register themselves with :func:`register_backend`.
 
-``"auto"`` takes the first *available* backend in :data:`AUTO_ORDER` for the tensor's device.
+``"auto"`` takes the first *available* backend in :data:`AUTO_ORDER` for the tensor's device;
+it never picks ``"triton"`` for CPU tensors (the interpreter is thousands of times slower).
 """
 
 from __future__ import annotations
@@ -80,6 +81,8 @@ def get_backend(name: str, device: torch.device | str) -> Backend:
     device = torch.device(device)
     if name == "auto":
         for candidate in AUTO_ORDER:
+            if candidate == "triton" and device.type != "cuda":
+                continue  # the Triton interpreter (CPU, TRITON_INTERPRET=1) is for lessons and tests only: too slow
             backend = _BACKENDS.get(candidate)
             if backend is not None and backend.supports(device):
                 return backend

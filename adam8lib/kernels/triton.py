@@ -1,0 +1,378 @@
+"""The fused 8-bit Adam step as Triton kernels (lesson 08).
+
+On a CUDA GPU the kernels are compiled; on a CPU they run in Triton's *interpreter*
+(``TRITON_INTERPRET=1``, set before this module is imported — ``adam8lib.course.setup()``
+does it), which executes every program with NumPy: slow, but the same code, so the course
+can test it anywhere.
+
+Three kernels, sharing two small helpers:
+
+* ``_quantize_kernel``   x -> (codes, absmax): blockwise quantization with a 256-entry map;
+* ``_dequantize_kernel`` (codes, absmax) -> x;
+* ``_adam8bit_kernel``   the whole optimizer step in **one pass over memory**: for each block,
+  load p, g, both codes and both absmax; dequantize; update in fp32; compute the new
+  absmax; requantize; store p, codes, absmax. Nothing else touches global memory.
+
+Work split (the "tile"). One program handles ``ROWS`` consecutive quantization blocks, seen
+as a ``[ROWS, BLOCKSIZE]`` tile, so a block's absmax is ``max(|x|, axis=1)`` and never needs
+another program. ``ROWS = 2048 // blocksize`` (at least 1): each program moves a 2048-element
+tile, eight elements per thread with ``num_warps=8``, so loads of p and g are 16-byte vectors
+and codes are read four bytes at a time. Offsets are int64, so tensors past 2**31 elements work.
+
+Nearest code (the only non-elementwise part). The 256-entry map is sorted, so the code of a
+normalized value ``x`` comes from a branch-free binary search: eight halving steps find
+``pos = #(map entries < x)``, each step one ``tl.load`` from the map at a per-element address.
+The map is 1 KiB, so after the first touch every such load is an L1 hit; the first steps
+are (nearly) uniform across a warp and the later ones touch only a few cache lines. Then,
+exactly like :func:`adam8lib.quant.nearest_code`: compare the two neighbours ``map[pos-1]``,
+``map[pos]``; the closer wins, a tie goes to the lower index; for Adam's first moment a
+negative value never gets a code ``>= 0`` (bitsandbytes' keep-sign rule).
+
+Bit-exactness with the reference backend (:mod:`adam8lib.kernels.reference`): every fp32
+operation is written in the reference's order with correctly rounded division and square root
+(``div_rn``, ``sqrt_rn``: no approximate ``div.full``/``sqrt.approx``), and the two moment
+updates use an explicit fused multiply-add exactly where PyTorch's kernels use one::
+
+    m = fma(g, 1-b1, b1*m)         # torch: m.mul_(b1).add_(g, alpha=1-b1)   (vectorized fmadd)
+    v = fma((1-b2)*g, g, b2*v)     # torch: v.mul_(b2).addcmul_(g, g, value=1-b2)
+
+Kernels are launched with ``enable_fp_fusion=False`` so the compiler adds no other FMA.
+Under the interpreter (NumPy fp32, a true fp32 fma) the result is bit-identical to the
+reference on PyTorch's AVX2/AVX512 CPU kernels: same absmax, same codes, same parameters.
+On a GPU the states are expected to be identical too, but torch's CUDA ``addcdiv`` rounds
+``p + a*(m/d)`` where the CPU rounds ``p + (a*m)/d``: the *parameter* may differ from the GPU
+reference by an ulp of the update (then by one ulp of bf16/fp16 after rounding); see
+tests/test_kernels.py for the rule the GPU tests apply.
+
+Hyperparameters arrive as fp32 scalars, as PyTorch's do (``beta1``, ``1-beta1`` ... are
+computed in Python double precision, then rounded once).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from . import register_backend
+from ..quant import _check_code, _require_float, check_blocksize, num_blocks
+
+__all__ = [
+    "adam8bit_step_triton",
+    "quantize_blockwise_triton",
+    "dequantize_blockwise_triton",
+    "supports",
+    "launch_config",
+    "INTERPRETED",
+]
+
+#: Elements per program on a GPU (a power of two; a block larger than this gets a program of its own).
+TILE_ELEMENTS = 2048
+#: Elements per program in the interpreter, where each program costs ~0.1 s of Python whatever its size.
+INTERPRETER_TILE_ELEMENTS = 1 << 16
+#: Largest finite fp32: ``|g| <= FLT_MAX`` is false exactly for NaN and +-Inf.
+FLT_MAX = tl.constexpr(3.4028234663852886e38)
+
+
+# ----------------------------------------------------------------------------------------
+# Helpers (inlined into each kernel)
+# ----------------------------------------------------------------------------------------
+@triton.jit
+def _tile(n, BLOCKSIZE: tl.constexpr, ROWS: tl.constexpr):
+    """This program's ROWS blocks: block indices [ROWS], element offsets [ROWS, BLOCKSIZE], mask."""
+    blocks = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    offsets = blocks[:, None] * BLOCKSIZE + tl.arange(0, BLOCKSIZE)[None, :]
+    return blocks, offsets, offsets < n
+
+
+@triton.jit
+def _nearest_code(x, qmap_ptr, KEEP_SIGN: tl.constexpr):
+    """Index (int32) of the map entry nearest to each x; ties -> lower index.
+
+    Same rule as ``adam8lib.quant.nearest_code``, i.e. torch.searchsorted + two neighbours.
+    """
+    # Binary search: pos = number of map entries < x, in 8 halving steps over 256 entries.
+    pos = tl.zeros(x.shape, dtype=tl.int32)
+    for k in tl.static_range(8):
+        step = 128 >> k  # 128, 64, ..., 1
+        probe = tl.load(qmap_ptr + pos + (step - 1))
+        # go right when map[pos+step-1] < x (written as "not >=" so NaN goes right, like searchsorted)
+        pos = tl.where(probe >= x, pos, pos + step)
+    # The nearest entry is one of the two neighbours map[lo], map[hi] around x.
+    hi = tl.minimum(tl.maximum(pos, 1), 255)
+    lo = hi - 1
+    above = tl.load(qmap_ptr + hi)
+    below = tl.load(qmap_ptr + lo)
+    pick_hi = (above - x) < (x - below)  # strict: a tie keeps the lower index
+    idx = tl.where(pick_hi, hi, lo)
+    if KEEP_SIGN:
+        # bitsandbytes' rule for m: a negative value must not get a code >= 0 -> one code down
+        value = tl.where(pick_hi, above, below)
+        idx = tl.where((x < 0) & (value >= 0), idx - 1, idx)
+    return idx
+
+
+@triton.jit
+def _to_dtype(x, DTYPE: tl.constexpr):
+    """fp32 -> DTYPE, rounding to nearest even like torch's ``.to()``.
+
+    For bf16 the rounding is done by hand on the bits (Triton's interpreter truncates
+    fp32 -> bf16; a GPU rounds to nearest even; this way both agree with torch).
+    """
+    if DTYPE == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = bits + 0x7FFF + ((bits >> 16) & 1)  # round half to even on the 16 dropped bits
+        rounded = (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        return tl.where(x == x, rounded, x.to(tl.bfloat16))  # NaN stays NaN
+    else:
+        return x.to(DTYPE)
+
+
+@triton.jit
+def _quantize_tile(x, mask, qmap_ptr, KEEP_SIGN: tl.constexpr):
+    """Blockwise quantization of a [ROWS, BLOCKSIZE] fp32 tile: (codes int32, absmax [ROWS])."""
+    absmax = tl.max(tl.where(mask, tl.abs(x), 0.0), axis=1)  # absmax[b] = max_i |x_bi|
+    # inv = 1/absmax, or 0 for an all-zero block (so its codes are the code of 0.0)
+    safe = tl.where(absmax > 0, absmax, 1.0)
+    inv = tl.where(absmax > 0, tl.math.div_rn(1.0, safe), 0.0)
+    codes = _nearest_code(x * inv[:, None], qmap_ptr, KEEP_SIGN)
+    return codes, absmax
+
+
+# ----------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------
+@triton.jit
+def _quantize_kernel(x_ptr, codes_ptr, absmax_ptr, qmap_ptr, n, n_blocks,
+                     BLOCKSIZE: tl.constexpr, ROWS: tl.constexpr, KEEP_SIGN: tl.constexpr):
+    blocks, offsets, mask = _tile(n, BLOCKSIZE, ROWS)
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    codes, absmax = _quantize_tile(x, mask, qmap_ptr, KEEP_SIGN)
+    tl.store(codes_ptr + offsets, codes.to(tl.uint8), mask=mask)
+    tl.store(absmax_ptr + blocks, absmax, mask=blocks < n_blocks)
+
+
+@triton.jit
+def _dequantize_kernel(codes_ptr, absmax_ptr, qmap_ptr, out_ptr, n, n_blocks,
+                       BLOCKSIZE: tl.constexpr, ROWS: tl.constexpr):
+    blocks, offsets, mask = _tile(n, BLOCKSIZE, ROWS)
+    codes = tl.load(codes_ptr + offsets, mask=mask, other=0).to(tl.int32)
+    absmax = tl.load(absmax_ptr + blocks, mask=blocks < n_blocks, other=0.0)
+    x = tl.load(qmap_ptr + codes) * absmax[:, None]  # x = map[code] * absmax[block]
+    tl.store(out_ptr + offsets, _to_dtype(x, out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _adam8bit_kernel(p_ptr, g_ptr, state1_ptr, state2_ptr, absmax1_ptr, absmax2_ptr, qmap1_ptr, qmap2_ptr,
+                     n, n_blocks,
+                     beta1, one_minus_beta1, beta2, one_minus_beta2, eps,
+                     decay, neg_step_size, bias_correction2_sqrt,
+                     BLOCKSIZE: tl.constexpr, ROWS: tl.constexpr):
+    blocks, offsets, mask = _tile(n, BLOCKSIZE, ROWS)
+    block_mask = blocks < n_blocks
+
+    # 1. load and dequantize the states: m = qmap1[state1] * absmax1, v = qmap2[state2] * absmax2
+    code1 = tl.load(state1_ptr + offsets, mask=mask, other=0).to(tl.int32)
+    code2 = tl.load(state2_ptr + offsets, mask=mask, other=0).to(tl.int32)
+    absmax1 = tl.load(absmax1_ptr + blocks, mask=block_mask, other=0.0)
+    absmax2 = tl.load(absmax2_ptr + blocks, mask=block_mask, other=0.0)
+    m = tl.load(qmap1_ptr + code1) * absmax1[:, None]
+    v = tl.load(qmap2_ptr + code2) * absmax2[:, None]
+
+    # 2. moments in fp32: m = b1*m + (1-b1)*g,  v = b2*v + (1-b2)*g^2  (fma where torch has one)
+    g = tl.load(g_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    m = tl.math.fma(g, one_minus_beta1, m * beta1)
+    v = tl.math.fma(g * one_minus_beta2, g, v * beta2)
+    finite = tl.abs(g) <= FLT_MAX  # false for NaN and +-Inf ...
+    m = tl.where(finite, m, 0.0)  # ... whose element restarts from m = v = 0
+    v = tl.where(finite, v, 0.0)
+
+    # 3. parameter in fp32: p = p*(1 - lr*wd) - lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
+    p = tl.load(p_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    denom = tl.math.div_rn(tl.math.sqrt_rn(v), bias_correction2_sqrt) + eps
+    new_p = p * decay + tl.math.div_rn(neg_step_size * m, denom)
+    new_p = tl.where(finite, new_p, p)  # a non-finite gradient leaves its parameter alone
+    tl.store(p_ptr + offsets, _to_dtype(new_p, p_ptr.dtype.element_ty), mask=mask)
+
+    # 4. requantize with fresh per-block absmax (m keeps its sign; v >= 0 uses the unsigned map)
+    code1, absmax1 = _quantize_tile(m, mask, qmap1_ptr, KEEP_SIGN=True)
+    code2, absmax2 = _quantize_tile(v, mask, qmap2_ptr, KEEP_SIGN=False)
+    tl.store(state1_ptr + offsets, code1.to(tl.uint8), mask=mask)
+    tl.store(state2_ptr + offsets, code2.to(tl.uint8), mask=mask)
+    tl.store(absmax1_ptr + blocks, absmax1, mask=block_mask)
+    tl.store(absmax2_ptr + blocks, absmax2, mask=block_mask)
+
+
+# ----------------------------------------------------------------------------------------
+# Python side: checks, launch configuration, the backend entry point
+# ----------------------------------------------------------------------------------------
+#: True when the kernels above were built by Triton's interpreter (TRITON_INTERPRET=1 at import).
+INTERPRETED = not isinstance(_adam8bit_kernel, triton.runtime.JITFunction)
+
+_PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def supports(device: torch.device | str) -> bool:
+    """The Triton backend runs on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1``."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return True
+    return device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def launch_config(blocksize: int, tile: int | None = None, num_warps: int | None = None) -> tuple[int, int]:
+    """``(rows, num_warps)``: blocks per program and warps per program for ``blocksize``.
+
+    A program covers ``rows * blocksize = max(tile, blocksize)`` elements (``tile`` defaults
+    to :data:`TILE_ELEMENTS`, or :data:`INTERPRETER_TILE_ELEMENTS` in the interpreter), with
+    256 elements per warp (8 per thread) unless told otherwise (at most 16 warps).
+    """
+    if tile is None:
+        tile = INTERPRETER_TILE_ELEMENTS if INTERPRETED else TILE_ELEMENTS
+    if tile < 1 or tile & (tile - 1):
+        raise ValueError(f"tile must be a power of two, got {tile}")
+    rows = max(1, tile // blocksize)
+    if num_warps is None:
+        num_warps = min(16, max(1, rows * blocksize // 256))
+    return rows, num_warps
+
+
+def _check_runnable(device: torch.device) -> None:
+    if device.type == "cpu" and not INTERPRETED:
+        raise RuntimeError(
+            "Triton kernels run on CPU tensors only in interpreter mode, and adam8lib.kernels.triton was "
+            "imported without TRITON_INTERPRET=1. Set it before anything imports this module "
+            "(adam8lib.course.setup() does), or use CUDA tensors."
+        )
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"The Triton backend needs CUDA (or CPU under TRITON_INTERPRET=1) tensors, got {device}")
+
+
+def _launch(kernel, n_blocks: int, rows: int, num_warps: int, *args, **constexprs) -> None:
+    grid = (triton.cdiv(n_blocks, rows),)
+    kernel[grid](*args, ROWS=rows, num_warps=num_warps, enable_fp_fusion=False, **constexprs)
+
+
+@torch.no_grad()
+def adam8bit_step_triton(
+    p: torch.Tensor,
+    g: torch.Tensor,
+    state1: torch.Tensor,
+    state2: torch.Tensor,
+    absmax1: torch.Tensor,
+    absmax2: torch.Tensor,
+    qmap1: torch.Tensor,
+    qmap2: torch.Tensor,
+    *,
+    step: int,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    blocksize: int,
+    chunk_size: int | None = None,
+    tile: int | None = None,
+    num_warps: int | None = None,
+) -> None:
+    """One fused 8-bit Adam/AdamW step, in place — same contract as the reference backend.
+
+    ``chunk_size`` is accepted for signature compatibility and ignored (the kernel keeps no fp32
+    copy of anything); ``tile``/``num_warps`` override :func:`launch_config` (for benchmarks).
+    """
+    check_blocksize(blocksize)
+    n = p.numel()
+    _check_step_tensors(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, n, blocksize)
+    _check_runnable(p.device)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        raise ValueError(f"step must be an int >= 1, got {step!r}")
+    if n == 0:
+        return
+    n_blocks = num_blocks(n, blocksize)
+    rows, warps = launch_config(blocksize, tile, num_warps)
+    _launch(
+        _adam8bit_kernel, n_blocks, rows, warps,
+        p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, n, n_blocks,
+        # scalars in double precision here, rounded once to fp32 by the launch (as torch does)
+        beta1, 1.0 - beta1, beta2, 1.0 - beta2, eps,
+        1.0 - lr * weight_decay, -lr / (1.0 - beta1**step), math.sqrt(1.0 - beta2**step),
+        BLOCKSIZE=blocksize,
+    )
+
+
+def quantize_blockwise_triton(
+    x: torch.Tensor, code: torch.Tensor | None = None, blocksize: int = 256, *, keep_sign: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton twin of :func:`adam8lib.quant.quantize_blockwise`: ``(codes uint8 like x, absmax fp32)``.
+
+    ``keep_sign=True`` applies the first-moment sign rule (as the optimizer does for ``m``).
+    """
+    _require_float(x)
+    check_blocksize(blocksize)
+    _check_runnable(x.device)
+    code = _check_code(code, x.device)
+    flat = x.reshape(-1).contiguous()
+    n, n_blocks = flat.numel(), num_blocks(flat.numel(), blocksize)
+    codes = torch.empty(n, dtype=torch.uint8, device=x.device)
+    absmax = torch.empty(n_blocks, dtype=torch.float32, device=x.device)
+    if n:
+        rows, warps = launch_config(blocksize)
+        _launch(_quantize_kernel, n_blocks, rows, warps, flat, codes, absmax, code, n, n_blocks,
+                BLOCKSIZE=blocksize, KEEP_SIGN=bool(keep_sign))
+    return codes.view(x.shape), absmax
+
+
+def dequantize_blockwise_triton(
+    codes: torch.Tensor,
+    absmax: torch.Tensor,
+    code: torch.Tensor | None = None,
+    blocksize: int = 256,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Triton twin of :func:`adam8lib.quant.dequantize_blockwise`: ``code[codes] * absmax[block]``."""
+    if not isinstance(codes, torch.Tensor) or codes.dtype != torch.uint8:
+        raise TypeError(f"codes must be a uint8 tensor, got {getattr(codes, 'dtype', type(codes).__name__)}")
+    check_blocksize(blocksize)
+    if dtype not in _PARAM_DTYPES:
+        raise TypeError(f"dtype must be one of {list(_PARAM_DTYPES)}, got {dtype}")
+    _check_runnable(codes.device)
+    code = _check_code(code, codes.device)
+    n, n_blocks = codes.numel(), num_blocks(codes.numel(), blocksize)
+    if not isinstance(absmax, torch.Tensor) or absmax.numel() != n_blocks:
+        got = absmax.numel() if isinstance(absmax, torch.Tensor) else type(absmax).__name__
+        raise ValueError(f"absmax has {got} entries but {n} codes in blocks of {blocksize} need {n_blocks}")
+    out = torch.empty(codes.shape, dtype=dtype, device=codes.device)
+    if n:
+        rows, warps = launch_config(blocksize)
+        _launch(_dequantize_kernel, n_blocks, rows, warps,
+                codes.reshape(-1).contiguous(), absmax.reshape(-1).to(torch.float32).contiguous(), code, out,
+                n, n_blocks, BLOCKSIZE=blocksize)
+    return out
+
+
+def _check_step_tensors(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, n, blocksize) -> None:
+    tensors = dict(p=p, g=g, state1=state1, state2=state2, absmax1=absmax1, absmax2=absmax2, qmap1=qmap1, qmap2=qmap2)
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device != p.device:
+            raise ValueError(f"{name} is on {t.device} but p is on {p.device}; all tensors must share a device")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (the kernel updates flat memory in place)")
+    expected = dict(
+        p=(n, _PARAM_DTYPES), g=(n, _PARAM_DTYPES), state1=(n, (torch.uint8,)), state2=(n, (torch.uint8,)),
+        absmax1=(num_blocks(n, blocksize), (torch.float32,)), absmax2=(num_blocks(n, blocksize), (torch.float32,)),
+        qmap1=(256, (torch.float32,)), qmap2=(256, (torch.float32,)),
+    )
+    for name, (numel, dtypes) in expected.items():
+        t = tensors[name]
+        if t.dtype not in dtypes:
+            raise TypeError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
+        if t.numel() != numel:
+            raise ValueError(f"{name} must have {numel} elements (n={n}, blocksize={blocksize}), got {t.numel()}")
+
+
+register_backend("triton", adam8bit_step_triton, supports)
