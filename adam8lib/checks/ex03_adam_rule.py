@@ -59,8 +59,8 @@ def _run(step_fn, decoupled: bool, title: str, variants_for) -> None:
             p_l, m_l, v_l = p0.clone(), m0.clone(), v0.clone()
             call(step_fn, p_l, g.clone(), m_l, v_l, step=t, lr=lr, betas=betas, eps=eps, weight_decay=wd)
             kind = "AdamW" if decoupled else "Adam"
-            what = (f"(p, m, v) after {kind} step {t} (lr={lr}, betas={betas}, eps={eps}, weight_decay={wd}) "
-                    f"compared with torch.optim.{torch_cls.__name__}")
+            what = (f"{kind} step {t} (lr={lr}, betas={betas}, eps={eps}, weight_decay={wd}), compared with "
+                    f"torch.optim.{torch_cls.__name__}: (p, m, v)")
 
             def variant(**kw):
                 return lambda: _one_step(p0, g, m0, v0, t, lr, betas, eps, wd, **{"decoupled": decoupled, **kw})

@@ -36,6 +36,18 @@ def _device_for(kernel) -> torch.device:
     return torch.device("cpu")
 
 
+def _launch(kernel, grid, *args, **kwargs) -> None:
+    """Launch the learner's kernel; a stub's NotImplementedError (wrapped by the interpreter) is named."""
+    try:
+        call(kernel[grid], *args, **kwargs)
+    except AssertionError as exc:
+        if "NotImplementedError" in str(exc):
+            fail(f"{getattr(getattr(kernel, 'fn', kernel), '__name__', 'the kernel')} is not implemented yet: replace "
+                 "the `raise NotImplementedError(...)` line in the exercise cell with the kernel's body, run that "
+                 "cell, then run this check again.")
+        raise
+
+
 def _padded(values: torch.Tensor, fill) -> tuple[torch.Tensor, torch.Tensor]:
     """(buffer, view): the view holds ``values``; the buffer continues with ``_PAD`` sentinels."""
     buf = torch.full((values.numel() + _PAD,), fill, dtype=values.dtype, device=values.device)
@@ -58,7 +70,7 @@ def check_absmax_kernel(absmax_kernel) -> None:
         nb = num_blocks(n, bs)
         _, x_view = _padded(x.to(device), 1e6)  # reading past n would see 1e6
         out_buf, out = _padded(torch.zeros(nb, device=device), -1.0)
-        call(absmax_kernel[(nb,)], x_view, out, n, BLOCK=bs)
+        _launch(absmax_kernel, (nb,), x_view, out, n, BLOCK=bs)
         what = f"absmax_kernel on {n} values, blocksize {bs} ({nb} blocks)"
         if bool((out_buf[nb:] != -1.0).any()):
             fail(f"{what} wrote past the {nb} absmax entries.", hint="program `pid` writes exactly one value: "
@@ -96,7 +108,7 @@ def check_dequantize_kernel(dequantize_kernel) -> None:
             _, codes_view = _padded(codes.to(device), 255)
             _, absmax_view = _padded(absmax.to(device), 1e6)
             out_buf, out = _padded(torch.zeros(n, device=device), -12345.0)
-            call(dequantize_kernel[(nb,)], codes_view, absmax_view, qmap.to(device), out, n, BLOCK=bs)
+            _launch(dequantize_kernel, (nb,), codes_view, absmax_view, qmap.to(device), out, n, BLOCK=bs)
             what = f"dequantize_kernel on {n} codes, blocksize {bs} ({nb} blocks, {'signed' if signed else 'unsigned'} map)"
             if bool((out_buf[n:] != -12345.0).any()):
                 fail(f"{what} wrote past the end of the output.",
