@@ -1,0 +1,88 @@
+"""Workbook 07 · the 8-bit step: unit tests of the learner's function (run: -m ex07)."""
+
+import pytest
+import torch
+
+from adam8lib.kernels.reference import adam8bit_step
+from adam8lib.optim import Adam8bit
+from adam8lib.quant import dequantize_blocks, dynamic_map, num_blocks
+
+pytestmark = pytest.mark.ex07
+
+Q1, Q2 = dynamic_map(True), dynamic_map(False)
+
+
+def fresh(n, bs):
+    nb = num_blocks(n, bs)
+    return [torch.full((n,), 127, dtype=torch.uint8), torch.zeros(n, dtype=torch.uint8), torch.zeros(nb),
+            torch.zeros(nb)]
+
+
+def test_drives_a_whole_optimizer_like_adam8bit(workbook):
+    """Ten steps on a 5000-element weight, step for step with adam8lib's Adam8bit."""
+    fn = workbook("07").adam8bit_step
+    gen = torch.Generator().manual_seed(7)
+    w = torch.nn.Parameter(torch.randn(50, 100, generator=gen))
+    opt = Adam8bit([w], lr=1e-2, weight_decay=0.01, backend="torch")
+    p = w.detach().clone().view(-1)
+    states = fresh(5000, 256)
+    for t in range(1, 11):
+        g = torch.randn(50, 100, generator=gen)
+        w.grad = g.clone()
+        opt.step()
+        fn(p, g.view(-1).clone(), *states, Q1, Q2, step=t, lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8,
+           weight_decay=0.01, blocksize=256)
+        torch.testing.assert_close(p, w.detach().view(-1), rtol=1e-5, atol=1e-6)
+        st = opt.state[w]
+        torch.testing.assert_close(states[2], st["absmax1"], rtol=1e-5, atol=1e-9)
+        assert (states[0].long() - st["state1"].long()).abs().max() <= 1
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_parameters_stay_low_precision(workbook, dtype):
+    fn = workbook("07").adam8bit_step
+    p = torch.randn(3000).to(dtype)
+    ref = p.clone()
+    g = torch.randn(3000).to(dtype)
+    a, b = fresh(3000, 512), fresh(3000, 512)
+    hp = dict(step=1, lr=1e-3, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.0, blocksize=512)
+    fn(p, g, *a, Q1, Q2, **hp)
+    adam8bit_step(ref, g, *b, Q1, Q2, **hp)
+    assert p.dtype == dtype and a[0].dtype == torch.uint8 and a[2].dtype == torch.float32
+    torch.testing.assert_close(p.float(), ref.float(), rtol=1e-2, atol=1e-3)
+
+
+def test_all_nan_gradient_changes_no_weight_and_clears_the_states(workbook):
+    fn = workbook("07").adam8bit_step
+    p = torch.randn(700)
+    before = p.clone()
+    states = fresh(700, 128)
+    hp = dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1, blocksize=128)
+    fn(p, torch.randn(700), *states, Q1, Q2, step=1, **hp)
+    p_mid = p.clone()
+    fn(p, torch.full((700,), float("nan")), *states, Q1, Q2, step=2, **hp)
+    assert torch.equal(p, p_mid) and not torch.equal(p, before)
+    assert torch.equal(dequantize_blocks(states[0], states[2], Q1, 128), torch.zeros(700))
+    assert torch.equal(dequantize_blocks(states[1], states[3], Q2, 128), torch.zeros(700))
+
+
+def test_a_tiny_negative_momentum_keeps_a_negative_code(workbook):
+    fn = workbook("07").adam8bit_step
+    g = torch.full((256,), -1e-9)
+    g[0] = 1.0
+    states = fresh(256, 256)
+    fn(torch.zeros(256), g, *states, Q1, Q2, step=1, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
+       blocksize=256)
+    m = dequantize_blocks(states[0], states[2], Q1, 256)
+    assert bool((m[1:] < 0).all()), "sign of m lost on requantize"
+
+
+def test_zero_gradient_on_fresh_states_only_decays(workbook):
+    fn = workbook("07").adam8bit_step
+    p = torch.randn(300)
+    before = p.clone()
+    states = fresh(300, 64)
+    fn(p, torch.zeros(300), *states, Q1, Q2, step=1, lr=0.1, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.2,
+       blocksize=64)
+    torch.testing.assert_close(p, before * (1 - 0.1 * 0.2))
+    assert torch.equal(states[2], torch.zeros(5)) and torch.equal(states[3], torch.zeros(5))
