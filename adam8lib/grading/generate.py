@@ -41,7 +41,7 @@ from .notebook import (
     cell_source,
     cell_tags,
     check_calls,
-    has_solution,
+    has_markers,
     points_of,
     source_hash,
     strip_solutions,
@@ -100,14 +100,14 @@ def generate_notebook(nb, name: str) -> tuple[nbformat.NotebookNode, list[CheckS
             headings = EXERCISE_HEADING.findall(source)
             if headings:
                 label, title = headings[-1]
-            if has_solution(source):
+            if has_markers(source):
                 source = strip_solutions(source, f"Exercise {label or number}", where, markdown=True)
             cell.source = _rewrite_links(source)
             continue
         if cell.cell_type != "code":
             continue
         calls = check_calls(source)
-        if has_solution(source):
+        if has_markers(source):
             if calls:
                 raise WorkbookError(f"{where}: a solution cell must not also be a check cell ({', '.join(calls)})")
             if label is None:

@@ -36,6 +36,7 @@ __all__ = [
     "points_of",
     "source_hash",
     "has_solution",
+    "has_markers",
     "is_solution_cell",
     "strip_solutions",
     "SUCCESS_LINE",
@@ -109,6 +110,11 @@ def _marker(line: str) -> str | None:
 
 def has_solution(source: str) -> bool:
     return any(_marker(line) == "begin" for line in source.split("\n"))
+
+
+def has_markers(source: str) -> bool:
+    """Any ``### BEGIN/END SOLUTION`` line (a stray END is an error the generator reports)."""
+    return any(_marker(line) for line in source.split("\n"))
 
 
 def is_solution_cell(cell: Any) -> bool:
