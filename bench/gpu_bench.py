@@ -19,6 +19,7 @@ Timing: CUDA events around each call, median of ``--iters`` calls after ``--warm
 
     python bench/gpu_bench.py                    # 1e8 and 1e9 params (needs ~20 GB of GPU memory)
     python bench/gpu_bench.py --sizes 1e8 --json out.json
+    python bench/gpu_bench.py --sweep            # also try a few (tile, num_warps) launch configs
     python bench/gpu_bench.py --cpu-smoke        # tiny sizes on the CPU (Triton interpreter):
                                                  # checks the script runs; timings mean nothing
 """
@@ -50,6 +51,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=None, help="untimed calls first (default 3)")
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
     parser.add_argument("--skip", nargs="*", default=[], choices=["bnb", "adamw"], help="anchors to leave out")
+    parser.add_argument("--sweep", action="store_true",
+                        help="first, time our step at the smallest size for several (tile, num_warps) launch configs")
     parser.add_argument(
         "--cpu-smoke", action="store_true",
         help="run everything on the CPU at tiny sizes (Triton interpreter) to check the script works",
@@ -119,7 +122,7 @@ def time_copy(n, device, iters, warmup) -> float:
     return seconds
 
 
-def time_triton(n, device, iters, warmup) -> float:
+def time_triton(n, device, iters, warmup, tile=None, num_warps=None) -> float:
     import torch
 
     from adam8lib.kernels.triton import adam8bit_step_triton
@@ -139,6 +142,7 @@ def time_triton(n, device, iters, warmup) -> float:
         adam8bit_step_triton(
             p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, step=next(counter), lr=HYPER["lr"],
             beta1=beta1, beta2=beta2, eps=HYPER["eps"], weight_decay=HYPER["weight_decay"], blocksize=BLOCKSIZE,
+            tile=tile, num_warps=num_warps,
         )
 
     seconds = median_seconds(step, device, iters, warmup)
@@ -183,6 +187,8 @@ def run(args: argparse.Namespace) -> dict:
     print(f"{info['device']} | torch {info['torch']} | triton {info['triton']} | bitsandbytes {info['bitsandbytes']}")
     if args.cpu_smoke:
         print("CPU smoke run: checks that every path runs; the timings mean nothing.")
+    if args.sweep:
+        info["sweep"] = sweep(min(args.sizes), device, args.iters, args.warmup)
     for n in args.sizes:
         row = {"n": n}
         row["copy_s"] = time_copy(n, device, args.iters, args.warmup)
@@ -203,6 +209,23 @@ def run(args: argparse.Namespace) -> dict:
         with open(args.json, "w") as f:
             json.dump(info, f, indent=2)
     return info
+
+
+#: (elements per program, warps per program) tried by --sweep; the library default is (2048, 8).
+SWEEP = [(1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 16), (8192, 16)]
+
+
+def sweep(n, device, iters, warmup) -> list[dict]:
+    """Time our step for each launch config in SWEEP (to pick TILE_ELEMENTS / num_warps)."""
+    print(f"\nlaunch configs at N = {n:,} (blocksize {BLOCKSIZE}):")
+    rows = []
+    for tile, num_warps in SWEEP:
+        seconds = time_triton(n, device, iters, warmup, tile=tile, num_warps=num_warps)
+        free(device)
+        rows.append({"tile": tile, "num_warps": num_warps, "seconds": seconds,
+                     "gbps": BYTES_PER_PARAM * n / seconds / 1e9})
+        print(f"  tile {tile:5d}, num_warps {num_warps:2d}: {seconds * 1e3:9.3f} ms {rows[-1]['gbps']:8.0f} GB/s")
+    return rows
 
 
 def summarize(row: dict) -> None:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import triton
 
 if not torch.cuda.is_available():  # before adam8lib.kernels.triton is imported (conftest does it too)
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -347,3 +348,50 @@ def test_gpu_bench_cpu_smoke(capsys):
     assert row["triton_gbps"] == pytest.approx(16 * 4096 / row["triton_s"] / 1e9)
     out = capsys.readouterr().out
     assert "N = 4,096 fp32 parameters" in out and "bitsandbytes AdamW8bit" in out and "of copy" in out
+
+
+# ------------------------------------------------------------------ the compiled GPU code, checked without a GPU
+def test_step_kernel_compiles_for_gpu_with_exact_math(monkeypatch):
+    """Compile the fused step for an H100/H200 (sm_90) ahead of time, here on the CPU, and read its PTX.
+
+    Checks what the interpreter cannot: the kernel compiles; division and sqrt are the correctly
+    rounded ``div.rn``/``sqrt.rn`` (no ``div.full``/``sqrt.approx``); the only fused multiply-adds
+    are the two explicit ones per element (``enable_fp_fusion=False``); p and g move as 16-byte
+    vectors; bf16 parameters are rounded to nearest even.
+    """
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    # a second copy of the module, built for compilation (not the interpreter) and not registered
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(kernels, "register_backend", lambda *args: None)
+    path = REPO / "adam8lib" / "kernels" / "triton.py"
+    spec = importlib.util.spec_from_file_location("adam8lib.kernels._triton_compiled", path)
+    compiled = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compiled)
+    assert not compiled.INTERPRETED
+
+    rows, num_warps = compiled.launch_config(256, tile=2048)
+    per_thread = rows * 256 // (32 * num_warps)
+    for dtype in ("fp32", "bf16"):
+        signature = {name: "*fp32" for name in ("absmax1_ptr", "absmax2_ptr", "qmap1_ptr", "qmap2_ptr")}
+        signature.update(p_ptr=f"*{dtype}", g_ptr=f"*{dtype}", state1_ptr="*u8", state2_ptr="*u8", n="i32",
+                         n_blocks="i32", BLOCKSIZE="constexpr", ROWS="constexpr")
+        for name in ("beta1", "one_minus_beta1", "beta2", "one_minus_beta2", "eps", "decay", "neg_step_size",
+                     "bias_correction2_sqrt"):
+            signature[name] = "fp32"
+        names = list(compiled._adam8bit_kernel.arg_names)
+        signature = {name: signature[name] for name in names}
+        aligned = {(names.index(a),): [["tt.divisibility", 16]] for a in names[:8] + ["n"]}
+        source = ASTSource(fn=compiled._adam8bit_kernel, signature=signature,
+                           constexprs={"BLOCKSIZE": 256, "ROWS": rows}, attrs=aligned)
+        kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                                options={"num_warps": num_warps, "enable_fp_fusion": False})
+        ptx = kernel.asm["ptx"]
+        for approximate in ("div.full", "div.approx", "sqrt.approx", "rsqrt", "ex2.approx"):
+            assert approximate not in ptx, approximate
+        assert ptx.count("div.rn.f32") >= 2 * per_thread and ptx.count("sqrt.rn.f32") == per_thread
+        assert ptx.count("fma.rn.f32") == 2 * per_thread  # m and v only: nothing else was fused
+        assert "ld.global.v4.b32" in ptx  # p and g: 16-byte vector loads
+        if dtype == "bf16":
+            assert "cvt.rz.bf16" not in ptx  # the parameter is never truncated

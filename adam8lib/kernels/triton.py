@@ -75,6 +75,7 @@ TILE_ELEMENTS = 2048
 INTERPRETER_TILE_ELEMENTS = 1 << 16
 #: Largest finite fp32: ``|g| <= FLT_MAX`` is false exactly for NaN and +-Inf.
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
+NEG_INF = tl.constexpr(float("-inf"))
 
 
 # ----------------------------------------------------------------------------------------
@@ -90,27 +91,30 @@ def _tile(n, BLOCKSIZE: tl.constexpr, ROWS: tl.constexpr):
 
 @triton.jit
 def _nearest_code(x, qmap_ptr, KEEP_SIGN: tl.constexpr):
-    """Index (int32) of the map entry nearest to each x; ties -> lower index.
+    """Index (int32) of the map entry nearest to each x; a tie goes to the lower index.
 
-    Same rule as ``adam8lib.quant.nearest_code``, i.e. torch.searchsorted + two neighbours.
+    Same answer as ``adam8lib.quant.nearest_code`` (torch.searchsorted, then the closer of
+    the two neighbours), found in 8 halving steps over the sorted 256-entry map.
     """
-    # Binary search: pos = number of map entries < x, in 8 halving steps over 256 entries.
+    # Binary search for pos = #(entries < x), keeping both neighbours of x as we go:
+    #   below = map[pos-1], the last probe < x   (-inf while there is none)
+    #   above = map[pos],   the last probe >= x  (map[255] at first: past the end counts as 255)
     pos = tl.zeros(x.shape, dtype=tl.int32)
+    below = tl.full(x.shape, NEG_INF, dtype=tl.float32)
+    above = tl.zeros(x.shape, dtype=tl.float32) + tl.load(qmap_ptr + 255)
     for k in tl.static_range(8):
         step = 128 >> k  # 128, 64, ..., 1
         probe = tl.load(qmap_ptr + pos + (step - 1))
-        # go right when map[pos+step-1] < x (written as "not >=" so NaN goes right, like searchsorted)
-        pos = tl.where(probe >= x, pos, pos + step)
-    # The nearest entry is one of the two neighbours map[lo], map[hi] around x.
-    hi = tl.minimum(tl.maximum(pos, 1), 255)
-    lo = hi - 1
-    above = tl.load(qmap_ptr + hi)
-    below = tl.load(qmap_ptr + lo)
-    pick_hi = (above - x) < (x - below)  # strict: a tie keeps the lower index
-    idx = tl.where(pick_hi, hi, lo)
+        left = probe >= x  # x is in the lower half (a NaN goes right, as in torch.searchsorted)
+        pos = tl.where(left, pos, pos + step)
+        below = tl.where(left, below, probe)
+        above = tl.where(left, probe, above)
+    # The closer neighbour wins; on a tie the lower index (below) does.
+    pick_above = (above - x) < (x - below)
+    idx = tl.where(pick_above, pos, pos - 1)
     if KEEP_SIGN:
         # bitsandbytes' rule for m: a negative value must not get a code >= 0 -> one code down
-        value = tl.where(pick_hi, above, below)
+        value = tl.where(pick_above, above, below)
         idx = tl.where((x < 0) & (value >= 0), idx - 1, idx)
     return idx
 
