@@ -27,12 +27,14 @@ What "agree" means, and why:
 
 import copy
 import importlib.util
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-import triton
 
 if not torch.cuda.is_available():  # before adam8lib.kernels.triton is imported (conftest does it too)
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -351,47 +353,48 @@ def test_gpu_bench_cpu_smoke(capsys):
 
 
 # ------------------------------------------------------------------ the compiled GPU code, checked without a GPU
-def test_step_kernel_compiles_for_gpu_with_exact_math(monkeypatch):
-    """Compile the fused step for an H100/H200 (sm_90) ahead of time, here on the CPU, and read its PTX.
+AOT_COMPILE = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from adam8lib.kernels import triton as kt
 
-    Checks what the interpreter cannot: the kernel compiles; division and sqrt are the correctly
-    rounded ``div.rn``/``sqrt.rn`` (no ``div.full``/``sqrt.approx``); the only fused multiply-adds
-    are the two explicit ones per element (``enable_fp_fusion=False``); p and g move as 16-byte
-    vectors; bf16 parameters are rounded to nearest even.
+assert not kt.INTERPRETED
+rows, num_warps, ptx = int(sys.argv[1]), int(sys.argv[2]), {}
+names = list(kt._adam8bit_kernel.arg_names)
+for dtype in sys.argv[3:]:
+    types = {"p_ptr": "*" + dtype, "g_ptr": "*" + dtype, "state1_ptr": "*u8", "state2_ptr": "*u8",
+             "n": "i32", "n_blocks": "i32", "BLOCKSIZE": "constexpr", "ROWS": "constexpr"}
+    signature = {name: types.get(name, "*fp32" if name.endswith("_ptr") else "fp32") for name in names}
+    aligned = {(names.index(name),): [["tt.divisibility", 16]] for name in names[:8] + ["n"]}
+    source = ASTSource(fn=kt._adam8bit_kernel, signature=signature,
+                       constexprs={"BLOCKSIZE": 256, "ROWS": rows}, attrs=aligned)
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": num_warps, "enable_fp_fusion": False})
+    ptx[dtype] = kernel.asm["ptx"]
+print(json.dumps(ptx))
+"""
+
+
+def test_step_kernel_compiles_for_gpu_with_exact_math():
+    """Compile the fused step for an H100/H200 (sm_90) ahead of time, on the CPU, and read its PTX.
+
+    Checks what the interpreter cannot: the kernel compiles; division and square root are the
+    correctly rounded ``div.rn``/``sqrt.rn`` (no ``div.full``/``sqrt.approx``); the only fused
+    multiply-adds are the two written in the kernel (``enable_fp_fusion=False``); p and g move
+    as 16-byte vectors. Runs in a fresh process: the interpreter, once used, patches triton.
     """
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    # a second copy of the module, built for compilation (not the interpreter) and not registered
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setattr(kernels, "register_backend", lambda *args: None)
-    path = REPO / "adam8lib" / "kernels" / "triton.py"
-    spec = importlib.util.spec_from_file_location("adam8lib.kernels._triton_compiled", path)
-    compiled = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(compiled)
-    assert not compiled.INTERPRETED
-
-    rows, num_warps = compiled.launch_config(256, tile=2048)
+    rows, num_warps = kt.launch_config(256, tile=kt.TILE_ELEMENTS)
     per_thread = rows * 256 // (32 * num_warps)
-    for dtype in ("fp32", "bf16"):
-        signature = {name: "*fp32" for name in ("absmax1_ptr", "absmax2_ptr", "qmap1_ptr", "qmap2_ptr")}
-        signature.update(p_ptr=f"*{dtype}", g_ptr=f"*{dtype}", state1_ptr="*u8", state2_ptr="*u8", n="i32",
-                         n_blocks="i32", BLOCKSIZE="constexpr", ROWS="constexpr")
-        for name in ("beta1", "one_minus_beta1", "beta2", "one_minus_beta2", "eps", "decay", "neg_step_size",
-                     "bias_correction2_sqrt"):
-            signature[name] = "fp32"
-        names = list(compiled._adam8bit_kernel.arg_names)
-        signature = {name: signature[name] for name in names}
-        aligned = {(names.index(a),): [["tt.divisibility", 16]] for a in names[:8] + ["n"]}
-        source = ASTSource(fn=compiled._adam8bit_kernel, signature=signature,
-                           constexprs={"BLOCKSIZE": 256, "ROWS": rows}, attrs=aligned)
-        kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                                options={"num_warps": num_warps, "enable_fp_fusion": False})
-        ptx = kernel.asm["ptx"]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", AOT_COMPILE, str(rows), str(num_warps), "fp32", "bf16"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for dtype, ptx in json.loads(done.stdout.strip().splitlines()[-1]).items():
         for approximate in ("div.full", "div.approx", "sqrt.approx", "rsqrt", "ex2.approx"):
-            assert approximate not in ptx, approximate
-        assert ptx.count("div.rn.f32") >= 2 * per_thread and ptx.count("sqrt.rn.f32") == per_thread
-        assert ptx.count("fma.rn.f32") == 2 * per_thread  # m and v only: nothing else was fused
-        assert "ld.global.v4.b32" in ptx  # p and g: 16-byte vector loads
-        if dtype == "bf16":
-            assert "cvt.rz.bf16" not in ptx  # the parameter is never truncated
+            assert approximate not in ptx, (dtype, approximate)
+        assert ptx.count("div.rn.f32") >= 2 * per_thread and ptx.count("sqrt.rn.f32") == per_thread, dtype
+        assert ptx.count("fma.rn.f32") == 2 * per_thread, dtype  # m and v only: nothing else was fused
+        assert "ld.global.v4.b32" in ptx, dtype  # p and g: 16-byte vector loads
