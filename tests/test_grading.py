@@ -265,22 +265,27 @@ def test_nbval_fails_exactly_on_the_check_cells_and_scores(pytester, manifest):
         (pytester.path / folder).mkdir()
         shutil.copyfile(REPO / folder / NBVAL_WORKBOOK, pytester.path / folder / NBVAL_WORKBOOK)
     shutil.copyfile(EXERCISES / MANIFEST_NAME, pytester.path / "exercises" / MANIFEST_NAME)
+    # a lesson shares the workbook's name but has no check cell: not graded
+    (pytester.path / "notebooks").mkdir()
+    lesson = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 + 1")])
+    nbformat.write(lesson, str(pytester.path / "notebooks" / NBVAL_WORKBOOK))
     specs = manifest.notebooks[NBVAL_WORKBOOK]
     result = pytester.runpytest_inprocess(
         "--nbval", "--nbval-current-env", "-p", "no:cacheprovider", "-rA", "--grade-report=report.json",
-        f"exercises/{NBVAL_WORKBOOK}", f"solutions/{NBVAL_WORKBOOK}",
+        f"exercises/{NBVAL_WORKBOOK}", f"solutions/{NBVAL_WORKBOOK}", f"notebooks/{NBVAL_WORKBOOK}",
     )  # fmt: skip
     out = result.stdout.str()
     outcomes = _outcomes(out)
     n_cells = len(code_cells(EXERCISES / NBVAL_WORKBOOK))
     expected_failures = {f"exercises/{NBVAL_WORKBOOK}::Cell {s.cell}" for s in specs}
     assert {node for node, o in outcomes.items() if o != "PASSED"} == expected_failures, out[-4000:]
-    assert len(outcomes) == 2 * n_cells
+    assert len(outcomes) == 2 * n_cells + 1
     assert all(outcomes[f"solutions/{NBVAL_WORKBOOK}::Cell {i}"] == "PASSED" for i in range(n_cells))
     assert result.ret == 1
 
     max_points = manifest.points(NBVAL_WORKBOOK)
-    summary = out[out.index("adam8 grade"):]
+    summary = out[out.index("adam8 grade"):out.index("short test summary")]
+    assert "notebooks/" not in summary
     assert f"exercises/{NBVAL_WORKBOOK}: 0/{max_points} points" in summary
     assert f"solutions/{NBVAL_WORKBOOK}: {max_points}/{max_points} points" in summary
     assert f"total: {max_points}/{2 * max_points} points" in summary
@@ -290,7 +295,7 @@ def test_nbval_fails_exactly_on_the_check_cells_and_scores(pytester, manifest):
 
     report = json.loads((pytester.path / "report.json").read_text())
     assert (report["points"], report["max_points"]) == (max_points, 2 * max_points)
-    untouched, solved = report["notebooks"]
+    untouched, solved = report["notebooks"]  # the lesson is not in it
     assert (untouched["path"], solved["path"]) == (f"exercises/{NBVAL_WORKBOOK}", f"solutions/{NBVAL_WORKBOOK}")
     assert [e["exercise"] for e in untouched["exercises"]] == [s.exercise for s in specs]
     for ex, spec in zip(untouched["exercises"], specs):

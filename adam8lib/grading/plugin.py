@@ -15,7 +15,9 @@ For every collected notebook that the grading manifest knows (by file name, else
 * a **deleted** check cell (in the manifest, not in the notebook) scores 0.
 
 The manifest is ``--grade-manifest FILE`` if given, else ``.manifest.json`` next to the
-notebook, else ``<rootdir>/exercises/.manifest.json``. At the end of the run a score
+notebook, else ``<rootdir>/exercises/.manifest.json`` — the last only for a notebook that
+calls at least one of its checks (so the lessons in notebooks/, which share the workbooks'
+names, are not graded). At the end of the run a score
 summary (points per exercise, per workbook, total) is printed, and ``--grade-report FILE``
 writes it as JSON or CSV (by extension).
 """
@@ -167,15 +169,18 @@ class Grader:
                 raise pytest.UsageError(str(exc)) from None
         return self._manifests[path]
 
-    def manifest_for(self, notebook: Path) -> Manifest | None:
+    def manifest_for(self, notebook: Path) -> tuple[Manifest | None, bool]:
+        """The notebook's manifest, and whether it was found only by the repository fallback."""
         explicit = self.config.getoption("grade_manifest", None)
         if explicit:
-            return self._load(Path(explicit))
-        for candidate in (notebook.parent / MANIFEST_NAME, Path(self.config.rootpath) / "exercises" / MANIFEST_NAME):
-            manifest = self._load(candidate)
-            if manifest is not None and manifest.match(notebook.name):
-                return manifest
-        return None
+            return self._load(Path(explicit)), False
+        beside = self._load(notebook.parent / MANIFEST_NAME)
+        if beside is not None and beside.match(notebook.name):
+            return beside, False
+        fallback = self._load(Path(self.config.rootpath) / "exercises" / MANIFEST_NAME)
+        if fallback is not None and fallback.match(notebook.name):
+            return fallback, True
+        return None, False
 
     # -- collection: classify check cells ------------------------------------------------------
     @pytest.hookimpl(trylast=True)
@@ -185,11 +190,21 @@ class Grader:
             if _is_nbval_cell(item):
                 files.setdefault(str(item.path), []).append(item)
         for path, items in files.items():
-            manifest = self.manifest_for(Path(path))
+            manifest, fallback = self.manifest_for(Path(path))
             if manifest is None:
                 continue
             name = manifest.match(Path(path).name)
-            self._classify(path, name, manifest.notebooks[name], items)
+            specs = manifest.notebooks[name]
+            if fallback and not self._calls_a_check(items, specs):
+                continue  # e.g. the lesson notebooks/NN_topic.ipynb: same name, not a workbook
+            self._classify(path, name, specs, items)
+
+    @staticmethod
+    def _calls_a_check(items: list, specs: list[CheckSpec]) -> bool:
+        nb = getattr(items[0].parent, "nb", None)
+        cells = nb.cells if nb is not None else [item.cell for item in items]
+        wanted = {spec.check for spec in specs}
+        return any(wanted.intersection(check_calls(cell_source(c))) for c in cells if c.cell_type == "code")
 
     def _classify(self, path: str, name: str, specs: list[CheckSpec], items: list) -> None:
         try:
@@ -252,7 +267,8 @@ class Grader:
                 report.longrepr = (
                     f"Integrity: this check cell of exercise {ex.spec.exercise} differs from the original in "
                     f"exercises/{ex.notebook}, so it is not graded (the exercise scores 0 unless the original "
-                    f"cell is there too and passes). Restore the original:\n{ex.spec.source}"
+                    f"cell is there too and passes). Restore the original (editing solutions/? run `make "
+                    f"exercises` to update the manifest):\n{ex.spec.source}"
                 )
                 if hasattr(report, "wasxfail"):
                     del report.wasxfail
