@@ -362,6 +362,8 @@ def test_gradebook_of_a_class(tmp_path, manifest, capsys):
     lines[at + 1: at + 1] = [f"{indent}while True:", f"{indent}    pass"]
     solution.source = "\n".join(lines)
     code[edited.cell].source += "\nprint('my own check')"
+    # calling a check from one's own cell too is fine while the original check cell is there
+    code[specs[2].cell - 1].source += "\n" + code[specs[2].cell].source
     nbformat.write(nb, str(sub / "cy" / f"{CLASS_WORKBOOK[:-6]}_cy.ipynb"))  # another name, same NN_
     only = tmp_path / MANIFEST_NAME  # a one-workbook course, so no "missing notebook" notes
     only.write_text(Manifest({CLASS_WORKBOOK: specs}).dumps(), encoding="utf-8")

@@ -262,13 +262,14 @@ class Grader:
         report = outcome.get_result()
         ex, intact = entry
         if not intact:
-            if report.when == "call":
+            # the learner changed THE check cell (a check called from their own cell is harmless
+            # as long as the original check cell is still there)
+            if report.when == "call" and not ex.items:
                 report.outcome = "failed"
                 report.longrepr = (
                     f"Integrity: this check cell of exercise {ex.spec.exercise} differs from the original in "
-                    f"exercises/{ex.notebook}, so it is not graded (the exercise scores 0 unless the original "
-                    f"cell is there too and passes). Restore the original (editing solutions/? run `make "
-                    f"exercises` to update the manifest):\n{ex.spec.source}"
+                    f"exercises/{ex.notebook}, so the exercise scores 0. Restore the original (editing "
+                    f"solutions/? run `make exercises` to update the manifest):\n{ex.spec.source}"
                 )
                 if hasattr(report, "wasxfail"):
                     del report.wasxfail
