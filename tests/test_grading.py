@@ -67,13 +67,6 @@ def code_cells(path: Path) -> list:
     return [c for c in nbformat.read(str(path), as_version=4).cells if c.cell_type == "code"]
 
 
-def kernel_env(extra_path: Path | None = None) -> dict:
-    env = dict(os.environ)
-    if extra_path is not None:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(extra_path), env.get("PYTHONPATH")]))
-    return env
-
-
 # ---------------------------------------------------------------------------------------------
 # exercises/ against solutions/
 # ---------------------------------------------------------------------------------------------
