@@ -47,7 +47,7 @@ def _requantize(x, qmap, blocksize, keep_sign, absmax=None):
     return nearest_code((blocks / scale[:, None]).reshape(-1)[:n], qmap, keep_sign=keep_sign), new_absmax
 
 
-def make_8bit(*, keep_sign=True, bias=True, nan_rule=True, fresh_absmax=True, swap=False):
+def make_8bit(*, keep_sign=True, keep_sign_v=True, bias=True, nan_rule=True, fresh_absmax=True, swap=False):
     @torch.no_grad()
     def step_fn(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, *, step, lr, beta1, beta2, eps,
                 weight_decay, blocksize):
@@ -63,14 +63,16 @@ def make_8bit(*, keep_sign=True, bias=True, nan_rule=True, fresh_absmax=True, sw
         new = old * (1 - lr * weight_decay) - lr / c1 * m / (v.sqrt() / c2 + eps)
         p.copy_(torch.where(ok, new, old))
         s1, a1 = _requantize(m, map_m, blocksize, keep_sign, None if fresh_absmax else absmax1.clone())
-        s2, a2 = _requantize(v, map_v, blocksize, False, None if fresh_absmax else absmax2.clone())
+        s2, a2 = _requantize(v, map_v, blocksize, keep_sign_v, None if fresh_absmax else absmax2.clone())
         state1.copy_(s1), absmax1.copy_(a1), state2.copy_(s2), absmax2.copy_(a2)
 
     return step_fn
 
 
 @pytest.mark.parametrize("fn, hint", [
-    (make_8bit(keep_sign=False), "sign lost on requantize"),
+    (make_8bit(keep_sign=False, keep_sign_v=False), "sign lost on requantize"),
+    (make_8bit(keep_sign=False), "keep_sign=True for m"),
+    (make_8bit(keep_sign_v=False), "a tiny positive v must not round to 0"),
     (make_8bit(bias=False), "no bias correction"),
     (make_8bit(nan_rule=False), "NaN handling"),
     (make_8bit(fresh_absmax=False), "FRESH absmax"),

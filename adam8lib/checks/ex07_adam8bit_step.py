@@ -21,8 +21,8 @@ def _fresh_state(n: int, blocksize: int) -> dict[str, torch.Tensor]:
             "absmax1": torch.zeros(nb), "absmax2": torch.zeros(nb)}
 
 
-def _variant(pre, g, qmap1, qmap2, hp, *, keep_sign=True, bias=True, nan_rule=True, fresh_absmax=True,
-             decay_on_m=False, swap_maps=False):
+def _variant(pre, g, qmap1, qmap2, hp, *, keep_sign=True, keep_sign_v=True, bias=True, nan_rule=True,
+             fresh_absmax=True, decay_on_m=False, swap_maps=False):
     """One 8-bit step with one deliberate mistake (plain fp32 maths, no chunks)."""
     bs, t = hp["blocksize"], hp["step"]
     b1, b2, lr, eps, wd = hp["beta1"], hp["beta2"], hp["lr"], hp["eps"], hp["weight_decay"]
@@ -46,13 +46,13 @@ def _variant(pre, g, qmap1, qmap2, hp, *, keep_sign=True, bias=True, nan_rule=Tr
     out = {"p": new.to(pre["p"].dtype)}
     if fresh_absmax:
         out["state1"], out["absmax1"] = quantize_blocks(m, map_m, bs, keep_sign=keep_sign)
-        out["state2"], out["absmax2"] = quantize_blocks(v, map_v, bs)
+        out["state2"], out["absmax2"] = quantize_blocks(v, map_v, bs, keep_sign=keep_sign_v)
     else:  # normalize by the OLD absmax (clipped to the map's range)
-        for key, val, qmap, am in (("1", m, map_m, pre["absmax1"]), ("2", v, map_v, pre["absmax2"])):
+        for key, val, qmap, am, keep in (("1", m, map_m, pre["absmax1"], keep_sign),
+                                         ("2", v, map_v, pre["absmax2"], keep_sign_v)):
             scale = torch.where(am > 0, am, torch.ones_like(am))
             blocks = torch.nn.functional.pad(val, (0, am.numel() * bs - val.numel())).view(-1, bs) / scale[:, None]
-            out["state" + key] = nearest_code(blocks.reshape(-1)[: val.numel()], qmap,
-                                              keep_sign=keep_sign and key == "1")
+            out["state" + key] = nearest_code(blocks.reshape(-1)[: val.numel()], qmap, keep_sign=keep)
             out["absmax" + key] = am.clone()
     return out
 
@@ -127,8 +127,12 @@ def check_adam8bit_step(adam8bit_step_fn) -> None:
                 hint = ("dequantize m and v (qmap[state] * absmax of the block), update them and p in fp32 like AdamW, "
                         "then requantize with a fresh absmax per block.")
                 for h, kwv in [
-                    ("sign lost on requantize: a small negative m must keep a negative code (keep_sign=True when "
-                     "quantizing m).", {"keep_sign": False}),
+                    ("sign lost on requantize: a small non-zero m must keep a code of its own sign, never 0 "
+                     "(keep_sign=True when quantizing m and v).", {"keep_sign": False, "keep_sign_v": False}),
+                    ("sign lost on requantize: a small non-zero m must keep a code of its own sign (keep_sign=True for m).",
+                     {"keep_sign": False}),
+                    ("v loses its sign on requantize: a tiny positive v must not round to 0 (keep_sign=True for v "
+                     "too), or the next update is m / eps.", {"keep_sign_v": False}),
                     ("no bias correction: step size lr / (1 - beta1**step), denominator "
                      "sqrt(v) / sqrt(1 - beta2**step) + eps.", {"bias": False}),
                     ("requantize with a FRESH absmax per block (max |m|, max v of the updated values), not the old one.",

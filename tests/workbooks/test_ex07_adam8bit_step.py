@@ -34,8 +34,14 @@ def test_drives_a_whole_optimizer_like_adam8bit(workbook):
            weight_decay=0.01, blocksize=256)
         torch.testing.assert_close(p, w.detach().view(-1), rtol=1e-5, atol=1e-6)
         st = opt.state[w]
-        torch.testing.assert_close(states[2], st["absmax1"], rtol=1e-5, atol=1e-9)
-        assert (states[0].long() - st["state1"].long()).abs().max() <= 1
+        for mine, key in zip(states, ("state1", "state2", "absmax1", "absmax2")):
+            if key.startswith("state"):  # fp rounding (FMA or not) may move a rare code by one
+                diff = (mine.long() - st[key].long()).abs()
+                assert diff.max() <= 1 and int((diff > 0).sum()) <= 5, key
+            else:
+                torch.testing.assert_close(mine, st[key], rtol=1e-5, atol=1e-12)
+            mine.copy_(st[key])  # continue from the optimizer's state: no drift between the two
+        p.copy_(w.detach().view(-1))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -75,6 +81,19 @@ def test_a_tiny_negative_momentum_keeps_a_negative_code(workbook):
        blocksize=256)
     m = dequantize_blocks(states[0], states[2], Q1, 256)
     assert bool((m[1:] < 0).all()), "sign of m lost on requantize"
+
+
+def test_a_tiny_second_moment_never_rounds_to_zero(workbook):
+    """v = 1e-21 next to v = 1e-3 in one block: its code must stay positive, or the next update is m / eps."""
+    fn = workbook("07").adam8bit_step
+    g = torch.full((256,), 1e-9)
+    g[0] = 1.0
+    states = fresh(256, 256)
+    fn(torch.zeros(256), g, *states, Q1, Q2, step=1, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
+       blocksize=256)
+    v = dequantize_blocks(states[1], states[3], Q2, 256)
+    m = dequantize_blocks(states[0], states[2], Q1, 256)
+    assert bool((v > 0).all()) and bool((m > 0).all())
 
 
 def test_zero_gradient_on_fresh_states_only_decays(workbook):
