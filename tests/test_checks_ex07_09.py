@@ -116,10 +116,16 @@ def absmax_plain_python(x_ptr, absmax_ptr, n, BLOCK):
     pass
 
 
+@triton.jit
+def absmax_stub(x_ptr, absmax_ptr, n, BLOCK: tl.constexpr):
+    raise NotImplementedError("Exercise 08.1: absmax_kernel")
+
+
 @pytest.mark.parametrize("kernel, hint", [
     (absmax_no_mask, "mask the load"),
     (absmax_signed, "the largest MAGNITUDE"),
     (absmax_plain_python, "decorate the kernel function with @triton.jit"),
+    (absmax_stub, "not implemented yet"),
 ])
 def test_absmax_kernel_fails(kernel, hint):
     fails_with(checks.check_absmax_kernel, kernel, hint)
