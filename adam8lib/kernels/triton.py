@@ -22,7 +22,8 @@ binary search finds ``pos = #(map entries < x)`` in 8 halving steps, one ``tl.lo
 1 KiB map per step (an L1 hit after the first touch); it keeps the last probe below x and the
 last one at or above x, which are the two neighbours. Then the rule of
 :func:`adam8lib.quant.nearest_code`: the closer neighbour wins, a tie goes to the lower index,
-and for Adam's first moment a negative value never gets a code ``>= 0`` (bitsandbytes' rule).
+and, for the optimizer's states (``keep_sign``), a non-zero value never gets the code of 0 or
+of the other sign: it moves one code away from zero instead.
 
 Same numbers as the reference backend (:mod:`adam8lib.kernels.reference`). Every fp32
 operation follows the reference's order, division and square root are correctly rounded
@@ -110,9 +111,11 @@ def _nearest_code(x, qmap_ptr, KEEP_SIGN: tl.constexpr):
     pick_above = (above - x) < (x - below)
     idx = tl.where(pick_above, pos, pos - 1)
     if KEEP_SIGN:
-        # bitsandbytes' rule for m: a negative value must not get a code >= 0 -> one code down
+        # a non-zero value must not become 0 or change sign: one code down for a negative x
+        # whose nearest entry is >= 0, one code up for a positive x whose nearest entry is <= 0
         value = tl.where(pick_above, above, below)
         idx = tl.where((x < 0) & (value >= 0), idx - 1, idx)
+        idx = tl.where((x > 0) & (value <= 0), idx + 1, idx)
     return idx
 
 
@@ -198,9 +201,9 @@ def _adam8bit_kernel(p_ptr, g_ptr, state1_ptr, state2_ptr, absmax1_ptr, absmax2_
     new_p = tl.where(finite, new_p, p)  # a non-finite gradient leaves its parameter alone
     tl.store(p_ptr + offsets, _to_dtype(new_p, p_ptr.dtype.element_ty), mask=mask)
 
-    # 4. requantize with fresh per-block absmax (m keeps its sign; v >= 0 uses the unsigned map)
+    # 4. requantize with fresh per-block absmax; a non-zero m or v never rounds to 0 or flips sign
     code1, absmax1 = _quantize_tile(m, mask, qmap1_ptr, KEEP_SIGN=True)
-    code2, absmax2 = _quantize_tile(v, mask, qmap2_ptr, KEEP_SIGN=False)
+    code2, absmax2 = _quantize_tile(v, mask, qmap2_ptr, KEEP_SIGN=True)
     tl.store(state1_ptr + offsets, code1.to(tl.uint8), mask=mask)
     tl.store(state2_ptr + offsets, code2.to(tl.uint8), mask=mask)
     tl.store(absmax1_ptr + blocks, absmax1, mask=block_mask)
@@ -309,7 +312,7 @@ def quantize_blockwise_triton(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton twin of :func:`adam8lib.quant.quantize_blockwise`: ``(codes uint8 like x, absmax fp32)``.
 
-    ``keep_sign=True`` applies the first-moment sign rule (as the optimizer does for ``m``).
+    ``keep_sign=True`` applies the states' rule: a non-zero value never rounds to 0 or flips sign.
     """
     _require_float(x)
     check_blocksize(blocksize)
