@@ -20,10 +20,21 @@ import sys
 import warnings
 from dataclasses import dataclass
 
-__all__ = ["setup", "Environment", "in_colab", "REPO_URL", "colab_url"]
+__all__ = ["setup", "Environment", "in_colab", "REPO_URL", "colab_url", "COLAB_BADGE", "SETUP_CELL"]
 
 #: Where the course lives (used for Colab links and the Colab install line).
 REPO_URL = "https://github.com/adam8-course/adam8"
+
+#: The image of the "Open In Colab" badge in cell 0 of every notebook.
+COLAB_BADGE = "https://colab.research.google.com/assets/colab-badge.svg"
+
+#: The source of cell 1 (code, tagged ``nbval-ignore-output``) of every notebook.
+SETUP_CELL = f"""# Setup: on Colab, install the course library (errors stay visible; Colab's torch/triton are kept)
+import sys
+if "google.colab" in sys.modules:
+    %pip install -q "adam8lib[course] @ git+{REPO_URL}"
+from adam8lib.course import setup
+env = setup()"""
 
 
 def in_colab() -> bool:
