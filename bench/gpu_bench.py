@@ -6,7 +6,7 @@ in between:
 * a device-to-device copy moving the same 16 bytes per parameter (read 8 B, write 8 B):
   the machine's real bandwidth, the ceiling for any optimizer step;
 * ``adam8lib.kernels.triton.adam8bit_step_triton`` (AdamW, blocksize 256);
-* ``bitsandbytes.optim.AdamW8bit`` (blocksize 256, its CUDA kernel);
+* ``bitsandbytes.optim.AdamW8bit`` (its blockwise 8-bit CUDA kernel, default settings);
 * ``torch.optim.AdamW(fused=True)`` (fp32 states).
 
 The 8-bit step moves 16 bytes per fp32 parameter (p read+write 8, g read 4, two uint8 codes

@@ -286,6 +286,10 @@ def test_registered_as_triton_backend(monkeypatch):
     with pytest.raises(ValueError, match="TRITON_INTERPRET"):
         kernels.get_backend("triton", "cpu")
     assert not kt.supports("meta")
+    monkeypatch.setattr(kt, "INTERPRETED", False)  # as if imported before TRITON_INTERPRET=1 was set
+    args, kwargs = step_args()
+    with pytest.raises(RuntimeError, match="imported without TRITON_INTERPRET=1"):
+        kt.adam8bit_step_triton(*args, **kwargs)
 
 
 def test_launch_config():

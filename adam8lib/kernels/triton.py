@@ -290,9 +290,9 @@ def adam8bit_step_triton(
     check_blocksize(blocksize)
     n = p.numel()
     _check_step_tensors(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, n, blocksize)
-    _check_runnable(p.device)
     if isinstance(step, bool) or not isinstance(step, int) or step < 1:
         raise ValueError(f"step must be an int >= 1, got {step!r}")
+    _check_runnable(p.device)
     if n == 0:
         return
     n_blocks = num_blocks(n, blocksize)
@@ -316,8 +316,8 @@ def quantize_blockwise_triton(
     """
     _require_float(x)
     check_blocksize(blocksize)
-    _check_runnable(x.device)
     code = _check_code(code, x.device)
+    _check_runnable(x.device)
     flat = x.reshape(-1).contiguous()
     n, n_blocks = flat.numel(), num_blocks(flat.numel(), blocksize)
     codes = torch.empty(n, dtype=torch.uint8, device=x.device)
@@ -342,12 +342,12 @@ def dequantize_blockwise_triton(
     check_blocksize(blocksize)
     if dtype not in _PARAM_DTYPES:
         raise TypeError(f"dtype must be one of {list(_PARAM_DTYPES)}, got {dtype}")
-    _check_runnable(codes.device)
     code = _check_code(code, codes.device)
     n, n_blocks = codes.numel(), num_blocks(codes.numel(), blocksize)
     if not isinstance(absmax, torch.Tensor) or absmax.numel() != n_blocks:
         got = absmax.numel() if isinstance(absmax, torch.Tensor) else type(absmax).__name__
         raise ValueError(f"absmax has {got} entries but {n} codes in blocks of {blocksize} need {n_blocks}")
+    _check_runnable(codes.device)
     out = torch.empty(codes.shape, dtype=dtype, device=codes.device)
     if n:
         rows, warps = launch_config(blocksize)
