@@ -137,9 +137,12 @@ def nearest_code(x: torch.Tensor, code: torch.Tensor, *, keep_sign: bool = False
     Binary search (``searchsorted``) finds the first entry ``>= x``; the answer is that entry
     or the one before it, whichever is closer; on an exact tie the lower index wins.
 
-    ``keep_sign=True`` is the rule bitsandbytes applies to Adam's first moment: a negative
-    value whose nearest entry is ``>= 0`` moves one code down (to the smallest negative
-    entry), so a small negative momentum never becomes zero or positive.
+    ``keep_sign=True`` is the rule the optimizer uses when it requantizes its states: a
+    non-zero value never becomes 0 or changes sign. A negative value whose nearest entry is
+    ``>= 0`` moves one code down, a positive value whose nearest entry is ``<= 0`` one code
+    up (to the smallest entry of the right sign). bitsandbytes' GPU kernel applies the
+    negative half of this rule to ``m``; the positive half matters for ``v``: a tiny ``v``
+    rounded to 0 would leave ``m / (sqrt(v) + eps)`` divided by ``eps`` alone on the next step.
     """
     x = x.float()
     hi = torch.searchsorted(code, x).clamp_(1, code.numel() - 1)
@@ -147,7 +150,7 @@ def nearest_code(x: torch.Tensor, code: torch.Tensor, *, keep_sign: bool = False
     pick_hi = (code[hi] - x) < (x - code[lo])
     idx = torch.where(pick_hi, hi, lo)
     if keep_sign:
-        idx = idx - ((x < 0) & (code[idx] >= 0)).long()
+        idx = idx - ((x < 0) & (code[idx] >= 0)).long() + ((x > 0) & (code[idx] <= 0)).long()
     return idx.to(torch.uint8)
 
 

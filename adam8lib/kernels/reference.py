@@ -8,8 +8,13 @@ For each block of ``blocksize`` elements (one ``absmax`` per state per block)::
     p      = p * (1 - lr * weight_decay)                               # decoupled decay
     p      = p - lr / (1 - beta1**t) * m / (sqrt(v) / sqrt(1 - beta2**t) + eps)
     absmax1, absmax2 = max |m|, max v       (per block, new)
-    state1 = nearest code of m / absmax1 in qmap1 (keeping m's sign)   # requantize
-    state2 = nearest code of v / absmax2 in qmap2
+    state1 = nearest code of m / absmax1 in qmap1                      # requantize,
+    state2 = nearest code of v / absmax2 in qmap2                      # keeping signs
+
+"Keeping signs" (``nearest_code(..., keep_sign=True)``): a non-zero state never rounds to 0
+or to the other sign; it takes the smallest code of its own sign instead. For ``m`` this is
+bitsandbytes' rule; for ``v`` it stops a tiny-but-positive ``v`` from becoming 0, which
+would make the next update ``m / eps`` — a jump of thousands of learning rates.
 
 A gradient element that is NaN or ±Inf resets that element's ``m`` and ``v`` to 0 and
 leaves its parameter unchanged (no update, no decay), as bitsandbytes' GPU kernel does.
@@ -82,4 +87,4 @@ def adam8bit_step(
         p[start:end].copy_(torch.where(finite, new, param))
         # 4. requantize with fresh per-block absmax
         state1[start:end], absmax1[b0:b1] = quantize_blocks(m, qmap1, blocksize, keep_sign=True)
-        state2[start:end], absmax2[b0:b1] = quantize_blocks(v, qmap2, blocksize)
+        state2[start:end], absmax2[b0:b1] = quantize_blocks(v, qmap2, blocksize, keep_sign=True)
