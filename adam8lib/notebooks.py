@@ -11,6 +11,7 @@ user has installed), from the notebook's own folder, on the CPU and deterministi
 
 * ``CUDA_VISIBLE_DEVICES=""`` (no GPU even where there is one), ``TRITON_INTERPRET=1``;
 * ``PYTHONHASHSEED=0``; 2 OpenMP/MKL threads (``OMP_NUM_THREADS=2``), as on CI;
+* matplotlib's inline backend, so every figure is stored as a PNG;
 * Hugging Face libraries offline (nothing is downloaded while making outputs);
 * a per-cell timeout.
 
@@ -63,6 +64,8 @@ EXECUTION_ENV: dict[str, str] = {
     "TRANSFORMERS_OFFLINE": "1",
     "HF_HUB_DISABLE_TELEMETRY": "1",
     "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+    # plots are stored as PNGs even where the caller's environment says MPLBACKEND=Agg
+    "MPLBACKEND": "module://matplotlib_inline.backend_inline",
 }
 
 #: Default per-cell timeout (seconds).
