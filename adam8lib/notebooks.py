@@ -162,11 +162,28 @@ def _drop_widget_views(cell) -> None:
             data.setdefault("text/plain", "Run the cell to show the widget.")
 
 
+def _coalesce_streams(outputs: list) -> list:
+    """Merge consecutive stream outputs of the same name (how prints split is timing luck)."""
+    merged: list = []
+    for output in outputs:
+        previous = merged[-1] if merged else None
+        if (
+            output.get("output_type") == "stream"
+            and previous is not None
+            and previous.get("output_type") == "stream"
+            and previous.get("name") == output.get("name")
+        ):
+            previous["text"] = previous["text"] + output["text"]
+        else:
+            merged.append(output)
+    return merged
+
+
 def clean_notebook(nb, *, max_widget_state_bytes: int = MAX_WIDGET_STATE_BYTES):
     """Clean an executed notebook in place (and return it).
 
-    Execution counts become 1…n in cell order (outputs included); per-cell timing and
-    view-only metadata are dropped; the kernelspec is ``python3``; saved widget state over
+    Execution counts become 1…n in cell order (outputs included); consecutive prints to the
+    same stream become one output; per-cell timing and view-only metadata are dropped; the kernelspec is ``python3``; saved widget state over
     ``max_widget_state_bytes`` is dropped together with the widget views that need it.
     """
     widgets = nb.metadata.get("widgets")
@@ -183,6 +200,7 @@ def clean_notebook(nb, *, max_widget_state_bytes: int = MAX_WIDGET_STATE_BYTES):
             cell.metadata.pop(key, None)
         if cell.cell_type != "code":
             continue
+        cell.outputs = _coalesce_streams(cell.outputs)
         if drop_widgets or "widgets" not in nb.metadata:
             _drop_widget_views(cell)
         if cell.get("execution_count") is None:

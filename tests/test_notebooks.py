@@ -233,15 +233,18 @@ def test_check_reports_outputs_without_a_run(tmp_path, capsys):
     assert runner.main(["check", str(tmp_path / "good.ipynb")]) == 0
 
 
-def test_clean_renumbers_and_drops_timing():
+def test_clean_renumbers_merges_streams_and_drops_timing():
+    prints = [new_output("stream", name="stdout", text="a\n"), new_output("stream", name="stdout", text="b\n"),
+              new_output("stream", name="stderr", text="warn\n"), new_output("stream", name="stdout", text="c\n")]
     nb = new_notebook(cells=[
-        new_code_cell("a", execution_count=4, metadata={"execution": {"iopub.status.busy": "x"}, "tags": ["t"]}),
+        new_code_cell("a", execution_count=4, outputs=prints, metadata={"execution": {"iopub.status.busy": "x"}, "tags": ["t"]}),
         new_code_cell("b", execution_count=9, outputs=[new_output("execute_result", data={"text/plain": "1"}, execution_count=9)]),
     ])
     runner.clean_notebook(nb)
     assert [c.execution_count for c in nb.cells] == [1, 2]
     assert nb.cells[1].outputs[0].execution_count == 2
     assert nb.cells[0].metadata == {"tags": ["t"]}
+    assert [(o.name, o.text) for o in nb.cells[0].outputs] == [("stdout", "a\nb\n"), ("stderr", "warn\n"), ("stdout", "c\n")]
 
 
 def test_find_notebooks(tmp_path):
