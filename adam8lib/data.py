@@ -6,12 +6,14 @@ same thing? Rows have ``sentence1``, ``sentence2``, ``label`` (1 = paraphrase) a
 Offline (CI, this course's CPU runs) we use **synpara**, a synthetic paraphrase task with the
 same columns, written by :func:`generate_pairs` (deterministic, standard library only) and
 shipped as ``adam8lib/datafiles/synpara.jsonl.gz`` with a WordPiece tokenizer built from it
-(``adam8lib/datafiles/synpara-tokenizer.json``). Each sentence describes one event
-(who, did what, to which object, where, when) in one of several surface forms (active,
-passive, time first) with synonyms. A pair is a paraphrase when both sentences describe the
-same event; a non-paraphrase changes exactly one of the five slots. A model must therefore
-match content across reorderings and synonyms — a small DistilBERT learns it in about a
-minute on a CPU, so accuracy and F1 mean something.
+(``adam8lib/datafiles/synpara-tokenizer.json``). Each sentence describes one event (who,
+did what, to which object) in the active or the passive voice, with verb synonyms
+("bought"/"purchased"). A pair is a paraphrase when both sentences describe the same event;
+a non-paraphrase changes one to three of the slots. A model must match content across a
+change of word order and synonyms. A small DistilBERT trained from scratch (no pretrained
+weights offline) climbs from chance to about 80% accuracy in a few hundred steps on a CPU,
+so accuracy, F1 and the optimizer comparison mean something — and it is not yet solved,
+so differences between optimizers can show.
 
 Regenerate the files (byte-identical) with ``python -m adam8lib.data``. Licence: the
 generator and the data it writes are part of this repository (MIT, see pyproject.toml).
@@ -54,10 +56,8 @@ HUB_MODEL = "distilbert-base-cased"
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 # ---------------------------------------------------------------------- the synthetic task
-_NAMES = ["Alice", "Bruno", "Chen", "Dana", "Emeka", "Farah", "Goran", "Hana", "Ivan", "Jonas",
-          "Keiko", "Lena", "Marta", "Nadia", "Omar", "Priya"]
-_OBJECTS = ["bicycle", "camera", "guitar", "laptop", "lamp", "painting", "piano", "radio",
-            "sofa", "telescope", "tractor", "violin", "boat", "clock", "kettle", "mirror"]
+_NAMES = ["Alice", "Bruno", "Chen", "Dana", "Emeka", "Farah", "Goran", "Hana"]
+_OBJECTS = ["bicycle", "camera", "guitar", "laptop", "lamp", "painting", "piano", "radio"]
 # each verb: (past-tense synonyms, past-participle synonyms) — same index, same meaning
 _VERBS = [
     (["bought", "purchased"], ["bought", "purchased"]),
@@ -69,35 +69,25 @@ _VERBS = [
     (["stole", "pinched"], ["stolen", "pinched"]),
     (["found", "discovered"], ["found", "discovered"]),
 ]
-_PLACES = [["in Paris", "in the French capital"], ["at the market", "at the bazaar"],
-           ["in the garage", "in the workshop"], ["near the harbour", "by the docks"],
-           ["at school", "at the school"], ["in the village", "in the hamlet"]]
-_TIMES = [["on Monday", "last Monday"], ["in May", "last May"], ["yesterday", "the day before today"],
-          ["at dawn", "at sunrise"], ["last winter", "during the winter"], ["at noon", "at midday"]]
-_SLOTS = ("name", "verb", "object", "place", "time")
-_SIZES = {"name": len(_NAMES), "verb": len(_VERBS), "object": len(_OBJECTS),
-          "place": len(_PLACES), "time": len(_TIMES)}
+_SLOTS = ("name", "verb", "object")
+_SIZES = {"name": len(_NAMES), "verb": len(_VERBS), "object": len(_OBJECTS)}
 
 
 def _sentence(event: dict[str, int], rng: random.Random) -> str:
-    """One surface form of an event: active, passive or time-first, with random synonyms."""
+    """One surface form of an event: active or passive voice, with a random verb synonym."""
     name, obj = _NAMES[event["name"]], _OBJECTS[event["object"]]
     past, participle = _VERBS[event["verb"]]
-    place, time = rng.choice(_PLACES[event["place"]]), rng.choice(_TIMES[event["time"]])
-    form = rng.randrange(3)
-    if form == 0:
-        text = f"{name} {rng.choice(past)} the {obj} {place} {time}."
-    elif form == 1:
-        text = f"The {obj} was {rng.choice(participle)} by {name} {place} {time}."
-    else:
-        text = f"{time[0].upper()}{time[1:]}, {name} {rng.choice(past)} the {obj} {place}."
-    return text
+    if rng.randrange(2) == 0:
+        return f"{name} {rng.choice(past)} the {obj}."
+    return f"The {obj} was {rng.choice(participle)} by {name}."
 
 
 def generate_pairs(n: int, seed: int = SEED) -> list[dict[str, Any]]:
     """``n`` sentence pairs (half paraphrases), deterministic in ``seed``.
 
-    Rows: ``{"sentence1", "sentence2", "label", "idx"}`` like GLUE MRPC.
+    A negative pair changes 1, 2 or 3 of the event's slots (uniformly), so some are easy
+    (a different event altogether) and some hard (only the verb differs, under synonyms and a
+    change of voice). Rows: ``{"sentence1", "sentence2", "label", "idx"}`` like GLUE MRPC.
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise ValueError(f"n must be an int >= 0, got {n!r}")
@@ -108,8 +98,8 @@ def generate_pairs(n: int, seed: int = SEED) -> list[dict[str, Any]]:
         label = idx % 2  # exactly balanced; the order is shuffled below
         other = dict(event)
         if label == 0:
-            slot = rng.choice(_SLOTS)
-            other[slot] = (event[slot] + rng.randrange(1, _SIZES[slot])) % _SIZES[slot]
+            for slot in rng.sample(_SLOTS, rng.randint(1, len(_SLOTS))):
+                other[slot] = (event[slot] + rng.randrange(1, _SIZES[slot])) % _SIZES[slot]
         rows.append({"sentence1": _sentence(event, rng), "sentence2": _sentence(other, rng), "label": label})
     rng.shuffle(rows)
     return [{**row, "idx": i} for i, row in enumerate(rows)]

@@ -26,7 +26,11 @@ def _offline(monkeypatch):
 
 @pytest.fixture(scope="module")
 def full_model():
-    return T.build_distilbert(small=False)
+    """The full model without its random init (slow on 2 cores): built on the meta device,
+    then given real, uninitialized CPU storage. Names, shapes and optimizer states are what matter."""
+    with torch.device("meta"):
+        model = T.build_distilbert(small=False)
+    return model.to_empty(device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +180,7 @@ def test_make_optimizer_kinds():
 
 
 # ---------------------------------------------------------------------- training paths
-def _overfit_set(task, n=64):
+def _overfit_set(task, n=16):
     data, tok = task
     return data["train"].select(range(n)), tok
 
@@ -194,14 +198,14 @@ def test_training_step_bf16_autocast_keeps_fp32_params(task):
     seen = []
     model.pre_classifier.register_forward_hook(lambda m, i, o: seen.append((o.dtype, torch.is_autocast_enabled("cpu"))))
     opt = T.make_optimizer(model, "adam8bit", lr=2e-3)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
-    losses = [T.training_step(model, batch, opt, sched, dtype=torch.bfloat16) for _ in range(12)]
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 ** (s // 10))
+    losses = [T.training_step(model, batch, opt, sched, dtype=torch.bfloat16) for _ in range(25)]
     assert seen[0] == (torch.bfloat16, True)
     assert all(p.dtype == torch.float32 and p.grad is None for p in model.parameters())
-    assert sched.last_epoch == 12 and opt.param_groups[0]["lr"] == pytest.approx(2e-3 / 13)
-    assert losses[-1] < 0.7 * losses[0], losses
+    assert sched.last_epoch == 25 and opt.param_groups[0]["lr"] == pytest.approx(2e-3 / 4)
+    assert sum(losses[-5:]) < 0.5 * sum(losses[:5]), losses  # it memorizes the batch
     state = opt.state[model.distilbert.embeddings.word_embeddings.weight]
-    assert state["state1"].dtype == torch.uint8 and state["step"] == 12
+    assert state["state1"].dtype == torch.uint8 and state["step"] == 25
 
 
 def test_training_step_fp16_with_grad_scaler_and_fp32(task):
@@ -227,15 +231,17 @@ def test_accelerate_loop_bf16_trains_with_schedule(task):
 
     train, tok = _overfit_set(task)
     collate = DataCollatorWithPadding(tok)
-    loader = DataLoader(train.with_format("torch"), batch_size=16, shuffle=True, collate_fn=collate,
+    loader = DataLoader(train.with_format("torch"), batch_size=8, shuffle=True, collate_fn=collate,
                         generator=torch.Generator().manual_seed(0))
     model = tiny_model(len(tok))
-    opt = T.make_optimizer(model, "adam8bit", lr=3e-3)
-    hist = T.train_with_accelerate(model, opt, loader, loader, epochs=4, precision="bf16", progress=False)
-    assert hist["precision"] == "bf16" and len(hist["loss"]) == 16 and len(hist["eval"]) == 4
+    before = T.evaluate(model, loader)["loss"]
+    opt = T.make_optimizer(model, "adam8bit", lr=2e-3)
+    hist = T.train_with_accelerate(model, opt, loader, loader, epochs=15, precision="bf16", progress=False,
+                                   warmup_ratio=0.1)
+    assert hist["precision"] == "bf16" and len(hist["loss"]) == 30 and len(hist["eval"]) == 15
     lrs = hist["lr"]
-    assert lrs[0] == 0.0 and max(lrs) == pytest.approx(3e-3, rel=0.1) and lrs[-1] < lrs[len(lrs) // 2]
-    assert hist["eval"][-1]["loss"] < 0.8 * hist["eval"][0]["loss"]
+    assert lrs[0] == 0.0 and max(lrs) == pytest.approx(2e-3) and lrs[-1] < lrs[len(lrs) // 2]
+    assert hist["eval"][-1]["loss"] < 0.7 * before, (before, hist["eval"])  # it memorizes 16 pairs
     assert hist["model"] is model
     with pytest.raises(ValueError, match="fp16"):
         T.train_with_accelerate(model, opt, loader, precision="fp16", progress=False)
@@ -244,13 +250,13 @@ def test_accelerate_loop_bf16_trains_with_schedule(task):
 def test_trainer_with_adam8bit_learns_and_reports_accuracy_f1(task, tmp_path):
     train, tok = _overfit_set(task)
     model = tiny_model(len(tok))
-    trainer = T.make_trainer(model, tok, train, train, lr=3e-3, epochs=4, batch_size=16, precision="bf16",
-                             output_dir=str(tmp_path), progress=False)
+    trainer = T.make_trainer(model, tok, train, train, lr=2e-3, epochs=15, batch_size=8, precision="bf16",
+                             output_dir=str(tmp_path), progress=False, warmup_ratio=0.1)
     before = trainer.evaluate()
     trainer.train()
     after = trainer.evaluate()
     assert {"eval_accuracy", "eval_f1", "eval_loss"} <= set(after)
-    assert after["eval_loss"] < 0.8 * before["eval_loss"]
+    assert after["eval_loss"] < 0.75 * before["eval_loss"], (before, after)  # it memorizes 16 pairs
     assert trainer.args.bf16 and trainer.args.use_cpu
     opt = trainer.optimizer
     assert isinstance(getattr(opt, "optimizer", opt), Adam8bit)
