@@ -183,8 +183,11 @@ def clean_notebook(nb, *, max_widget_state_bytes: int = MAX_WIDGET_STATE_BYTES):
     """Clean an executed notebook in place (and return it).
 
     Execution counts become 1…n in cell order (outputs included); consecutive prints to the
-    same stream become one output; per-cell timing and view-only metadata are dropped; the kernelspec is ``python3``; saved widget state over
-    ``max_widget_state_bytes`` is dropped together with the widget views that need it.
+    same stream become one output; per-cell timing and view-only metadata are dropped; the
+    kernelspec is ``python3``; saved widget state over ``max_widget_state_bytes`` is dropped
+    together with the widget views that need it (their plain-text fallback stays). Small
+    widget state is kept so that a stored widget still renders; its model ids change on
+    every run, so tag widget cells ``nbval-ignore-output``.
     """
     widgets = nb.metadata.get("widgets")
     drop_widgets = widgets is not None and (
