@@ -1,0 +1,415 @@
+"""The ``"cpu"`` backend: the 8-bit Adam step as a small C++ kernel (OpenMP + SIMD).
+
+Same maths as :mod:`adam8lib.kernels.reference`, bit for bit (codes, absmax, parameters),
+but one pass over memory per block instead of a dozen chunk-sized temporaries, several times
+faster than the reference (bench/README.md has the numbers). The kernel is
+``csrc/adam8bit_cpu.cpp``; read it next to the reference: each scalar line there is one line
+of the reference, and the AVX2/AVX-512 loops do the same 8 or 16 elements at a time.
+
+How it is built
+    On first use, with ``torch.utils.cpp_extension.load`` as a plain shared library (no torch
+    headers, so a few seconds; a C++17 compiler and ninja are needed; flags
+    ``-O3 -march=native -fopenmp -ffp-contract=off``), called through ctypes. The build is
+    cached under ``~/.cache/adam8lib/`` (or ``$ADAM8LIB_CACHE_DIR``), keyed by the source, the
+    flags, the torch and Python versions and the CPU model, so a later process just loads it,
+    together with the nearest-code tables of each map (a second or two to build). Importing
+    this module only checks that a compiler and ninja exist (``ImportError`` if not: the
+    registry then skips ``"cpu"`` and ``"auto"`` falls back to ``"torch"``); the build
+    itself runs the first time the backend is asked whether it ``supports`` a CPU device.
+    A failed build is reported once as a warning, and ``"auto"`` falls back to ``"torch"``.
+
+Exact nearest code, fast
+    The reference finds each code with a binary search over the 256-entry map. Here
+    :func:`code_table` samples the reference's ``nearest_code`` once per map: ``nearest_code``
+    is a step function of ``x``, so for each of the 65,536 buckets of floats that share the
+    top 16 bits of a sortable key of ``x`` it is enough to store the code at the bucket's
+    start, and where (and to which code) it changes inside the bucket. The kernel then
+    needs one table load and one integer compare per value, and returns exactly the
+    reference's code, ties and the keep-sign rule included.
+
+Rounding
+    torch's ``add_(g, alpha=a)`` and ``addcmul_`` use fused multiply-adds on AVX2/AVX-512
+    builds (:func:`torch_uses_fma` asks this torch build once), and ``torch.sqrt`` on x86
+    Linux wheels is Intel MKL's ``vmsSqrt``, which is not always correctly rounded
+    (:func:`torch_sqrt` finds it); the kernel does the same, so even the parameters match.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import inspect
+import logging
+import math
+import os
+import platform
+import shutil
+import sys
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy
+import torch
+
+from ..quant import SUPPORTED_BLOCKSIZES, nearest_code, num_blocks
+from . import register_backend
+
+__all__ = ["adam8bit_step", "code_table", "CodeTable", "torch_uses_fma", "load_extension", "supports", "SOURCE"]
+
+log = logging.getLogger(__name__)
+
+#: The kernel source.
+SOURCE = Path(__file__).with_name("csrc") / "adam8bit_cpu.cpp"
+#: Compiler flags. -ffp-contract=off: the compiler must not fuse a*b+c on its own, since the
+#: reference rounds them separately (the fused ones are written as std::fma in the source).
+CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno")
+LDFLAGS = ("-fopenmp",)
+#: Top bits of the sortable key that index the nearest-code tables.
+BUCKET_BITS = 16
+
+_P_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: dtype codes of the C entry point
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+def _toolchain_problem() -> str | None:
+    """Why the extension cannot be built here (None if a compiler and ninja are found)."""
+    from torch.utils.cpp_extension import is_ninja_available
+
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        return f"no C++ compiler ({compiler!r} not on PATH)"
+    if not is_ninja_available():
+        return "ninja is not installed (pip install ninja)"
+    if not SOURCE.is_file():
+        return f"kernel source {SOURCE} is missing"
+    return None
+
+
+_problem = _toolchain_problem()
+if _problem is not None:
+    raise ImportError(f"adam8lib cpu backend unavailable: {_problem}")
+
+
+# ---------------------------------------------------------------------------------------
+# Building and loading the extension
+# ---------------------------------------------------------------------------------------
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("model name", "flags")):
+                    return line + next((ln for ln in f if ln.startswith("flags")), "")
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def build_directory() -> Path:
+    """Where the compiled kernel is cached; a new folder for each source/flags/torch/CPU."""
+    root = os.environ.get("ADAM8LIB_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "adam8lib"
+    )
+    tag = hashlib.sha256(
+        "\n".join([SOURCE.read_text(), " ".join(CFLAGS + LDFLAGS), torch.__version__, sys.version, _cpu_model()]).encode()
+    ).hexdigest()[:16]
+    return Path(root) / f"cpu_step-py{sys.version_info[0]}{sys.version_info[1]}-{tag}"
+
+
+_lock = threading.Lock()
+_extension = None
+_build_error: str | None = None
+
+
+def load_extension() -> ctypes.CDLL:
+    """Build (first time, a few seconds) or load the compiled kernel; RuntimeError on failure."""
+    global _extension, _build_error
+    with _lock:
+        if _extension is not None:
+            return _extension
+        if _build_error is not None:
+            raise RuntimeError(_build_error)
+        from torch.utils.cpp_extension import load
+
+        directory = build_directory()
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            log.info("adam8lib: building/loading the CPU kernel in %s", directory)
+            # a plain shared library (no Python module, no torch headers): quick to build
+            path = load(
+                name="adam8lib_cpu_step",
+                sources=[str(SOURCE)],
+                extra_cflags=list(CFLAGS),  # copies: torch appends to these lists
+                extra_ldflags=list(LDFLAGS),
+                build_directory=str(directory),
+                is_python_module=False,
+                verbose=False,
+            )
+            lib = ctypes.CDLL(path)
+            fn = lib.adam8bit_step_cpu
+        except Exception as exc:  # compiler errors arrive as RuntimeError/OSError/CalledProcessError
+            _build_error = f"adam8lib cpu backend: building the kernel failed: {exc}"
+            raise RuntimeError(_build_error) from exc
+        ptr, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+        fn.argtypes = [ptr, ptr, i32, i32, ptr, ptr, ptr, ptr, i64, i64,
+                       ptr, ptr, i32, ptr, ptr, i32, ptr, i32, i32, ptr, i64, i32, i32]
+        fn.restype = i32
+        _extension = lib
+        return lib
+
+
+def simd_level() -> int:
+    """The widest SIMD loops the built kernel has: 0 scalar only, 1 AVX2, 2 AVX-512."""
+    return int(load_extension().adam8bit_cpu_simd_level())
+
+
+def supports(device: torch.device) -> bool:
+    """True for CPU devices once the kernel is built (builds it on the first CPU query)."""
+    if torch.device(device).type != "cpu":
+        return False
+    if _extension is not None:
+        return True
+    if _build_error is not None:
+        return False
+    try:
+        load_extension()
+    except RuntimeError as exc:
+        warnings.warn(f"{exc}; falling back to the 'torch' backend", RuntimeWarning, stacklevel=2)
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------
+# Matching torch's rounding
+# ---------------------------------------------------------------------------------------
+def _probe_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    g = torch.randn(4099, generator=gen)
+    return g, torch.randn(4099, generator=gen) * 0.01, torch.rand(4099, generator=gen) * 1e-3
+
+
+@functools.lru_cache(maxsize=None)
+def torch_uses_fma() -> bool:
+    """Does this torch build round ``m.add_(g, alpha=a)`` and ``v.addcmul_(g, g, value=b)``
+    as fused multiply-adds? (Yes on AVX2/AVX-512 builds.) Raises ImportError if it fuses one
+    and not the other, which the kernel does not imitate."""
+    g, m, v = _probe_inputs()
+    a, b = 1.0 - 0.9, 1.0 - 0.999
+    add_fused = not torch.equal(m.clone().add_(g, alpha=a), m + g * a)
+    addcmul_fused = not torch.equal(v.clone().addcmul_(g, g, value=b), v + (g * b) * g)
+    if add_fused != addcmul_fused:
+        raise ImportError("this torch build fuses add(alpha) and addcmul differently; cpu backend disabled")
+    return add_fused
+
+
+#: The mode torch passes to MKL's vector math (VML_HA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE).
+MKL_VML_MODE = 0x2 | 0x140000 | 0x100
+
+
+@functools.lru_cache(maxsize=None)
+def torch_sqrt() -> tuple[int | None, str]:
+    """How this torch build computes ``torch.sqrt`` on fp32: ``(None, "ieee")`` when it is the
+    correctly rounded square root, ``(address of vmsSqrt, "mkl")`` when it is Intel MKL's
+    vector sqrt (x86 Linux wheels), which is not always correctly rounded. ImportError if
+    neither reproduces it (then the kernel could not match the reference bit for bit)."""
+    x = torch.cat([_probe_inputs()[2], torch.rand(4099, generator=torch.Generator().manual_seed(1)) ** 4])
+    expected = torch.sqrt(x)
+    if bool((torch.from_numpy(numpy.sqrt(x.numpy())) == expected).all()):
+        return None, "ieee"
+    for lib_name in ("libtorch_cpu.so", "libtorch_cpu.dylib", "torch_cpu.dll"):
+        path = Path(torch.__file__).parent / "lib" / lib_name
+        if not path.exists():
+            continue
+        try:
+            vms_sqrt = ctypes.CDLL(str(path)).vmsSqrt
+        except (OSError, AttributeError):
+            continue
+        vms_sqrt.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        vms_sqrt.restype = None
+        out = torch.empty_like(x)
+        vms_sqrt(x.numel(), x.data_ptr(), out.data_ptr(), MKL_VML_MODE)
+        if torch.equal(out, expected):
+            return ctypes.cast(vms_sqrt, ctypes.c_void_p).value, "mkl"
+    raise ImportError("torch.sqrt is neither IEEE sqrt nor MKL's vmsSqrt here; cpu backend disabled")
+
+
+# ---------------------------------------------------------------------------------------
+# Exact nearest-code tables
+# ---------------------------------------------------------------------------------------
+_KEY_MIN = 0x007FFFFF  # sortable key of -inf (smaller keys are negative NaNs)
+_KEY_MAX = 0xFF800000  # sortable key of +inf (larger keys are positive NaNs)
+
+
+def _keys_to_floats(keys: torch.Tensor) -> torch.Tensor:
+    """Inverse of the kernel's sortable_key, on an int64 tensor of keys in [0, 2**32)."""
+    bits = torch.where(keys >= 2**31, keys - 2**31, (~keys) & 0xFFFFFFFF)
+    bits = torch.where(bits >= 2**31, bits - 2**32, bits)
+    return bits.to(torch.int32).view(torch.float32)
+
+
+@dataclass(frozen=True)
+class CodeTable:
+    """A map plus its exact nearest-code tables (see the module docstring)."""
+
+    qmap: torch.Tensor  # (256,) fp32
+    steps: torch.Tensor  # (65536,) int32 per bucket: base | step << 8 | where << 16
+    nan_code: int  # the reference's code for NaN
+
+
+def code_table(qmap: torch.Tensor, keep_sign: bool) -> CodeTable:
+    """Tables that give ``nearest_code(x, qmap, keep_sign=keep_sign)`` exactly for every fp32 x.
+
+    Raises ValueError for a map whose code changes twice inside one bucket (two entries
+    closer than ~1/128 of their magnitude); the dynamic and linear maps are fine.
+    """
+    if not isinstance(qmap, torch.Tensor) or qmap.shape != (256,) or not qmap.is_floating_point():
+        raise ValueError(f"qmap must be a 256-entry float tensor, got {getattr(qmap, 'shape', type(qmap))}")
+    qmap = qmap.detach().to("cpu", torch.float32).contiguous()
+    return _cached_code_table(qmap.numpy().tobytes(), bool(keep_sign))
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_code_table(qmap_bytes: bytes, keep_sign: bool) -> CodeTable:
+    """Building a table takes a second or two; keep it next to the compiled kernel, keyed by
+    the map, the rule and the source of ``nearest_code`` (the spec it samples)."""
+    qmap = torch.frombuffer(bytearray(qmap_bytes), dtype=torch.float32)
+    spec = inspect.getsource(nearest_code).encode() + bytes([keep_sign, BUCKET_BITS])
+    path = build_directory() / "tables" / f"{hashlib.sha256(qmap_bytes + spec).hexdigest()[:24]}.pt"
+    try:
+        saved = torch.load(path, weights_only=True)
+        return CodeTable(qmap, saved["steps"], int(saved["nan_code"]))
+    except Exception:  # not there yet (or unreadable): build it
+        pass
+    table = _build_code_table(qmap, keep_sign)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        torch.save({"steps": table.steps, "nan_code": table.nan_code}, tmp)
+        os.replace(tmp, path)  # atomic: concurrent processes never see half a file
+    except OSError:
+        pass
+    return table
+
+
+def _build_code_table(qmap: torch.Tensor, keep_sign: bool) -> CodeTable:
+    if not bool(torch.isfinite(qmap).all()) or bool((qmap[1:] < qmap[:-1]).any()):
+        raise ValueError("qmap must be finite and sorted ascending")
+
+    def code_at(keys: torch.Tensor) -> torch.Tensor:
+        return nearest_code(_keys_to_floats(keys), qmap, keep_sign=keep_sign).long()
+
+    # each bucket: the code at its first and at its last key (NaN keys excluded)
+    width = 1 << (32 - BUCKET_BITS)
+    first = torch.arange(1 << BUCKET_BITS, dtype=torch.int64) * width
+    first, last = first.clamp(_KEY_MIN, _KEY_MAX), (first + width - 1).clamp(_KEY_MIN, _KEY_MAX)
+    base, top = code_at(first), code_at(last)
+    # where the code changes inside a bucket: bisection for the first key whose code != base
+    stepping = (top != base).nonzero().flatten()
+    lo, hi = first[stepping], last[stepping]  # code(lo) == base, code(hi) != base
+    while bool((hi - lo > 1).any()):
+        mid = (lo + hi) // 2
+        moved = code_at(mid) != base[stepping]
+        hi, lo = torch.where(moved, mid, hi), torch.where(moved, lo, mid)
+    thresh = torch.full_like(base, _KEY_MAX + 1)
+    thresh[stepping] = hi
+    # the table is exact if each bucket's code changes at most once: check that next to the
+    # change and at 16 keys spread over every bucket
+    samples = first[:, None] + (last - first)[:, None] * torch.arange(16) // 15
+    expected = torch.where(samples < thresh[:, None], base[:, None], top[:, None])
+    if not (torch.equal(code_at(samples), expected) and torch.equal(code_at(hi - 1), base[stepping])
+            and torch.equal(code_at(hi), top[stepping])):
+        raise ValueError("this map's codes change more than once within a lookup bucket; use backend='torch'")
+    step = (top - base) % 256  # the kernel adds modulo 256 (a uint8 wraps, as the reference's does)
+    where = torch.where(thresh <= _KEY_MAX, thresh & 0xFFFF, 0)  # low 16 bits of the key of the change
+    packed = base | (step << 8) | (where << 16)
+    packed = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+    nan_code = int(nearest_code(torch.tensor([float("nan")]), qmap, keep_sign=keep_sign))
+    return CodeTable(qmap, packed, nan_code)
+
+
+# ---------------------------------------------------------------------------------------
+# The step
+# ---------------------------------------------------------------------------------------
+def _check(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, blocksize) -> None:
+    tensors = dict(p=p, g=g, state1=state1, state2=state2, absmax1=absmax1, absmax2=absmax2, qmap1=qmap1, qmap2=qmap2)
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != "cpu":
+            raise ValueError(f"the cpu backend needs CPU tensors; {name} is on {t.device}")
+        if t.dim() != 1 or not t.is_contiguous():
+            raise ValueError(f"{name} must be a flat contiguous 1-D tensor, got shape {tuple(t.shape)}")
+    if isinstance(blocksize, bool) or blocksize not in SUPPORTED_BLOCKSIZES:
+        raise ValueError(f"Unsupported blocksize: {blocksize!r}; use one of {list(SUPPORTED_BLOCKSIZES)}")
+    n = p.numel()
+    if p.dtype not in _P_DTYPES:
+        raise TypeError(f"p must be fp32, bf16 or fp16, got {p.dtype}")
+    if not g.is_floating_point() or g.numel() != n:
+        raise ValueError(f"g must be a floating-point tensor with {n} elements, got {g.dtype}[{g.numel()}]")
+    blocks = num_blocks(n, blocksize)
+    for name, t, size, dtype in (
+        ("state1", state1, n, torch.uint8), ("state2", state2, n, torch.uint8),
+        ("absmax1", absmax1, blocks, torch.float32), ("absmax2", absmax2, blocks, torch.float32),
+        ("qmap1", qmap1, 256, torch.float32), ("qmap2", qmap2, 256, torch.float32),
+    ):
+        if t.dtype != dtype or t.numel() != size:
+            raise ValueError(f"{name} must be {dtype}[{size}], got {t.dtype}[{t.numel()}]")
+
+
+@torch.no_grad()
+def adam8bit_step(
+    p: torch.Tensor,
+    g: torch.Tensor,
+    state1: torch.Tensor,
+    state2: torch.Tensor,
+    absmax1: torch.Tensor,
+    absmax2: torch.Tensor,
+    qmap1: torch.Tensor,
+    qmap2: torch.Tensor,
+    *,
+    step: int,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    blocksize: int,
+    chunk_size: int | None = None,  # accepted for the reference's signature; blocks are the unit here
+    simd: int | None = None,
+) -> None:
+    """One 8-bit Adam/AdamW step, in place, on flat contiguous CPU tensors (see the reference).
+
+    ``simd`` picks the kernel's loops: 0 scalar only, 1 AVX2, 2 AVX-512, None the best this
+    build has (:func:`simd_level`). They all give the same result (tested).
+    """
+    _check(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, blocksize)
+    lib = load_extension()
+    # both states keep their signs when requantized, as in the reference
+    t1, t2 = code_table(qmap1, keep_sign=True), code_table(qmap2, keep_sign=True)
+    if g.dtype != p.dtype and g.dtype != torch.float32:
+        g = g.float()  # exact for bf16/fp16; fp64 grads round as the reference's g.float() does
+    # the scalars, computed as the reference computes them (Python floats)
+    bias_correction1 = 1.0 - beta1**step
+    bias_correction2_sqrt = math.sqrt(1.0 - beta2**step)
+    step_size = lr / bias_correction1
+    hyper = torch.tensor(  # rounded to fp32 here, as torch rounds Python scalars in its kernels
+        [beta1, 1.0 - beta1, beta2, 1.0 - beta2, 1.0 - lr * weight_decay, bias_correction2_sqrt, eps, -step_size],
+        dtype=torch.float32,
+    )
+    status = lib.adam8bit_step_cpu(
+        p.data_ptr(), g.data_ptr(), _DTYPE_CODES[p.dtype], _DTYPE_CODES[g.dtype],
+        state1.data_ptr(), state2.data_ptr(), absmax1.data_ptr(), absmax2.data_ptr(), p.numel(), blocksize,
+        t1.qmap.data_ptr(), t1.steps.data_ptr(), t1.nan_code, t2.qmap.data_ptr(), t2.steps.data_ptr(), t2.nan_code,
+        hyper.data_ptr(), weight_decay != 0, torch_uses_fma(), torch_sqrt()[0], MKL_VML_MODE,
+        simd_level() if simd is None else simd,
+        torch.get_num_threads(),
+    )
+    if status != 0:
+        raise RuntimeError(f"cpu kernel rejected its arguments (status {status})")
+
+
+torch_uses_fma(), torch_sqrt()  # ImportError here if torch's rounding cannot be matched
+register_backend("cpu", adam8bit_step, supports)
