@@ -227,6 +227,9 @@ def test_workbook_loader_runs_only_the_solution_cells(tiny):
 
 def test_workbook_unit_tests_fail_on_every_stub(tmp_path):
     """The solutions pass tests/workbooks in the main run; on exercises/ every test must fail."""
+    numbers = [name[:2] for name in Manifest.load(EXERCISES / MANIFEST_NAME).notebooks]
+    untested = [nn for nn in numbers if not list((REPO / "tests" / "workbooks").glob(f"test_ex{nn}_*.py"))]
+    assert not untested, f"no workbook unit tests for workbook(s) {untested}: add tests/workbooks/test_exNN_*.py"
     xml = tmp_path / "stubs.xml"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", str(REPO / "tests" / "workbooks"), "--workbook-dir", str(EXERCISES),
@@ -237,10 +240,8 @@ def test_workbook_unit_tests_fail_on_every_stub(tmp_path):
     tests, failures, errors, skipped = (int(suite.get(k)) for k in ("tests", "failures", "errors", "skipped"))
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert tests > 0 and failures == tests and errors == skipped == 0, proc.stdout[-3000:]
-    names = {case.get("classname").split(".")[-1] for case in suite.iter("testcase")}
-    assert {f"test_ex{n[:2]}" for n in Manifest.load(EXERCISES / MANIFEST_NAME).notebooks} <= {
-        n[: len("test_exNN")] for n in names
-    }
+    classes = " ".join(case.get("classname") for case in suite.iter("testcase"))
+    assert all(f"test_ex{nn}_" in classes for nn in numbers), classes
 
 
 # ---------------------------------------------------------------------------------------------
