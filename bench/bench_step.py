@@ -1,0 +1,359 @@
+"""Side-by-side CPU benchmark of one optimizer step (writes the "CPU: 8-bit step" section of
+bench/README.md and bench/cpu_step.png).
+
+    python bench/bench_step.py            # full run: 1M, 16.8M and 100M parameters (several minutes)
+    python bench/bench_step.py --quick    # smoke run: tiny sizes, prints the table, writes nothing
+
+One fp32 parameter tensor of N elements with a fixed random gradient, 2 threads, and for
+each optimizer: two warm-up steps (state allocation, torch.compile for torchao), then the
+median of timed steps. Reported per optimizer and size:
+
+* **step time**: median wall time of ``optimizer.step()``;
+* **state bytes/param**: ``adam8lib.memory.compute_optimizer_size(optimizer.state.values())``
+  (torchao keeps its 8-bit states in a tensor subclass: its codes, scales and map are counted);
+* **transient memory**: how far the resident set grows *during* a step above where it was
+  just before, measured after the timed steps, in two more steps. The Linux kernel's own
+  counter does the measuring: the script writes ``5`` to ``/proc/self/clear_refs`` (resets
+  the peak, ``VmHWM``) and reads ``VmRSS``, steps, and reads ``VmHWM``. So that temporaries
+  show up in the resident set at all, glibc is told (``mallopt(M_MMAP_THRESHOLD, 64 KiB)``)
+  to serve every allocation of 64 KiB or more by a fresh ``mmap`` that is returned to the
+  system when freed, instead of heap memory that it keeps and reuses (which would hide the
+  next step's temporaries). That makes allocations slow, so timing runs with the threshold
+  at 32 MiB (where glibc's own adaptive threshold ends up). Linux/glibc only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import json
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from datetime import date
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from adam8lib.memory import MB, compute_optimizer_size  # noqa: E402
+
+THREADS = 2
+SIZES = {"1M": 1_000_000, "16.8M": 16_777_216, "100M": 100_000_000}
+QUICK_SIZES = {"64K": 65_536, "256K": 262_144}
+#: timed steps per size (after 2 warm-up steps)
+REPS = {1_000_000: 11, 16_777_216: 5, 100_000_000: 3}
+#: timed steps for the (slow) reference backend
+REFERENCE_REPS = 3
+#: the reference backend is skipped above this size (it takes seconds per step there)
+REFERENCE_MAX = 20_000_000
+README = HERE / "README.md"
+PLOT = HERE / "cpu_step.png"
+RESULTS = HERE / "results" / "cpu_step.json"
+START, END = "<!-- cpu-step:start (bench/bench_step.py writes this) -->", "<!-- cpu-step:end -->"
+
+
+@dataclass
+class Row:
+    optimizer: str
+    size: str
+    n: int
+    ms: float | None = None  # median step time
+    state_bytes_per_param: float | None = None
+    transient_mb: float | None = None
+    note: str = ""
+
+
+# ---------------------------------------------------------------------------------- optimizers
+def _make_optimizers():
+    """(name, factory(params) -> optimizer or None-with-reason) in table order."""
+    import adam8lib  # noqa: F401
+    from adam8lib.optim import AdamW8bit
+
+    def bnb_adam8bit(params):
+        import bitsandbytes as bnb
+
+        return bnb.optim.Adam8bit(params, lr=1e-3, weight_decay=0.01)
+
+    def torchao_adamw8bit(params):
+        from torchao.optim import AdamW8bit as AoAdamW8bit
+
+        return AoAdamW8bit(params, lr=1e-3, weight_decay=0.01)
+
+    return [
+        ("torch AdamW (foreach)", lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.01, foreach=True)),
+        ("torch AdamW (fused)", lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.01, fused=True)),
+        ("bitsandbytes Adam8bit", bnb_adam8bit),
+        ("torchao AdamW8bit", torchao_adamw8bit),
+        ("adam8lib AdamW8bit, backend torch (reference)", lambda ps: AdamW8bit(ps, lr=1e-3, backend="torch")),
+        ("adam8lib AdamW8bit, backend cpu", lambda ps: AdamW8bit(ps, lr=1e-3, backend="cpu")),
+    ]
+
+
+def _state_bytes(opt) -> float:
+    """Bytes of optimizer state: compute_optimizer_size, but torchao's 8-bit subclass counted by
+    its parts (codes, scale, map) rather than as a dense tensor of its logical shape."""
+    plain, parts = [], {}
+    for state in opt.state.values():
+        keep = {}
+        for key, value in state.items():
+            if torch.is_tensor(value) and all(hasattr(value, a) for a in ("codes", "scale", "qmap")):
+                for attr in ("codes", "scale", "qmap"):
+                    t = getattr(value, attr)
+                    parts[(t.untyped_storage().data_ptr(), t.storage_offset())] = t.numel() * t.element_size()
+            else:
+                keep[key] = value
+        plain.append(keep)
+    megabytes, _ = compute_optimizer_size(plain)
+    return megabytes * MB + sum(parts.values())
+
+
+# ---------------------------------------------------------------------------------- memory
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _malloc_mmap_threshold(nbytes: int) -> bool:
+    """glibc: serve allocations of nbytes or more by mmap (and stop adapting the threshold)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        ok = libc.mallopt(-3, nbytes) == 1  # M_MMAP_THRESHOLD
+        libc.malloc_trim(0)
+        return ok
+    except (OSError, AttributeError):
+        return False
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------------------------- measuring
+def measure(name, factory, n, size, reps) -> Row:
+    row = Row(name, size, n)
+    gen = torch.Generator().manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(n, generator=gen))
+    p.grad = torch.randn(n, generator=gen) * 1e-2
+    try:
+        opt = factory([p])
+    except ImportError as exc:
+        row.note = f"not installed ({exc.name or exc})"
+        return row
+    except Exception as exc:  # pragma: no cover - reported in the table
+        row.note = f"failed: {type(exc).__name__}: {exc}"[:120]
+        return row
+    try:
+        _malloc_mmap_threshold(32 * MB)
+        for _ in range(2):  # warm-up: allocate states (and compile, for torchao)
+            opt.step()
+        times, transient = [], []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            opt.step()
+            times.append(time.perf_counter() - t0)
+        if _malloc_mmap_threshold(64 * 1024):
+            for _ in range(2):
+                gc.collect()
+                if not _reset_peak():
+                    break
+                rss = _status_kb("VmRSS")
+                opt.step()
+                transient.append(max(0, _status_kb("VmHWM") - rss) * 1024 / MB)
+        row.ms = statistics.median(times) * 1e3
+        row.state_bytes_per_param = _state_bytes(opt) / n
+        row.transient_mb = max(transient) if transient else None
+    except Exception as exc:  # pragma: no cover - reported in the table
+        row.note = f"failed: {type(exc).__name__}: {exc}"[:120]
+    finally:
+        del opt, p
+        gc.collect()
+    return row
+
+
+def run(sizes: dict[str, int], reps_for, progress=print) -> list[Row]:
+    torch.set_num_threads(THREADS)
+    rows = []
+    for size, n in sizes.items():
+        for name, factory in _make_optimizers():
+            if "reference" in name and n > REFERENCE_MAX:
+                rows.append(Row(name, size, n, note="skipped: several seconds per step at this size"))
+                continue
+            reps = min(reps_for(n), REFERENCE_REPS) if "reference" in name else reps_for(n)
+            row = measure(name, factory, n, size, reps)
+            rows.append(row)
+            progress(f"{size:>6} {name:<48} " + (f"{row.ms:9.1f} ms" if row.ms is not None else row.note))
+    return rows
+
+
+# ---------------------------------------------------------------------------------- reporting
+def machine() -> dict[str, str]:
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    versions = {"torch": torch.__version__}
+    for module in ("bitsandbytes", "torchao"):
+        try:
+            versions[module] = __import__(module).__version__
+        except Exception:
+            versions[module] = "not installed"
+    from adam8lib.kernels import cpu
+
+    simd = {0: "scalar", 1: "AVX2", 2: "AVX-512"}.get(cpu.simd_level(), "?")
+    return {"cpu": model, "cores": str(os.cpu_count()), "threads": str(THREADS), "simd": simd,
+            "sqrt": cpu.torch_sqrt()[1], **versions, "python": platform.python_version(),
+            "date": date.today().isoformat()}
+
+
+def _fmt(value, spec, missing="–"):
+    return format(value, spec) if value is not None else missing
+
+
+def table(rows: list[Row]) -> str:
+    by = {(r.optimizer, r.size): r for r in rows}
+    sizes = list(dict.fromkeys(r.size for r in rows))
+    names = list(dict.fromkeys(r.optimizer for r in rows))
+    head = "| optimizer | " + " | ".join(f"{s}: step ms" for s in sizes)
+    head += " | state bytes/param | " + " | ".join(f"{s}: transient MB" for s in sizes) + " |"
+    lines = [head, "|" + "---|" * (2 + 2 * len(sizes))]
+    notes = []
+    for name in names:
+        cells = []
+        for s in sizes:
+            r = by.get((name, s))
+            if r is None or r.ms is None:
+                cells.append("–")
+                if r is not None and r.note:
+                    notes.append(f"{name} at {s}: {r.note}")
+            else:
+                cells.append(f"{r.ms:,.1f}")
+        bpp = next((r.state_bytes_per_param for s in reversed(sizes) if (r := by.get((name, s))) and r.state_bytes_per_param), None)
+        mem = [_fmt(by[(name, s)].transient_mb, ",.1f") if (name, s) in by else "–" for s in sizes]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {_fmt(bpp, '.3f')} | " + " | ".join(mem) + " |")
+    if notes:
+        lines.append("")
+        lines.extend(f"- {note}" for note in notes)
+    return "\n".join(lines)
+
+
+def targets(rows: list[Row]) -> str:
+    by = {(r.optimizer, r.size): r for r in rows}
+    ours, fused = by.get(("adam8lib AdamW8bit, backend cpu", "16.8M")), by.get(("torch AdamW (fused)", "16.8M"))
+    bnb, big = by.get(("bitsandbytes Adam8bit", "16.8M")), by.get(("adam8lib AdamW8bit, backend cpu", "100M"))
+    if not (ours and ours.ms and fused and fused.ms):
+        return ""
+    lines = ["| target (2 threads, 16.8M fp32 params) | measured | met? |", "|---|---|---|"]
+    ratio = ours.ms / fused.ms
+    lines.append(f"| step time ≤ 2× fused AdamW | {ours.ms:.1f} ms = {ratio:.2f}× fused ({fused.ms:.1f} ms) | "
+                 f"{'yes' if ratio <= 2 else 'no'} |")
+    if bnb and bnb.ms:
+        speedup = bnb.ms / ours.ms
+        lines.append(f"| ≥ 5× faster than bitsandbytes Adam8bit | {speedup:.1f}× ({bnb.ms:.1f} ms) | "
+                     f"{'yes' if speedup >= 5 else 'no'} |")
+    lines.append(f"| state ≤ 2.04 bytes/param | {ours.state_bytes_per_param:.4f} | "
+                 f"{'yes' if ours.state_bytes_per_param <= 2.04 else 'no'} |")
+    if big and big.transient_mb is not None:
+        lines.append(f"| transient memory during step ≤ 64 MB at 100M | {big.transient_mb:.1f} MB | "
+                     f"{'yes' if big.transient_mb <= 64 else 'no'} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = list(dict.fromkeys(r.size for r in rows))
+    names = list(dict.fromkeys(r.optimizer for r in rows))
+    by = {(r.optimizer, r.size): r for r in rows}
+    fig, ax = plt.subplots(figsize=(10, 4.8))
+    width = 0.8 / len(names)
+    for k, name in enumerate(names):
+        xs, ys = [], []
+        for i, s in enumerate(sizes):
+            r = by.get((name, s))
+            if r is not None and r.ms is not None:
+                xs.append(i + (k - (len(names) - 1) / 2) * width)
+                ys.append(r.ms)
+        ax.bar(xs, ys, width=width, label=name)
+    ax.set_xticks(range(len(sizes)), [f"{s} params" for s in sizes])
+    ax.set_yscale("log")
+    ax.set_ylabel("median step time (ms, log scale)")
+    ax.set_title(f"One optimizer step on the CPU ({THREADS} threads, fp32 parameters)")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(axis="y", alpha=0.3, which="both")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_readme(section: str) -> None:
+    """Replace what is between the markers in bench/README.md (add the markers if missing)."""
+    text = README.read_text() if README.exists() else "# Benchmarks\n"
+    block = f"{START}\n{section}\n{END}"
+    if START in text and END in text:
+        text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S)
+    else:
+        text = text.rstrip() + "\n\n## CPU: 8-bit step\n\n" + block + "\n"
+    README.write_text(text)
+
+
+def render(rows: list[Row], info: dict[str, str], seconds: float) -> str:
+    machine_line = ", ".join(f"{k} {v}" for k, v in info.items())
+    return "\n".join([
+        f"Measured by `make bench` (`python bench/bench_step.py`, {seconds / 60:.1f} min) on: {machine_line}.",
+        "",
+        table(rows),
+        "",
+        targets(rows),
+        "",
+        f"![step time per optimizer and size]({PLOT.name})",
+    ])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, 2 timed steps; print only")
+    parser.add_argument("--no-write", action="store_true", help="print the table, do not touch bench/README.md")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    if args.quick:
+        rows = run(QUICK_SIZES, lambda n: 2)
+    else:
+        rows = run(SIZES, lambda n: REPS.get(n, 5))
+    info = machine()
+    section = render(rows, info, time.perf_counter() - start)
+    print(section)
+    if not (args.quick or args.no_write):
+        plot(rows, PLOT)
+        write_readme(section)
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps({"machine": info, "rows": [asdict(r) for r in rows]}, indent=1))
+        print(f"wrote {README}, {PLOT} and {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,217 @@
+"""Where the time of one 8-bit Adam step goes on the CPU (writes the "CPU: where the time goes"
+section of bench/README.md and bench/cpu_profile.png; lessons 07 and 08 can show both).
+
+    python bench/profile_step.py           # 4M parameters, 2 threads, about a minute
+    python bench/profile_step.py --quick   # smaller, prints only
+
+1. **The reference backend, phase by phase.** The same torch operations as
+   ``adam8lib.kernels.reference.adam8bit_step``, over the same 64K-element chunks, with a
+   clock around each phase: dequantize (codes -> fp32), update m and v, update p,
+   absmax (per block), nearest code (requantize).
+2. **The C++ kernel** (``backend="cpu"``) as a whole, with each of its SIMD levels (scalar,
+   AVX2, AVX-512), and once with an IEEE sqrt instead of torch's (MKL's) sqrt, to show what
+   matching torch bit for bit costs. ``torch.optim.AdamW(fused=True)`` is the anchor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from contextlib import contextmanager
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))
+
+import torch  # noqa: E402
+
+from adam8lib.kernels import cpu, reference  # noqa: E402
+from adam8lib.quant import _as_blocks, dequantize_blocks, dynamic_map, nearest_code, num_blocks  # noqa: E402
+
+THREADS = 2
+README = HERE / "README.md"
+PLOT = HERE / "cpu_profile.png"
+START, END = "<!-- cpu-profile:start (bench/profile_step.py writes this) -->", "<!-- cpu-profile:end -->"
+PHASES = ("dequantize", "update m, v", "update p", "absmax", "nearest code")
+HYPER = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, blocksize=256)
+
+
+def _problem(n: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    p = torch.randn(n, generator=gen)
+    g = torch.randn(n, generator=gen) * 1e-2
+    blocks = num_blocks(n, HYPER["blocksize"])
+    states = [torch.full((n,), 127, dtype=torch.uint8), torch.zeros(n, dtype=torch.uint8),
+              torch.zeros(blocks), torch.zeros(blocks)]
+    return p, g, states
+
+
+def reference_phases(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, *, step, lr, beta1, beta2, eps,
+                     weight_decay, blocksize, chunk_size=reference.CHUNK_SIZE) -> dict[str, float]:
+    """reference.adam8bit_step, line for line, with a clock around each phase (seconds)."""
+    spent = dict.fromkeys(PHASES, 0.0)
+
+    @contextmanager
+    def phase(name):
+        t0 = time.perf_counter()
+        yield
+        spent[name] += time.perf_counter() - t0
+
+    n = p.numel()
+    bias_correction1 = 1.0 - beta1**step
+    bias_correction2_sqrt = math.sqrt(1.0 - beta2**step)
+    step_size = lr / bias_correction1
+    chunk = max(blocksize, chunk_size - chunk_size % blocksize)
+    for start in range(0, n, chunk):
+        end = min(start + chunk, n)
+        b0, b1 = start // blocksize, -(-end // blocksize)
+        with phase("dequantize"):
+            m = dequantize_blocks(state1[start:end], absmax1[b0:b1], qmap1, blocksize)
+            v = dequantize_blocks(state2[start:end], absmax2[b0:b1], qmap2, blocksize)
+        with phase("update m, v"):
+            grad = g[start:end].float()
+            finite = torch.isfinite(grad)
+            m.mul_(beta1).add_(grad, alpha=1.0 - beta1)
+            v.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+            m.masked_fill_(~finite, 0.0)
+            v.masked_fill_(~finite, 0.0)
+        with phase("update p"):
+            param = p[start:end].float()
+            new = param.mul(1.0 - lr * weight_decay) if weight_decay != 0 else param.clone()
+            denom = v.sqrt().div_(bias_correction2_sqrt).add_(eps)
+            new.addcdiv_(m, denom, value=-step_size)
+            p[start:end].copy_(torch.where(finite, new, param))
+        # requantize = quantize_blocks(x, qmap, blocksize, keep_sign=True), split in two
+        for x, qmap, state, absmax in ((m, qmap1, state1, absmax1), (v, qmap2, state2, absmax2)):
+            with phase("absmax"):
+                blocks = _as_blocks(x, blocksize)
+                scale = blocks.abs().amax(dim=1)
+                absmax[b0:b1] = scale
+            with phase("nearest code"):
+                inv = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
+                state[start:end] = nearest_code((blocks * inv[:, None]).view(-1)[: end - start], qmap, keep_sign=True)
+    return spent
+
+
+def _median_time(fn, reps: int) -> float:
+    fn(1)
+    times = []
+    for t in range(2, reps + 2):
+        t0 = time.perf_counter()
+        fn(t)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def profile(n: int, reps: int) -> dict:
+    torch.set_num_threads(THREADS)
+    qmap1, qmap2 = dynamic_map(True), dynamic_map(False)
+    # 1. reference, by phase (and the real reference step, to check the sum)
+    p, g, st = _problem(n)
+    p2, _, st2 = _problem(n)
+    runs = []
+    for t in range(1, reps + 2):
+        runs.append(reference_phases(p, g, *st, qmap1, qmap2, step=t, **HYPER))
+        reference.adam8bit_step(p2, g, *st2, qmap1, qmap2, step=t, **HYPER)
+    assert torch.equal(p, p2) and all(torch.equal(a, b) for a, b in zip(st, st2)), "phases differ from reference"
+    phases = {k: statistics.median(r[k] for r in runs[1:]) for k in PHASES}
+    ref_total = _median_time(lambda t: reference.adam8bit_step(p2, g, *st2, qmap1, qmap2, step=t, **HYPER), reps)
+
+    # 2. the C++ kernel: SIMD levels, and IEEE sqrt instead of torch's
+    kernel = {}
+    for level in range(cpu.simd_level() + 1):
+        p, g, st = _problem(n)
+        name = {0: "scalar loops", 1: "AVX2 (8 lanes)", 2: "AVX-512 (16 lanes)"}[level]
+        kernel[name] = _median_time(lambda t: cpu.adam8bit_step(p, g, *st, qmap1, qmap2, step=t, simd=level,
+                                                                **HYPER), reps * 3)
+    real_sqrt = cpu.torch_sqrt
+    if real_sqrt()[1] == "mkl":
+        cpu.torch_sqrt = lambda: (None, "ieee")
+        try:
+            p, g, st = _problem(n)
+            kernel["best, IEEE sqrt (not torch's: not bit-identical)"] = _median_time(
+                lambda t: cpu.adam8bit_step(p, g, *st, qmap1, qmap2, step=t, **HYPER), reps * 3)
+        finally:
+            cpu.torch_sqrt = real_sqrt
+    w = torch.nn.Parameter(torch.randn(n))
+    w.grad = torch.randn(n)
+    opt = torch.optim.AdamW([w], fused=True)
+    fused = _median_time(lambda t: opt.step(), reps * 3)
+    return {"n": n, "phases": phases, "reference_total": ref_total, "kernel": kernel, "fused_adamw": fused}
+
+
+def render(res: dict) -> str:
+    n, phases = res["n"], res["phases"]
+    total = sum(phases.values())
+    lines = [f"{n / 1e6:.1f}M fp32 parameters, blocksize 256, {THREADS} threads, median of the timed steps.",
+             "", "**Reference backend (`backend=\"torch\"`), by phase**", "",
+             "| phase | ms | share |", "|---|---|---|"]
+    lines += [f"| {k} | {v * 1e3:.1f} | {v / total:.0%} |" for k, v in phases.items()]
+    lines += [f"| sum (the untimed reference step: {res['reference_total'] * 1e3:.1f} ms) | {total * 1e3:.1f} | 100% |",
+              "", "**C++ kernel (`backend=\"cpu\"`)**", "", "| variant | ms | vs fused AdamW |", "|---|---|---|"]
+    fused = res["fused_adamw"]
+    for k, v in res["kernel"].items():
+        lines.append(f"| {k} | {v * 1e3:.1f} | {v / fused:.2f}× |")
+    lines.append(f"| torch.optim.AdamW(fused=True), the anchor | {fused * 1e3:.1f} | 1.00× |")
+    lines += ["", f"![where the time goes]({PLOT.name})"]
+    return "\n".join(lines)
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [1, 2]})
+    bottom = 0.0
+    for k, v in res["phases"].items():
+        a.bar(["reference\n(torch ops)"], [v * 1e3], bottom=bottom, label=k)
+        bottom += v * 1e3
+    a.set_ylabel("ms per step")
+    a.set_title("reference, by phase")
+    a.legend(fontsize=8)
+    names = list(res["kernel"]) + ["AdamW fused (anchor)"]
+    values = [v * 1e3 for v in res["kernel"].values()] + [res["fused_adamw"] * 1e3]
+    b.barh(names, values, color=["tab:blue"] * len(res["kernel"]) + ["tab:gray"])
+    b.invert_yaxis()
+    b.set_xlabel("ms per step")
+    b.set_title("C++ kernel: SIMD level and sqrt")
+    fig.suptitle(f"One 8-bit Adam step, {res['n'] / 1e6:.1f}M fp32 parameters, {THREADS} threads")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_readme(section: str) -> None:
+    text = README.read_text() if README.exists() else "# Benchmarks\n"
+    block = f"{START}\n{section}\n{END}"
+    if START in text and END in text:
+        text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S)
+    else:
+        text = text.rstrip() + "\n\n## CPU: where the time goes\n\n" + block + "\n"
+    README.write_text(text)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="256K parameters, prints only")
+    parser.add_argument("-n", type=int, default=4 * 2**20, help="number of parameters (default 4Mi)")
+    args = parser.parse_args(argv)
+    res = profile(2**18 if args.quick else args.n, reps=2 if args.quick else 5)
+    section = render(res)
+    print(section)
+    if not args.quick:
+        plot(res, PLOT)
+        write_readme(section)
+        print(f"wrote {README} and {PLOT}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
