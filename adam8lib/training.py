@@ -57,6 +57,7 @@ __all__ = [
     "train_with_accelerate",
     "make_trainer",
     "saved_activation_bytes",
+    "materialize_state",
 ]
 
 #: Normalization layers whose parameters never get weight decay.
@@ -483,3 +484,37 @@ def saved_activation_bytes(model: nn.Module, batch: dict[str, torch.Tensor], dty
     loss.backward()
     model.zero_grad(set_to_none=True)
     return total
+
+
+def materialize_state(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Create every per-parameter state of an ``Adam8bit`` (or AdamW) now, without a step.
+
+    Optimizers create their states lazily, at the first ``step()``. To *measure* the state of
+    a big model (``compute_optimizer_size``) no update is needed: for :class:`Adam8bit` this
+    allocates exactly what the first step would (codes, absmax or fp32 moments); other
+    optimizers take one step on zero gradients with ``lr`` set to 0 for that step.
+    """
+    from .optim import Adam8bit
+
+    if isinstance(optimizer, Adam8bit):
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                state = optimizer.state[p]
+                if not state:
+                    optimizer._init_state(group, p, state)
+        return optimizer
+    saved = [(g["lr"], g.get("weight_decay")) for g in optimizer.param_groups]
+    grads = {}
+    for g in optimizer.param_groups:
+        g["lr"] = 0.0
+        for p in g["params"]:
+            grads[p] = p.grad
+            p.grad = torch.zeros_like(p)
+    try:
+        optimizer.step()
+    finally:
+        for g, (lr, _) in zip(optimizer.param_groups, saved):
+            g["lr"] = lr
+        for p, grad in grads.items():
+            p.grad = grad
+    return optimizer
