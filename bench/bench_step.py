@@ -222,7 +222,8 @@ def machine() -> dict[str, str]:
     simd = {0: "scalar", 1: "AVX2", 2: "AVX-512"}.get(cpu.simd_level(), "?")
     return {"cpu": model, "cores": str(os.cpu_count()), "threads": str(THREADS), "simd": simd,
             "sqrt": cpu.torch_sqrt()[1], **versions, "python": platform.python_version(),
-            "date": date.today().isoformat()}
+            "date": date.today().isoformat(),
+            "load average (1 min) at the end": f"{os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "?"}
 
 
 def _fmt(value, spec, missing="–"):

@@ -203,7 +203,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="256K parameters, prints only")
     parser.add_argument("-n", type=int, default=4 * 2**20, help="number of parameters (default 4Mi)")
     args = parser.parse_args(argv)
-    res = profile(2**18 if args.quick else args.n, reps=2 if args.quick else 5)
+    res = profile(2**18 if args.quick else args.n, reps=2 if args.quick else 3)
     section = render(res)
     print(section)
     if not args.quick:
