@@ -56,5 +56,6 @@ grade: setup
 
 # Side-by-side CPU benchmark of the 8-bit step (writes bench/README.md tables).
 bench: setup
+	$(PY) -m pip install -q -c constraints.txt -e ".[bench]"
 	$(PY) bench/bench_step.py
 
