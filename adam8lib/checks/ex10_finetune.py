@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import math
+import warnings
 from collections.abc import Callable
 from types import SimpleNamespace
 
@@ -49,11 +53,26 @@ class _CustomNet(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim))  # ...and one named bias: no decay
 
 
-def _models() -> list[tuple[str, nn.Module]]:
-    from ..training import build_distilbert
+@contextlib.contextmanager
+def _quiet():
+    """Silence the notes that the first transformers model import may log (optional torchao
+    kernels and the like): a check cell must print only its success line."""
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(logging.NOTSET)
 
+
+def _models() -> list[tuple[str, nn.Module]]:
+    with _quiet():
+        from ..training import build_distilbert
+
+        distilbert = build_distilbert(small=True)
     return [
-        ("DistilBERT (small)", build_distilbert(small=True)),
+        ("DistilBERT (small)", distilbert),
         ("a custom model (LayerNorm named 'ln', an RMSNorm-like 'ScaleNorm', a Linear named 'denormalizer')",
          _CustomNet()),
         ("nn.Sequential(Linear, LayerNorm, Linear without bias)",
