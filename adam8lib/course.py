@@ -84,7 +84,9 @@ def _has_cuda() -> bool:
 def _quiet_bitsandbytes() -> None:
     warnings.filterwarnings("ignore", module="bitsandbytes")
     warnings.filterwarnings("ignore", message=".*bitsandbytes.*")
-    for name in ("bitsandbytes", "bitsandbytes.cextension", "bitsandbytes.backends"):
+    # torchao (installed by `make bench`) logs load failures of its CUDA extensions, and the
+    # torch pytree deprecation notes it triggers, whenever transformers imports it
+    for name in ("bitsandbytes", "bitsandbytes.cextension", "bitsandbytes.backends", "torchao", "torch.utils._pytree"):
         logging.getLogger(name).setLevel(logging.ERROR)
     # importing now, with stderr muted, swallows the one-off "no GPU" / "kernels" messages
     import contextlib
