@@ -2,29 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import torch
 
 from adam8lib import checks, quant
-from adam8lib.grading.workbook import find_workbook, load_workbook
 
-SOLUTIONS = Path(__file__).resolve().parents[1] / "solutions"
-
-
-def solution(number: str, name: str):
-    return getattr(load_workbook(find_workbook(SOLUTIONS, number)), name)
-
-
-def stub(*args, **kwargs):
-    raise NotImplementedError("Exercise: stub")
-
-
-def fails_with(check, fn, hint: str) -> None:
-    with pytest.raises(AssertionError) as info:
-        check(fn)
-    assert hint in str(info.value), str(info.value)
+from tests._check_helpers import SOLUTIONS, fails_with, solution, stub  # noqa: E402,F401
 
 
 # ------------------------------------------------------------------ 04 · absmax int8

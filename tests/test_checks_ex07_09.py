@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,25 +15,10 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from adam8lib import checks  # noqa: E402
-from adam8lib.grading.workbook import find_workbook, load_workbook  # noqa: E402
 from adam8lib.kernels.reference import adam8bit_step  # noqa: E402
 from adam8lib.quant import dequantize_blocks, nearest_code, num_blocks  # noqa: E402
 
-SOLUTIONS = Path(__file__).resolve().parents[1] / "solutions"
-
-
-def solution(number: str, name: str):
-    return getattr(load_workbook(find_workbook(SOLUTIONS, number)), name)
-
-
-def stub(*args, **kwargs):
-    raise NotImplementedError("Exercise: stub")
-
-
-def fails_with(check, fn, hint: str) -> None:
-    with pytest.raises(AssertionError) as info:
-        check(fn)
-    assert hint in str(info.value), str(info.value)
+from tests._check_helpers import SOLUTIONS, fails_with, solution, stub  # noqa: E402,F401
 
 
 # ------------------------------------------------------------------ 07 · the 8-bit step
