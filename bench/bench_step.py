@@ -30,7 +30,6 @@ import gc
 import json
 import os
 import platform
-import re
 import statistics
 import sys
 import time
@@ -44,6 +43,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+
+from readme_section import write_section  # noqa: E402
 
 from adam8lib.memory import MB, compute_optimizer_size  # noqa: E402
 
@@ -311,14 +312,7 @@ def plot(rows: list[Row], path: Path) -> None:
 
 
 def write_readme(section: str) -> None:
-    """Replace what is between the markers in bench/README.md (add the markers if missing)."""
-    text = README.read_text() if README.exists() else "# Benchmarks\n"
-    block = f"{START}\n{section}\n{END}"
-    if START in text and END in text:
-        text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S)
-    else:
-        text = text.rstrip() + "\n\n## CPU: 8-bit step\n\n" + block + "\n"
-    README.write_text(text)
+    write_section(START, END, section, "CPU: 8-bit step", README)
 
 
 def render(rows: list[Row], info: dict[str, str], seconds: float) -> str:

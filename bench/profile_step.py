@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import math
 from contextlib import contextmanager
-import re
 import statistics
 import sys
 import time
@@ -29,6 +28,8 @@ if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
 import torch  # noqa: E402
+
+from readme_section import write_section  # noqa: E402
 
 from adam8lib.kernels import cpu, reference  # noqa: E402
 from adam8lib.quant import _as_blocks, dequantize_blocks, dynamic_map, nearest_code, num_blocks  # noqa: E402
@@ -189,13 +190,7 @@ def plot(res: dict, path: Path) -> None:
 
 
 def write_readme(section: str) -> None:
-    text = README.read_text() if README.exists() else "# Benchmarks\n"
-    block = f"{START}\n{section}\n{END}"
-    if START in text and END in text:
-        text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S)
-    else:
-        text = text.rstrip() + "\n\n## CPU: where the time goes\n\n" + block + "\n"
-    README.write_text(text)
+    write_section(START, END, section, "CPU: where the time goes", README)
 
 
 def main(argv=None) -> int:
