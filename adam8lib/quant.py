@@ -212,17 +212,24 @@ def dequantize_blockwise(
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """Inverse of :func:`quantize_blockwise`: ``code[codes] * absmax[block]``, shape kept."""
+    code = _check_dequantize_inputs(codes, absmax, code, blocksize)
+    out = dequantize_blocks(codes.reshape(-1), absmax.reshape(-1).float(), code, blocksize)
+    return out.view(codes.shape).to(dtype)
+
+
+def _check_dequantize_inputs(
+    codes: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor | None, blocksize: int
+) -> torch.Tensor:
+    """Validate dequantization inputs (shared by every backend); return the map to use."""
     if not isinstance(codes, torch.Tensor) or codes.dtype != torch.uint8:
         raise TypeError(f"codes must be a uint8 tensor, got {getattr(codes, 'dtype', type(codes).__name__)}")
     check_blocksize(blocksize)
     code = _check_code(code, codes.device)
-    expected = num_blocks(codes.numel(), blocksize)
-    if absmax.numel() != expected:
-        raise ValueError(
-            f"absmax has {absmax.numel()} entries but {codes.numel()} codes in blocks of {blocksize} need {expected}"
-        )
-    out = dequantize_blocks(codes.reshape(-1), absmax.reshape(-1).float(), code, blocksize)
-    return out.view(codes.shape).to(dtype)
+    n, expected = codes.numel(), num_blocks(codes.numel(), blocksize)
+    if not isinstance(absmax, torch.Tensor) or absmax.numel() != expected:
+        got = absmax.numel() if isinstance(absmax, torch.Tensor) else type(absmax).__name__
+        raise ValueError(f"absmax has {got} entries but {n} codes in blocks of {blocksize} need {expected}")
+    return code
 
 
 def _check_code(code: torch.Tensor | None, device: torch.device) -> torch.Tensor:

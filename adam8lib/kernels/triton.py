@@ -56,7 +56,7 @@ import triton
 import triton.language as tl
 
 from . import register_backend
-from ..quant import _check_code, _require_float, check_blocksize, num_blocks
+from ..quant import _check_code, _check_dequantize_inputs, _require_float, check_blocksize, num_blocks
 
 __all__ = [
     "adam8bit_step_triton",
@@ -337,16 +337,10 @@ def dequantize_blockwise_triton(
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """Triton twin of :func:`adam8lib.quant.dequantize_blockwise`: ``code[codes] * absmax[block]``."""
-    if not isinstance(codes, torch.Tensor) or codes.dtype != torch.uint8:
-        raise TypeError(f"codes must be a uint8 tensor, got {getattr(codes, 'dtype', type(codes).__name__)}")
-    check_blocksize(blocksize)
+    code = _check_dequantize_inputs(codes, absmax, code, blocksize)
     if dtype not in _PARAM_DTYPES:
         raise TypeError(f"dtype must be one of {list(_PARAM_DTYPES)}, got {dtype}")
-    code = _check_code(code, codes.device)
     n, n_blocks = codes.numel(), num_blocks(codes.numel(), blocksize)
-    if not isinstance(absmax, torch.Tensor) or absmax.numel() != n_blocks:
-        got = absmax.numel() if isinstance(absmax, torch.Tensor) else type(absmax).__name__
-        raise ValueError(f"absmax has {got} entries but {n} codes in blocks of {blocksize} need {n_blocks}")
     _check_runnable(codes.device)
     out = torch.empty(codes.shape, dtype=dtype, device=codes.device)
     if n:
