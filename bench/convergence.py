@@ -1,6 +1,6 @@
 """Convergence evidence: does 8-bit Adam train as well as 32-bit AdamW? (the paper's Table 1, in miniature)
 
-Fine-tunes the same small DistilBERT on the offline paraphrase task (``adam8lib.data``,
+Fine-tunes the same small DistilBERT on the offline paraphrase task (``adam8lib.course.data``,
 synpara) with three optimizers — ``torch.optim.AdamW`` (32-bit states), adam8lib's
 ``Adam8bit`` and bitsandbytes' ``Adam8bit`` — for several seeds each, with identical data
 order, schedule, weight-decay groups and precision. Writes
@@ -27,7 +27,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from adam8lib import data as D  # noqa: E402
+from adam8lib.course import data as D  # noqa: E402
 from adam8lib import training as T  # noqa: E402
 
 OPTIMIZERS = {"adamw": "torch AdamW (32-bit)", "adam8bit": "adam8lib Adam8bit", "bnb8bit": "bitsandbytes Adam8bit"}
@@ -35,11 +35,11 @@ TARGET_POINTS = 0.5  # adam8lib 8-bit within this many accuracy points of AdamW
 
 
 def run_one(kind: str, seed: int, data, tok, args) -> dict:
-    model = T.build_distilbert(small=True, seed=seed, vocab_size=len(tok), max_position_embeddings=64)
-    train, valid = T.make_dataloaders(data, tok, batch_size=args.batch_size, seed=seed)
+    model = F.build_distilbert(small=True, seed=seed, vocab_size=len(tok), max_position_embeddings=64)
+    train, valid = F.make_dataloaders(data, tok, batch_size=args.batch_size, seed=seed)
     opt = T.make_optimizer(model, kind, lr=args.lr, weight_decay=args.weight_decay)
     start = time.perf_counter()
-    hist = T.train_with_accelerate(model, opt, train, valid, epochs=args.epochs, precision=args.precision,
+    hist = F.train_with_accelerate(model, opt, train, valid, epochs=args.epochs, precision=args.precision,
                                    warmup_ratio=args.warmup, progress=not args.no_progress)
     seconds = time.perf_counter() - start
     last = hist["eval"][-1]
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "task": name, "train_pairs": len(data["train"]), "validation_pairs": len(data["validation"]),
         "model": {"config": "build_distilbert(small=True, vocab_size=len(tokenizer), max_position_embeddings=64)",
-                  "parameters": sum(p.numel() for p in T.build_distilbert(small=True, vocab_size=len(tok),
+                  "parameters": sum(p.numel() for p in F.build_distilbert(small=True, vocab_size=len(tok),
                                                                          max_position_embeddings=64).parameters())},
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                      if k not in ("out", "plot", "no_progress")},
