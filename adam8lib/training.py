@@ -497,12 +497,7 @@ def materialize_state(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer
     from .optim import Adam8bit
 
     if isinstance(optimizer, Adam8bit):
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                state = optimizer.state[p]
-                if not state:
-                    optimizer._init_state(group, p, state)
-        return optimizer
+        return optimizer.init_state()
     saved = [(g["lr"], g.get("weight_decay")) for g in optimizer.param_groups]
     grads = {}
     for g in optimizer.param_groups:
