@@ -182,6 +182,12 @@ class Adam8bit(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._check_and_update()
+        return loss
+
+    @kernels.run_eagerly
+    def _check_and_update(self) -> None:
+        """The step proper, always eager (under torch.compile: one graph break, real tensors)."""
         work = []
         for gi, group in enumerate(self.param_groups):
             _check_flags(group, f"param group {gi}")
@@ -191,7 +197,6 @@ class Adam8bit(torch.optim.Optimizer):
                 work.append((group, p, *self._local_tensors(p, gi, pi)))
         for group, p, param, grad in work:
             self._update(group, p, param, grad)
-        return loss
 
     def _local_tensors(self, p: torch.Tensor, group_index: int, param_index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(parameter, gradient)`` as the update sees them, after checking them.
@@ -203,9 +208,8 @@ class Adam8bit(torch.optim.Optimizer):
         _check_param_and_grad(p, group_index, param_index)
         return p, p.grad
 
-    @kernels.run_eagerly
     def _update(self, group: dict[str, Any], p: torch.Tensor, param: torch.Tensor, grad: torch.Tensor) -> None:
-        """Update one parameter (eagerly, also under torch.compile: a graph break per parameter)."""
+        """Update one parameter: create or move its states, count the step, run the update."""
         state = self.state[p]
         if not state:
             state.update(self._new_state(group, param))
@@ -399,7 +403,8 @@ def _foreign_origin(state_dict: dict[str, Any]) -> str:
     keys = set().union(*(g.keys() for g in groups if isinstance(g, dict))) if groups else set()
     states = state_dict.get("state") or {}
     state_keys = set().union(*(s.keys() for s in states.values() if isinstance(s, dict))) if states else set()
-    if keys & {"optim_bits", "percentile_clipping", "block_wise", "max_unorm", "is_paged"} or "qmap1" in state_keys:
+    bnb_group_keys = {"optim_bits", "percentile_clipping", "block_wise", "max_unorm", "is_paged", "t_alpha", "t_beta3"}
+    if keys & bnb_group_keys or state_keys & {"qmap1", "__bnb_optimizer_quant_state__"}:
         return " (it looks like a bitsandbytes optimizer's checkpoint; its states use other maps and layouts)"
     if keys & {"amsgrad", "foreach", "fused", "capturable", "decoupled_weight_decay"} or "exp_avg" in state_keys and "blocksize" not in keys:
         return " (it looks like a torch.optim Adam/AdamW checkpoint: fp32 states, no blocksize)"
