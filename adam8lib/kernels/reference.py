@@ -18,12 +18,13 @@ would make the next update ``m / eps`` — a jump of thousands of learning rates
 
 The non-finite rule (:func:`adam_update_fp32`, the one fp32 update, shared with the
 optimizer's fp32 small-tensor path): ``m'`` and ``v'`` are computed in fp32; where either is
-not finite — a NaN or ±Inf gradient, or a huge finite one (``|g|`` around 1e19 or more)
-whose square overflows fp32 — that element's ``m`` and ``v`` are reset to 0 and its parameter is left
-unchanged this step (no update, no decay). The block's new ``absmax`` is taken *after* the
-reset, so it stays finite and the element's neighbours are quantized as if it were absent.
-(torch.optim.AdamW on the same gradients keeps ``v = inf`` and freezes that element from then
-on; here it restarts from zero moments on the next step.)
+not finite — a NaN or ±Inf gradient, or a huge finite one whose ``(1 - beta2) g^2``
+overflows fp32 (``|g|`` above about 6e20 for beta2 = 0.999) — that element's ``m`` and ``v``
+are reset to 0 and its parameter is left unchanged this step (no update, no decay). The
+block's new ``absmax`` is taken *after* the reset, so it stays finite and the element's
+neighbours are quantized as if it were absent. (torch.optim.AdamW on the same gradients keeps
+``v = inf`` and freezes that element from then on; here it restarts from zero moments on the
+next step.)
 
 Memory: the work runs over *chunks* of whole blocks, so the fp32 temporaries are a few
 chunk-sized buffers (``chunk_size`` elements, 64 Ki by default, about 2 MB in all) whatever
