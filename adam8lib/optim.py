@@ -11,33 +11,61 @@ What is 8-bit, and what is not:
   instead of 8;
 * smaller tensors (biases, LayerNorm weights) keep fp32 states ``exp_avg``/``exp_avg_sq``;
 * each step dequantizes, updates in fp32 and requantizes, one chunk of blocks at a time
-  (see :mod:`adam8lib.kernels.reference` for the exact maths).
+  (see :mod:`adam8lib.kernels.reference` for the exact maths). Both kinds of state go through
+  the same fp32 update, :func:`adam8lib.kernels.reference.adam_update_fp32`.
 
 Weight decay is *decoupled* (AdamW style) in both classes, as in bitsandbytes, where
 ``Adam8bit`` and ``AdamW8bit`` differ only in the default ``weight_decay`` (0 vs 1e-2).
 
-Non-finite gradients: an element whose gradient is NaN or ±Inf has its ``m`` and ``v``
-reset to 0 and its parameter left unchanged for that step (bitsandbytes' GPU kernels do
-the same); the other elements are updated normally.
+The non-finite rule: ``m' = beta1 m + (1 - beta1) g`` and ``v' = beta2 v + (1 - beta2) g^2``
+are computed in fp32; an element where ``m'`` or ``v'`` is not finite (a NaN/Inf gradient, or a
+huge finite gradient such as 1e30 whose square overflows fp32) has its ``m`` and ``v`` reset to
+0 and its parameter left unchanged that step (no update, no decay). The block's absmax is taken
+after the reset, so one bad element never spreads NaN to its block. (torch.optim.AdamW keeps
+``v = inf`` there, which freezes that element for good; no NaN either.)
+
+As a ``torch.optim.Optimizer`` it follows torch's conventions: ``zero_grad``, closures, step
+and state-dict hooks (``load_state_dict`` runs the pre-hooks on the checkpoint it is given and
+the post-hooks after the state is in place), LR schedulers (OneCycleLR may cycle ``betas``),
+``GradScaler``, ``copy.deepcopy``/pickle/``torch.save`` (the backend and the maps travel with
+it), and ``torch.compile`` (each parameter's update runs eagerly: a graph break, never a
+traced-away tensor). Flags of torch's Adam it does not implement (``maximize``, ``amsgrad``,
+``foreach``, ``fused``, ``capturable``, ``differentiable``) raise ValueError when set, in the
+constructor, in an added group, in a loaded checkpoint or at ``step()``.
+
+Devices: states are created on the parameter's device and follow it when the model is moved
+after the optimizer was built (``model.to(device)``); ``backend="auto"`` is resolved per
+device at every step.
 """
 
 from __future__ import annotations
 
 import math
-from itertools import chain
+from collections import defaultdict
 from typing import Any, Iterable
 
 import torch
 
 from . import kernels
 from .adam import check_hyperparameters
+from .kernels.contract import PARAM_DTYPES, check_plain_tensor
+from .kernels.reference import adam_update_fp32
 from .quant import check_blocksize, dynamic_map, num_blocks
 
-__all__ = ["Adam8bit", "AdamW8bit"]
+__all__ = ["Adam8bit", "AdamW8bit", "UNSUPPORTED_FLAGS"]
 
-_PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _STATE_KEYS_8BIT = ("state1", "state2", "absmax1", "absmax2")
 _STATE_KEYS_32BIT = ("exp_avg", "exp_avg_sq")
+_GROUP_KEYS = ("lr", "betas", "eps", "weight_decay", "blocksize", "min_8bit_size")
+#: torch.optim.Adam(W) flags this optimizer does not implement, with what to do instead.
+UNSUPPORTED_FLAGS = {
+    "maximize": "negate the loss instead",
+    "amsgrad": "AMSGrad needs a third state, which 8-bit Adam does not keep",
+    "foreach": "the backends have their own loops; drop the flag",
+    "fused": "choose a fused kernel with backend='cpu' or 'triton' instead",
+    "capturable": "CUDA-graph capture is not supported",
+    "differentiable": "the 8-bit step is not differentiable",
+}
 
 
 class Adam8bit(torch.optim.Optimizer):
@@ -50,8 +78,10 @@ class Adam8bit(torch.optim.Optimizer):
         blocksize: elements per quantization block, a power of two in 64…4096 (256 as in
             bitsandbytes; 2048 as in the paper).
         min_8bit_size: tensors with fewer elements keep fp32 states (4096, as bitsandbytes).
-        backend: ``"auto"``, ``"torch"`` (reference), ``"triton"``, or another registered
-            backend (see :mod:`adam8lib.kernels`).
+        backend: ``"auto"``, ``"torch"`` (reference), ``"cpu"``, ``"triton"``, or another
+            registered backend (see :mod:`adam8lib.kernels`).
+        maximize, amsgrad, foreach, fused, capturable, differentiable: accepted only with a
+            false value (what this optimizer does); anything else raises ValueError.
     """
 
     def __init__(
@@ -65,17 +95,22 @@ class Adam8bit(torch.optim.Optimizer):
         blocksize: int = 256,
         min_8bit_size: int = 4096,
         backend: str = "auto",
+        **torch_flags: Any,
     ) -> None:
-        if backend not in kernels.known_backend_names():
-            raise ValueError(f"Unknown backend {backend!r}; choose one of {list(kernels.known_backend_names())}")
+        for key in torch_flags:
+            if key not in UNSUPPORTED_FLAGS:
+                raise TypeError(f"{type(self).__name__}.__init__() got an unexpected keyword argument {key!r}")
+        _check_flags(torch_flags, f"{type(self).__name__}()")
+        _check_backend_name(backend)
         defaults = dict(
             lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
             blocksize=blocksize, min_8bit_size=min_8bit_size,
         )
-        _check_group(defaults)
+        _check_group(defaults, "the defaults")
         self.backend = backend
         self.qmap1 = dynamic_map(signed=True)
         self.qmap2 = dynamic_map(signed=False)
+        self._device_maps: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         super().__init__(params, defaults)
 
     # ------------------------------------------------------------------ groups
@@ -84,77 +119,112 @@ class Adam8bit(torch.optim.Optimizer):
         group = self.param_groups[-1]
         try:
             group["betas"] = tuple(group["betas"])
-            _check_group(group)
+            _check_group(group, f"param group {len(self.param_groups) - 1}")
+            for p in group["params"]:
+                if p.dtype not in PARAM_DTYPES:
+                    raise TypeError(
+                        f"{type(self).__name__} supports fp32, bf16 and fp16 parameters; got one of shape "
+                        f"{tuple(p.shape)} with dtype {p.dtype}"
+                    )
         except (ValueError, TypeError):
             self.param_groups.pop()
             raise
-        for p in group["params"]:
-            if p.dtype not in _PARAM_DTYPES:
-                self.param_groups.pop()
-                raise TypeError(
-                    f"{type(self).__name__} supports fp32, bf16 and fp16 parameters; got one of shape "
-                    f"{tuple(p.shape)} with dtype {p.dtype}"
-                )
 
-    # ------------------------------------------------------------------ step
-    @torch.no_grad()
-    def step(self, closure=None):
-        """One optimizer step. Checks every gradient first, so a bad one changes nothing."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        work = []
-        for gi, group in enumerate(self.param_groups):
-            for pi, p in enumerate(group["params"]):
-                if p.grad is None:
-                    continue
-                _check_grad(p, gi, pi)
-                work.append((group, p))
-        for group, p in work:
-            state = self.state[p]
-            if not state:
-                self._init_state(group, p, state)
-            state["step"] += 1
-            if "state1" in state:
-                self._step_8bit(group, p, state)
-            else:
-                self._step_32bit(group, p, state)
-        return loss
+    # ------------------------------------------------------------------ state
+    def init_state(self, params: Iterable[torch.Tensor] | None = None) -> "Adam8bit":
+        """Create the states of ``params`` (default: every parameter) now, as the first
+        ``step()`` would (codes and absmax, or fp32 moments; ``step = 0``). Parameters that
+        already have a state keep it. Returns the optimizer (for chaining).
 
-    @torch.no_grad()
-    def init_state(self) -> None:
-        """Create the states of every parameter now (as the first ``step()`` would), without
-        updating anything: to measure or shard an optimizer before training."""
+        Useful to measure an optimizer's memory before training, or to shard/save states.
+        """
+        wanted = None if params is None else {id(p) for p in params}
         for group in self.param_groups:
             for p in group["params"]:
-                state = self.state[p]
-                if not state:
-                    self._init_state(group, p, state)
+                if (wanted is None or id(p) in wanted) and not self.state[p]:
+                    self.state[p].update(self._new_state(group, p))
+        return self
 
-    def _init_state(self, group: dict[str, Any], p: torch.Tensor, state: dict[str, Any]) -> None:
-        state["step"] = 0
+    def _new_state(self, group: dict[str, Any], p: torch.Tensor) -> dict[str, Any]:
         n = p.numel()
         if n >= group["min_8bit_size"]:
             blocks = num_blocks(n, group["blocksize"])
             # code of 0.0 is 127 (signed map) / 0 (unsigned map); absmax 0 makes both exactly 0
-            state["state1"] = torch.full((n,), 127, dtype=torch.uint8, device=p.device)
-            state["state2"] = torch.zeros((n,), dtype=torch.uint8, device=p.device)
-            state["absmax1"] = torch.zeros((blocks,), dtype=torch.float32, device=p.device)
-            state["absmax2"] = torch.zeros((blocks,), dtype=torch.float32, device=p.device)
-        else:
-            state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
+            return {
+                "step": 0,
+                "state1": torch.full((n,), 127, dtype=torch.uint8, device=p.device),
+                "state2": torch.zeros((n,), dtype=torch.uint8, device=p.device),
+                "absmax1": torch.zeros((blocks,), dtype=torch.float32, device=p.device),
+                "absmax2": torch.zeros((blocks,), dtype=torch.float32, device=p.device),
+            }
+        return {
+            "step": 0,
+            "exp_avg": torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format),
+            "exp_avg_sq": torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format),
+        }
+
+    def _init_state(self, group: dict[str, Any], p: torch.Tensor, state: dict[str, Any]) -> None:
+        """Old private spelling of :meth:`init_state` for one parameter (kept for callers)."""
+        state.update(self._new_state(group, p))
 
     def _maps(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.qmap1.device != device:
-            self.qmap1, self.qmap2 = self.qmap1.to(device), self.qmap2.to(device)
-        return self.qmap1, self.qmap2
+        """The two quantization maps on ``device`` (one copy per device, made on first use)."""
+        maps = self._device_maps.get(device)
+        if maps is None:
+            maps = self._device_maps[device] = (self.qmap1.to(device), self.qmap2.to(device))
+        return maps
 
-    def _step_8bit(self, group: dict[str, Any], p: torch.Tensor, state: dict[str, Any]) -> None:
+    # ------------------------------------------------------------------ step
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One optimizer step. Checks every parameter and gradient first, so a bad one changes nothing."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._check_and_update()
+        return loss
+
+    @kernels.run_eagerly
+    def _check_and_update(self) -> None:
+        """The step proper, always eager (under torch.compile: one graph break, real tensors)."""
+        work = []
+        for gi, group in enumerate(self.param_groups):
+            _check_flags(group, f"param group {gi}")
+            for pi, p in enumerate(group["params"]):
+                if p.grad is None:
+                    continue
+                work.append((group, p, *self._local_tensors(p, gi, pi)))
+        for group, p, param, grad in work:
+            self._update(group, p, param, grad)
+
+    def _local_tensors(self, p: torch.Tensor, group_index: int, param_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(parameter, gradient)`` as the update sees them, after checking them.
+
+        Today both are ``p`` and ``p.grad``, which must be plain dense tensors. This is the
+        one place where sharded parameters (FSDP2 DTensors) would be mapped to their local
+        shards.
+        """
+        _check_param_and_grad(p, group_index, param_index)
+        return p, p.grad
+
+    def _update(self, group: dict[str, Any], p: torch.Tensor, param: torch.Tensor, grad: torch.Tensor) -> None:
+        """Update one parameter: create or move its states, count the step, run the update."""
+        state = self.state[p]
+        if not state:
+            state.update(self._new_state(group, param))
+        else:
+            _follow_device(state, param.device)
+        state["step"] += 1
+        if "state1" in state:
+            self._step_8bit(group, param, grad, state)
+        else:
+            self._step_32bit(group, param, grad, state)
+
+    def _step_8bit(self, group: dict[str, Any], p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any]) -> None:
         beta1, beta2 = group["betas"]
         flat = p.view(-1) if p.is_contiguous() else p.contiguous().view(-1)
-        grad = p.grad.reshape(-1)
+        grad = grad.reshape(-1)
         if not grad.is_contiguous():
             grad = grad.contiguous()
         qmap1, qmap2 = self._maps(p.device)
@@ -166,50 +236,105 @@ class Adam8bit(torch.optim.Optimizer):
         if not p.is_contiguous():  # we worked on a contiguous copy: write it back
             p.copy_(flat.view(p.shape))
 
-    def _step_32bit(self, group: dict[str, Any], p: torch.Tensor, state: dict[str, Any]) -> None:
-        """fp32 states for small tensors; same maths and NaN rule as the 8-bit path."""
+    def _step_32bit(self, group: dict[str, Any], p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any]) -> None:
+        """fp32 states for small tensors: the reference's fp32 update, non-finite rule included."""
         beta1, beta2 = group["betas"]
-        lr, wd, t = group["lr"], group["weight_decay"], state["step"]
-        m, v = state["exp_avg"], state["exp_avg_sq"]
-        grad = p.grad.float()
-        finite = torch.isfinite(grad)
-        m.mul_(beta1).add_(grad, alpha=1.0 - beta1).masked_fill_(~finite, 0.0)
-        v.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2).masked_fill_(~finite, 0.0)
-        param = p.float()
-        new = param.mul(1.0 - lr * wd) if wd != 0 else param.clone()
-        denom = v.sqrt().div_(math.sqrt(1.0 - beta2**t)).add_(group["eps"])
-        new.addcdiv_(m, denom, value=-lr / (1.0 - beta1**t))
-        p.copy_(torch.where(finite, new, param))
+        new = adam_update_fp32(
+            p.float(), grad.float(), state["exp_avg"], state["exp_avg_sq"], step=state["step"], lr=group["lr"],
+            beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
+        )
+        p.copy_(new)
+
+    # ------------------------------------------------------------------ copy / pickle
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()  # defaults, state, param_groups (as torch.optim)
+        state.update(backend=self.backend, qmap1=self.qmap1, qmap2=self.qmap2)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        backend = state.pop("backend", "auto")
+        qmap1, qmap2 = state.pop("qmap1", None), state.pop("qmap2", None)
+        super().__setstate__(state)
+        self.defaults.pop("differentiable", None)  # torch adds it; not a hyperparameter here
+        self.backend = backend
+        self.qmap1 = dynamic_map(signed=True) if qmap1 is None else qmap1
+        self.qmap2 = dynamic_map(signed=False) if qmap2 is None else qmap2
+        self._device_maps = {}
 
     # ------------------------------------------------------------------ checkpoints
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a checkpoint *without* casting states (torch would cast uint8 codes and fp32
-        absmax to the parameter dtype). Everything is checked before anything is changed,
-        so a bad checkpoint raises ValueError and leaves this optimizer as it was."""
+        """Load a checkpoint of this class (``state_dict()``), keeping uint8 codes and fp32 absmax
+        as they are (torch would cast states to the parameter dtype).
+
+        As torch does, the load-state-dict pre-hooks see (and may replace) the checkpoint first
+        and the post-hooks run once the state is in place. Everything is checked before anything
+        changes: a checkpoint of another optimizer (torch.optim.AdamW, bitsandbytes), or one with
+        wrong sizes or dtypes, unknown keys, a non-finite absmax or a bad step count raises
+        ValueError naming the problem and leaves this optimizer as it was.
+        """
+        if not isinstance(state_dict, dict):
+            raise ValueError(f"state_dict must be a dict from Optimizer.state_dict(), got {type(state_dict).__name__}")
+        state_dict = state_dict.copy()  # as torch does: hooks may edit the top level freely
+        for hook in self._optimizer_load_state_dict_pre_hooks.values():
+            result = hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        groups, state = self._checked_checkpoint(state_dict)
+        self.param_groups = groups
+        self.state = defaultdict(dict, state)
+        for hook in self._optimizer_load_state_dict_post_hooks.values():
+            hook(self)
+
+    def _checked_checkpoint(self, state_dict: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[torch.Tensor, dict]]:
+        """Validate a checkpoint; return (new param_groups, new state) without changing anything."""
         if not isinstance(state_dict, dict) or "state" not in state_dict or "param_groups" not in state_dict:
             raise ValueError("state_dict must have 'state' and 'param_groups' (from Optimizer.state_dict())")
-        saved_groups = state_dict["param_groups"]
+        saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]
+        if not isinstance(saved_groups, (list, tuple)) or not isinstance(saved_state, dict):
+            raise ValueError("state_dict['param_groups'] must be a list and state_dict['state'] a dict")
+        origin = _foreign_origin(state_dict)
         if len(saved_groups) != len(self.param_groups):
-            raise ValueError("loaded state dict has a different number of parameter groups")
-        params = list(chain.from_iterable(g["params"] for g in self.param_groups))
-        ids = list(chain.from_iterable(g["params"] for g in saved_groups))
-        if len(ids) != len(params):
-            raise ValueError("loaded state dict contains a parameter group that doesn't match the size of optimizer's group")
-        for saved in saved_groups:
-            _check_group({**saved, "betas": tuple(saved["betas"])})
-        id_to_param = dict(zip(ids, params))
-        new_state: dict[torch.Tensor, dict[str, Any]] = {}
-        for pid, saved in state_dict["state"].items():
+            raise ValueError(
+                f"loaded state dict has {len(saved_groups)} parameter groups, this optimizer has {len(self.param_groups)}"
+            )
+        new_groups, id_to_param, id_to_group = [], {}, {}
+        for gi, (current, saved) in enumerate(zip(self.param_groups, saved_groups)):
+            where = f"param group {gi} of the loaded state dict"
+            if not isinstance(saved, dict) or not isinstance(saved.get("params"), (list, tuple)):
+                raise ValueError(f"{where} must be a dict with a 'params' list")
+            missing = [k for k in _GROUP_KEYS if k not in saved]
+            if missing:
+                raise ValueError(f"{where} has no {', '.join(map(repr, missing))}: not an "
+                                 f"{type(self).__name__} checkpoint{origin}")
+            if len(saved["params"]) != len(current["params"]):
+                raise ValueError(
+                    f"{where} has {len(saved['params'])} parameters, this optimizer's group has {len(current['params'])}"
+                )
+            group = {k: v for k, v in saved.items() if k != "params"}
+            group["params"] = current["params"]
+            if "param_names" in current and "param_names" not in group:
+                group["param_names"] = current["param_names"]
+            try:
+                group["betas"] = tuple(group["betas"])
+            except TypeError:
+                raise ValueError(f"{where}: betas must be a pair of floats, got {group['betas']!r}") from None
+            _check_group(group, where)
+            new_groups.append(group)
+            for pid, p in zip(saved["params"], current["params"]):
+                id_to_param[pid], id_to_group[pid] = p, group
+        new_state = {}
+        for pid, saved in saved_state.items():
             if pid not in id_to_param:
                 raise ValueError(f"state for unknown parameter id {pid!r}")
             p = id_to_param[pid]
-            group = saved_groups[next(i for i, g in enumerate(saved_groups) if pid in g["params"])]
-            _check_saved_state(p, saved, group)
-            new_state[p] = {k: (v.to(p.device).clone() if torch.is_tensor(v) else v) for k, v in saved.items()}
-        super().load_state_dict({"state": {}, "param_groups": saved_groups})
-        for g in self.param_groups:
-            g["betas"] = tuple(g["betas"])
-        self.state.update(new_state)
+            _check_saved_state(p, saved, id_to_group[pid], f"state of parameter {pid!r} (shape {tuple(p.shape)})", origin)
+            new_state[p] = {
+                k: (v.detach().to(p.device).reshape(p.shape if k in _STATE_KEYS_32BIT else -1).clone(
+                    memory_format=torch.contiguous_format) if torch.is_tensor(v) else v)
+                for k, v in saved.items()
+            }
+        return new_groups, new_state
 
     def __repr__(self) -> str:
         return super().__repr__().replace(type(self).__name__ + " (", f"{type(self).__name__} (backend: {self.backend}", 1)
@@ -223,7 +348,22 @@ class AdamW8bit(Adam8bit):
 
 
 # ---------------------------------------------------------------------- validation helpers
-def _check_group(group: dict[str, Any]) -> None:
+def _check_backend_name(backend: str) -> None:
+    if backend not in kernels.known_backend_names():
+        raise ValueError(f"Unknown backend {backend!r}; choose one of {list(kernels.known_backend_names())}")
+    if backend not in ("auto", "torch") and backend not in kernels.available_backends():
+        raise ValueError(f"Backend {backend!r} is unavailable here: {kernels.unavailable_reason(backend)}")
+
+
+def _check_flags(group: dict[str, Any], where: str) -> None:
+    for key, instead in UNSUPPORTED_FLAGS.items():
+        value = group.get(key)
+        if value:
+            raise ValueError(f"{key}={value!r} is not supported by Adam8bit ({where}): {instead}")
+
+
+def _check_group(group: dict[str, Any], where: str) -> None:
+    _check_flags(group, where)
     check_hyperparameters(group["lr"], group["betas"], group["eps"], group["weight_decay"])
     check_blocksize(group["blocksize"])
     size = group["min_8bit_size"]
@@ -231,35 +371,80 @@ def _check_group(group: dict[str, Any]) -> None:
         raise ValueError(f"Invalid min_8bit_size: {size!r} (must be an int >= 0)")
 
 
-def _check_grad(p: torch.Tensor, group_index: int, param_index: int) -> None:
+def _check_param_and_grad(p: torch.Tensor, group_index: int, param_index: int) -> None:
     where = f"parameter {param_index} of group {group_index} (shape {tuple(p.shape)})"
     grad = p.grad
     if grad.is_sparse or grad.layout != torch.strided:
         raise RuntimeError(f"Adam8bit does not support sparse gradients: {where}; use torch.optim.SparseAdam")
     if grad.is_complex() or p.is_complex():
         raise RuntimeError(f"Adam8bit does not support complex parameters or gradients: {where}")
+    check_plain_tensor(p, where)
+    check_plain_tensor(grad, f"the gradient of {where}")
+    if p.dtype not in PARAM_DTYPES:
+        raise TypeError(f"{where} must be fp32, bf16 or fp16, got {p.dtype}")
     if grad.shape != p.shape:
         raise ValueError(f"gradient shape {tuple(grad.shape)} does not match {where}")
     if not grad.is_floating_point():
         raise TypeError(f"gradient of {where} must be floating point, got {grad.dtype}")
+    if grad.device != p.device:
+        raise ValueError(f"gradient of {where} is on {grad.device}, the parameter on {p.device}")
 
 
-def _check_saved_state(p: torch.Tensor, saved: dict[str, Any], group: dict[str, Any]) -> None:
+def _follow_device(state: dict[str, Any], device: torch.device) -> None:
+    """Move a parameter's states to ``device`` (the model was moved after the states were made)."""
+    for key, value in state.items():
+        if torch.is_tensor(value) and value.device != device:
+            state[key] = value.to(device)
+
+
+def _foreign_origin(state_dict: dict[str, Any]) -> str:
+    """A hint naming the optimizer a foreign checkpoint probably comes from ('' if none)."""
+    groups = state_dict.get("param_groups") or []
+    keys = set().union(*(g.keys() for g in groups if isinstance(g, dict))) if groups else set()
+    states = state_dict.get("state") or {}
+    state_keys = set().union(*(s.keys() for s in states.values() if isinstance(s, dict))) if states else set()
+    bnb_group_keys = {"optim_bits", "percentile_clipping", "block_wise", "max_unorm", "is_paged", "t_alpha", "t_beta3"}
+    if keys & bnb_group_keys or state_keys & {"qmap1", "__bnb_optimizer_quant_state__"}:
+        return " (it looks like a bitsandbytes optimizer's checkpoint; its states use other maps and layouts)"
+    if keys & {"amsgrad", "foreach", "fused", "capturable", "decoupled_weight_decay"} or "exp_avg" in state_keys and "blocksize" not in keys:
+        return " (it looks like a torch.optim Adam/AdamW checkpoint: fp32 states, no blocksize)"
+    return ""
+
+
+def _check_saved_state(p: torch.Tensor, saved: Any, group: dict[str, Any], where: str, origin: str) -> None:
+    if not isinstance(saved, dict):
+        raise ValueError(f"{where} must be a dict, got {type(saved).__name__}")
     n = p.numel()
     if "state1" in saved:
         blocks = num_blocks(n, group["blocksize"])
-        expected = {"state1": (n, torch.uint8), "state2": (n, torch.uint8),
-                    "absmax1": (blocks, torch.float32), "absmax2": (blocks, torch.float32)}
+        expected = {"state1": ((n,), torch.uint8), "state2": ((n,), torch.uint8),
+                    "absmax1": ((blocks,), torch.float32), "absmax2": ((blocks,), torch.float32)}
     elif "exp_avg" in saved:
-        expected = {k: (n, torch.float32) for k in _STATE_KEYS_32BIT}
+        expected = {k: (tuple(p.shape), torch.float32) for k in _STATE_KEYS_32BIT}
     else:
-        raise ValueError(f"saved state for parameter of shape {tuple(p.shape)} has none of the Adam8bit state keys")
-    for key, (numel, dtype) in expected.items():
+        raise ValueError(f"{where} has none of the Adam8bit state keys (got {sorted(map(str, saved))}){origin}")
+    unknown = sorted(set(map(str, saved)) - set(expected) - {"step"})
+    if unknown:
+        raise ValueError(f"{where} has unexpected keys {unknown}{origin}")
+    step = saved.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        got = f"a tensor ({step.dtype})" if torch.is_tensor(step) else repr(step)
+        raise ValueError(f"{where}: 'step' must be a Python int >= 0, got {got}{origin}")
+    for key, (shape, dtype) in expected.items():
         value = saved.get(key)
-        if not torch.is_tensor(value) or value.numel() != numel or value.dtype != dtype:
-            got = f"{value.dtype}[{value.numel()}]" if torch.is_tensor(value) else repr(type(value).__name__)
+        if not torch.is_tensor(value):
+            raise ValueError(f"{where}: {key!r} should be a {dtype} tensor, got {type(value).__name__}{origin}")
+        try:
+            check_plain_tensor(value, f"{where}: {key!r}")
+        except TypeError as exc:
+            raise ValueError(str(exc)) from None
+        if value.dtype != dtype or value.numel() != math.prod(shape):
             raise ValueError(
-                f"saved state {key!r} for parameter of shape {tuple(p.shape)} should be {dtype}[{numel}], got {got}"
+                f"{where}: {key!r} should be {dtype}[{math.prod(shape)}], got {value.dtype}[{value.numel()}]{origin}"
             )
-    if not isinstance(saved.get("step"), int):
-        raise ValueError("saved state has no integer 'step'")
+        if key in ("state1", "state2"):
+            continue
+        if not bool(torch.isfinite(value).all()):
+            raise ValueError(f"{where}: {key!r} has NaN or Inf values (a corrupt checkpoint)")
+        if key != "exp_avg" and bool((value < 0).any()):
+            raise ValueError(f"{where}: {key!r} has negative values (it must be >= 0)")

@@ -38,6 +38,11 @@ __all__ = [
     "dequantize_blockwise",
     "num_blocks",
     "check_blocksize",
+    "check_code",
+    "check_dequantize_inputs",
+    "require_float",
+    "quantize_blocks",
+    "dequantize_blocks",
     "SUPPORTED_BLOCKSIZES",
 ]
 
@@ -46,7 +51,8 @@ __all__ = [
 SUPPORTED_BLOCKSIZES = tuple(2**k for k in range(6, 13))
 
 
-def _require_float(x: torch.Tensor, what: str = "x") -> None:
+def require_float(x: torch.Tensor, what: str = "x") -> None:
+    """Raise TypeError unless ``x`` is a floating-point tensor (``what`` names it in the message)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
@@ -76,7 +82,7 @@ def absmax_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     Returns ``(q, absmax)`` with ``q = round(127 * x / absmax)`` as int8 and ``absmax``
     a 0-d fp32 tensor. An all-zero tensor gives ``absmax = 0`` and ``q = 0``.
     """
-    _require_float(x)
+    require_float(x)
     x32 = x.float()
     absmax = x32.abs().amax() if x32.numel() else torch.zeros((), dtype=torch.float32)
     scale = torch.where(absmax > 0, 127.0 / absmax, torch.zeros_like(absmax))
@@ -197,9 +203,9 @@ def quantize_blockwise(
     fp32 with ``ceil(x.numel() / blocksize)`` entries. Any length works (the last block may
     be short) and non-contiguous inputs are read in their logical (row-major) order.
     """
-    _require_float(x)
+    require_float(x)
     check_blocksize(blocksize)
-    code = _check_code(code, x.device)
+    code = check_code(code, x.device)
     codes, absmax = quantize_blocks(x.reshape(-1).float(), code, blocksize)
     return codes.view(x.shape), absmax
 
@@ -212,19 +218,19 @@ def dequantize_blockwise(
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """Inverse of :func:`quantize_blockwise`: ``code[codes] * absmax[block]``, shape kept."""
-    code = _check_dequantize_inputs(codes, absmax, code, blocksize)
+    code = check_dequantize_inputs(codes, absmax, code, blocksize)
     out = dequantize_blocks(codes.reshape(-1), absmax.reshape(-1).float(), code, blocksize)
     return out.view(codes.shape).to(dtype)
 
 
-def _check_dequantize_inputs(
+def check_dequantize_inputs(
     codes: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor | None, blocksize: int
 ) -> torch.Tensor:
     """Validate dequantization inputs (shared by every backend); return the map to use."""
     if not isinstance(codes, torch.Tensor) or codes.dtype != torch.uint8:
         raise TypeError(f"codes must be a uint8 tensor, got {getattr(codes, 'dtype', type(codes).__name__)}")
     check_blocksize(blocksize)
-    code = _check_code(code, codes.device)
+    code = check_code(code, codes.device)
     n, expected = codes.numel(), num_blocks(codes.numel(), blocksize)
     if not isinstance(absmax, torch.Tensor) or absmax.numel() != expected:
         got = absmax.numel() if isinstance(absmax, torch.Tensor) else type(absmax).__name__
@@ -232,12 +238,20 @@ def _check_dequantize_inputs(
     return code
 
 
-def _check_code(code: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+def check_code(code: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """Validate a quantization map (256 floats, sorted ascending) and return it as fp32 on
+    ``device``; ``None`` means the signed dynamic map."""
     if code is None:
         return dynamic_map(signed=True).to(device)
-    _require_float(code, "code")
+    require_float(code, "code")
     if code.shape != (256,):
         raise ValueError(f"code must be a 256-entry map, got shape {tuple(code.shape)}")
     if bool((code[1:] < code[:-1]).any()):
         raise ValueError("code must be sorted ascending (nearest-code search is a binary search)")
     return code.to(device=device, dtype=torch.float32)
+
+
+# Old private names, kept while other modules (kernels/triton.py) still import them.
+_require_float = require_float
+_check_code = check_code
+_check_dequantize_inputs = check_dequantize_inputs

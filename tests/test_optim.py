@@ -2,6 +2,7 @@
 
 import copy
 import io
+import math
 import subprocess
 import sys
 import textwrap
@@ -458,3 +459,257 @@ def test_reference_step_memory_does_not_grow_with_parameter_size():
     small, large = peak_step_bytes(2_000_000), peak_step_bytes(16_000_000)
     assert large < 24 * 2**20, large
     assert large < small + 8 * 2**20, (small, large)
+
+
+# ------------------------------------------------------------------ the non-finite rule vs torch.optim.AdamW
+def _rule_cases():
+    """(backend, bad gradient) pairs. The cpu and triton kernels (the speed branch) still test
+    isfinite(g), which agrees with the rule for NaN/Inf gradients but not for a huge finite one:
+    those cases are strict xfails until the kernels implement the rule (then they must pass)."""
+    from adam8lib import kernels
+
+    backends = ["torch"] + [b for b in ("cpu", "triton") if b in kernels.available_backends("cpu")]
+    pending = pytest.mark.xfail(strict=True, reason="the speed branch implements the non-finite rule in this kernel")
+    return [pytest.param(b, v, marks=pending if b != "torch" and math.isfinite(v) else (), id=f"{b}-{v:g}")
+            for b in backends for v in (1e30, 1e21, float("inf"), float("nan"))]
+
+
+def _rule_run(backend, bad_value, n=2048, steps=5, bad_step=2, bad_index=1000, seed=0):
+    """Adam8bit and torch.optim.AdamW (fp32) on the same gradients; one element gets ``bad_value``
+    at ``bad_step``. Returns (ours, torch's, start, value of the bad element before the bad step)."""
+    gen = torch.Generator().manual_seed(seed)
+    start = torch.randn(n, generator=gen)
+    ours, theirs = nn.Parameter(start.clone()), nn.Parameter(start.clone())
+    opt = Adam8bit([ours], lr=1e-2, backend=backend, min_8bit_size=1024)
+    ref = torch.optim.AdamW([theirs], lr=1e-2, weight_decay=0.0)
+    before_bad = None
+    for step in range(steps):
+        g = torch.randn(n, generator=gen)
+        if step == bad_step:
+            g[bad_index] = bad_value
+            before_bad = (ours[bad_index].item(), theirs[bad_index].item())
+        ours.grad, theirs.grad = g.clone(), g.clone()
+        opt.step()
+        ref.step()
+        if step == bad_step:
+            assert ours[bad_index].item() == before_bad[0]  # skipped: no update, no decay
+            if math.isfinite(bad_value):
+                assert theirs[bad_index].item() == before_bad[1]  # torch: m / sqrt(inf) = 0, no decay (wd 0)
+            else:
+                assert math.isnan(theirs[bad_index].item())  # torch: inf / inf or NaN, in that element only
+    return ours.detach(), theirs.detach(), start, opt
+
+
+@pytest.mark.parametrize("backend, bad_value", _rule_cases())
+def test_huge_or_non_finite_gradient_never_spreads_nan_and_neighbours_track_torch(backend, bad_value):
+    ours, theirs, start, opt = _rule_run(backend, bad_value)
+    state = opt.state[next(iter(opt.state))]
+    assert torch.isfinite(ours).all()  # 0 NaN (before the rule: all 256 elements of the block NaN)
+    assert torch.isfinite(state["absmax1"]).all() and torch.isfinite(state["absmax2"]).all()
+    block = torch.arange(768, 1024)
+    neighbours = block[block != 1000]
+    moved = (theirs[neighbours] - start[neighbours]).norm()
+    assert (ours[neighbours] - theirs[neighbours]).norm() <= 0.03 * moved
+    # the whole tensor tracks torch as closely as a run without the bad gradient does
+    rest = torch.ones(ours.numel(), dtype=torch.bool)
+    rest[1000] = False
+    assert (ours[rest] - theirs[rest]).norm() <= 0.03 * (theirs[rest] - start[rest]).norm()
+    assert torch.isfinite(theirs[rest]).all()  # torch: no NaN outside the bad element either
+    if math.isfinite(bad_value):
+        assert theirs[1000] == _rule_run("torch", bad_value, steps=3)[1][1000]  # torch froze it (v = inf)...
+    assert ours[1000] != _rule_run(backend, bad_value, steps=3)[0][1000]  # ...ours restarts from m = v = 0
+
+
+def test_a_huge_finite_gradient_acts_exactly_like_a_nan():
+    """Same rule for both: the element's states reset, the block's absmax ignores it."""
+    a = _rule_run("torch", 1e30)
+    b = _rule_run("torch", float("nan"))
+    assert torch.equal(a[0], b[0])
+    for key in ("state1", "state2", "absmax1", "absmax2"):
+        assert torch.equal(a[3].state[next(iter(a[3].state))][key], b[3].state[next(iter(b[3].state))][key])
+
+
+@pytest.mark.parametrize("bad_value", [1e30, float("inf"), float("nan")])
+def test_non_finite_rule_on_fp32_states_matches_torch_elsewhere(bad_value):
+    """Small tensors (fp32 states): every other element equals torch.optim.AdamW to float rounding."""
+    torch.manual_seed(0)
+    start = torch.randn(100)
+    ours, theirs = nn.Parameter(start.clone()), nn.Parameter(start.clone())
+    opt = AdamW8bit([ours], lr=1e-2, weight_decay=0.1)
+    ref = torch.optim.AdamW([theirs], lr=1e-2, weight_decay=0.1)
+    for step in range(4):
+        g = torch.randn(100)
+        if step == 1:
+            g[7] = bad_value
+            before = ours[7].item()
+        ours.grad, theirs.grad = g.clone(), g.clone()
+        opt.step()
+        ref.step()
+        if step == 1:
+            assert ours[7].item() == before  # no update, no decay this step
+            assert opt.state[ours]["exp_avg"][7] == 0 and opt.state[ours]["exp_avg_sq"][7] == 0
+    assert torch.isfinite(ours).all()
+    others = torch.arange(100) != 7
+    torch.testing.assert_close(ours.detach()[others], theirs.detach()[others], rtol=1e-6, atol=1e-7)
+
+
+# ------------------------------------------------------------------ bad and foreign checkpoints
+def _state_snapshot(opt):
+    sd = opt.state_dict()
+    return sd["param_groups"], {k: {kk: (vv.clone() if torch.is_tensor(vv) else vv) for kk, vv in s.items()}
+                                for k, s in sd["state"].items()}
+
+
+def _assert_unchanged(opt, snapshot):
+    groups, state = _state_snapshot(opt)
+    assert groups == snapshot[0]
+    assert state.keys() == snapshot[1].keys()
+    for k in state:
+        assert state[k].keys() == snapshot[1][k].keys()
+        for kk, v in state[k].items():
+            assert torch.equal(v, snapshot[1][k][kk]) if torch.is_tensor(v) else v == snapshot[1][k][kk]
+
+
+def _first(sd, key):
+    return next(k for k, s in sd["state"].items() if key in s)
+
+
+def _corrupt(edit):
+    def apply(sd):
+        sd = copy.deepcopy(sd)
+        edit(sd)
+        return sd
+    return apply
+
+
+CORRUPTIONS = {
+    "nan absmax": (_corrupt(lambda sd: sd["state"][_first(sd, "absmax1")]["absmax1"].__setitem__(0, float("nan"))),
+                   "'absmax1' has NaN or Inf"),
+    "inf absmax": (_corrupt(lambda sd: sd["state"][_first(sd, "absmax2")]["absmax2"].__setitem__(1, float("inf"))),
+                   "'absmax2' has NaN or Inf"),
+    "negative absmax": (_corrupt(lambda sd: sd["state"][_first(sd, "absmax2")]["absmax2"].__setitem__(1, -1.0)),
+                        "'absmax2' has negative"),
+    "nan exp_avg": (_corrupt(lambda sd: sd["state"][_first(sd, "exp_avg")]["exp_avg"].view(-1).__setitem__(0, float("nan"))),
+                    "'exp_avg' has NaN"),
+    "negative step": (_corrupt(lambda sd: sd["state"][_first(sd, "state1")].__setitem__("step", -3)), "'step' must be"),
+    "float step": (_corrupt(lambda sd: sd["state"][_first(sd, "state1")].__setitem__("step", 2.5)), "'step' must be"),
+    "tensor step": (_corrupt(lambda sd: sd["state"][_first(sd, "state1")].__setitem__("step", torch.tensor(2.0))),
+                    "'step' must be a Python int"),
+    "float codes": (_corrupt(lambda sd: sd["state"][_first(sd, "state1")].__setitem__(
+        "state1", sd["state"][_first(sd, "state1")]["state1"].float())), "'state1' should be torch.uint8"),
+    "short codes": (_corrupt(lambda sd: sd["state"][_first(sd, "state2")].__setitem__(
+        "state2", sd["state"][_first(sd, "state2")]["state2"][:-1])), "'state2' should be torch.uint8"),
+    "fp16 exp_avg_sq": (_corrupt(lambda sd: sd["state"][_first(sd, "exp_avg")].__setitem__(
+        "exp_avg_sq", sd["state"][_first(sd, "exp_avg")]["exp_avg_sq"].half())), "'exp_avg_sq' should be torch.float32"),
+    "foreign state key": (_corrupt(lambda sd: sd["state"][_first(sd, "state1")].__setitem__("qmap1", dynamic_map(True))),
+                          r"unexpected keys \['qmap1'\]"),
+    "missing absmax": (_corrupt(lambda sd: sd["state"][_first(sd, "state1")].pop("absmax1")),
+                       "'absmax1' should be a torch.float32 tensor"),
+    "unknown parameter id": (_corrupt(lambda sd: sd["state"].__setitem__(99, {})), "unknown parameter id 99"),
+    "maximize group": (_corrupt(lambda sd: sd["param_groups"][0].__setitem__("maximize", True)), "maximize=True"),
+    "amsgrad group": (_corrupt(lambda sd: sd["param_groups"][0].__setitem__("amsgrad", True)), "amsgrad=True"),
+    "missing blocksize": (_corrupt(lambda sd: sd["param_groups"][0].pop("blocksize")), "has no 'blocksize'"),
+    "bad blocksize": (_corrupt(lambda sd: sd["param_groups"][0].__setitem__("blocksize", 100)), "blocksize"),
+    "extra group": (_corrupt(lambda sd: sd["param_groups"].append(dict(sd["param_groups"][0]))), "2 parameter groups"),
+}
+
+
+@pytest.mark.parametrize("name", list(CORRUPTIONS))
+def test_invalid_checkpoint_raises_naming_the_problem_and_changes_nothing(name):
+    model = mlp()
+    opt = Adam8bit(model.parameters(), lr=1e-3)
+    train(model, opt, steps=2)
+    corrupt, message = CORRUPTIONS[name]
+    snapshot = _state_snapshot(opt)
+    bad = corrupt(opt.state_dict())
+    with pytest.raises(ValueError, match=message):
+        opt.load_state_dict(bad)
+    _assert_unchanged(opt, snapshot)
+    twin = copy.deepcopy(model)
+    twin_opt = Adam8bit(twin.parameters(), lr=1e-3)
+    twin_opt.load_state_dict(opt.state_dict())
+    train(model, opt, steps=2)  # still steps exactly like an optimizer that never saw the bad checkpoint
+    train(twin, twin_opt, steps=2)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters()))
+
+
+def test_torch_adamw_checkpoint_is_rejected_with_its_origin_named():
+    model = mlp()
+    adamw = torch.optim.AdamW(model.parameters())
+    train(model, adamw, steps=1)
+    opt = Adam8bit(model.parameters())
+    snapshot = _state_snapshot(opt)
+    with pytest.raises(ValueError, match=r"no 'blocksize', 'min_8bit_size'.*torch\.optim Adam/AdamW checkpoint"):
+        opt.load_state_dict(adamw.state_dict())
+    _assert_unchanged(opt, snapshot)
+    # even with our group keys added, its states (tensor step) are refused
+    sd = adamw.state_dict()
+    for g in sd["param_groups"]:
+        g.update(blocksize=256, min_8bit_size=4096)
+    with pytest.raises(ValueError, match="'step' must be a Python int"):
+        opt.load_state_dict(sd)
+    _assert_unchanged(opt, snapshot)
+
+
+def test_bitsandbytes_checkpoint_is_rejected_with_its_origin_named():
+    model = mlp()
+    theirs = bnb.optim.Adam8bit(model.parameters())
+    train(model, theirs, steps=1)
+    opt = Adam8bit(model.parameters())
+    train(model, opt, steps=1)
+    snapshot = _state_snapshot(opt)
+    with pytest.raises(ValueError, match="bitsandbytes"):
+        opt.load_state_dict(theirs.state_dict())
+    _assert_unchanged(opt, snapshot)
+
+
+# ------------------------------------------------------------------ unsupported torch.optim flags
+FLAGS = ["maximize", "amsgrad", "foreach", "fused", "capturable", "differentiable"]
+
+
+@pytest.mark.parametrize("flag", FLAGS)
+def test_unsupported_flag_is_rejected_in_the_constructor(flag):
+    with pytest.raises(ValueError, match=f"{flag}=True is not supported by Adam8bit"):
+        AdamW8bit(mlp().parameters(), **{flag: True})
+    AdamW8bit(mlp().parameters(), **{flag: False})  # asking for what it does is fine
+
+
+def test_unknown_constructor_keyword_is_a_type_error():
+    with pytest.raises(TypeError, match="unexpected keyword argument 'maximise'"):
+        Adam8bit(mlp().parameters(), maximise=True)
+
+
+@pytest.mark.parametrize("flag", FLAGS)
+def test_unsupported_flag_is_rejected_in_an_added_group_and_at_step(flag):
+    model = mlp()
+    opt = Adam8bit(list(model.parameters())[:2])
+    with pytest.raises(ValueError, match=f"{flag}=True .*param group 1"):
+        opt.add_param_group({"params": list(model.parameters())[2:], flag: True})
+    assert len(opt.param_groups) == 1
+    train(model, opt, steps=1)
+    snapshot = _state_snapshot(opt)
+    before = [p.detach().clone() for p in model.parameters()]
+    opt.param_groups[0][flag] = True  # set behind the optimizer's back
+    with pytest.raises(ValueError, match=f"{flag}=True .*param group 0"):
+        opt.step()
+    opt.param_groups[0].pop(flag)
+    _assert_unchanged(opt, snapshot)
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+
+
+# ------------------------------------------------------------------ init_state
+def test_init_state_creates_first_step_states_and_changes_no_result():
+    model, twin = mlp(), mlp()
+    opt = AdamW8bit(model.parameters())
+    first = next(model.parameters())
+    assert opt.init_state([first]) is opt
+    assert list(opt.state) == [first] and opt.state[first]["step"] == 0
+    opt.init_state()
+    kinds = [("state1" in s, s["step"]) for s in opt.state.values()]
+    assert kinds == [(True, 0), (False, 0), (True, 0), (False, 0), (False, 0), (False, 0)]  # 640-element weight: fp32
+    s = opt.state[first]
+    assert s["state1"].dtype == torch.uint8 and s["absmax1"].dtype == torch.float32 and not s["absmax1"].any()
+    twin_opt = AdamW8bit(twin.parameters())
+    train(model, opt, steps=3)
+    train(twin, twin_opt, steps=3)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters()))

@@ -1,16 +1,27 @@
-"""One dispatch point for the 8-bit Adam step: pick a backend, call it.
+"""One dispatch point for the 8-bit Adam step: pick a backend, check its arguments, call it.
 
 Every backend is a function with the signature of :func:`reference.adam8bit_step`
-(flat contiguous tensors, in-place update) and must give the same codes, the same absmax
+(flat contiguous tensors, in-place update; the argument contract is
+:func:`contract.check_step_args`) and must give the same codes, the same absmax
 and parameters within 1e-6 of the reference. Backends:
 
 * ``"torch"`` — :mod:`adam8lib.kernels.reference`, plain PyTorch over bounded chunks (any device);
 * ``"triton"`` — a fused Triton kernel (CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``),
   registered by :mod:`adam8lib.kernels.triton` when triton imports;
+* ``"cpu"`` — a C++ kernel, registered by :mod:`adam8lib.kernels.cpu` when a compiler is found;
 * further backends register themselves with :func:`register_backend`.
 
 ``"auto"`` takes the first *available* backend in :data:`AUTO_ORDER` for the tensor's device;
 it never picks ``"triton"`` for CPU tensors (the interpreter is thousands of times slower).
+It is resolved again at every call, so a model moved to another device after the optimizer
+was built gets that device's backend.
+
+An optional backend whose module fails to import is recorded with the reason
+(:func:`unavailable_reason`), and asking for it by name says why it is missing.
+
+torch.compile: :func:`adam8bit_step` always runs eagerly (``torch.compiler.disable``): inside a
+compiled function it is a graph break, and the backend sees real tensors that live until it
+returns (a kernel reading raw pointers must never see a tensor traced away by the compiler).
 """
 
 from __future__ import annotations
@@ -22,8 +33,17 @@ from typing import Callable
 import torch
 
 from . import reference
+from .contract import check_step_args
 
-__all__ = ["register_backend", "get_backend", "available_backends", "adam8bit_step", "AUTO_ORDER"]
+__all__ = [
+    "register_backend",
+    "get_backend",
+    "available_backends",
+    "unavailable_reason",
+    "adam8bit_step",
+    "run_eagerly",
+    "AUTO_ORDER",
+]
 
 
 @dataclass(frozen=True)
@@ -34,16 +54,31 @@ class Backend:
 
 
 _BACKENDS: dict[str, Backend] = {}
-#: Modules that register optional backends when imported (missing ones are skipped).
-_OPTIONAL_MODULES = ("adam8lib.kernels.triton", "adam8lib.kernels.cpu")
+#: Modules that register optional backends when imported (backend name -> module).
+_OPTIONAL_MODULES = {"triton": "adam8lib.kernels.triton", "cpu": "adam8lib.kernels.cpu"}
+#: Why an optional backend is missing: backend name -> "ExceptionType: message".
+_IMPORT_ERRORS: dict[str, str] = {}
 _loaded_optional = False
 #: Preference order for ``backend="auto"``.
 AUTO_ORDER = ("triton", "cpu", "torch")
 
 
+def run_eagerly(fn: Callable) -> Callable:
+    """Decorator: ``fn`` always runs in eager mode, also when called from ``torch.compile``d code.
+
+    The same as ``torch.compiler.disable`` but importing ``torch._dynamo`` (seconds) only at the
+    first call, as torch's own optimizers do; inside a compiled region the call is a graph break.
+    """
+    disable_lazily = getattr(torch, "_disable_dynamo", None)
+    if disable_lazily is not None:
+        return disable_lazily(fn)
+    return torch.compiler.disable(fn)  # pragma: no cover - older/newer torch without the lazy form
+
+
 def register_backend(name: str, step: Callable[..., None], supports: Callable[[torch.device], bool]) -> None:
     """Make ``step`` available as ``backend=name`` for devices where ``supports(device)``."""
     _BACKENDS[name] = Backend(name, step, supports)
+    _IMPORT_ERRORS.pop(name, None)
 
 
 register_backend("torch", reference.adam8bit_step, lambda device: True)
@@ -54,11 +89,31 @@ def _load_optional() -> None:
     if _loaded_optional:
         return
     _loaded_optional = True
-    for module in _OPTIONAL_MODULES:
+    for name, module in _OPTIONAL_MODULES.items():
         try:
             importlib.import_module(module)
-        except ImportError:
-            pass
+        except Exception as exc:  # ImportError, or a broken toolchain failing at import: recorded, not fatal
+            _IMPORT_ERRORS[name] = f"{type(exc).__name__}: {exc}"
+
+
+def unavailable_reason(name: str, device: torch.device | str | None = None) -> str | None:
+    """Why backend ``name`` cannot be used (on ``device``, if given), or None if it can.
+
+    Reasons come from the failed import of its module, or from the module's own
+    ``unavailable_reason()`` (or ``_build_error``) when it imported but cannot run.
+    """
+    _load_optional()
+    if name in _IMPORT_ERRORS:
+        return _IMPORT_ERRORS[name]
+    backend = _BACKENDS.get(name)
+    if backend is None:
+        return f"no backend named {name!r} is registered"
+    if device is None or backend.supports(torch.device(device)):
+        return None
+    module = importlib.import_module(backend.step.__module__) if backend.step.__module__ else None
+    own = getattr(module, "unavailable_reason", None)
+    reason = own() if callable(own) else getattr(module, "_build_error", None)
+    return str(reason) if reason else f"it does not support {torch.device(device).type} tensors"
 
 
 def available_backends(device: torch.device | str | None = None) -> list[str]:
@@ -89,14 +144,37 @@ def get_backend(name: str, device: torch.device | str) -> Backend:
         return _BACKENDS["torch"]
     backend = _BACKENDS.get(name)
     if backend is None:
-        raise ValueError(f"Unknown or unavailable backend {name!r}; available here: {available_backends()}")
+        why = f" ({_IMPORT_ERRORS[name]})" if name in _IMPORT_ERRORS else ""
+        raise ValueError(f"Unknown or unavailable backend {name!r}{why}; available here: {available_backends()}")
     if not backend.supports(device):
         hint = " (the triton backend needs CUDA tensors, or TRITON_INTERPRET=1 for CPU)" if name == "triton" else ""
-        raise ValueError(f"Backend {name!r} cannot run on device {device}{hint}")
+        raise ValueError(f"Backend {name!r} cannot run on device {device}{hint}: {unavailable_reason(name, device)}")
     return backend
 
 
+@run_eagerly
 def adam8bit_step(*args, backend: str = "auto", **kwargs) -> None:
-    """Run one 8-bit Adam step on flat tensors with the chosen backend (see reference)."""
-    p = args[0] if args else kwargs["p"]
-    get_backend(backend, p.device).step(*args, **kwargs)
+    """Run one 8-bit Adam step on flat tensors with the chosen backend (see reference).
+
+    The arguments are checked against :mod:`.contract` first, so a bad call raises
+    TypeError/ValueError and changes nothing, whatever the backend.
+    """
+    bound = _bind(*args, **kwargs)
+    check_step_args(*bound, blocksize=kwargs.get("blocksize"), step=kwargs.get("step"))
+    get_backend(backend, bound[0].device).step(*args, **kwargs)
+
+
+_TENSOR_ARGS = ("p", "g", "state1", "state2", "absmax1", "absmax2", "qmap1", "qmap2")
+
+
+def _bind(*args, **kwargs) -> tuple:
+    """The eight tensor arguments, whether passed by position or by name."""
+    if len(args) > len(_TENSOR_ARGS):
+        raise TypeError(f"adam8bit_step takes {len(_TENSOR_ARGS)} positional tensors, got {len(args)}")
+    named = dict(zip(_TENSOR_ARGS, args))
+    for key in _TENSOR_ARGS[len(args):]:
+        if key not in kwargs:
+            raise TypeError(f"adam8bit_step is missing the tensor argument {key!r}")
+        named[key] = kwargs[key]
+    return tuple(named[k] for k in _TENSOR_ARGS)
+

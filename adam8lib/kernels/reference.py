@@ -16,8 +16,15 @@ or to the other sign; it takes the smallest code of its own sign instead. For ``
 bitsandbytes' rule; for ``v`` it stops a tiny-but-positive ``v`` from becoming 0, which
 would make the next update ``m / eps`` — a jump of thousands of learning rates.
 
-A gradient element that is NaN or ±Inf resets that element's ``m`` and ``v`` to 0 and
-leaves its parameter unchanged (no update, no decay), as bitsandbytes' GPU kernel does.
+The non-finite rule (:func:`adam_update_fp32`, the one fp32 update, shared with the
+optimizer's fp32 small-tensor path): ``m'`` and ``v'`` are computed in fp32; where either is
+not finite — a NaN or ±Inf gradient, or a huge finite one whose ``(1 - beta2) g^2``
+overflows fp32 (``|g|`` above about 6e20 for beta2 = 0.999) — that element's ``m`` and ``v``
+are reset to 0 and its parameter is left unchanged this step (no update, no decay). The
+block's new ``absmax`` is taken *after* the reset, so it stays finite and the element's
+neighbours are quantized as if it were absent. (torch.optim.AdamW on the same gradients keeps
+``v = inf`` and freezes that element from then on; here it restarts from zero moments on the
+next step.)
 
 Memory: the work runs over *chunks* of whole blocks, so the fp32 temporaries are a few
 chunk-sized buffers (``chunk_size`` elements, 64 Ki by default, about 2 MB in all) whatever
@@ -31,9 +38,48 @@ import math
 import torch
 
 from ..quant import dequantize_blocks, quantize_blocks
+from .contract import check_step_args
 
 #: Elements per chunk (a multiple of every supported blocksize).
 CHUNK_SIZE = 1 << 16
+
+
+def adam_update_fp32(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    m: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    step: int,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+) -> torch.Tensor:
+    """The fp32 Adam/AdamW update with the non-finite rule; returns the new parameter (fp32).
+
+    ``param``, ``grad``, ``m``, ``v`` are fp32 tensors of one shape; ``m`` and ``v`` are updated
+    in place::
+
+        m' = beta1 m + (1 - beta1) g ;  v' = beta2 v + (1 - beta2) g^2
+        bad = not finite(m') or not finite(v')         ->  m' = v' = 0 there, parameter kept
+        p' = p (1 - lr wd) - lr / (1 - beta1^t) * m' / (sqrt(v') / sqrt(1 - beta2^t) + eps)
+
+    Used per chunk by :func:`adam8bit_step` (on dequantized states) and by the optimizer for
+    tensors with fp32 states, so both follow one rule, in one place.
+    """
+    step_size = lr / (1.0 - beta1**step)
+    bias_correction2_sqrt = math.sqrt(1.0 - beta2**step)
+    m.mul_(beta1).add_(grad, alpha=1.0 - beta1)
+    v.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+    ok = torch.isfinite(m) & torch.isfinite(v)
+    m.masked_fill_(~ok, 0.0)
+    v.masked_fill_(~ok, 0.0)
+    new = param.mul(1.0 - lr * weight_decay) if weight_decay != 0 else param.clone()
+    denom = v.sqrt().div_(bias_correction2_sqrt).add_(eps)
+    new.addcdiv_(m, denom, value=-step_size)
+    return torch.where(ok, new, param)
 
 
 @torch.no_grad()
@@ -59,12 +105,12 @@ def adam8bit_step(
     """One 8-bit Adam/AdamW step, in place, on flat contiguous 1-D tensors.
 
     ``p`` and ``g`` have ``n`` elements (fp32, bf16 or fp16); ``state1``/``state2`` are uint8
-    with ``n`` elements; ``absmax1``/``absmax2`` are fp32 with ``ceil(n / blocksize)``.
+    with ``n`` elements; ``absmax1``/``absmax2`` are fp32 with ``ceil(n / blocksize)``
+    (checked by :func:`adam8lib.kernels.contract.check_step_args`).
     """
+    check_step_args(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, blocksize=blocksize, step=step)
     n = p.numel()
-    bias_correction1 = 1.0 - beta1**step
-    bias_correction2_sqrt = math.sqrt(1.0 - beta2**step)
-    step_size = lr / bias_correction1
+    hyper = dict(step=step, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
     chunk = max(blocksize, chunk_size - chunk_size % blocksize)
     for start in range(0, n, chunk):
         end = min(start + chunk, n)
@@ -72,19 +118,8 @@ def adam8bit_step(
         # 1. dequantize this chunk's states to fp32
         m = dequantize_blocks(state1[start:end], absmax1[b0:b1], qmap1, blocksize)
         v = dequantize_blocks(state2[start:end], absmax2[b0:b1], qmap2, blocksize)
-        # 2. EMA updates in fp32; a non-finite gradient element resets its states
-        grad = g[start:end].float()
-        finite = torch.isfinite(grad)
-        m.mul_(beta1).add_(grad, alpha=1.0 - beta1)
-        v.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
-        m.masked_fill_(~finite, 0.0)
-        v.masked_fill_(~finite, 0.0)
-        # 3. parameter update in fp32 (decay first, like torch.optim.AdamW)
-        param = p[start:end].float()
-        new = param.mul(1.0 - lr * weight_decay) if weight_decay != 0 else param.clone()
-        denom = v.sqrt().div_(bias_correction2_sqrt).add_(eps)
-        new.addcdiv_(m, denom, value=-step_size)
-        p[start:end].copy_(torch.where(finite, new, param))
-        # 4. requantize with fresh per-block absmax
+        # 2-3. EMA updates and the parameter update in fp32 (non-finite rule included)
+        p[start:end].copy_(adam_update_fp32(p[start:end].float(), g[start:end].float(), m, v, **hyper))
+        # 4. requantize with fresh per-block absmax (after the reset: always finite)
         state1[start:end], absmax1[b0:b1] = quantize_blocks(m, qmap1, blocksize, keep_sign=True)
         state2[start:end], absmax2[b0:b1] = quantize_blocks(v, qmap2, blocksize, keep_sign=True)

@@ -1,0 +1,126 @@
+"""The contract every 8-bit Adam backend's arguments obey, checked in one place.
+
+A backend step ``step(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, *, step, lr, beta1,
+beta2, eps, weight_decay, blocksize, ...)`` receives, for ``n = p.numel()`` and
+``blocks = ceil(n / blocksize)``:
+
+==========  ==========================  ===========
+argument    dtype                       elements
+==========  ==========================  ===========
+p           fp32, bf16 or fp16          n
+g           any floating point          n
+state1/2    uint8                       n
+absmax1/2   fp32                        blocks
+qmap1/2     fp32                        256
+==========  ==========================  ===========
+
+and every one of them is a *plain dense tensor with storage*: exactly ``torch.Tensor`` (or
+``nn.Parameter``), strided layout, 1-D, contiguous, on one device, not a meta tensor. Kernels
+written in C++ or Triton read raw memory, so anything else (a DTensor shard, a tensor subclass,
+a sparse or meta tensor, a strided view) would be read as garbage or crash the process;
+:func:`check_step_args` turns all of these into a TypeError or ValueError that names the
+argument. ``step`` is an int >= 1 and ``blocksize`` one of
+:data:`adam8lib.quant.SUPPORTED_BLOCKSIZES`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..quant import check_blocksize, num_blocks
+
+__all__ = ["check_plain_tensor", "check_step_args", "PARAM_DTYPES"]
+
+#: Parameter dtypes every backend accepts.
+PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch built without distributed
+        return False
+    return isinstance(t, DTensor)
+
+
+def check_plain_tensor(t: object, name: str) -> None:
+    """Raise TypeError/ValueError unless ``t`` is a plain dense tensor that owns storage.
+
+    Rejects (with the reason in the message): non-tensors, DTensors (FSDP2 / tensor
+    parallel: pass the local shard), other tensor subclasses, sparse/other layouts,
+    quantized and nested tensors, and meta tensors (no memory behind them).
+    """
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if _is_dtensor(t):
+        raise TypeError(
+            f"{name} is a DTensor (FSDP2 / tensor parallel); adam8lib's 8-bit step needs plain tensors: "
+            "pass the local shard (dtensor.to_local()), sharded optimizers are not supported yet"
+        )
+    if type(t) not in _PLAIN_TYPES:
+        raise TypeError(
+            f"{name} is a tensor subclass ({type(t).__module__}.{type(t).__qualname__}); adam8lib's 8-bit step "
+            "needs plain torch.Tensor / nn.Parameter objects that own their memory"
+        )
+    if t.layout != torch.strided or t.is_sparse:
+        raise TypeError(f"{name} has layout {t.layout}; only dense (strided) tensors are supported")
+    if t.is_quantized or t.is_nested:
+        raise TypeError(f"{name} is a {'quantized' if t.is_quantized else 'nested'} tensor; only dense tensors are supported")
+    if t.device.type == "meta":
+        raise ValueError(
+            f"{name} is a meta tensor (no memory); materialize the model first, e.g. model.to_empty(device=...) "
+            "and re-initialize it"
+        )
+
+
+def check_step_args(
+    p: torch.Tensor,
+    g: torch.Tensor,
+    state1: torch.Tensor,
+    state2: torch.Tensor,
+    absmax1: torch.Tensor,
+    absmax2: torch.Tensor,
+    qmap1: torch.Tensor,
+    qmap2: torch.Tensor,
+    *,
+    blocksize: int,
+    step: int | None = None,
+) -> None:
+    """Check a backend's arguments against the contract above; TypeError/ValueError if broken.
+
+    Nothing is modified, so a caller that checks first changes nothing on a bad call.
+    ``step`` is checked when given.
+    """
+    tensors = dict(p=p, g=g, state1=state1, state2=state2, absmax1=absmax1, absmax2=absmax2, qmap1=qmap1, qmap2=qmap2)
+    for name, t in tensors.items():
+        check_plain_tensor(t, name)
+    for name, t in tensors.items():
+        if t.device != p.device:
+            raise ValueError(f"{name} is on {t.device} but p is on {p.device}; all tensors must share one device")
+        if t.dim() != 1 or not t.is_contiguous():
+            raise ValueError(
+                f"{name} must be a flat contiguous 1-D tensor (backends update flat memory in place), "
+                f"got shape {tuple(t.shape)} with strides {t.stride()}"
+            )
+    check_blocksize(blocksize)
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 1):
+        raise ValueError(f"step must be an int >= 1, got {step!r}")
+    if p.dtype not in PARAM_DTYPES:
+        raise TypeError(f"p must be fp32, bf16 or fp16, got {p.dtype}")
+    if not g.is_floating_point():
+        raise TypeError(f"g must be a floating-point tensor, got {g.dtype}")
+    n = p.numel()
+    blocks = num_blocks(n, blocksize)
+    for name, t, size, dtype in (
+        ("g", g, n, g.dtype),
+        ("state1", state1, n, torch.uint8), ("state2", state2, n, torch.uint8),
+        ("absmax1", absmax1, blocks, torch.float32), ("absmax2", absmax2, blocks, torch.float32),
+        ("qmap1", qmap1, 256, torch.float32), ("qmap2", qmap2, 256, torch.float32),
+    ):
+        if t.dtype != dtype:
+            raise TypeError(f"{name} must be {dtype}, got {t.dtype}")
+        if t.numel() != size:
+            raise ValueError(
+                f"{name} must have {size} elements (n={n}, blocksize={blocksize}), got {t.numel()}"
+            )
