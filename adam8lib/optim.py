@@ -30,6 +30,7 @@ from typing import Any, Iterable
 import torch
 
 from . import kernels
+from .distributed import local_param_and_grad, local_tensor, to_checkpoint_state, to_local_state
 from .adam import check_hyperparameters
 from .quant import check_blocksize, dynamic_map, num_blocks
 
@@ -133,9 +134,11 @@ class Adam8bit(torch.optim.Optimizer):
                     self._init_state(group, p, state)
 
     def _init_state(self, group: dict[str, Any], p: torch.Tensor, state: dict[str, Any]) -> None:
+        # sharded (DTensor) parameter: 8-bit or not by the FULL size, states sized to the local shard
         state["step"] = 0
+        full, p = p.numel(), local_tensor(p)
         n = p.numel()
-        if n >= group["min_8bit_size"]:
+        if full >= group["min_8bit_size"]:
             blocks = num_blocks(n, group["blocksize"])
             # code of 0.0 is 127 (signed map) / 0 (unsigned map); absmax 0 makes both exactly 0
             state["state1"] = torch.full((n,), 127, dtype=torch.uint8, device=p.device)
@@ -153,8 +156,11 @@ class Adam8bit(torch.optim.Optimizer):
 
     def _step_8bit(self, group: dict[str, Any], p: torch.Tensor, state: dict[str, Any]) -> None:
         beta1, beta2 = group["betas"]
+        p, grad = local_param_and_grad(p)  # a DTensor steps on its local shard
+        if p.numel() == 0:
+            return  # an empty shard (more ranks than rows): nothing to update here
         flat = p.view(-1) if p.is_contiguous() else p.contiguous().view(-1)
-        grad = p.grad.reshape(-1)
+        grad = grad.reshape(-1)
         if not grad.is_contiguous():
             grad = grad.contiguous()
         qmap1, qmap2 = self._maps(p.device)
@@ -171,7 +177,8 @@ class Adam8bit(torch.optim.Optimizer):
         beta1, beta2 = group["betas"]
         lr, wd, t = group["lr"], group["weight_decay"], state["step"]
         m, v = state["exp_avg"], state["exp_avg_sq"]
-        grad = p.grad.float()
+        p, grad = local_param_and_grad(p)  # a DTensor steps on its local shard
+        grad = grad.float()
         finite = torch.isfinite(grad)
         m.mul_(beta1).add_(grad, alpha=1.0 - beta1).masked_fill_(~finite, 0.0)
         v.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2).masked_fill_(~finite, 0.0)
@@ -182,6 +189,16 @@ class Adam8bit(torch.optim.Optimizer):
         p.copy_(torch.where(finite, new, param))
 
     # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """As ``torch.optim``; the 8-bit states of a DTensor (FSDP2) parameter come as DTensors
+        that ``torch.distributed.checkpoint`` can save and reshard (see :mod:`adam8lib.distributed`)."""
+        sd = super().state_dict()
+        params = [(group, p) for group in self.param_groups for p in group["params"]]
+        for index, (group, p) in enumerate(params):
+            if index in sd["state"]:
+                sd["state"][index] = to_checkpoint_state(p, sd["state"][index], group["blocksize"])
+        return sd
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a checkpoint *without* casting states (torch would cast uint8 codes and fp32
         absmax to the parameter dtype). Everything is checked before anything is changed,
@@ -204,6 +221,7 @@ class Adam8bit(torch.optim.Optimizer):
                 raise ValueError(f"state for unknown parameter id {pid!r}")
             p = id_to_param[pid]
             group = saved_groups[next(i for i, g in enumerate(saved_groups) if pid in g["params"])]
+            saved = to_local_state(p, saved, group["blocksize"], (self.qmap1, self.qmap2))  # DCP / other world size
             _check_saved_state(p, saved, group)
             new_state[p] = {k: (v.to(p.device).clone() if torch.is_tensor(v) else v) for k, v in saved.items()}
         super().load_state_dict({"state": {}, "param_groups": saved_groups})
@@ -245,7 +263,7 @@ def _check_grad(p: torch.Tensor, group_index: int, param_index: int) -> None:
 
 
 def _check_saved_state(p: torch.Tensor, saved: dict[str, Any], group: dict[str, Any]) -> None:
-    n = p.numel()
+    n = local_tensor(p).numel()
     if "state1" in saved:
         blocks = num_blocks(n, group["blocksize"])
         expected = {"state1": (n, torch.uint8), "state2": (n, torch.uint8),
