@@ -203,7 +203,7 @@ def test_corrupt_or_mismatched_checkpoints_raise_and_change_nothing(runs, tmp_pa
     ref_opt = torch.optim.AdamW(ref.parameters())
     worker.train(ref, ref_opt, 1)
     save_checkpoint(ref, ref_opt, str(adamw))
-    with pytest.raises(ValueError, match="no entry 'optim.state.net.0.weight.state1'"):
+    with pytest.raises(ValueError, match=r"no entry 'optim\.state\..*\.state1'"):
         load_checkpoint(model, opt, str(adamw))
     assert_unchanged(model, opt, snap)
 
