@@ -24,6 +24,8 @@ from adam8lib import AdamW8bit, compute_optimizer_size  # noqa: E402
 from adam8lib.distributed import load_checkpoint, reshard_tolerance, save_checkpoint, shard_ranges  # noqa: E402
 from adam8lib.quant import dequantize_blocks  # noqa: E402
 
+pytestmark = pytest.mark.slow  # one 2-rank subprocess (~30 s of CPU) for the whole module
+
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 import distributed_worker as worker  # noqa: E402
