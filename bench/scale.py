@@ -52,7 +52,10 @@ def main() -> None:
     section = "\n".join([
         f"{args.depth} bias-free {args.width}x{args.width} linear layers ({n:,} parameters), rank 0 shown, "
         f"1 thread per rank, load average {load:.1f} when measured (the machine is shared: step times are "
-        "indicative; bytes are exact and equal `adam8lib.course.at_scale.estimate`).",
+        "indicative; bytes are exact and equal `adam8lib.course.at_scale.estimate`). torch AdamW runs with "
+        "`foreach=False` (its plain per-tensor loop) under every sharding; for fused AdamW on one process see "
+        "the CPU step section above. ZeRO-1's step includes its parameter broadcast; FSDP2's all-gathers "
+        "happen in forward and are not in the step time.",
         "", *rows,
     ])
     write_section(START, END, section, "Scale: DDP, ZeRO-1 and FSDP2 on CPU ranks")
