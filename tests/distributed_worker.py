@@ -135,8 +135,11 @@ def run(rank: int, world: int, out: str, port: int) -> None:
             opt4 = ZeroRedundancyOptimizer(params, optimizer_class=AdamW8bit, lr=LR)
         train(ddp, opt4, STEPS)
         local = opt4.optim.state if name == "zero" else opt4.state
+        if name == "zero":
+            opt4.consolidate_state_dict(to=0)  # a collective: every rank takes part
+        full_sd = opt4.state_dict() if rank == 0 else None
         save(name, {"params": {k: v.detach().clone() for k, v in inner.named_parameters()},
-                    "size": compute_optimizer_size(local.values())})
+                    "size": compute_optimizer_size(local.values()), "state_dict": full_sd})
     dist.barrier()
     dist.destroy_process_group()
 

@@ -239,6 +239,14 @@ def test_ddp_and_zero_match_single_process_bit_for_bit(runs, name):
     for rank in ranks:
         for key, value in runs["model"].named_parameters():
             assert torch.equal(rank["params"][key], value), (name, key)
+    # the plain state_dict() (ZeRO: consolidated on rank 0) loads into a single-process optimizer
+    model = worker.make_model()
+    opt = AdamW8bit(model.parameters(), lr=worker.LR)
+    opt.load_state_dict(ranks[0]["state_dict"])
+    loaded = worker.local_states(model, opt)
+    for pname, st in runs["states"].items():
+        for key, value in st.items():
+            assert (torch.equal(loaded[pname][key], value) if torch.is_tensor(value) else loaded[pname][key] == value)
     sizes = [r["size"][0] for r in ranks]
     if name == "ddp":
         assert sizes == [runs["size"][0]] * 2  # every rank holds the full state
