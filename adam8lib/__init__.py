@@ -9,6 +9,7 @@ Modules, in the order the course builds them:
   :mod:`adam8lib.kernels` (reference PyTorch, Triton (08), fast CPU)
 * :mod:`adam8lib.memory` — estimated and measured optimizer memory (01, 09)
 * :mod:`adam8lib.training` — weight-decay groups and DistilBERT for fine-tuning (10)
+* :mod:`adam8lib.distributed` — FSDP2 shards (DTensor), checkpoints that reshard (11)
 """
 
 from .adam import adam_step

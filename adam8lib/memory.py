@@ -135,7 +135,8 @@ def compute_optimizer_size(optimizer_states: Iterable[Mapping[str, Any]]) -> tup
 
     Returns ``(megabytes, number_of_elements)`` summed over every tensor in every
     per-parameter state (codes, absmax, fp32 moments, step counters). A tensor that several
-    states share (bitsandbytes keeps the same quantization map in each) is counted once.
+    states share (bitsandbytes keeps the same quantization map in each) is counted once. A
+    DTensor (sharded state) counts its local shard: the bytes this rank holds.
     """
     seen: set[tuple[int, int]] = set()
     nbytes = elements = 0
@@ -145,6 +146,8 @@ def compute_optimizer_size(optimizer_states: Iterable[Mapping[str, Any]]) -> tup
         for value in state.values():
             if not torch.is_tensor(value):
                 continue
+            if hasattr(value, "to_local"):  # a DTensor (FSDP2 states of torch.optim): what this rank holds
+                value = value.to_local()
             key = (value.untyped_storage().data_ptr(), value.storage_offset()) if value.numel() else (id(value), 0)
             if key in seen:
                 continue

@@ -47,6 +47,7 @@ from typing import Any, Iterable
 import torch
 
 from . import kernels
+from .distributed import local_param_and_grad, local_tensor, to_checkpoint_state, to_local_state
 from .adam import check_hyperparameters
 from .kernels.contract import PARAM_DTYPES, check_plain_tensor
 from .kernels.reference import adam_update_fp32
@@ -146,8 +147,10 @@ class Adam8bit(torch.optim.Optimizer):
         return self
 
     def _new_state(self, group: dict[str, Any], p: torch.Tensor) -> dict[str, Any]:
+        # a sharded (DTensor) parameter: 8-bit or not by the FULL size, states sized to the local shard
+        full, p = p.numel(), local_tensor(p)
         n = p.numel()
-        if n >= group["min_8bit_size"]:
+        if full >= group["min_8bit_size"]:
             blocks = num_blocks(n, group["blocksize"])
             # code of 0.0 is 127 (signed map) / 0 (unsigned map); absmax 0 makes both exactly 0
             return {
@@ -201,18 +204,19 @@ class Adam8bit(torch.optim.Optimizer):
     def _local_tensors(self, p: torch.Tensor, group_index: int, param_index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(parameter, gradient)`` as the update sees them, after checking them.
 
-        Today both are ``p`` and ``p.grad``, which must be plain dense tensors. This is the
-        one place where sharded parameters (FSDP2 DTensors) would be mapped to their local
-        shards.
+        A plain parameter is ``(p, p.grad)``; a sharded one (an FSDP2 DTensor, with a DTensor
+        gradient placed alike) is its local shard ``(p.to_local(), p.grad.to_local())``. This is
+        the one place where sharding is mapped; the update only ever sees plain dense tensors.
         """
-        _check_param_and_grad(p, group_index, param_index)
-        return p, p.grad
+        param, grad = local_param_and_grad(p)  # TypeError for a DTensor/plain mix
+        _check_param_and_grad(param, grad, group_index, param_index, tuple(p.shape))
+        return param, grad
 
     def _update(self, group: dict[str, Any], p: torch.Tensor, param: torch.Tensor, grad: torch.Tensor) -> None:
         """Update one parameter: create or move its states, count the step, run the update."""
         state = self.state[p]
         if not state:
-            state.update(self._new_state(group, param))
+            state.update(self._new_state(group, p))
         else:
             _follow_device(state, param.device)
         state["step"] += 1
@@ -223,6 +227,8 @@ class Adam8bit(torch.optim.Optimizer):
 
     def _step_8bit(self, group: dict[str, Any], p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any]) -> None:
         beta1, beta2 = group["betas"]
+        if p.numel() == 0:
+            return  # an empty shard (more ranks than rows): nothing to update here
         flat = p.view(-1) if p.is_contiguous() else p.contiguous().view(-1)
         grad = grad.reshape(-1)
         if not grad.is_contiguous():
@@ -263,6 +269,16 @@ class Adam8bit(torch.optim.Optimizer):
         self._device_maps = {}
 
     # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """As ``torch.optim``; the 8-bit states of a DTensor (FSDP2) parameter come as DTensors
+        that ``torch.distributed.checkpoint`` can save and reshard (see :mod:`adam8lib.distributed`)."""
+        sd = super().state_dict()
+        params = [(group, p) for group in self.param_groups for p in group["params"]]
+        for index, (group, p) in enumerate(params):
+            if index in sd["state"]:
+                sd["state"][index] = to_checkpoint_state(p, sd["state"][index], group["blocksize"])
+        return sd
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a checkpoint of this class (``state_dict()``), keeping uint8 codes and fp32 absmax
         as they are (torch would cast states to the parameter dtype).
@@ -328,9 +344,11 @@ class Adam8bit(torch.optim.Optimizer):
             if pid not in id_to_param:
                 raise ValueError(f"state for unknown parameter id {pid!r}")
             p = id_to_param[pid]
+            if isinstance(saved, dict):  # DCP / another world size: this rank's plain local state
+                saved = to_local_state(p, saved, id_to_group[pid]["blocksize"], (self.qmap1, self.qmap2))
             _check_saved_state(p, saved, id_to_group[pid], f"state of parameter {pid!r} (shape {tuple(p.shape)})", origin)
             new_state[p] = {
-                k: (v.detach().to(p.device).reshape(p.shape if k in _STATE_KEYS_32BIT else -1).clone(
+                k: (v.detach().to(p.device).reshape(local_tensor(p).shape if k in _STATE_KEYS_32BIT else -1).clone(
                     memory_format=torch.contiguous_format) if torch.is_tensor(v) else v)
                 for k, v in saved.items()
             }
@@ -371,9 +389,11 @@ def _check_group(group: dict[str, Any], where: str) -> None:
         raise ValueError(f"Invalid min_8bit_size: {size!r} (must be an int >= 0)")
 
 
-def _check_param_and_grad(p: torch.Tensor, group_index: int, param_index: int) -> None:
-    where = f"parameter {param_index} of group {group_index} (shape {tuple(p.shape)})"
-    grad = p.grad
+def _check_param_and_grad(
+    p: torch.Tensor, grad: torch.Tensor, group_index: int, param_index: int, shape: tuple[int, ...]
+) -> None:
+    """Checks of the (local) parameter and gradient a step will update; ``shape`` is the full one."""
+    where = f"parameter {param_index} of group {group_index} (shape {shape})"
     if grad.is_sparse or grad.layout != torch.strided:
         raise RuntimeError(f"Adam8bit does not support sparse gradients: {where}; use torch.optim.SparseAdam")
     if grad.is_complex() or p.is_complex():
@@ -414,13 +434,14 @@ def _foreign_origin(state_dict: dict[str, Any]) -> str:
 def _check_saved_state(p: torch.Tensor, saved: Any, group: dict[str, Any], where: str, origin: str) -> None:
     if not isinstance(saved, dict):
         raise ValueError(f"{where} must be a dict, got {type(saved).__name__}")
-    n = p.numel()
+    local = local_tensor(p)  # a DTensor (FSDP2) parameter keeps the states of its local shard
+    n = local.numel()
     if "state1" in saved:
         blocks = num_blocks(n, group["blocksize"])
         expected = {"state1": ((n,), torch.uint8), "state2": ((n,), torch.uint8),
                     "absmax1": ((blocks,), torch.float32), "absmax2": ((blocks,), torch.float32)}
     elif "exp_avg" in saved:
-        expected = {k: (tuple(p.shape), torch.float32) for k in _STATE_KEYS_32BIT}
+        expected = {k: (tuple(local.shape), torch.float32) for k in _STATE_KEYS_32BIT}
     else:
         raise ValueError(f"{where} has none of the Adam8bit state keys (got {sorted(map(str, saved))}){origin}")
     unknown = sorted(set(map(str, saved)) - set(expected) - {"step"})

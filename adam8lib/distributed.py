@@ -1,0 +1,331 @@
+"""8-bit Adam on sharded parameters: FSDP2 local shards and portable checkpoints (lesson 11).
+
+**Stepping a shard.** Under FSDP2 (``torch.distributed.fsdp.fully_shard``) each parameter is a
+``DTensor``: rank ``r`` of ``W`` holds rows ``chunk(r)`` of dim 0 (``torch.chunk`` sizes:
+``ceil(R/W)`` rows each, the last ranks may hold fewer or none). The optimizer steps on the
+local shard ``p.to_local()`` with ``grad.to_local()``: Adam is elementwise, so the update of
+every element is the one a single process would make, *except* for the quantization blocks.
+
+**Blocks are local to a shard.** Rank ``r`` splits its ``n_r`` local elements into
+``ceil(n_r / blocksize)`` blocks, each with its own absmax. Per-rank state is therefore
+``2·n_r + 8·ceil(n_r/blocksize)`` bytes, about ``(2 + 8/blocksize)·n / W``. The blocks equal
+the single-process ones exactly when every shard starts on a block boundary, i.e. when
+``ceil(R/W)·C`` is a multiple of ``blocksize`` (``C`` = elements per row); otherwise the blocks
+that straddle a shard boundary differ and so do their absmax values (a few elements per
+boundary get a different quantization step, bounded by one step of the map).
+
+**8-bit or fp32 is decided by the full parameter** (``p.numel()`` of the DTensor, not the
+shard), so sharding never changes which states are 8-bit.
+
+**Checkpoints.** ``Adam8bit.state_dict()`` gives, for a DTensor parameter sharded on dim 0 of
+a 1-D mesh, the form ``torch.distributed.checkpoint`` (DCP) can save and reshard:
+
+* ``state1``/``state2``: uint8 DTensors with the parameter's shape and placements (one code
+  per element, so DCP reshards them exactly);
+* ``absmax1``/``absmax2``: fp32 DTensors of shape ``(W, B_max)``, sharded on dim 0: row ``r``
+  is rank ``r``'s block scales, zero-padded to ``B_max = ceil(ceil(R/W)·C / blocksize)``.
+
+Loading on the same world size (same layout) is bit-identical. Loading a checkpoint saved on
+a different world size (2→1, 1→2) goes through :func:`load_checkpoint`: it reads the full
+codes and block scales of the saved layout, dequantizes the local range with the *saved*
+blocks and requantizes it with the *new* local blocks. A new block that coincides with a
+saved block keeps its saved codes and absmax bit for bit; the others change each state
+element by at most one step of the quantization map times the new block's absmax (the
+documented reshard tolerance, see :func:`reshard_tolerance`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from .quant import dequantize_blocks, num_blocks, quantize_blocks
+
+__all__ = [
+    "is_dtensor", "local_tensor", "local_param_and_grad", "shard_ranges", "local_range",
+    "to_checkpoint_state", "to_local_state", "reshard_tolerance",
+    "save_checkpoint", "load_checkpoint",
+]
+
+_CODES = (("state1", "absmax1"), ("state2", "absmax2"))
+_FP32 = ("exp_avg", "exp_avg_sq")
+
+
+# ---------------------------------------------------------------------- local views
+def is_dtensor(t: Any) -> bool:
+    """True for a ``torch.distributed.tensor.DTensor`` (False where torch.distributed is absent)."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - builds without torch.distributed
+        return False
+    return isinstance(t, DTensor)
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The tensor this rank holds: ``t.to_local()`` for a DTensor (shares its storage), else ``t``."""
+    return t.to_local() if is_dtensor(t) else t
+
+
+def local_param_and_grad(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(p, p.grad)`` as this rank holds them. A DTensor parameter needs a DTensor gradient
+    placed the same way (FSDP2 makes it so); a mix raises TypeError instead of stepping a
+    shard with a full gradient."""
+    grad = p.grad
+    if is_dtensor(p) != is_dtensor(grad):
+        raise TypeError(
+            f"parameter is a {type(p).__name__} but its gradient is a {type(grad).__name__}: a sharded (DTensor) "
+            "parameter needs a DTensor gradient with the same placements"
+        )
+    if is_dtensor(p):
+        if grad.placements != p.placements or grad.device_mesh != p.device_mesh:
+            raise TypeError(f"gradient placements {grad.placements} differ from the parameter's {p.placements}")
+        return p.to_local(), grad.to_local()
+    return p, grad
+
+
+def shard_ranges(shape: tuple[int, ...] | torch.Size, world_size: int) -> list[tuple[int, int]]:
+    """Flat ``[start, stop)`` element ranges of each rank's shard of a tensor split on dim 0
+    into ``world_size`` chunks the way FSDP2 and DTensor ``Shard(0)`` do (``torch.chunk``)."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    shape = tuple(shape)
+    if not shape:
+        return [(0, 1)] + [(1, 1)] * (world_size - 1)
+    rows, row = shape[0], math.prod(shape[1:])
+    per = -(-rows // world_size)
+    return [(min(r * per, rows) * row, min((r + 1) * per, rows) * row) for r in range(world_size)]
+
+
+def _check_layout(p: torch.Tensor) -> tuple[int, int]:
+    """(rank, world size) of a DTensor sharded on dim 0 of a 1-D mesh; clear error otherwise."""
+    from torch.distributed.tensor import Shard
+
+    mesh, placements = p.device_mesh, p.placements
+    if mesh.ndim != 1 or len(placements) != 1 or not isinstance(placements[0], Shard) or placements[0].dim != 0:
+        raise NotImplementedError(
+            f"Adam8bit checkpoints support DTensor parameters sharded on dim 0 of a 1-D mesh (FSDP2); "
+            f"got placements {placements} on a {mesh.ndim}-D mesh"
+        )
+    return mesh.get_local_rank(), mesh.size()
+
+
+def local_range(p: torch.Tensor) -> tuple[int, int]:
+    """Flat ``[start, stop)`` of this rank's shard in the full parameter (``(0, numel)`` if plain)."""
+    if not is_dtensor(p):
+        return 0, p.numel()
+    rank, world = _check_layout(p)
+    start, stop = shard_ranges(p.shape, world)[rank]
+    if stop - start != p.to_local().numel():
+        raise ValueError(f"local shard of shape {tuple(p.to_local().shape)} is not chunk {rank} of {tuple(p.shape)}")
+    return start, stop
+
+
+# ---------------------------------------------------------------------- checkpoint form
+def to_checkpoint_state(p: torch.Tensor, state: dict[str, Any], blocksize: int) -> dict[str, Any]:
+    """The DCP form of one parameter's state (see the module docstring); plain params unchanged.
+    The fp32 states of a small DTensor parameter become DTensors placed like the parameter."""
+    if not is_dtensor(p):
+        return state
+    from torch.distributed.tensor import DTensor, Shard
+
+    rank, world = _check_layout(p)
+    if "state1" not in state:
+        return {
+            k: DTensor.from_local(v.view(p.to_local().shape), p.device_mesh, p.placements,
+                                  run_check=False, shape=p.shape, stride=p.stride())
+            if k in _FP32 and torch.is_tensor(v) else v
+            for k, v in state.items()
+        }
+    ranges = shard_ranges(p.shape, world)
+    b_max = num_blocks(ranges[0][1] - ranges[0][0], blocksize)
+    local_shape = p.to_local().shape
+    out = dict(state)
+    for codes_key, absmax_key in _CODES:
+        out[codes_key] = DTensor.from_local(
+            state[codes_key].view(local_shape), p.device_mesh, p.placements,
+            run_check=False, shape=p.shape, stride=p.stride(),
+        )
+        padded = torch.zeros((1, b_max), dtype=torch.float32, device=state[absmax_key].device)
+        padded[0, : state[absmax_key].numel()] = state[absmax_key]
+        out[absmax_key] = DTensor.from_local(
+            padded, p.device_mesh, [Shard(0)], run_check=False, shape=(world, b_max), stride=(b_max, 1),
+        )
+    return out
+
+
+def to_local_state(
+    p: torch.Tensor, saved: dict[str, Any], blocksize: int, qmaps: tuple[torch.Tensor, torch.Tensor]
+) -> dict[str, Any]:
+    """Turn a loaded per-parameter state into this rank's plain local state.
+
+    Accepts the plain local form (returned as is), the DCP form of the same layout
+    (bit-identical), or full tensors of another layout (codes with the full parameter's
+    numel, absmax of shape ``(W_saved, B_max)`` or ``(B,)`` for one process): those are
+    requantized onto this rank's blocks (see :func:`reshard_tolerance`). Raises ValueError
+    if the shapes fit no layout; never changes ``saved``.
+    """
+    if "state1" not in saved:
+        return {k: (local_tensor(v).reshape(local_tensor(p).shape) if k in _FP32 and is_dtensor(v) else v)
+                for k, v in saved.items()}
+    if not all(torch.is_tensor(saved.get(k)) for pair in _CODES for k in pair):
+        return saved
+    if not any(is_dtensor(saved[k]) for pair in _CODES for k in pair) and not _is_full_form(p, saved, blocksize):
+        return saved  # already local and plain (a single-process state)
+    start, stop = local_range(p)
+    out = dict(saved)
+    for (codes_key, absmax_key), qmap in zip(_CODES, qmaps):
+        codes, absmax = saved[codes_key], saved[absmax_key]
+        if is_dtensor(codes) and is_dtensor(absmax) and is_dtensor(p) and absmax.shape[0] == p.device_mesh.size():
+            local_codes = codes.to_local().reshape(-1)
+            if local_codes.numel() != stop - start:
+                raise ValueError(f"saved {codes_key!r} shard has {local_codes.numel()} codes, expected {stop - start}")
+            out[codes_key] = local_codes
+            out[absmax_key] = absmax.to_local().reshape(-1)[: num_blocks(stop - start, blocksize)]
+            continue
+        codes, absmax = local_tensor(codes).reshape(-1), local_tensor(absmax)
+        out[codes_key], out[absmax_key] = _reblock(codes, absmax, p, (start, stop), blocksize, qmap, codes_key)
+    return out
+
+
+def _is_full_form(p: torch.Tensor, saved: dict[str, Any], blocksize: int) -> bool:
+    """Plain tensors that describe the whole parameter in another layout than this rank's."""
+    n_local = local_tensor(p).numel()
+    codes, absmax = saved["state1"], saved["absmax1"]
+    if codes.numel() == n_local and absmax.dim() == 1:
+        return False
+    return codes.numel() == p.numel()
+
+
+def _saved_layout(p: torch.Tensor, absmax: torch.Tensor, blocksize: int, key: str) -> list[tuple[int, int]]:
+    """Shard ranges of the layout ``absmax`` was saved in; ValueError if its shape fits none."""
+    n = p.numel()
+    if absmax.dim() == 1:
+        ranges = [(0, n)]
+        b_max = absmax.numel()
+    elif absmax.dim() == 2:
+        ranges = shard_ranges(p.shape, absmax.shape[0])
+        b_max = absmax.shape[1]
+    else:
+        raise ValueError(f"saved absmax for {key!r} has shape {tuple(absmax.shape)}; expected (B,) or (world, B_max)")
+    expected = num_blocks(ranges[0][1] - ranges[0][0], blocksize)
+    if b_max != expected:
+        raise ValueError(
+            f"saved absmax for {key!r} has shape {tuple(absmax.shape)}, but a parameter of shape "
+            f"{tuple(p.shape)} in {len(ranges)} shard(s) of blocks of {blocksize} needs {expected} per shard"
+        )
+    return ranges
+
+
+def _reblock(codes, absmax, p, local, blocksize, qmap, key):
+    """Dequantize ``[start, stop)`` with the saved blocks, requantize with local blocks; keep
+    saved codes/absmax bit for bit where a local block coincides with a saved block."""
+    if codes.numel() != p.numel() or codes.dtype != torch.uint8:
+        raise ValueError(f"saved {key!r} should be uint8 with {p.numel()} codes, got {codes.dtype}[{codes.numel()}]")
+    if absmax.dtype != torch.float32:
+        raise ValueError(f"saved absmax for {key!r} should be float32, got {absmax.dtype}")
+    ranges = _saved_layout(p, absmax, blocksize, key)
+    table = absmax.reshape(len(ranges), -1)
+    qmap = qmap.to(codes.device)
+    start, stop = local
+    n = stop - start
+    values = torch.empty(n, dtype=torch.float32, device=codes.device)
+    same = torch.zeros(num_blocks(n, blocksize), dtype=torch.bool)
+    kept = torch.zeros(num_blocks(n, blocksize), dtype=torch.float32)
+    for s, (a, b) in enumerate(ranges):
+        lo, hi = max(a, start), min(b, stop)
+        if lo >= hi:
+            continue
+        idx = torch.arange(lo, hi, device=codes.device)
+        values[lo - start: hi - start] = qmap[codes[lo:hi].long()] * table[s][(idx - a) // blocksize]
+        # local blocks starting inside this saved shard, on one of its block boundaries, and
+        # ending where that saved block ends, are the same block
+        for j in range(-(-(lo - start) // blocksize), num_blocks(n, blocksize)):
+            g0 = start + j * blocksize
+            if g0 >= hi:
+                break
+            g1 = min(g0 + blocksize, stop)
+            if (g0 - a) % blocksize == 0 and g1 == min(g0 + blocksize, b):
+                same[j] = True
+                kept[j] = table[s][(g0 - a) // blocksize]
+    new_codes, new_absmax = quantize_blocks(values, qmap, blocksize, keep_sign=True)
+    if bool(same.any()):
+        mask = same.repeat_interleave(blocksize)[:n]
+        new_codes[mask] = codes[start:stop][mask]
+        new_absmax[same] = kept[same]
+    return new_codes, new_absmax
+
+
+def reshard_tolerance(qmap: torch.Tensor, absmax: torch.Tensor, blocksize: int, n: int) -> torch.Tensor:
+    """Per-element bound on how far a resharded load may move a dequantized state: one step
+    of the map (its largest gap) times the new block's absmax."""
+    gap = float((qmap[1:] - qmap[:-1]).max())
+    return (gap * absmax.float()).repeat_interleave(blocksize)[:n]
+
+
+# ---------------------------------------------------------------------- save / load
+def save_checkpoint(model: torch.nn.Module, optimizer: torch.optim.Optimizer, checkpoint_id: str) -> None:
+    """Save model and optimizer with ``torch.distributed.checkpoint`` (sharded, one file per rank)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=checkpoint_id)
+
+
+def load_checkpoint(model: torch.nn.Module, optimizer: torch.optim.Optimizer, checkpoint_id: str) -> None:
+    """Load a checkpoint written by :func:`save_checkpoint` on any world size (1 or more).
+
+    Tensors whose saved shape differs from this run's (the 8-bit states of another world
+    size) are read whole and re-blocked by ``Adam8bit.load_state_dict``. Everything is read into
+    copies first (transient memory: one more copy of the model and optimizer state), so a
+    checkpoint that does not fit (missing keys, other shapes, a missing or corrupt shard file)
+    raises ValueError and leaves the model and the optimizer as they were.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_optimizer_state_dict
+
+    from torch.utils._pytree import tree_map_only
+
+    try:
+        reader = dcp.FileSystemReader(checkpoint_id)
+        metadata = reader.read_metadata().state_dict_metadata
+    except Exception as e:  # noqa: BLE001 - missing or unreadable .metadata
+        raise ValueError(f"{checkpoint_id!r} is not a readable checkpoint: {e}") from e
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    # read into copies (state_dict tensors share storage with the live model and optimizer)
+    target = tree_map_only(torch.Tensor, lambda t: t.detach().clone(), {"model": model_sd, "optim": optim_sd})
+    _fit_to_saved(target, metadata, TensorStorageMetadata)
+    try:
+        dcp.load(target, storage_reader=reader)
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - CheckpointException is a BaseException
+        raise ValueError(f"checkpoint {checkpoint_id!r} could not be read (missing or corrupt shard file?): {e}") from e
+    # the optimizer checks everything before it changes anything; then the model
+    set_optimizer_state_dict(model, optimizer, optim_state_dict=target["optim"])
+    set_model_state_dict(model, target["model"])
+
+
+def _fit_to_saved(target: dict, metadata: dict, tensor_md: type, prefix: str = "") -> None:
+    """Replace every target tensor whose saved global shape differs by a plain tensor of the
+    saved shape (DCP then reads it whole); ValueError for a key the checkpoint lacks."""
+    for key, value in list(target.items()):
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict):
+            _fit_to_saved(value, metadata, tensor_md, name)
+        elif isinstance(value, list):
+            continue  # param_groups: loaded as bytes, checked by load_state_dict
+        elif torch.is_tensor(value):
+            md = metadata.get(name)
+            if md is None:
+                raise ValueError(f"checkpoint has no entry {name!r}: it was saved from another model or optimizer")
+            if not isinstance(md, tensor_md):
+                raise ValueError(f"checkpoint entry {name!r} is not a tensor")
+            if tuple(md.size) != tuple(value.shape):
+                if not (name.startswith("optim.") and name.rsplit(".", 1)[-1] in ("state1", "state2", "absmax1", "absmax2")):
+                    raise ValueError(
+                        f"checkpoint entry {name!r} has shape {tuple(md.size)}, this run has {tuple(value.shape)}"
+                    )
+                target[key] = torch.empty(tuple(md.size), dtype=md.properties.dtype, device=local_tensor(value).device)
