@@ -47,7 +47,9 @@ import platform
 import shutil
 import sys
 import threading
+import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,7 +59,8 @@ import torch
 from ..quant import SUPPORTED_BLOCKSIZES, nearest_code, num_blocks
 from . import register_backend
 
-__all__ = ["adam8bit_step", "code_table", "CodeTable", "torch_uses_fma", "load_extension", "supports", "SOURCE"]
+__all__ = ["adam8bit_step", "adam8bit_step_fast", "code_table", "CodeTable", "torch_uses_fma", "load_extension",
+           "supports", "unavailable_reason", "SOURCE"]
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +84,7 @@ def _toolchain_problem() -> str | None:
 
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
-        return f"no C++ compiler ({compiler!r} not on PATH)"
+        return f"no C++ compiler ({compiler!r} not on PATH; install g++ or set CXX)"
     if not is_ninja_available():
         return "ninja is not installed (pip install ninja)"
     if not SOURCE.is_file():
@@ -89,9 +92,23 @@ def _toolchain_problem() -> str | None:
     return None
 
 
-_problem = _toolchain_problem()
-if _problem is not None:
-    raise ImportError(f"adam8lib cpu backend unavailable: {_problem}")
+#: Why this backend cannot run here (None while it can): no compiler, no ninja, a torch build
+#: whose rounding the kernel cannot reproduce, or the compiler's error. See unavailable_reason().
+_unavailable: str | None = _toolchain_problem()
+
+
+def unavailable_reason() -> str | None:
+    """Why ``backend="cpu"`` cannot run on this machine, or None if it can.
+
+    The reason names what is missing (a C++ compiler, ninja), or quotes the compiler's error
+    if the build failed. Asking builds the kernel if it has not been built yet.
+    """
+    if _unavailable is None and _extension is None:
+        try:
+            load_extension()
+        except RuntimeError:
+            pass
+    return _unavailable
 
 
 # ---------------------------------------------------------------------------------------
@@ -121,41 +138,94 @@ def build_directory() -> Path:
 
 _lock = threading.Lock()
 _extension = None
-_build_error: str | None = None
+#: Seconds a build waits for another process's build of the same kernel before giving up.
+BUILD_LOCK_TIMEOUT = float(os.environ.get("ADAM8LIB_BUILD_LOCK_TIMEOUT", "600"))
+
+
+@contextmanager
+def _build_lock(directory: Path, timeout: float):
+    """Hold an exclusive lock on ``directory`` for a build, waiting at most ``timeout`` seconds.
+
+    torch's own build lock is a plain file (``lock``) that a build killed mid-compile leaves
+    behind, and every later build then waits for it forever. This lock is ``flock`` on
+    ``directory/build.flock``: the kernel releases it when its holder dies, so it can never go
+    stale. Whoever holds it is the only process building here, so a ``lock`` file found then
+    was left by a dead build: it is removed (with a warning). Where ``flock`` does not exist
+    (Windows), a ``lock`` file older than ``timeout`` counts as stale.
+    """
+    stale = directory / "lock"
+    try:
+        import fcntl
+    except ImportError:  # no flock: fall back to the age of torch's lock file
+        if stale.exists() and time.time() - stale.stat().st_mtime > timeout:
+            warnings.warn(f"adam8lib: removing a stale build lock {stale}", RuntimeWarning, stacklevel=3)
+            stale.unlink(missing_ok=True)
+        yield
+        return
+    with open(directory / "build.flock", "a+") as handle:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"another process has been building the adam8lib CPU kernel in {directory} for more than "
+                        f"{timeout:.0f} s (ADAM8LIB_BUILD_LOCK_TIMEOUT); if no such build is running, delete that "
+                        "folder and retry"
+                    ) from None
+                time.sleep(0.1)
+        try:
+            if stale.exists():
+                warnings.warn(f"adam8lib: removing a stale build lock left by an interrupted build: {stale}",
+                              RuntimeWarning, stacklevel=3)
+                stale.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 def load_extension() -> ctypes.CDLL:
-    """Build (first time, a few seconds) or load the compiled kernel; RuntimeError on failure."""
-    global _extension, _build_error
+    """Build (first time, a few seconds) or load the compiled kernel.
+
+    RuntimeError naming the reason if it cannot (no compiler or ninja, the compiler's error, a
+    build of the same kernel by another process that does not finish within
+    :data:`BUILD_LOCK_TIMEOUT` seconds); the same error on every later call.
+    """
+    global _extension, _unavailable
     with _lock:
         if _extension is not None:
             return _extension
-        if _build_error is not None:
-            raise RuntimeError(_build_error)
+        if _unavailable is not None:
+            raise RuntimeError(f"adam8lib cpu backend unavailable: {_unavailable}")
         from torch.utils.cpp_extension import load
 
         directory = build_directory()
         try:
             directory.mkdir(parents=True, exist_ok=True)
             log.info("adam8lib: building/loading the CPU kernel in %s", directory)
-            # a plain shared library (no Python module, no torch headers): quick to build
-            path = load(
-                name="adam8lib_cpu_step",
-                sources=[str(SOURCE)],
-                extra_cflags=list(CFLAGS),  # copies: torch appends to these lists
-                extra_ldflags=list(LDFLAGS),
-                build_directory=str(directory),
-                is_python_module=False,
-                verbose=False,
-            )
+            with _build_lock(directory, BUILD_LOCK_TIMEOUT):
+                # a plain shared library (no Python module, no torch headers): quick to build
+                path = load(
+                    name="adam8lib_cpu_step",
+                    sources=[str(SOURCE)],
+                    extra_cflags=list(CFLAGS),  # copies: torch appends to these lists
+                    extra_ldflags=list(LDFLAGS),
+                    build_directory=str(directory),
+                    is_python_module=False,
+                    verbose=False,
+                )
             lib = ctypes.CDLL(path)
             fn = lib.adam8bit_step_cpu
         except Exception as exc:  # compiler errors arrive as RuntimeError/OSError/CalledProcessError
-            _build_error = f"adam8lib cpu backend: building the kernel failed: {exc}"
-            raise RuntimeError(_build_error) from exc
-        ptr, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+            _unavailable = f"building the kernel failed: {type(exc).__name__}: {exc}"
+            raise RuntimeError(f"adam8lib cpu backend unavailable: {_unavailable}") from exc
+        ptr, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
         fn.argtypes = [ptr, ptr, i32, i32, ptr, ptr, ptr, ptr, i64, i64,
-                       ptr, ptr, i32, ptr, ptr, i32, ptr, i32, i32, ptr, i64, i32, i32]
+                       ptr, ptr, i32, ptr, ptr, i32,
+                       f32, f32, f32, f32, f32, f32, f32, f32, f32,
+                       i32, i32, ptr, i64, i32, i32]
         fn.restype = i32
         _extension = lib
         return lib
@@ -166,13 +236,22 @@ def simd_level() -> int:
     return int(load_extension().adam8bit_cpu_simd_level())
 
 
+def byte_planes() -> bool:
+    """True if the AVX-512 loops dequantize with byte shuffles (AVX-512 VBMI) instead of gathers."""
+    return bool(load_extension().adam8bit_cpu_byte_planes())
+
+
 def supports(device: torch.device) -> bool:
-    """True for CPU devices once the kernel is built (builds it on the first CPU query)."""
+    """True for CPU devices once the kernel is built (builds it on the first CPU query).
+
+    False, with the reason in :func:`unavailable_reason`, where it cannot be built; a failed
+    build is also reported once as a warning.
+    """
     if torch.device(device).type != "cpu":
         return False
     if _extension is not None:
         return True
-    if _build_error is not None:
+    if _unavailable is not None:
         return False
     try:
         load_extension()
@@ -333,11 +412,24 @@ def _build_code_table(qmap: torch.Tensor, keep_sign: bool) -> CodeTable:
 # ---------------------------------------------------------------------------------------
 # The step
 # ---------------------------------------------------------------------------------------
+#: The only tensor types whose data pointer the kernel may read: plain dense tensors (and
+#: Parameters). Subclasses (DTensor, FakeTensor, torchao's, ...) may own no storage at all.
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
 def _check(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, blocksize) -> None:
+    """TypeError/ValueError for anything the kernel must not touch, before any data pointer is read."""
     tensors = dict(p=p, g=g, state1=state1, state2=state2, absmax1=absmax1, absmax2=absmax2, qmap1=qmap1, qmap2=qmap2)
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if type(t) not in _PLAIN_TYPES:
+            raise TypeError(
+                f"the cpu backend needs plain dense tensors; {name} is a {type(t).__module__}.{type(t).__name__} "
+                "(a tensor subclass such as DTensor: pass its local tensor, or use backend='torch')"
+            )
+        if t.layout != torch.strided:
+            raise TypeError(f"the cpu backend needs dense (strided) tensors; {name} has layout {t.layout}")
         if t.device.type != "cpu":
             raise ValueError(f"the cpu backend needs CPU tensors; {name} is on {t.device}")
         if t.dim() != 1 or not t.is_contiguous():
@@ -357,8 +449,12 @@ def _check(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, blocksize) -> N
     ):
         if t.dtype != dtype or t.numel() != size:
             raise ValueError(f"{name} must be {dtype}[{size}], got {t.dtype}[{t.numel()}]")
+    for name, t in tensors.items():
+        if n and t.numel() and t.untyped_storage().data_ptr() == 0:
+            raise ValueError(f"{name} has no storage (data pointer 0)")
 
 
+@torch.compiler.disable
 @torch.no_grad()
 def adam8bit_step(
     p: torch.Tensor,
@@ -379,31 +475,44 @@ def adam8bit_step(
     blocksize: int,
     chunk_size: int | None = None,  # accepted for the reference's signature; blocks are the unit here
     simd: int | None = None,
+    exact: bool = True,
 ) -> None:
     """One 8-bit Adam/AdamW step, in place, on flat contiguous CPU tensors (see the reference).
 
+    ``exact=True`` (the ``"cpu"`` backend): bit-identical to the reference backend, parameters
+    included. ``exact=False`` (the ``"cpu_fast"`` backend): the same codes and absmax (the
+    moments are computed identically), but the parameter update uses the IEEE square root and
+    multiplies by ``1/sqrt(1 - beta2^t)`` (fused with ``+ eps``) instead of torch's MKL square
+    root and a division; the parameters then differ from the reference by about an ulp of the
+    update (tests/test_cpu_backend.py states the tolerance).
+
     ``simd`` picks the kernel's loops: 0 scalar only, 1 AVX2, 2 AVX-512, None the best this
     build has (:func:`simd_level`). They all give the same result (tested).
+
+    Runs eagerly under ``torch.compile`` (``torch.compiler.disable``: a graph break), so it
+    always sees real tensors; every scalar goes to C by value.
     """
     _check(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, blocksize)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        raise ValueError(f"step must be an int >= 1, got {step!r}")
     lib = load_extension()
     # both states keep their signs when requantized, as in the reference
     t1, t2 = code_table(qmap1, keep_sign=True), code_table(qmap2, keep_sign=True)
     if g.dtype != p.dtype and g.dtype != torch.float32:
         g = g.float()  # exact for bf16/fp16; fp64 grads round as the reference's g.float() does
-    # the scalars, computed as the reference computes them (Python floats)
+    # the scalars, computed as the reference computes them (Python floats); ctypes rounds each
+    # to fp32 once, as torch rounds the Python scalars its kernels receive
     bias_correction1 = 1.0 - beta1**step
     bias_correction2_sqrt = math.sqrt(1.0 - beta2**step)
     step_size = lr / bias_correction1
-    hyper = torch.tensor(  # rounded to fp32 here, as torch rounds Python scalars in its kernels
-        [beta1, 1.0 - beta1, beta2, 1.0 - beta2, 1.0 - lr * weight_decay, bias_correction2_sqrt, eps, -step_size],
-        dtype=torch.float32,
-    )
+    decay = 1.0 - lr * weight_decay if weight_decay != 0 else 1.0  # p * 1.0 == p: no decay
     status = lib.adam8bit_step_cpu(
         p.data_ptr(), g.data_ptr(), _DTYPE_CODES[p.dtype], _DTYPE_CODES[g.dtype],
         state1.data_ptr(), state2.data_ptr(), absmax1.data_ptr(), absmax2.data_ptr(), p.numel(), blocksize,
         t1.qmap.data_ptr(), t1.steps.data_ptr(), t1.nan_code, t2.qmap.data_ptr(), t2.steps.data_ptr(), t2.nan_code,
-        hyper.data_ptr(), weight_decay != 0, torch_uses_fma(), torch_sqrt()[0], MKL_VML_MODE,
+        beta1, 1.0 - beta1, beta2, 1.0 - beta2, decay, bias_correction2_sqrt, eps, -step_size,
+        1.0 / bias_correction2_sqrt,
+        torch_uses_fma(), bool(exact), torch_sqrt()[0] if exact else None, MKL_VML_MODE,
         simd_level() if simd is None else simd,
         torch.get_num_threads(),
     )
@@ -411,5 +520,16 @@ def adam8bit_step(
         raise RuntimeError(f"cpu kernel rejected its arguments (status {status})")
 
 
-torch_uses_fma(), torch_sqrt()  # ImportError here if torch's rounding cannot be matched
+def adam8bit_step_fast(*args, **kwargs) -> None:
+    """The ``"cpu_fast"`` backend: :func:`adam8bit_step` with ``exact=False`` (not bit-identical
+    parameters; same states). Never chosen by ``"auto"``: ask for it by name."""
+    kwargs.pop("exact", None)
+    adam8bit_step(*args, exact=False, **kwargs)
+
+
+try:  # can this torch build's rounding be reproduced? (else the backend stays off, saying why)
+    torch_uses_fma(), torch_sqrt()
+except ImportError as exc:
+    _unavailable = _unavailable or str(exc)
 register_backend("cpu", adam8bit_step, supports)
+register_backend("cpu_fast", adam8bit_step_fast, supports)

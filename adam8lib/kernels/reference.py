@@ -74,9 +74,9 @@ def adam8bit_step(
         v = dequantize_blocks(state2[start:end], absmax2[b0:b1], qmap2, blocksize)
         # 2. EMA updates in fp32; a non-finite gradient element resets its states
         grad = g[start:end].float()
-        finite = torch.isfinite(grad)
         m.mul_(beta1).add_(grad, alpha=1.0 - beta1)
         v.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+        finite = torch.isfinite(m) & torch.isfinite(v)  # non-finite new m or v: reset, skip the update
         m.masked_fill_(~finite, 0.0)
         v.masked_fill_(~finite, 0.0)
         # 3. parameter update in fp32 (decay first, like torch.optim.AdamW)
