@@ -39,7 +39,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import inspect
 import logging
 import math
 import os
@@ -50,14 +49,14 @@ import threading
 import time
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy
 import torch
 
-from ..quant import SUPPORTED_BLOCKSIZES, nearest_code, num_blocks
+from ..quant import SUPPORTED_BLOCKSIZES, num_blocks
 from . import register_backend
+from .code_table import BUCKET_BITS, CodeTable, cache_root, code_table  # noqa: F401 (re-exported)
 
 __all__ = ["adam8bit_step", "adam8bit_step_fast", "code_table", "CodeTable", "torch_uses_fma", "load_extension",
            "supports", "unavailable_reason", "SOURCE"]
@@ -70,8 +69,6 @@ SOURCE = Path(__file__).with_name("csrc") / "adam8bit_cpu.cpp"
 #: reference rounds them separately (the fused ones are written as std::fma in the source).
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno")
 LDFLAGS = ("-fopenmp",)
-#: Top bits of the sortable key that index the nearest-code tables.
-BUCKET_BITS = 16
 
 _P_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: dtype codes of the C entry point
@@ -127,9 +124,7 @@ def _cpu_model() -> str:
 
 def build_directory() -> Path:
     """Where the compiled kernel is cached; a new folder for each source/flags/torch/CPU."""
-    root = os.environ.get("ADAM8LIB_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "adam8lib"
-    )
+    root = cache_root()
     tag = hashlib.sha256(
         "\n".join([SOURCE.read_text(), " ".join(CFLAGS + LDFLAGS), torch.__version__, sys.version, _cpu_model()]).encode()
     ).hexdigest()[:16]
@@ -313,100 +308,6 @@ def torch_sqrt() -> tuple[int | None, str]:
         if torch.equal(out, expected):
             return ctypes.cast(vms_sqrt, ctypes.c_void_p).value, "mkl"
     raise ImportError("torch.sqrt is neither IEEE sqrt nor MKL's vmsSqrt here; cpu backend disabled")
-
-
-# ---------------------------------------------------------------------------------------
-# Exact nearest-code tables
-# ---------------------------------------------------------------------------------------
-_KEY_MIN = 0x007FFFFF  # sortable key of -inf (smaller keys are negative NaNs)
-_KEY_MAX = 0xFF800000  # sortable key of +inf (larger keys are positive NaNs)
-
-
-def _keys_to_floats(keys: torch.Tensor) -> torch.Tensor:
-    """Inverse of the kernel's sortable_key, on an int64 tensor of keys in [0, 2**32)."""
-    bits = torch.where(keys >= 2**31, keys - 2**31, (~keys) & 0xFFFFFFFF)
-    bits = torch.where(bits >= 2**31, bits - 2**32, bits)
-    return bits.to(torch.int32).view(torch.float32)
-
-
-@dataclass(frozen=True)
-class CodeTable:
-    """A map plus its exact nearest-code tables (see the module docstring)."""
-
-    qmap: torch.Tensor  # (256,) fp32
-    steps: torch.Tensor  # (65536,) int32 per bucket: base | step << 8 | where << 16
-    nan_code: int  # the reference's code for NaN
-
-
-def code_table(qmap: torch.Tensor, keep_sign: bool) -> CodeTable:
-    """Tables that give ``nearest_code(x, qmap, keep_sign=keep_sign)`` exactly for every fp32 x.
-
-    Raises ValueError for a map whose code changes twice inside one bucket (two entries
-    closer than ~1/128 of their magnitude); the dynamic and linear maps are fine.
-    """
-    if not isinstance(qmap, torch.Tensor) or qmap.shape != (256,) or not qmap.is_floating_point():
-        raise ValueError(f"qmap must be a 256-entry float tensor, got {getattr(qmap, 'shape', type(qmap))}")
-    qmap = qmap.detach().to("cpu", torch.float32).contiguous()
-    return _cached_code_table(qmap.numpy().tobytes(), bool(keep_sign))
-
-
-@functools.lru_cache(maxsize=16)
-def _cached_code_table(qmap_bytes: bytes, keep_sign: bool) -> CodeTable:
-    """Building a table takes a second or two; keep it next to the compiled kernel, keyed by
-    the map, the rule and the source of ``nearest_code`` (the spec it samples)."""
-    qmap = torch.frombuffer(bytearray(qmap_bytes), dtype=torch.float32)
-    spec = inspect.getsource(nearest_code).encode() + bytes([keep_sign, BUCKET_BITS])
-    path = build_directory() / "tables" / f"{hashlib.sha256(qmap_bytes + spec).hexdigest()[:24]}.pt"
-    try:
-        saved = torch.load(path, weights_only=True)
-        return CodeTable(qmap, saved["steps"], int(saved["nan_code"]))
-    except Exception:  # not there yet (or unreadable): build it
-        pass
-    table = _build_code_table(qmap, keep_sign)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        torch.save({"steps": table.steps, "nan_code": table.nan_code}, tmp)
-        os.replace(tmp, path)  # atomic: concurrent processes never see half a file
-    except OSError:
-        pass
-    return table
-
-
-def _build_code_table(qmap: torch.Tensor, keep_sign: bool) -> CodeTable:
-    if not bool(torch.isfinite(qmap).all()) or bool((qmap[1:] < qmap[:-1]).any()):
-        raise ValueError("qmap must be finite and sorted ascending")
-
-    def code_at(keys: torch.Tensor) -> torch.Tensor:
-        return nearest_code(_keys_to_floats(keys), qmap, keep_sign=keep_sign).long()
-
-    # each bucket: the code at its first and at its last key (NaN keys excluded)
-    width = 1 << (32 - BUCKET_BITS)
-    first = torch.arange(1 << BUCKET_BITS, dtype=torch.int64) * width
-    first, last = first.clamp(_KEY_MIN, _KEY_MAX), (first + width - 1).clamp(_KEY_MIN, _KEY_MAX)
-    base, top = code_at(first), code_at(last)
-    # where the code changes inside a bucket: bisection for the first key whose code != base
-    stepping = (top != base).nonzero().flatten()
-    lo, hi = first[stepping], last[stepping]  # code(lo) == base, code(hi) != base
-    while bool((hi - lo > 1).any()):
-        mid = (lo + hi) // 2
-        moved = code_at(mid) != base[stepping]
-        hi, lo = torch.where(moved, mid, hi), torch.where(moved, lo, mid)
-    thresh = torch.full_like(base, _KEY_MAX + 1)
-    thresh[stepping] = hi
-    # the table is exact if each bucket's code changes at most once: check that next to the
-    # change and at 16 keys spread over every bucket
-    samples = first[:, None] + (last - first)[:, None] * torch.arange(16) // 15
-    expected = torch.where(samples < thresh[:, None], base[:, None], top[:, None])
-    if not (torch.equal(code_at(samples), expected) and torch.equal(code_at(hi - 1), base[stepping])
-            and torch.equal(code_at(hi), top[stepping])):
-        raise ValueError("this map's codes change more than once within a lookup bucket; use backend='torch'")
-    step = (top - base) % 256  # the kernel adds modulo 256 (a uint8 wraps, as the reference's does)
-    where = torch.where(thresh <= _KEY_MAX, thresh & 0xFFFF, 0)  # low 16 bits of the key of the change
-    packed = base | (step << 8) | (where << 16)
-    packed = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
-    nan_code = int(nearest_code(torch.tensor([float("nan")]), qmap, keep_sign=keep_sign))
-    return CodeTable(qmap, packed, nan_code)
 
 
 # ---------------------------------------------------------------------------------------

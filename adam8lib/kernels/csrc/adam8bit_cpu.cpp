@@ -115,9 +115,8 @@ struct CodeTable {
 inline uint8_t nearest_code(float x, const CodeTable& t) {
   const int32_t key = sortable_key(x);
   const uint32_t entry = static_cast<uint32_t>(t.steps[bucket_of(key)]);
-  const uint32_t base = entry & 0xff, step = (entry >> 8) & 0xff, where = entry >> 16;
-  const uint32_t code = base + (static_cast<uint32_t>(low16(key)) >= where ? step : 0);
-  return static_cast<uint8_t>(x != x ? t.nan_code : static_cast<int32_t>(code));
+  const uint32_t lo = entry & 0xff, hi = (entry >> 8) & 0xff, where = entry >> 16;
+  return static_cast<uint8_t>(static_cast<uint32_t>(low16(key)) >= where ? hi : lo);  // NaN: in the table
 }
 
 // fp32 hyperparameters, rounded from Python's floats by cpu.py (as torch rounds its scalars)
@@ -262,11 +261,10 @@ inline __m256i nearest_code8(__m256 x, const CodeTable& t) {  // x must not be N
   const __m256i bucket = _mm256_add_epi32(_mm256_srai_epi32(key, 16), _mm256_set1_epi32(0x8000));
   const __m256i entry = _mm256_i32gather_epi32(t.steps, bucket, 4);
   const __m256i byte = _mm256_set1_epi32(0xff);
-  const __m256i base = _mm256_and_si256(entry, byte);
-  const __m256i step = _mm256_and_si256(_mm256_srli_epi32(entry, 8), byte);
   const __m256i where = _mm256_srli_epi32(entry, 16);
   const __m256i below = _mm256_cmpgt_epi32(where, _mm256_and_si256(key, _mm256_set1_epi32(0xffff)));
-  return _mm256_and_si256(_mm256_add_epi32(base, _mm256_andnot_si256(below, step)), byte);  // mod 256, as uint8
+  // lo (bits 0-7) below where, else hi (bits 8-15)
+  return _mm256_and_si256(_mm256_srlv_epi32(entry, _mm256_andnot_si256(below, _mm256_set1_epi32(8))), byte);
 }
 
 inline float max8(__m256 x) {  // largest of 8 (no NaN among them)
@@ -348,12 +346,10 @@ inline __m512i nearest_code16(__m512 x, const CodeTable& t) {  // x must not be 
   const __m512i key = _mm512_xor_si512(s, _mm512_and_si512(_mm512_srai_epi32(s, 31), _mm512_set1_epi32(0x7fffffff)));
   const __m512i bucket = _mm512_add_epi32(_mm512_srai_epi32(key, 16), _mm512_set1_epi32(0x8000));
   const __m512i entry = _mm512_i32gather_epi32(bucket, t.steps, 4);
-  const __m512i byte = _mm512_set1_epi32(0xff);
-  const __m512i base = _mm512_and_si512(entry, byte);
-  const __m512i step = _mm512_and_si512(_mm512_srli_epi32(entry, 8), byte);
   const __mmask16 at_or_after = _mm512_cmpge_epi32_mask(_mm512_and_si512(key, _mm512_set1_epi32(0xffff)),
                                                         _mm512_srli_epi32(entry, 16));
-  return _mm512_and_si512(_mm512_mask_add_epi32(base, at_or_after, base, step), byte);  // mod 256, as uint8
+  // lo (bits 0-7) below where, else hi (bits 8-15)
+  return _mm512_and_si512(_mm512_mask_srli_epi32(entry, at_or_after, entry, 8), _mm512_set1_epi32(0xff));
 }
 
 // Dequantizing without a gather: a map's 256 fp32 values as four "byte planes" (byte k of
