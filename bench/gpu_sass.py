@@ -12,7 +12,10 @@ configuration the backend uses on a GPU (2048-element tiles, 8 warps: 8 elements
 * **registers** per thread and **spills** (bytes of local memory: should be 0);
 * **SASS instructions per element**: the kernel's straight-line instruction count (there are
   no loops: Triton unrolls the per-thread elements and the ``static_range``) divided by the
-  elements each thread owns, i.e. about how many instructions a warp issues per 32 elements;
+  elements each thread owns, i.e. about how many instructions a warp issues per 32 elements.
+  Counted on the main path: the slow paths of the IEEE division and square root (subroutines
+  after the kernel body, called only for denormal or special operands) are left out; the
+  few instructions that set up and skip those calls are counted;
 * how many of them are **global loads** (``LDG``) per element: the table probes.
 
 Why it matters: an H200 copies at ~4.2 TB/s; the step moves 16 bytes per fp32 parameter, so
@@ -44,8 +47,10 @@ DTYPES = ("fp32", "bf16")
 BLOCKSIZE = 256
 
 
-def compile_step(arch: int, dtype: str, *, use_table: bool = True):
-    """Compile ``_adam8bit_kernel`` for ``sm_<arch>``; returns triton's compiled kernel."""
+def compile_step(arch: int, dtype: str, *, use_table: bool = True, tile: int | None = None,
+                 num_warps: int | None = None):
+    """Compile ``_adam8bit_kernel`` for ``sm_<arch>`` with the backend's launch configuration
+    (or ``tile``/``num_warps``); returns (triton's compiled kernel, elements per thread)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("unset TRITON_INTERPRET: the interpreter cannot compile for a GPU")
     import triton
@@ -54,7 +59,7 @@ def compile_step(arch: int, dtype: str, *, use_table: bool = True):
 
     from adam8lib.kernels import triton as kt
 
-    rows, num_warps = kt.launch_config(BLOCKSIZE, tile=kt.TILE_ELEMENTS)
+    rows, num_warps = kt.launch_config(BLOCKSIZE, tile=tile or kt.TILE_ELEMENTS, num_warps=num_warps)
     fn = kt._adam8bit_kernel
     names = list(fn.arg_names)
     types = {"p_ptr": "*" + dtype, "g_ptr": "*" + dtype, "state1_ptr": "*u8", "state2_ptr": "*u8",
@@ -88,20 +93,26 @@ def analyse(kernel, per_thread: int) -> dict:
         sass = subprocess.check_output([_cuobjdump(), "-sass", str(path)], text=True)
         usage = subprocess.check_output([_cuobjdump(), "-res-usage", str(path)], text=True)
     # instruction lines look like "        /*0040*/                   LDG.E.128 R4, desc[UR4][R2.64] ;"
-    ops = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)]
-    ops = [op for op in ops if not op.startswith("NOP")]
-    body = len(ops) - sum(op == "BRA" for op in ops[-3:])  # the trailing "BRA self" padding loop
+    found = re.findall(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", sass)
+    ops = [(int(addr, 16), op, rest) for addr, op, rest in found if not op.startswith("NOP")]
+    # the division/sqrt slow paths (denormal or special operands) are subroutines placed after
+    # the kernel body and reached by CALL; the main path is everything before the first of them
+    targets = [int(t, 16) for _, op, rest in ops if op.startswith("CALL") for t in re.findall(r"0x([0-9a-f]+)", rest)]
+    end = min(targets) if targets else float("inf")
+    main = [op for addr, op, _ in ops if addr < end]
+    while main and main[-1] == "BRA":  # the "BRA self" padding after EXIT
+        main.pop()
     regs = int(re.search(r"REG:(\d+)", usage).group(1))
-    spill = re.search(r"STACK:(\d+)", usage)
-    lmem = re.search(r"LOCAL:(\d+)", usage)
+    stack = re.search(r"STACK:(\d+)", usage)
+    local = re.search(r"LOCAL:(\d+)", usage)
     return {
         "registers": regs,
-        "spill_bytes": int(spill.group(1)) + (int(lmem.group(1)) if lmem else 0) if spill else 0,
-        "instructions": body,
+        "spill_bytes": (int(stack.group(1)) if stack else 0) + (int(local.group(1)) if local else 0),
+        "instructions": len(main),
+        "instructions_with_slow_paths": len(ops),
         "per_thread_elements": per_thread,
-        "instructions_per_element": body / per_thread,
-        "global_loads_per_element": sum(op.startswith("LDG") for op in ops) / per_thread,
-        "divisions_sqrt_calls": sum(op.startswith("CALL") for op in ops),
+        "instructions_per_element": len(main) / per_thread,
+        "global_loads_per_element": sum(op.startswith("LDG") for op in main) / per_thread,
     }
 
 
@@ -115,11 +126,13 @@ def measure(targets=TARGETS, dtypes=DTYPES, use_table: bool = True) -> list[dict
 
 
 def render(rows: list[dict]) -> str:
-    lines = ["| target | dtype | nearest code | registers | spills (bytes) | SASS instr. / element | LDG / element |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| target | dtype | nearest code | registers | spills (bytes) | SASS instr. / element (main path) "
+             "| incl. slow-path subroutines | LDG / element |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['arch']} | {r['dtype']} | {'table, 1 probe' if r['use_table'] else 'binary search'} | "
                      f"{r['registers']} | {r['spill_bytes']} | {r['instructions_per_element']:.0f} | "
+                     f"{r['instructions_with_slow_paths'] / r['per_thread_elements']:.0f} | "
                      f"{r['global_loads_per_element']:.1f} |")
     return "\n".join(lines)
 

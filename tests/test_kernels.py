@@ -367,46 +367,44 @@ def test_gpu_bench_cpu_smoke(capsys):
 # ------------------------------------------------------------------ the compiled GPU code, checked without a GPU
 AOT_COMPILE = """
 import json, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from adam8lib.kernels import triton as kt
-
-assert not kt.INTERPRETED
-rows, num_warps, ptx = int(sys.argv[1]), int(sys.argv[2]), {}
-names = list(kt._adam8bit_kernel.arg_names)
-for dtype in sys.argv[3:]:
-    types = {"p_ptr": "*" + dtype, "g_ptr": "*" + dtype, "state1_ptr": "*u8", "state2_ptr": "*u8",
-             "n": "i32", "n_blocks": "i32", "BLOCKSIZE": "constexpr", "ROWS": "constexpr"}
-    signature = {name: types.get(name, "*fp32" if name.endswith("_ptr") else "fp32") for name in names}
-    aligned = {(names.index(name),): [["tt.divisibility", 16]] for name in names[:8] + ["n"]}
-    source = ASTSource(fn=kt._adam8bit_kernel, signature=signature,
-                       constexprs={"BLOCKSIZE": 256, "ROWS": rows}, attrs=aligned)
-    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                            options={"num_warps": num_warps, "enable_fp_fusion": False})
-    ptx[dtype] = kernel.asm["ptx"]
-print(json.dumps(ptx))
+sys.path.insert(0, sys.argv[1])
+import gpu_sass
+out = {}
+for dtype in ("fp32", "bf16"):
+    kernel, per_thread = gpu_sass.compile_step(90, dtype)
+    out[dtype] = dict(ptx=kernel.asm["ptx"], per_thread=per_thread, **gpu_sass.analyse(kernel, per_thread))
+kernel, per_thread = gpu_sass.compile_step(90, "fp32", use_table=False)
+out["search"] = gpu_sass.analyse(kernel, per_thread)
+print(json.dumps(out))
 """
 
 
 def test_step_kernel_compiles_for_gpu_with_exact_math():
-    """Compile the fused step for an H100/H200 (sm_90) ahead of time, on the CPU, and read its PTX.
+    """Compile the fused step for an H100/H200 (sm_90) ahead of time, on the CPU
+    (bench/gpu_sass.py), and read its PTX and SASS.
 
     Checks what the interpreter cannot: the kernel compiles; division and square root are the
     correctly rounded ``div.rn``/``sqrt.rn`` (no ``div.full``/``sqrt.approx``); the only fused
     multiply-adds are the two written in the kernel (``enable_fp_fusion=False``); p and g move
-    as 16-byte vectors. Runs in a fresh process: the interpreter, once used, patches triton.
+    as 16-byte vectors; no register spills; and the table lookup keeps the main path at most
+    132 SASS instructions per element, under half of the binary search's (measured: 126 vs 262
+    for fp32; bench/README.md). Runs in a fresh process: the interpreter, once used, patches triton.
     """
-    rows, num_warps = kt.launch_config(256, tile=kt.TILE_ELEMENTS)
-    per_thread = rows * 256 // (32 * num_warps)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-c", AOT_COMPILE, str(rows), str(num_warps), "fp32", "bf16"],
+    done = subprocess.run([sys.executable, "-c", AOT_COMPILE, str(REPO / "bench")],
                           capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    for dtype, ptx in json.loads(done.stdout.strip().splitlines()[-1]).items():
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    search = out.pop("search")
+    for dtype, res in out.items():
+        ptx, per_thread = res["ptx"], res["per_thread"]
         for approximate in ("div.full", "div.approx", "sqrt.approx", "rsqrt", "ex2.approx"):
             assert approximate not in ptx, (dtype, approximate)
         assert ptx.count("div.rn.f32") >= 2 * per_thread and ptx.count("sqrt.rn.f32") == per_thread, dtype
         assert ptx.count("fma.rn.f32") == 2 * per_thread, dtype  # m and v only: nothing else was fused
         assert "ld.global.v4.b32" in ptx, dtype  # p and g: 16-byte vector loads
+        assert res["spill_bytes"] == 0, dtype
+        assert res["instructions_per_element"] <= 132, (dtype, res["instructions_per_element"])
+    assert out["fp32"]["instructions_per_element"] < 0.55 * search["instructions_per_element"]
+    assert out["fp32"]["global_loads_per_element"] < search["global_loads_per_element"] / 3
