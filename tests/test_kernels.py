@@ -299,6 +299,37 @@ def test_registered_as_triton_backend(monkeypatch):
         kt.adam8bit_step_triton(*args, **kwargs)
 
 
+class _Subclass(torch.Tensor):
+    pass
+
+
+@pytest.mark.parametrize(
+    "position,make,error,match",
+    [
+        (0, lambda t: t.as_subclass(_Subclass), TypeError, "plain dense tensors"),
+        (2, lambda t: t.as_subclass(_Subclass), TypeError, "plain dense tensors"),
+        (0, lambda t: torch.empty_like(t, device="meta"), ValueError, "CUDA"),
+        (1, lambda t: t.to_sparse(), TypeError, "dense"),
+        (0, lambda t: torch.zeros(2 * t.numel())[::2], ValueError, "contiguous"),
+    ],
+    ids=["subclass-p", "subclass-state", "meta-p", "sparse-g", "strided-p"],
+)
+def test_step_rejects_unsupported_tensors_before_launch(position, make, error, match):
+    args, kwargs = step_args()
+    args = list(args)
+    args[position] = make(args[position])
+    with pytest.raises(error, match=match):
+        kt.adam8bit_step_triton(*args, **kwargs)
+
+
+def test_unavailable_reason(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert "TRITON_INTERPRET=1" in kt.unavailable_reason("cpu")
+    assert kt.unavailable_reason("cuda") is None and "mps" in kt.unavailable_reason("mps")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert kt.unavailable_reason("cpu") is None
+
+
 def test_launch_config():
     for blocksize in (64, 128, 256, 512, 1024, 2048, 4096):
         rows, warps = kt.launch_config(blocksize, tile=2048)

@@ -66,6 +66,7 @@ __all__ = [
     "quantize_blockwise_triton",
     "dequantize_blockwise_triton",
     "supports",
+    "unavailable_reason",
     "launch_config",
     "INTERPRETED",
 ]
@@ -258,10 +259,20 @@ _PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 def supports(device: torch.device | str) -> bool:
     """The Triton backend runs on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1``."""
+    return unavailable_reason(device) is None
+
+
+def unavailable_reason(device: torch.device | str = "cuda") -> str | None:
+    """Why the Triton backend cannot run on ``device`` here, or None if it can."""
     device = torch.device(device)
     if device.type == "cuda":
-        return True
-    return device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+        return None
+    if device.type == "cpu":
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            return None
+        return ("CPU tensors run only in Triton's interpreter: set TRITON_INTERPRET=1 before adam8lib.kernels.triton "
+                "is imported (adam8lib.course.setup() does), or use CUDA tensors")
+    return f"the Triton backend runs on CUDA tensors (or CPU ones in the interpreter), not on {device.type}"
 
 
 def launch_config(blocksize: int, tile: int | None = None, num_warps: int | None = None) -> tuple[int, int]:
@@ -424,6 +435,15 @@ def _check_step_tensors(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, n,
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if type(t) not in (torch.Tensor, torch.nn.Parameter):
+            raise TypeError(
+                f"the triton backend needs plain dense tensors; {name} is a {type(t).__module__}.{type(t).__name__} "
+                "(a tensor subclass such as DTensor: pass its local tensor, or use backend='torch')"
+            )
+        if t.layout != torch.strided:
+            raise TypeError(f"the triton backend needs dense (strided) tensors; {name} has layout {t.layout}")
+        if t.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"the triton backend needs CUDA (or CPU under TRITON_INTERPRET=1) tensors; {name} is on {t.device}")
         if t.device != p.device:
             raise ValueError(f"{name} is on {t.device} but p is on {p.device}; all tensors must share a device")
         if not t.is_contiguous():
