@@ -299,6 +299,18 @@ def test_registered_as_triton_backend(monkeypatch):
         kt.adam8bit_step_triton(*args, **kwargs)
 
 
+def test_map_without_a_table_falls_back_to_the_binary_search(device):
+    """A map whose codes change twice inside one table bucket cannot have an exact table: the
+    kernels then use the binary search (``_nearest_code``), with the same results."""
+    crowded = torch.sort(torch.cat([torch.linspace(0.5, 0.5 + 1e-5, 200), torch.linspace(-1, 1, 56)])).values
+    assert kt.nearest_code_table(crowded, keep_sign=False)[1] is False
+    assert kt.nearest_code_table(dynamic_map(True), keep_sign=True)[1] is True
+    x = heavy_tailed(3000, 5, "cpu") * 1e-3 + 0.5
+    codes, absmax = kt.quantize_blockwise_triton(x.to(device), crowded.to(device), blocksize=256)
+    ref_codes, ref_absmax = quantize_blockwise(x, crowded, blocksize=256)
+    assert torch.equal(codes.cpu(), ref_codes) and torch.equal(absmax.cpu(), ref_absmax)
+
+
 class _Subclass(torch.Tensor):
     pass
 

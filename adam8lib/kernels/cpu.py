@@ -1,10 +1,13 @@
-"""The ``"cpu"`` backend: the 8-bit Adam step as a small C++ kernel (OpenMP + SIMD).
+"""The ``"cpu"`` and ``"cpu_fast"`` backends: the 8-bit Adam step as a small C++ kernel (OpenMP + SIMD).
 
-Same maths as :mod:`adam8lib.kernels.reference`, bit for bit (codes, absmax, parameters),
-but one pass over memory per block instead of a dozen chunk-sized temporaries, several times
-faster than the reference (bench/README.md has the numbers). The kernel is
-``csrc/adam8bit_cpu.cpp``; read it next to the reference: each scalar line there is one line
-of the reference, and the AVX2/AVX-512 loops do the same 8 or 16 elements at a time.
+``"cpu"``: the same maths as :mod:`adam8lib.kernels.reference`, bit for bit (codes, absmax,
+parameters), in one pass over memory per block instead of a dozen chunk-sized temporaries
+(bench/README.md has the numbers). ``"cpu_fast"`` (``exact=False``, asked for by name, never
+picked by ``"auto"``): the same codes and absmax, but the parameter update uses the IEEE
+square root and a multiply by ``1/sqrt(1 - beta2^t)`` instead of torch's MKL square root and a
+division, so the parameters differ from the reference by about an ulp (tolerance tested). The
+kernel is ``csrc/adam8bit_cpu.cpp``; read it next to the reference: each scalar line there is
+one line of the reference, and the AVX2/AVX-512 loops do the same 8 or 16 elements at a time.
 
 How it is built
     On first use, with ``torch.utils.cpp_extension.load`` as a plain shared library (no torch
@@ -12,20 +15,32 @@ How it is built
     ``-O3 -march=native -fopenmp -ffp-contract=off``), called through ctypes. The build is
     cached under ``~/.cache/adam8lib/`` (or ``$ADAM8LIB_CACHE_DIR``), keyed by the source, the
     flags, the torch and Python versions and the CPU model, so a later process just loads it,
-    together with the nearest-code tables of each map (a second or two to build). Importing
-    this module only checks that a compiler and ninja exist (``ImportError`` if not: the
-    registry then skips ``"cpu"`` and ``"auto"`` falls back to ``"torch"``); the build
-    itself runs the first time the backend is asked whether it ``supports`` a CPU device.
-    A failed build is reported once as a warning, and ``"auto"`` falls back to ``"torch"``.
+    together with the nearest-code tables of each map. Builds take an ``flock`` that dies with
+    its holder (a stale ``lock`` file left by a killed build is removed; a build by another
+    process that runs longer than ``$ADAM8LIB_BUILD_LOCK_TIMEOUT`` seconds, 600 by default,
+    ends in a clear error instead of a hang). Importing never fails: where the kernel cannot
+    be built (no compiler, no ninja, a compiler error, a torch whose rounding it cannot
+    reproduce) the backends report ``supports() == False``, :func:`unavailable_reason` says
+    why, and ``"auto"`` falls back to ``"torch"`` (with one warning for a failed build).
+
+Safe to call from anywhere
+    Every scalar goes to C by value; the only pointers are the data of the tensors passed in
+    (and of the cached tables), alive for the call. Anything the kernel must not read (a
+    tensor subclass such as DTensor, a meta, sparse or non-contiguous tensor) raises
+    TypeError/ValueError first. Under ``torch.compile`` the step runs eagerly
+    (``torch.compiler.disable``: a graph break).
 
 Exact nearest code, fast
-    The reference finds each code with a binary search over the 256-entry map. Here
-    :func:`code_table` samples the reference's ``nearest_code`` once per map: ``nearest_code``
-    is a step function of ``x``, so for each of the 65,536 buckets of floats that share the
-    top 16 bits of a sortable key of ``x`` it is enough to store the code at the bucket's
-    start, and where (and to which code) it changes inside the bucket. The kernel then
-    needs one table load and one integer compare per value, and returns exactly the
-    reference's code, ties and the keep-sign rule included.
+    :mod:`adam8lib.kernels.code_table` samples the reference's ``nearest_code`` once per map
+    into a table indexed by the top 16 bits of a sortable key of ``x``; the kernel needs one
+    table load and one integer compare per value and returns exactly the reference's code.
+    Dequantizing needs no gather on CPUs with AVX-512 VBMI: the map's 256 fp32 values are
+    held as four byte planes and looked up 64 codes at a time with byte shuffles.
+
+The non-finite rule
+    An element whose new ``m`` or ``v`` is not finite (a NaN/Inf gradient, or one so large
+    that ``g*g`` overflows) restarts from ``m = v = 0`` and keeps its parameter, as in the
+    reference; absmax is taken after that, so it stays finite.
 
 Rounding
     torch's ``add_(g, alpha=a)`` and ``addcmul_`` use fused multiply-adds on AVX2/AVX-512

@@ -1,25 +1,28 @@
-// The 8-bit Adam step on the CPU: OpenMP threads over tiles of blocks, AVX2 inside a block.
+// The 8-bit Adam step on the CPU: OpenMP threads over tiles of blocks, AVX2/AVX-512 inside a block.
 //
 // Plain C++ (no torch headers, so it builds in seconds). adam8lib/kernels/cpu.py builds it
 // with -O3 -march=native -fopenmp -ffp-contract=off, checks every argument, and calls
 // adam8bit_step_cpu (bottom of this file) through ctypes with the tensors' data pointers.
 //
-// It computes exactly what adam8lib/kernels/reference.py computes, with the same fp32
-// operations in the same order, so codes and absmax are bit-identical. Work goes by tiles
-// (whole blocks, ~2048 elements; one block if blocks are larger) and makes two passes over
-// per-thread buffers that stay in cache:
+// Exact mode computes exactly what adam8lib/kernels/reference.py computes, with the same fp32
+// operations in the same order, so codes, absmax and parameters are bit-identical. Work goes
+// by tiles (whole blocks, ~2048 elements; one block if blocks are larger) and makes two
+// passes over per-thread buffers that stay in cache:
 //   1. each block:  m = qmap1[state1] * absmax1        v = qmap2[state2] * absmax2   (dequantize)
 //                   m = m * beta1 + (1 - beta1) * g     v = v * beta2 + (1 - beta2) * g * g
-//                   non-finite g: m = v = 0;  new absmax1 = max |m|, new absmax2 = max v
+//                   m or v not finite: m = v = 0 (and the element is marked: see kResetV)
+//                   new absmax1 = max |m|, new absmax2 = max v
 //   2. sqrt(v) for the whole tile, then each block:
 //                   p = p * (1 - lr*wd) + (-step_size * m) / (sqrt(v) / sqrt(1 - beta2^t) + eps)
-//                   (non-finite g: p is left as it was)
+//                   (a reset element keeps its p)
 //                   state1 = nearest code of m * (1/absmax1), state2 = that of v * (1/absmax2)
 //                   (keeping signs: a non-zero value never gets the code of 0 or of the other sign)
+// Fast mode (exact = 0) differs only in step 2's parameter update: IEEE sqrt inline and
+// denom = fma(sqrt(v), 1/sqrt(1 - beta2^t), eps) (parameters within ~1 ulp of the update).
 //
-// Each loop is written twice: scalar (the spec, readable; also a block's last n % 8 elements,
-// blocks whose scales are not finite, and CPUs without AVX2), and AVX2, 8 elements at a
-// time with the same operations in the same order (the `*8` functions). The tests run both.
+// Each loop is written three times: scalar (the spec, readable; also a block's last elements
+// and CPUs without AVX2), AVX2 (8 elements at a time) and AVX-512 (16), with the same
+// operations in the same order. The tests run all of them.
 //
 // Rounding that matters for bit-identity (cpu.py asks this torch build and passes flags):
 // * torch computes m.add_(g, alpha=a) as fma(g, a, m) and v.addcmul_(g, g, value=b) as
@@ -28,13 +31,15 @@
 // * torch.sqrt on x86 Linux wheels is Intel MKL's vmsSqrt (within 1 ulp, but about 1 in 6
 //   results is not the correctly rounded one); then this kernel calls the same function.
 //
+// Dequantizing without gathers (AVX-512 VBMI): see BytePlanes below.
+//
 // Nearest code without searching the 256-entry map: the reference's nearest_code(x) is a
-// step function of x. cpu.py samples it exactly into a table indexed by the top 16
-// bits of a sortable key of x (a "bucket"). Each entry packs three numbers: the code at the
-// bucket's start (bits 0-7), the step to the one other code inside the bucket (bits 8-15,
-// modulo 256, mostly 0 or 1) and the low 16 bits of the key where it happens (bits 16-31):
-//     code(x) = base + (low 16 bits of key(x) >= where ? step : 0)   (mod 256)
-// one table load and one integer compare; NaN gets the reference's code for NaN.
+// step function of x. adam8lib/kernels/code_table.py samples it exactly into a table indexed
+// by the top 16 bits of a sortable key of x (a "bucket"). Each entry packs three numbers: the
+// code at the bucket's start (bits 0-7), the one other code inside the bucket (bits 8-15) and
+// the low 16 bits of the key where that one starts (bits 16-31):
+//     code(x) = (low 16 bits of key(x)) >= where ? bits 8-15 : bits 0-7
+// one table load and one integer compare; NaN keys hold the reference's code for NaN.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
