@@ -309,8 +309,8 @@ inline __mmask16 reset16(__m512 v) {
 inline __m512i load_codes16(const uint8_t* s) {
   return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
 }
-inline void store_codes16(uint8_t* s, __m512i codes) {  // 16 int32 in 0..255 -> 16 bytes
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(s), _mm512_cvtepi32_epi8(codes));
+inline void store_codes16(uint8_t* s, __m512i codes) {  // the low byte of 16 int32 -> 16 bytes
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(s), _mm512_cvtepi32_epi8(codes));  // (vpmovdb truncates)
 }
 
 template <bool Fused>
@@ -346,15 +346,21 @@ inline __m512 update_param16(__m512 param, __m512 m, __m512 v, __m512 sqrt_v, co
   return _mm512_mask_blend_ps(reset16(v), updated, param);
 }
 
-inline __m512i nearest_code16(__m512 x, const CodeTable& t) {  // x must not be NaN
-  const __m512i s = _mm512_castps_si512(x);
-  const __m512i key = _mm512_xor_si512(s, _mm512_and_si512(_mm512_srai_epi32(s, 31), _mm512_set1_epi32(0x7fffffff)));
-  const __m512i bucket = _mm512_add_epi32(_mm512_srai_epi32(key, 16), _mm512_set1_epi32(0x8000));
-  const __m512i entry = _mm512_i32gather_epi32(bucket, t.steps, 4);
+// codes as int32 whose low byte is the code (the byte store keeps only that byte)
+template <bool NonNegative>
+inline __m512i nearest_code16(__m512 x, const CodeTable& t) {
+  __m512i key;
+  if (NonNegative) {  // x >= 0 or -0.0 (which has the code of +0.0): the key is the bits of |x|
+    key = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff));
+  } else {
+    const __m512i s = _mm512_castps_si512(x);
+    key = _mm512_xor_si512(s, _mm512_and_si512(_mm512_srai_epi32(s, 31), _mm512_set1_epi32(0x7fffffff)));
+  }
+  // bucket_of(key) = (key >> 16) + 0x8000: the + 0x8000 is folded into the table's address
+  const __m512i entry = _mm512_i32gather_epi32(_mm512_srai_epi32(key, 16), t.steps + 0x8000, 4);
   const __mmask16 at_or_after = _mm512_cmpge_epi32_mask(_mm512_and_si512(key, _mm512_set1_epi32(0xffff)),
                                                         _mm512_srli_epi32(entry, 16));
-  // lo (bits 0-7) below where, else hi (bits 8-15)
-  return _mm512_and_si512(_mm512_mask_srli_epi32(entry, at_or_after, entry, 8), _mm512_set1_epi32(0xff));
+  return _mm512_mask_srli_epi32(entry, at_or_after, entry, 8);  // lo (bits 0-7), or hi (bits 8-15)
 }
 
 // Dequantizing without a gather: a map's 256 fp32 values as four "byte planes" (byte k of
@@ -429,11 +435,13 @@ struct Maps {  // both maps, in every form the loops use
 
 // Pass 1 for the block [lo, hi): new m and v into buf (the non-finite rule applied);
 // absmax1/absmax2 come in as the old scales and go out as the new ones (max |m|, max v:
-// always finite, since the rule leaves no non-finite m or v).
+// always finite, since the rule leaves no non-finite m or v). The AVX-512 loop also asks the
+// cache for the same elements of p (p_bytes each), which pass 2 reads next: pass 1 streams
+// g and the codes, pass 2 streams p, and without the hint each tile's p would start cold.
 template <typename G, bool Fused>
 void moments_block(const G* __restrict g, const uint8_t* __restrict s1, const uint8_t* __restrict s2, int64_t lo,
                    int64_t hi, const Maps& maps, const Hyper h, Buffers& buf, int simd, float& absmax1,
-                   float& absmax2) {
+                   float& absmax2, const char* p, int64_t p_bytes) {
   const float old1 = absmax1, old2 = absmax2;
   float max1 = 0.0f, max2 = 0.0f;
   int64_t i = lo;
@@ -444,6 +452,7 @@ void moments_block(const G* __restrict g, const uint8_t* __restrict s1, const ui
 #if defined(__AVX512VBMI__)
     const __m512i order = interleave_order();
     for (; i + 64 <= hi; i += 64) {
+      for (int64_t b = 0; b < 64 * p_bytes; b += 64) _mm_prefetch(p + i * p_bytes + b, _MM_HINT_T0);
       __m512 q1[4], q2[4];
       dequantize64(*maps.planes1, s1 + i, order, q1);
       dequantize64(*maps.planes2, s2 + i, order, q2);
@@ -518,8 +527,8 @@ void param_and_codes_block(P* __restrict p, uint8_t* __restrict s1, uint8_t* __r
       const __m512 m = _mm512_load_ps(buf.m + i), v = _mm512_load_ps(buf.v + i);
       const __m512 sqrt_v = Exact ? _mm512_load_ps(buf.sqrt_v + i) : v;
       store16(p + i, update_param16<Exact>(load16(p + i), m, v, sqrt_v, h));
-      store_codes16(s1 + i, nearest_code16(_mm512_mul_ps(m, vinv1), maps.t1));
-      store_codes16(s2 + i, nearest_code16(_mm512_mul_ps(v, vinv2), maps.t2));
+      store_codes16(s1 + i, nearest_code16<false>(_mm512_mul_ps(m, vinv1), maps.t1));
+      store_codes16(s2 + i, nearest_code16<true>(_mm512_mul_ps(v, vinv2), maps.t2));  // v >= 0 (or the -0 mark)
     }
   }
 #endif
@@ -549,7 +558,8 @@ void step_tile(P* __restrict p, const G* __restrict g, uint8_t* __restrict s1, u
                const Sqrt& sqrt_of, Buffers& buf, int simd) {
   // 1. dequantize and update m and v, block by block (each block has its own scales)
   for (int64_t lo = 0, b = 0; lo < n; lo += blocksize, ++b) {
-    moments_block<G, Fused>(g, s1, s2, lo, std::min(n, lo + blocksize), maps, h, buf, simd, absmax1[b], absmax2[b]);
+    moments_block<G, Fused>(g, s1, s2, lo, std::min(n, lo + blocksize), maps, h, buf, simd, absmax1[b], absmax2[b],
+                            reinterpret_cast<const char*>(p), sizeof(P));
   }
   // 2. sqrt(v) for the whole tile (exact mode: torch's sqrt), then update p and requantize
   if (Exact) sqrt_of(buf.v, buf.sqrt_v, n);
