@@ -62,7 +62,11 @@ REPS = {1_000_000: 11, 16_777_216: 5, 100_000_000: 3}
 #: timed steps for the (slow) reference backend
 REFERENCE_REPS = 3
 #: the reference backend is skipped above this size (it takes seconds per step there)
-REFERENCE_MAX = 20_000_000
+REFERENCE_MAX = 2_000_000
+#: rows timed again side by side, round-robin (one step of each in turn), for the ratios
+RACE = ("torch copy (16 bytes/param)", "torch AdamW (fused)", "adam8lib AdamW8bit, backend cpu",
+        "adam8lib AdamW8bit, backend cpu_fast (not bit-identical)")
+RACE_REPS = {1_000_000: 31, 16_777_216: 15, 100_000_000: 7}
 README = HERE / "README.md"
 PLOT = HERE / "cpu_step.png"
 RESULTS = HERE / "results" / "cpu_step.json"
@@ -225,10 +229,39 @@ def measure(name, factory, n, size, reps) -> Row:
     return row
 
 
-def run(sizes: dict[str, int], reps_for, progress=print) -> list[Row]:
+def race(n: int, size: str, reps: int, progress=print) -> dict[str, float]:
+    """The RACE rows timed round-robin: one step of each in turn, ``reps`` rounds, median ms.
+
+    On a shared machine the load changes from second to second; measured in turn, every row
+    sees the same load, so their ratios hold even when the absolute times do not."""
+    factories = dict(_make_optimizers())
+    contenders = {}
+    for name in RACE:
+        gen = torch.Generator().manual_seed(0)
+        p = torch.nn.Parameter(torch.randn(n, generator=gen))
+        p.grad = torch.randn(n, generator=gen) * 1e-2
+        opt = factories[name]([p])
+        for _ in range(2):
+            opt.step()
+        contenders[name] = (opt, p, [])
+    for _ in range(reps):
+        for name, (opt, _, times) in contenders.items():
+            t0 = time.perf_counter()
+            opt.step()
+            times.append(time.perf_counter() - t0)
+    result = {name: statistics.median(times) * 1e3 for name, (_, _, times) in contenders.items()}
+    progress(f"{size:>6} side by side: " + ", ".join(f"{k.split(', ')[-1]} {v:.1f} ms" for k, v in result.items()))
+    del contenders
+    gc.collect()
+    return result
+
+
+def run(sizes: dict[str, int], reps_for, progress=print, race_reps=None) -> tuple[list[Row], dict]:
     torch.set_num_threads(THREADS)
-    rows = []
+    rows, races = [], {}
     for size, n in sizes.items():
+        _malloc_mmap_threshold(32 * MB)
+        races[size] = race(n, size, (race_reps or RACE_REPS.get)(n) or 7, progress)
         for name, factory in _make_optimizers():
             if "reference" in name and n > REFERENCE_MAX:
                 rows.append(Row(name, size, n, note="skipped: several seconds per step at this size"))
@@ -237,7 +270,7 @@ def run(sizes: dict[str, int], reps_for, progress=print) -> list[Row]:
             row = measure(name, factory, n, size, reps)
             rows.append(row)
             progress(f"{size:>6} {name:<48} " + (f"{row.ms:9.1f} ms" if row.ms is not None else row.note))
-    return rows
+    return rows, races
 
 
 # ---------------------------------------------------------------------------------- reporting
@@ -307,11 +340,15 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def targets(rows: list[Row]) -> str:
-    """Issue 15's targets, as ratios of rows measured in this one run."""
+def targets(rows: list[Row], races: dict | None = None) -> str:
+    """Issue 15's targets, as ratios of rows measured in this one run (the side-by-side race
+    for copy, fused AdamW, cpu and cpu_fast; the table for bitsandbytes and the memory)."""
     by = {(r.optimizer, r.size): r for r in rows}
+    races = races or {}
 
     def ms(name, size):
+        if name in races.get(size, {}):
+            return races[size][name]
         r = by.get((name, size))
         return r.ms if r is not None else None
 
@@ -376,14 +413,35 @@ def write_readme(section: str) -> None:
     write_section(START, END, section, "CPU: 8-bit step", README)
 
 
-def render(rows: list[Row], info: dict[str, str], seconds: float) -> str:
+def race_table(races: dict) -> str:
+    if not races:
+        return ""
+    sizes = list(races)
+    lines = ["Side by side (round-robin: one step of each in turn, median; the ratios the targets use):", "",
+             "| row | bytes/param | " + " | ".join(f"{s}: ms | {s}: GB/s | {s}: × fused" for s in sizes) + " |",
+             "|" + "---|" * (2 + 3 * len(sizes))]
+    for name in RACE:
+        cells = []
+        for s in sizes:
+            t, fused = races[s].get(name), races[s].get("torch AdamW (fused)")
+            n = SIZES.get(s) or QUICK_SIZES.get(s)
+            cells += [f"{t:,.1f}", f"{bytes_per_param(name) * n / (t * 1e-3) / 1e9:.1f}", f"{t / fused:.2f}"]
+        lines.append(f"| {name} | {bytes_per_param(name):.2f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def render(rows: list[Row], info: dict[str, str], seconds: float, races: dict | None = None) -> str:
     machine_line = ", ".join(f"{k} {v}" for k, v in info.items())
     return "\n".join([
         f"Measured by `make bench` (`python bench/bench_step.py`, {seconds / 60:.1f} min) on: {machine_line}.",
         "",
+        race_table(races or {}),
+        "",
+        "Every row, one after another (two warm-up steps, then the median):",
+        "",
         table(rows),
         "",
-        targets(rows),
+        targets(rows, races),
         "",
         f"![step time per optimizer and size]({PLOT.name})",
     ])
@@ -396,17 +454,18 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     start = time.perf_counter()
     if args.quick:
-        rows = run(QUICK_SIZES, lambda n: 2)
+        rows, races = run(QUICK_SIZES, lambda n: 2, race_reps=lambda n: 3)
     else:
-        rows = run(SIZES, lambda n: REPS.get(n, 5))
+        rows, races = run(SIZES, lambda n: REPS.get(n, 5))
     info = machine()
-    section = render(rows, info, time.perf_counter() - start)
+    section = render(rows, info, time.perf_counter() - start, races)
     print(section)
     if not (args.quick or args.no_write):
         plot(rows, PLOT)
         write_readme(section)
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps({"machine": info, "rows": [asdict(r) for r in rows]}, indent=1))
+        RESULTS.write_text(json.dumps({"machine": info, "rows": [asdict(r) for r in rows], "side_by_side_ms": races},
+                                      indent=1))
         print(f"wrote {README}, {PLOT} and {RESULTS}")
     return 0
 

@@ -549,3 +549,17 @@ def test_unavailable_backend_quotes_the_compiler_error(tmp_path):
     assert "supports: False" in done.stdout
     assert "reason: building the kernel failed" in done.stdout
     assert "this compiler always fails" in done.stdout
+
+
+def test_fast_backend_name_is_known_in_a_fresh_process(tmp_path):
+    """``backend="cpu_fast"`` is accepted by the optimizer before anything imported the cpu module."""
+    code = """
+        import torch
+        from adam8lib import AdamW8bit
+        p = torch.nn.Parameter(torch.randn(5000)); p.grad = torch.randn(5000)
+        opt = AdamW8bit([p], backend="cpu_fast"); opt.step()
+        print("stepped", opt.state[p]["step"])
+    """
+    done, _ = _python(code, {}, 120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "stepped 1" in done.stdout
