@@ -251,7 +251,3 @@ def check_code(code: torch.Tensor | None, device: torch.device) -> torch.Tensor:
     return code.to(device=device, dtype=torch.float32)
 
 
-# Old private names, kept while other modules (kernels/triton.py) still import them.
-_require_float = require_float
-_check_code = check_code
-_check_dequantize_inputs = check_dequantize_inputs

@@ -463,15 +463,12 @@ def test_reference_step_memory_does_not_grow_with_parameter_size():
 
 # ------------------------------------------------------------------ the non-finite rule vs torch.optim.AdamW
 def _rule_cases():
-    """(backend, bad gradient) pairs. The cpu and triton kernels (the speed branch) still test
-    isfinite(g), which agrees with the rule for NaN/Inf gradients but not for a huge finite one:
-    those cases are strict xfails until the kernels implement the rule (then they must pass)."""
+    """(backend, bad gradient) pairs: every CPU-usable backend, a huge finite gradient (its
+    square overflows fp32) as well as Inf and NaN."""
     from adam8lib import kernels
 
     backends = ["torch"] + [b for b in ("cpu", "triton") if b in kernels.available_backends("cpu")]
-    pending = pytest.mark.xfail(strict=True, reason="the speed branch implements the non-finite rule in this kernel")
-    return [pytest.param(b, v, marks=pending if b != "torch" and math.isfinite(v) else (), id=f"{b}-{v:g}")
-            for b in backends for v in (1e30, 1e21, float("inf"), float("nan"))]
+    return [pytest.param(b, v, id=f"{b}-{v:g}") for b in backends for v in (1e30, 1e21, float("inf"), float("nan"))]
 
 
 def _rule_run(backend, bad_value, n=2048, steps=5, bad_step=2, bad_index=1000, seed=0):

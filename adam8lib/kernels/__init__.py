@@ -127,6 +127,7 @@ def available_backends(device: torch.device | str | None = None) -> list[str]:
 
 def known_backend_names() -> tuple[str, ...]:
     """Every name a user may pass as ``backend=``, whether or not it is usable here."""
+    _load_optional()  # the optional modules register their names (e.g. "cpu_fast") on import
     return ("auto",) + tuple(dict.fromkeys(AUTO_ORDER + tuple(_BACKENDS)))
 
 

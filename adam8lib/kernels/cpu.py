@@ -1,10 +1,13 @@
-"""The ``"cpu"`` backend: the 8-bit Adam step as a small C++ kernel (OpenMP + SIMD).
+"""The ``"cpu"`` and ``"cpu_fast"`` backends: the 8-bit Adam step as a small C++ kernel (OpenMP + SIMD).
 
-Same maths as :mod:`adam8lib.kernels.reference`, bit for bit (codes, absmax, parameters),
-but one pass over memory per block instead of a dozen chunk-sized temporaries, several times
-faster than the reference (bench/README.md has the numbers). The kernel is
-``csrc/adam8bit_cpu.cpp``; read it next to the reference: each scalar line there is one line
-of the reference, and the AVX2/AVX-512 loops do the same 8 or 16 elements at a time.
+``"cpu"``: the same maths as :mod:`adam8lib.kernels.reference`, bit for bit (codes, absmax,
+parameters), in one pass over memory per block instead of a dozen chunk-sized temporaries
+(bench/README.md has the numbers). ``"cpu_fast"`` (``exact=False``, asked for by name, never
+picked by ``"auto"``): the same codes and absmax, but the parameter update uses the IEEE
+square root and a multiply by ``1/sqrt(1 - beta2^t)`` instead of torch's MKL square root and a
+division, so the parameters differ from the reference by about an ulp (tolerance tested). The
+kernel is ``csrc/adam8bit_cpu.cpp``; read it next to the reference: each scalar line there is
+one line of the reference, and the AVX2/AVX-512 loops do the same 8 or 16 elements at a time.
 
 How it is built
     On first use, with ``torch.utils.cpp_extension.load`` as a plain shared library (no torch
@@ -12,20 +15,32 @@ How it is built
     ``-O3 -march=native -fopenmp -ffp-contract=off``), called through ctypes. The build is
     cached under ``~/.cache/adam8lib/`` (or ``$ADAM8LIB_CACHE_DIR``), keyed by the source, the
     flags, the torch and Python versions and the CPU model, so a later process just loads it,
-    together with the nearest-code tables of each map (a second or two to build). Importing
-    this module only checks that a compiler and ninja exist (``ImportError`` if not: the
-    registry then skips ``"cpu"`` and ``"auto"`` falls back to ``"torch"``); the build
-    itself runs the first time the backend is asked whether it ``supports`` a CPU device.
-    A failed build is reported once as a warning, and ``"auto"`` falls back to ``"torch"``.
+    together with the nearest-code tables of each map. Builds take an ``flock`` that dies with
+    its holder (a stale ``lock`` file left by a killed build is removed; a build by another
+    process that runs longer than ``$ADAM8LIB_BUILD_LOCK_TIMEOUT`` seconds, 600 by default,
+    ends in a clear error instead of a hang). Importing never fails: where the kernel cannot
+    be built (no compiler, no ninja, a compiler error, a torch whose rounding it cannot
+    reproduce) the backends report ``supports() == False``, :func:`unavailable_reason` says
+    why, and ``"auto"`` falls back to ``"torch"`` (with one warning for a failed build).
+
+Safe to call from anywhere
+    Every scalar goes to C by value; the only pointers are the data of the tensors passed in
+    (and of the cached tables), alive for the call. Anything the kernel must not read (a
+    tensor subclass such as DTensor, a meta, sparse or non-contiguous tensor) raises
+    TypeError/ValueError first. Under ``torch.compile`` the step runs eagerly
+    (``torch.compiler.disable``: a graph break).
 
 Exact nearest code, fast
-    The reference finds each code with a binary search over the 256-entry map. Here
-    :func:`code_table` samples the reference's ``nearest_code`` once per map: ``nearest_code``
-    is a step function of ``x``, so for each of the 65,536 buckets of floats that share the
-    top 16 bits of a sortable key of ``x`` it is enough to store the code at the bucket's
-    start, and where (and to which code) it changes inside the bucket. The kernel then
-    needs one table load and one integer compare per value, and returns exactly the
-    reference's code, ties and the keep-sign rule included.
+    :mod:`adam8lib.kernels.code_table` samples the reference's ``nearest_code`` once per map
+    into a table indexed by the top 16 bits of a sortable key of ``x``; the kernel needs one
+    table load and one integer compare per value and returns exactly the reference's code.
+    Dequantizing needs no gather on CPUs with AVX-512 VBMI: the map's 256 fp32 values are
+    held as four byte planes and looked up 64 codes at a time with byte shuffles.
+
+The non-finite rule
+    An element whose new ``m`` or ``v`` is not finite (a NaN/Inf gradient, or one so large
+    that ``g*g`` overflows) restarts from ``m = v = 0`` and keeps its parameter, as in the
+    reference; absmax is taken after that, so it stays finite.
 
 Rounding
     torch's ``add_(g, alpha=a)`` and ``addcmul_`` use fused multiply-adds on AVX2/AVX-512
@@ -39,7 +54,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import inspect
 import logging
 import math
 import os
@@ -47,17 +61,21 @@ import platform
 import shutil
 import sys
 import threading
+import time
 import warnings
-from dataclasses import dataclass
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy
 import torch
 
-from ..quant import SUPPORTED_BLOCKSIZES, nearest_code, num_blocks
+from ..quant import num_blocks
 from . import register_backend
+from .contract import check_step_args
+from .code_table import BUCKET_BITS, CodeTable, cache_root, code_table  # noqa: F401 (re-exported)
 
-__all__ = ["adam8bit_step", "code_table", "CodeTable", "torch_uses_fma", "load_extension", "supports", "SOURCE"]
+__all__ = ["adam8bit_step", "adam8bit_step_fast", "code_table", "CodeTable", "torch_uses_fma", "load_extension",
+           "supports", "unavailable_reason", "SOURCE"]
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +85,7 @@ SOURCE = Path(__file__).with_name("csrc") / "adam8bit_cpu.cpp"
 #: reference rounds them separately (the fused ones are written as std::fma in the source).
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno")
 LDFLAGS = ("-fopenmp",)
-#: Top bits of the sortable key that index the nearest-code tables.
-BUCKET_BITS = 16
 
-_P_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: dtype codes of the C entry point
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
@@ -81,7 +96,7 @@ def _toolchain_problem() -> str | None:
 
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
-        return f"no C++ compiler ({compiler!r} not on PATH)"
+        return f"no C++ compiler ({compiler!r} not on PATH; install g++ or set CXX)"
     if not is_ninja_available():
         return "ninja is not installed (pip install ninja)"
     if not SOURCE.is_file():
@@ -89,9 +104,23 @@ def _toolchain_problem() -> str | None:
     return None
 
 
-_problem = _toolchain_problem()
-if _problem is not None:
-    raise ImportError(f"adam8lib cpu backend unavailable: {_problem}")
+#: Why this backend cannot run here (None while it can): no compiler, no ninja, a torch build
+#: whose rounding the kernel cannot reproduce, or the compiler's error. See unavailable_reason().
+_unavailable: str | None = _toolchain_problem()
+
+
+def unavailable_reason() -> str | None:
+    """Why ``backend="cpu"`` cannot run on this machine, or None if it can.
+
+    The reason names what is missing (a C++ compiler, ninja), or quotes the compiler's error
+    if the build failed. Asking builds the kernel if it has not been built yet.
+    """
+    if _unavailable is None and _extension is None:
+        try:
+            load_extension()
+        except RuntimeError:
+            pass
+    return _unavailable
 
 
 # ---------------------------------------------------------------------------------------
@@ -110,9 +139,7 @@ def _cpu_model() -> str:
 
 def build_directory() -> Path:
     """Where the compiled kernel is cached; a new folder for each source/flags/torch/CPU."""
-    root = os.environ.get("ADAM8LIB_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "adam8lib"
-    )
+    root = cache_root()
     tag = hashlib.sha256(
         "\n".join([SOURCE.read_text(), " ".join(CFLAGS + LDFLAGS), torch.__version__, sys.version, _cpu_model()]).encode()
     ).hexdigest()[:16]
@@ -121,41 +148,94 @@ def build_directory() -> Path:
 
 _lock = threading.Lock()
 _extension = None
-_build_error: str | None = None
+#: Seconds a build waits for another process's build of the same kernel before giving up.
+BUILD_LOCK_TIMEOUT = float(os.environ.get("ADAM8LIB_BUILD_LOCK_TIMEOUT", "600"))
+
+
+@contextmanager
+def _build_lock(directory: Path, timeout: float):
+    """Hold an exclusive lock on ``directory`` for a build, waiting at most ``timeout`` seconds.
+
+    torch's own build lock is a plain file (``lock``) that a build killed mid-compile leaves
+    behind, and every later build then waits for it forever. This lock is ``flock`` on
+    ``directory/build.flock``: the kernel releases it when its holder dies, so it can never go
+    stale. Whoever holds it is the only process building here, so a ``lock`` file found then
+    was left by a dead build: it is removed (with a warning). Where ``flock`` does not exist
+    (Windows), a ``lock`` file older than ``timeout`` counts as stale.
+    """
+    stale = directory / "lock"
+    try:
+        import fcntl
+    except ImportError:  # no flock: fall back to the age of torch's lock file
+        if stale.exists() and time.time() - stale.stat().st_mtime > timeout:
+            warnings.warn(f"adam8lib: removing a stale build lock {stale}", RuntimeWarning, stacklevel=3)
+            stale.unlink(missing_ok=True)
+        yield
+        return
+    with open(directory / "build.flock", "a+") as handle:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"another process has been building the adam8lib CPU kernel in {directory} for more than "
+                        f"{timeout:.0f} s (ADAM8LIB_BUILD_LOCK_TIMEOUT); if no such build is running, delete that "
+                        "folder and retry"
+                    ) from None
+                time.sleep(0.1)
+        try:
+            if stale.exists():
+                warnings.warn(f"adam8lib: removing a stale build lock left by an interrupted build: {stale}",
+                              RuntimeWarning, stacklevel=3)
+                stale.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 def load_extension() -> ctypes.CDLL:
-    """Build (first time, a few seconds) or load the compiled kernel; RuntimeError on failure."""
-    global _extension, _build_error
+    """Build (first time, a few seconds) or load the compiled kernel.
+
+    RuntimeError naming the reason if it cannot (no compiler or ninja, the compiler's error, a
+    build of the same kernel by another process that does not finish within
+    :data:`BUILD_LOCK_TIMEOUT` seconds); the same error on every later call.
+    """
+    global _extension, _unavailable
     with _lock:
         if _extension is not None:
             return _extension
-        if _build_error is not None:
-            raise RuntimeError(_build_error)
+        if _unavailable is not None:
+            raise RuntimeError(f"adam8lib cpu backend unavailable: {_unavailable}")
         from torch.utils.cpp_extension import load
 
         directory = build_directory()
         try:
             directory.mkdir(parents=True, exist_ok=True)
             log.info("adam8lib: building/loading the CPU kernel in %s", directory)
-            # a plain shared library (no Python module, no torch headers): quick to build
-            path = load(
-                name="adam8lib_cpu_step",
-                sources=[str(SOURCE)],
-                extra_cflags=list(CFLAGS),  # copies: torch appends to these lists
-                extra_ldflags=list(LDFLAGS),
-                build_directory=str(directory),
-                is_python_module=False,
-                verbose=False,
-            )
+            with _build_lock(directory, BUILD_LOCK_TIMEOUT):
+                # a plain shared library (no Python module, no torch headers): quick to build
+                path = load(
+                    name="adam8lib_cpu_step",
+                    sources=[str(SOURCE)],
+                    extra_cflags=list(CFLAGS),  # copies: torch appends to these lists
+                    extra_ldflags=list(LDFLAGS),
+                    build_directory=str(directory),
+                    is_python_module=False,
+                    verbose=False,
+                )
             lib = ctypes.CDLL(path)
             fn = lib.adam8bit_step_cpu
         except Exception as exc:  # compiler errors arrive as RuntimeError/OSError/CalledProcessError
-            _build_error = f"adam8lib cpu backend: building the kernel failed: {exc}"
-            raise RuntimeError(_build_error) from exc
-        ptr, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+            _unavailable = f"building the kernel failed: {type(exc).__name__}: {exc}"
+            raise RuntimeError(f"adam8lib cpu backend unavailable: {_unavailable}") from exc
+        ptr, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
         fn.argtypes = [ptr, ptr, i32, i32, ptr, ptr, ptr, ptr, i64, i64,
-                       ptr, ptr, i32, ptr, ptr, i32, ptr, i32, i32, ptr, i64, i32, i32]
+                       ptr, ptr, i32, ptr, ptr, i32,
+                       f32, f32, f32, f32, f32, f32, f32, f32, f32,
+                       i32, i32, ptr, i64, i32, i32]
         fn.restype = i32
         _extension = lib
         return lib
@@ -166,13 +246,22 @@ def simd_level() -> int:
     return int(load_extension().adam8bit_cpu_simd_level())
 
 
+def byte_planes() -> bool:
+    """True if the AVX-512 loops dequantize with byte shuffles (AVX-512 VBMI) instead of gathers."""
+    return bool(load_extension().adam8bit_cpu_byte_planes())
+
+
 def supports(device: torch.device) -> bool:
-    """True for CPU devices once the kernel is built (builds it on the first CPU query)."""
+    """True for CPU devices once the kernel is built (builds it on the first CPU query).
+
+    False, with the reason in :func:`unavailable_reason`, where it cannot be built; a failed
+    build is also reported once as a warning.
+    """
     if torch.device(device).type != "cpu":
         return False
     if _extension is not None:
         return True
-    if _build_error is not None:
+    if _unavailable is not None:
         return False
     try:
         load_extension()
@@ -237,128 +326,23 @@ def torch_sqrt() -> tuple[int | None, str]:
 
 
 # ---------------------------------------------------------------------------------------
-# Exact nearest-code tables
-# ---------------------------------------------------------------------------------------
-_KEY_MIN = 0x007FFFFF  # sortable key of -inf (smaller keys are negative NaNs)
-_KEY_MAX = 0xFF800000  # sortable key of +inf (larger keys are positive NaNs)
-
-
-def _keys_to_floats(keys: torch.Tensor) -> torch.Tensor:
-    """Inverse of the kernel's sortable_key, on an int64 tensor of keys in [0, 2**32)."""
-    bits = torch.where(keys >= 2**31, keys - 2**31, (~keys) & 0xFFFFFFFF)
-    bits = torch.where(bits >= 2**31, bits - 2**32, bits)
-    return bits.to(torch.int32).view(torch.float32)
-
-
-@dataclass(frozen=True)
-class CodeTable:
-    """A map plus its exact nearest-code tables (see the module docstring)."""
-
-    qmap: torch.Tensor  # (256,) fp32
-    steps: torch.Tensor  # (65536,) int32 per bucket: base | step << 8 | where << 16
-    nan_code: int  # the reference's code for NaN
-
-
-def code_table(qmap: torch.Tensor, keep_sign: bool) -> CodeTable:
-    """Tables that give ``nearest_code(x, qmap, keep_sign=keep_sign)`` exactly for every fp32 x.
-
-    Raises ValueError for a map whose code changes twice inside one bucket (two entries
-    closer than ~1/128 of their magnitude); the dynamic and linear maps are fine.
-    """
-    if not isinstance(qmap, torch.Tensor) or qmap.shape != (256,) or not qmap.is_floating_point():
-        raise ValueError(f"qmap must be a 256-entry float tensor, got {getattr(qmap, 'shape', type(qmap))}")
-    qmap = qmap.detach().to("cpu", torch.float32).contiguous()
-    return _cached_code_table(qmap.numpy().tobytes(), bool(keep_sign))
-
-
-@functools.lru_cache(maxsize=16)
-def _cached_code_table(qmap_bytes: bytes, keep_sign: bool) -> CodeTable:
-    """Building a table takes a second or two; keep it next to the compiled kernel, keyed by
-    the map, the rule and the source of ``nearest_code`` (the spec it samples)."""
-    qmap = torch.frombuffer(bytearray(qmap_bytes), dtype=torch.float32)
-    spec = inspect.getsource(nearest_code).encode() + bytes([keep_sign, BUCKET_BITS])
-    path = build_directory() / "tables" / f"{hashlib.sha256(qmap_bytes + spec).hexdigest()[:24]}.pt"
-    try:
-        saved = torch.load(path, weights_only=True)
-        return CodeTable(qmap, saved["steps"], int(saved["nan_code"]))
-    except Exception:  # not there yet (or unreadable): build it
-        pass
-    table = _build_code_table(qmap, keep_sign)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        torch.save({"steps": table.steps, "nan_code": table.nan_code}, tmp)
-        os.replace(tmp, path)  # atomic: concurrent processes never see half a file
-    except OSError:
-        pass
-    return table
-
-
-def _build_code_table(qmap: torch.Tensor, keep_sign: bool) -> CodeTable:
-    if not bool(torch.isfinite(qmap).all()) or bool((qmap[1:] < qmap[:-1]).any()):
-        raise ValueError("qmap must be finite and sorted ascending")
-
-    def code_at(keys: torch.Tensor) -> torch.Tensor:
-        return nearest_code(_keys_to_floats(keys), qmap, keep_sign=keep_sign).long()
-
-    # each bucket: the code at its first and at its last key (NaN keys excluded)
-    width = 1 << (32 - BUCKET_BITS)
-    first = torch.arange(1 << BUCKET_BITS, dtype=torch.int64) * width
-    first, last = first.clamp(_KEY_MIN, _KEY_MAX), (first + width - 1).clamp(_KEY_MIN, _KEY_MAX)
-    base, top = code_at(first), code_at(last)
-    # where the code changes inside a bucket: bisection for the first key whose code != base
-    stepping = (top != base).nonzero().flatten()
-    lo, hi = first[stepping], last[stepping]  # code(lo) == base, code(hi) != base
-    while bool((hi - lo > 1).any()):
-        mid = (lo + hi) // 2
-        moved = code_at(mid) != base[stepping]
-        hi, lo = torch.where(moved, mid, hi), torch.where(moved, lo, mid)
-    thresh = torch.full_like(base, _KEY_MAX + 1)
-    thresh[stepping] = hi
-    # the table is exact if each bucket's code changes at most once: check that next to the
-    # change and at 16 keys spread over every bucket
-    samples = first[:, None] + (last - first)[:, None] * torch.arange(16) // 15
-    expected = torch.where(samples < thresh[:, None], base[:, None], top[:, None])
-    if not (torch.equal(code_at(samples), expected) and torch.equal(code_at(hi - 1), base[stepping])
-            and torch.equal(code_at(hi), top[stepping])):
-        raise ValueError("this map's codes change more than once within a lookup bucket; use backend='torch'")
-    step = (top - base) % 256  # the kernel adds modulo 256 (a uint8 wraps, as the reference's does)
-    where = torch.where(thresh <= _KEY_MAX, thresh & 0xFFFF, 0)  # low 16 bits of the key of the change
-    packed = base | (step << 8) | (where << 16)
-    packed = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
-    nan_code = int(nearest_code(torch.tensor([float("nan")]), qmap, keep_sign=keep_sign))
-    return CodeTable(qmap, packed, nan_code)
-
-
-# ---------------------------------------------------------------------------------------
 # The step
 # ---------------------------------------------------------------------------------------
+
 def _check(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, blocksize) -> None:
+    """TypeError/ValueError for anything the kernel must not touch, before any data pointer is read:
+    the shared backend contract (:func:`adam8lib.kernels.contract.check_step_args`), plus CPU tensors
+    whose memory is really there."""
+    check_step_args(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, blocksize=blocksize)
+    if p.device.type != "cpu":
+        raise ValueError(f"the cpu backend needs CPU tensors; p is on {p.device}")
     tensors = dict(p=p, g=g, state1=state1, state2=state2, absmax1=absmax1, absmax2=absmax2, qmap1=qmap1, qmap2=qmap2)
     for name, t in tensors.items():
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.device.type != "cpu":
-            raise ValueError(f"the cpu backend needs CPU tensors; {name} is on {t.device}")
-        if t.dim() != 1 or not t.is_contiguous():
-            raise ValueError(f"{name} must be a flat contiguous 1-D tensor, got shape {tuple(t.shape)}")
-    if isinstance(blocksize, bool) or blocksize not in SUPPORTED_BLOCKSIZES:
-        raise ValueError(f"Unsupported blocksize: {blocksize!r}; use one of {list(SUPPORTED_BLOCKSIZES)}")
-    n = p.numel()
-    if p.dtype not in _P_DTYPES:
-        raise TypeError(f"p must be fp32, bf16 or fp16, got {p.dtype}")
-    if not g.is_floating_point() or g.numel() != n:
-        raise ValueError(f"g must be a floating-point tensor with {n} elements, got {g.dtype}[{g.numel()}]")
-    blocks = num_blocks(n, blocksize)
-    for name, t, size, dtype in (
-        ("state1", state1, n, torch.uint8), ("state2", state2, n, torch.uint8),
-        ("absmax1", absmax1, blocks, torch.float32), ("absmax2", absmax2, blocks, torch.float32),
-        ("qmap1", qmap1, 256, torch.float32), ("qmap2", qmap2, 256, torch.float32),
-    ):
-        if t.dtype != dtype or t.numel() != size:
-            raise ValueError(f"{name} must be {dtype}[{size}], got {t.dtype}[{t.numel()}]")
+        if p.numel() and t.numel() and t.untyped_storage().data_ptr() == 0:
+            raise ValueError(f"{name} has no storage (data pointer 0)")
 
 
+@torch.compiler.disable
 @torch.no_grad()
 def adam8bit_step(
     p: torch.Tensor,
@@ -379,31 +363,44 @@ def adam8bit_step(
     blocksize: int,
     chunk_size: int | None = None,  # accepted for the reference's signature; blocks are the unit here
     simd: int | None = None,
+    exact: bool = True,
 ) -> None:
     """One 8-bit Adam/AdamW step, in place, on flat contiguous CPU tensors (see the reference).
 
+    ``exact=True`` (the ``"cpu"`` backend): bit-identical to the reference backend, parameters
+    included. ``exact=False`` (the ``"cpu_fast"`` backend): the same codes and absmax (the
+    moments are computed identically), but the parameter update uses the IEEE square root and
+    multiplies by ``1/sqrt(1 - beta2^t)`` (fused with ``+ eps``) instead of torch's MKL square
+    root and a division; the parameters then differ from the reference by about an ulp of the
+    update (tests/test_cpu_backend.py states the tolerance).
+
     ``simd`` picks the kernel's loops: 0 scalar only, 1 AVX2, 2 AVX-512, None the best this
     build has (:func:`simd_level`). They all give the same result (tested).
+
+    Runs eagerly under ``torch.compile`` (``torch.compiler.disable``: a graph break), so it
+    always sees real tensors; every scalar goes to C by value.
     """
     _check(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, blocksize)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        raise ValueError(f"step must be an int >= 1, got {step!r}")
     lib = load_extension()
     # both states keep their signs when requantized, as in the reference
     t1, t2 = code_table(qmap1, keep_sign=True), code_table(qmap2, keep_sign=True)
     if g.dtype != p.dtype and g.dtype != torch.float32:
         g = g.float()  # exact for bf16/fp16; fp64 grads round as the reference's g.float() does
-    # the scalars, computed as the reference computes them (Python floats)
+    # the scalars, computed as the reference computes them (Python floats); ctypes rounds each
+    # to fp32 once, as torch rounds the Python scalars its kernels receive
     bias_correction1 = 1.0 - beta1**step
     bias_correction2_sqrt = math.sqrt(1.0 - beta2**step)
     step_size = lr / bias_correction1
-    hyper = torch.tensor(  # rounded to fp32 here, as torch rounds Python scalars in its kernels
-        [beta1, 1.0 - beta1, beta2, 1.0 - beta2, 1.0 - lr * weight_decay, bias_correction2_sqrt, eps, -step_size],
-        dtype=torch.float32,
-    )
+    decay = 1.0 - lr * weight_decay if weight_decay != 0 else 1.0  # p * 1.0 == p: no decay
     status = lib.adam8bit_step_cpu(
         p.data_ptr(), g.data_ptr(), _DTYPE_CODES[p.dtype], _DTYPE_CODES[g.dtype],
         state1.data_ptr(), state2.data_ptr(), absmax1.data_ptr(), absmax2.data_ptr(), p.numel(), blocksize,
         t1.qmap.data_ptr(), t1.steps.data_ptr(), t1.nan_code, t2.qmap.data_ptr(), t2.steps.data_ptr(), t2.nan_code,
-        hyper.data_ptr(), weight_decay != 0, torch_uses_fma(), torch_sqrt()[0], MKL_VML_MODE,
+        beta1, 1.0 - beta1, beta2, 1.0 - beta2, decay, bias_correction2_sqrt, eps, -step_size,
+        1.0 / bias_correction2_sqrt,
+        torch_uses_fma(), bool(exact), torch_sqrt()[0] if exact else None, MKL_VML_MODE,
         simd_level() if simd is None else simd,
         torch.get_num_threads(),
     )
@@ -411,5 +408,16 @@ def adam8bit_step(
         raise RuntimeError(f"cpu kernel rejected its arguments (status {status})")
 
 
-torch_uses_fma(), torch_sqrt()  # ImportError here if torch's rounding cannot be matched
+def adam8bit_step_fast(*args, **kwargs) -> None:
+    """The ``"cpu_fast"`` backend: :func:`adam8bit_step` with ``exact=False`` (not bit-identical
+    parameters; same states). Never chosen by ``"auto"``: ask for it by name."""
+    kwargs.pop("exact", None)
+    adam8bit_step(*args, exact=False, **kwargs)
+
+
+try:  # can this torch build's rounding be reproduced? (else the backend stays off, saying why)
+    torch_uses_fma(), torch_sqrt()
+except ImportError as exc:
+    _unavailable = _unavailable or str(exc)
 register_backend("cpu", adam8bit_step, supports)
+register_backend("cpu_fast", adam8bit_step_fast, supports)

@@ -17,13 +17,22 @@ Work split (the "tile"). A program owns ``ROWS`` whole quantization blocks, seen
 involved. On a GPU a tile has 2048 elements (8 x 256 or 1 x 2048) and 8 warps, eight elements
 per thread: p and g move as 16-byte vectors, the codes 8 bytes at a time. Offsets are int64.
 
-Nearest code, the only part that is not elementwise. The map is sorted, so a branch-free
-binary search finds ``pos = #(map entries < x)`` in 8 halving steps, one ``tl.load`` from the
-1 KiB map per step (an L1 hit after the first touch); it keeps the last probe below x and the
-last one at or above x, which are the two neighbours. Then the rule of
-:func:`adam8lib.quant.nearest_code`: the closer neighbour wins, a tie goes to the lower index,
-and, for the optimizer's states (``keep_sign``), a non-zero value never gets the code of 0 or
-of the other sign: it moves one code away from zero instead.
+Nearest code, the only part that is not elementwise. Two ways, same answer:
+
+* ``_table_code`` (used whenever the map allows, i.e. the dynamic and linear maps): one load
+  from an exact table of the reference's ``nearest_code``, indexed by the top 16 bits of a
+  sortable integer key of the float, and one compare (:mod:`adam8lib.kernels.code_table`);
+* ``_nearest_code`` (the readable version lesson 08 shows, and the fallback): the map is
+  sorted, so a branch-free binary search finds ``pos = #(map entries < x)`` in 8 halving
+  steps, one ``tl.load`` from the 1 KiB map per step; it keeps the last probe below x and the
+  last one at or above x, which are the two neighbours. Then the rule of
+  :func:`adam8lib.quant.nearest_code`: the closer neighbour wins, a tie goes to the lower
+  index, and, for the optimizer's states (``keep_sign``), a non-zero value never gets the
+  code of 0 or of the other sign: it moves one code away from zero instead.
+
+The non-finite rule (as in the reference): an element whose new m or v is not finite (a
+NaN/Inf gradient, or one so large that g*g overflows) restarts from m = v = 0 and keeps its
+parameter; absmax is taken after that, so one bad element never spoils its block.
 
 Same numbers as the reference backend (:mod:`adam8lib.kernels.reference`). Every fp32
 operation follows the reference's order, division and square root are correctly rounded
@@ -41,9 +50,9 @@ terms (e.g. ``addcdiv`` rounds ``p + a*(m/d)``); tests/test_kernels.py states wh
 tests require. Hyperparameters reach the kernel as fp32 scalars, as torch's do: ``beta1``,
 ``1-beta1``, ... are computed in Python doubles and rounded once.
 
-Performance (no GPU timing yet, see bench/README.md): compiled for sm_90 the step uses 88
-registers per thread and about 240 instructions per element, half of them the two binary
-searches, so it is probably limited by instruction issue, not by memory.
+Performance (no GPU timing yet, see bench/README.md): compiled for sm_90 (``bench/gpu_sass.py``,
+no GPU needed) the step uses 88 registers per thread, no spills, and about 126 SASS
+instructions per element on its main path (262 with the binary search).
 """
 
 from __future__ import annotations
@@ -55,14 +64,19 @@ import torch
 import triton
 import triton.language as tl
 
+from collections import OrderedDict
+
 from . import register_backend
-from ..quant import _check_code, _check_dequantize_inputs, _require_float, check_blocksize, num_blocks
+from .contract import check_step_args
+from .code_table import code_table
+from ..quant import check_blocksize, check_code, check_dequantize_inputs, num_blocks, require_float
 
 __all__ = [
     "adam8bit_step_triton",
     "quantize_blockwise_triton",
     "dequantize_blockwise_triton",
     "supports",
+    "unavailable_reason",
     "launch_config",
     "INTERPRETED",
 ]
@@ -120,6 +134,37 @@ def _nearest_code(x, qmap_ptr, KEEP_SIGN: tl.constexpr):
 
 
 @triton.jit
+def _table_code(x, steps_ptr):
+    """The same code as :func:`_nearest_code`, from the float's bits and one table probe.
+
+    ``steps`` is :func:`adam8lib.kernels.code_table.code_table`'s exact table for the map
+    (and rule): the fp32 values are ordered by a sortable integer ``key``; for each of the
+    65,536 buckets of keys sharing their top 16 bits it holds the code at the bucket's start
+    (bits 0-7), the one other code inside the bucket (bits 8-15) and the low 16 bits of the
+    key where that one starts (bits 16-31), NaN included. So::
+
+        code = bits 8-15 if (low 16 bits of key) >= where else bits 0-7
+
+    one load (from a 256 KiB table whose hot part, the buckets of |x| <= 1, is a few KiB)
+    and one compare, instead of 8 dependent probes.
+    """
+    bits = x.to(tl.int32, bitcast=True)
+    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: flip the magnitude bits
+    entry = tl.load(steps_ptr + ((key >> 16) + 0x8000))
+    shift = tl.where((key & 0xFFFF) >= ((entry >> 16) & 0xFFFF), 8, 0)
+    return (entry >> shift) & 0xFF
+
+
+@triton.jit
+def _codes(x, qmap_ptr, steps_ptr, KEEP_SIGN: tl.constexpr, USE_TABLE: tl.constexpr):
+    """Nearest code of each x: one table probe (USE_TABLE) or the binary search."""
+    if USE_TABLE:
+        return _table_code(x, steps_ptr)
+    else:
+        return _nearest_code(x, qmap_ptr, KEEP_SIGN)
+
+
+@triton.jit
 def _to_dtype(x, DTYPE: tl.constexpr):
     """fp32 -> DTYPE, rounding to nearest even like torch's ``.to()``.
 
@@ -136,13 +181,13 @@ def _to_dtype(x, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _quantize_tile(x, mask, qmap_ptr, KEEP_SIGN: tl.constexpr):
+def _quantize_tile(x, mask, qmap_ptr, steps_ptr, KEEP_SIGN: tl.constexpr, USE_TABLE: tl.constexpr):
     """Blockwise quantization of a [ROWS, BLOCKSIZE] fp32 tile: (codes int32, absmax [ROWS])."""
     absmax = tl.max(tl.where(mask, tl.abs(x), 0.0), axis=1)  # absmax[b] = max_i |x_bi|
     # inv = 1/absmax, or 0 for an all-zero block (so its codes are the code of 0.0)
     safe = tl.where(absmax > 0, absmax, 1.0)
     inv = tl.where(absmax > 0, tl.math.div_rn(1.0, safe), 0.0)
-    codes = _nearest_code(x * inv[:, None], qmap_ptr, KEEP_SIGN)
+    codes = _codes(x * inv[:, None], qmap_ptr, steps_ptr, KEEP_SIGN, USE_TABLE)
     return codes, absmax
 
 
@@ -150,11 +195,12 @@ def _quantize_tile(x, mask, qmap_ptr, KEEP_SIGN: tl.constexpr):
 # Kernels
 # ----------------------------------------------------------------------------------------
 @triton.jit
-def _quantize_kernel(x_ptr, codes_ptr, absmax_ptr, qmap_ptr, n, n_blocks,
-                     BLOCKSIZE: tl.constexpr, ROWS: tl.constexpr, KEEP_SIGN: tl.constexpr):
+def _quantize_kernel(x_ptr, codes_ptr, absmax_ptr, qmap_ptr, steps_ptr, n, n_blocks,
+                     BLOCKSIZE: tl.constexpr, ROWS: tl.constexpr, KEEP_SIGN: tl.constexpr,
+                     USE_TABLE: tl.constexpr):
     blocks, offsets, mask = _tile(n, BLOCKSIZE, ROWS)
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    codes, absmax = _quantize_tile(x, mask, qmap_ptr, KEEP_SIGN)
+    codes, absmax = _quantize_tile(x, mask, qmap_ptr, steps_ptr, KEEP_SIGN, USE_TABLE)
     tl.store(codes_ptr + offsets, codes.to(tl.uint8), mask=mask)
     tl.store(absmax_ptr + blocks, absmax, mask=blocks < n_blocks)
 
@@ -171,10 +217,10 @@ def _dequantize_kernel(codes_ptr, absmax_ptr, qmap_ptr, out_ptr, n, n_blocks,
 
 @triton.jit
 def _adam8bit_kernel(p_ptr, g_ptr, state1_ptr, state2_ptr, absmax1_ptr, absmax2_ptr, qmap1_ptr, qmap2_ptr,
-                     n, n_blocks,
+                     steps1_ptr, steps2_ptr, n, n_blocks,
                      beta1, one_minus_beta1, beta2, one_minus_beta2, eps,
                      decay, neg_step_size, bias_correction2_sqrt,
-                     BLOCKSIZE: tl.constexpr, ROWS: tl.constexpr):
+                     BLOCKSIZE: tl.constexpr, ROWS: tl.constexpr, USE_TABLE: tl.constexpr):
     blocks, offsets, mask = _tile(n, BLOCKSIZE, ROWS)
     block_mask = blocks < n_blocks
 
@@ -190,20 +236,22 @@ def _adam8bit_kernel(p_ptr, g_ptr, state1_ptr, state2_ptr, absmax1_ptr, absmax2_
     g = tl.load(g_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     m = tl.math.fma(g, one_minus_beta1, m * beta1)
     v = tl.math.fma(g * one_minus_beta2, g, v * beta2)
-    finite = tl.abs(g) <= FLT_MAX  # false for NaN and +-Inf ...
-    m = tl.where(finite, m, 0.0)  # ... whose element restarts from m = v = 0
+    # the non-finite rule: an element whose new m or v is not finite (a NaN/Inf gradient, or
+    # one so large that g*g overflows) restarts from m = v = 0 and keeps its parameter
+    finite = (tl.abs(m) <= FLT_MAX) & (tl.abs(v) <= FLT_MAX)  # false for NaN and +-Inf
+    m = tl.where(finite, m, 0.0)
     v = tl.where(finite, v, 0.0)
 
     # 3. parameter in fp32: p = p*(1 - lr*wd) - lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
     p = tl.load(p_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     denom = tl.math.div_rn(tl.math.sqrt_rn(v), bias_correction2_sqrt) + eps
     new_p = p * decay + tl.math.div_rn(neg_step_size * m, denom)
-    new_p = tl.where(finite, new_p, p)  # a non-finite gradient leaves its parameter alone
+    new_p = tl.where(finite, new_p, p)  # a reset element leaves its parameter alone
     tl.store(p_ptr + offsets, _to_dtype(new_p, p_ptr.dtype.element_ty), mask=mask)
 
     # 4. requantize with fresh per-block absmax; a non-zero m or v never rounds to 0 or flips sign
-    code1, absmax1 = _quantize_tile(m, mask, qmap1_ptr, KEEP_SIGN=True)
-    code2, absmax2 = _quantize_tile(v, mask, qmap2_ptr, KEEP_SIGN=True)
+    code1, absmax1 = _quantize_tile(m, mask, qmap1_ptr, steps1_ptr, True, USE_TABLE)
+    code2, absmax2 = _quantize_tile(v, mask, qmap2_ptr, steps2_ptr, True, USE_TABLE)
     tl.store(state1_ptr + offsets, code1.to(tl.uint8), mask=mask)
     tl.store(state2_ptr + offsets, code2.to(tl.uint8), mask=mask)
     tl.store(absmax1_ptr + blocks, absmax1, mask=block_mask)
@@ -221,10 +269,20 @@ _PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 def supports(device: torch.device | str) -> bool:
     """The Triton backend runs on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1``."""
+    return unavailable_reason(device) is None
+
+
+def unavailable_reason(device: torch.device | str = "cuda") -> str | None:
+    """Why the Triton backend cannot run on ``device`` here, or None if it can."""
     device = torch.device(device)
     if device.type == "cuda":
-        return True
-    return device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+        return None
+    if device.type == "cpu":
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            return None
+        return ("CPU tensors run only in Triton's interpreter: set TRITON_INTERPRET=1 before adam8lib.kernels.triton "
+                "is imported (adam8lib.course.setup() does), or use CUDA tensors")
+    return f"the Triton backend runs on CUDA tensors (or CPU ones in the interpreter), not on {device.type}"
 
 
 def launch_config(blocksize: int, tile: int | None = None, num_warps: int | None = None) -> tuple[int, int]:
@@ -253,6 +311,32 @@ def _check_runnable(device: torch.device) -> None:
         )
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"The Triton backend needs CUDA (or CPU under TRITON_INTERPRET=1) tensors, got {device}")
+
+
+_TABLES: OrderedDict = OrderedDict()
+
+
+def nearest_code_table(qmap: torch.Tensor, keep_sign: bool) -> tuple[torch.Tensor, bool]:
+    """``(steps, use_table)`` for the kernels: the exact nearest-code table of ``qmap`` on its
+    device (:mod:`adam8lib.kernels.code_table`), or, for a map the table cannot represent,
+    ``(qmap, False)``: the kernels then fall back to the binary search.
+
+    Cached per map tensor (held, so its address cannot be reused) and its version counter
+    (an in-place edit of the map makes a new table)."""
+    key = (qmap.data_ptr(), qmap._version, qmap.device, bool(keep_sign))
+    hit = _TABLES.get(key)
+    if hit is not None and hit[0] is qmap:
+        _TABLES.move_to_end(key)
+        return hit[1]
+    try:
+        table = code_table(qmap, keep_sign=keep_sign)
+        value = (table.steps.to(qmap.device), True)
+    except ValueError:
+        value = (qmap, False)
+    _TABLES[key] = (qmap, value)
+    while len(_TABLES) > 16:
+        _TABLES.popitem(last=False)
+    return value
 
 
 def _launch(kernel, n_blocks: int, rows: int, num_warps: int, *args, **constexprs) -> None:
@@ -297,13 +381,17 @@ def adam8bit_step_triton(
         return
     n_blocks = num_blocks(n, blocksize)
     rows, warps = launch_config(blocksize, tile, num_warps)
+    steps1, table1 = nearest_code_table(qmap1, keep_sign=True)
+    steps2, table2 = nearest_code_table(qmap2, keep_sign=True)
+    if not (table1 and table2):
+        steps1, steps2 = qmap1, qmap2
     _launch(
         _adam8bit_kernel, n_blocks, rows, warps,
-        p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, n, n_blocks,
+        p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, steps1, steps2, n, n_blocks,
         # scalars in double precision here, rounded once to fp32 by the launch (as torch does)
         beta1, 1.0 - beta1, beta2, 1.0 - beta2, eps,
         1.0 - lr * weight_decay, -lr / (1.0 - beta1**step), math.sqrt(1.0 - beta2**step),
-        BLOCKSIZE=blocksize,
+        BLOCKSIZE=blocksize, USE_TABLE=table1 and table2,
     )
 
 
@@ -314,9 +402,9 @@ def quantize_blockwise_triton(
 
     ``keep_sign=True`` applies the states' rule: a non-zero value never rounds to 0 or flips sign.
     """
-    _require_float(x)
+    require_float(x)
     check_blocksize(blocksize)
-    code = _check_code(code, x.device)
+    code = check_code(code, x.device)
     _check_runnable(x.device)
     flat = x.reshape(-1).contiguous()
     n, n_blocks = flat.numel(), num_blocks(flat.numel(), blocksize)
@@ -324,8 +412,9 @@ def quantize_blockwise_triton(
     absmax = torch.empty(n_blocks, dtype=torch.float32, device=x.device)
     if n:
         rows, warps = launch_config(blocksize)
-        _launch(_quantize_kernel, n_blocks, rows, warps, flat, codes, absmax, code, n, n_blocks,
-                BLOCKSIZE=blocksize, KEEP_SIGN=bool(keep_sign))
+        steps, use_table = nearest_code_table(code, keep_sign=bool(keep_sign))
+        _launch(_quantize_kernel, n_blocks, rows, warps, flat, codes, absmax, code, steps, n, n_blocks,
+                BLOCKSIZE=blocksize, KEEP_SIGN=bool(keep_sign), USE_TABLE=use_table)
     return codes.view(x.shape), absmax
 
 
@@ -337,7 +426,7 @@ def dequantize_blockwise_triton(
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """Triton twin of :func:`adam8lib.quant.dequantize_blockwise`: ``code[codes] * absmax[block]``."""
-    code = _check_dequantize_inputs(codes, absmax, code, blocksize)
+    code = check_dequantize_inputs(codes, absmax, code, blocksize)
     if dtype not in _PARAM_DTYPES:
         raise TypeError(f"dtype must be one of {list(_PARAM_DTYPES)}, got {dtype}")
     n, n_blocks = codes.numel(), num_blocks(codes.numel(), blocksize)
@@ -352,25 +441,13 @@ def dequantize_blockwise_triton(
 
 
 def _check_step_tensors(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, n, blocksize) -> None:
-    tensors = dict(p=p, g=g, state1=state1, state2=state2, absmax1=absmax1, absmax2=absmax2, qmap1=qmap1, qmap2=qmap2)
-    for name, t in tensors.items():
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.device != p.device:
-            raise ValueError(f"{name} is on {t.device} but p is on {p.device}; all tensors must share a device")
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous (the kernel updates flat memory in place)")
-    expected = dict(
-        p=(n, _PARAM_DTYPES), g=(n, _PARAM_DTYPES), state1=(n, (torch.uint8,)), state2=(n, (torch.uint8,)),
-        absmax1=(num_blocks(n, blocksize), (torch.float32,)), absmax2=(num_blocks(n, blocksize), (torch.float32,)),
-        qmap1=(256, (torch.float32,)), qmap2=(256, (torch.float32,)),
-    )
-    for name, (numel, dtypes) in expected.items():
-        t = tensors[name]
-        if t.dtype not in dtypes:
-            raise TypeError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
-        if t.numel() != numel:
-            raise ValueError(f"{name} must have {numel} elements (n={n}, blocksize={blocksize}), got {t.numel()}")
+    """The shared backend contract (:func:`adam8lib.kernels.contract.check_step_args`), plus what
+    the kernel itself needs: a device Triton runs on and a gradient in a dtype it loads."""
+    check_step_args(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, blocksize=blocksize)
+    if p.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"the triton backend needs CUDA (or CPU under TRITON_INTERPRET=1) tensors; p is on {p.device}")
+    if g.dtype not in _PARAM_DTYPES:
+        raise TypeError(f"g must have dtype in {[str(d) for d in _PARAM_DTYPES]}, got {g.dtype}")
 
 
 register_backend("triton", adam8bit_step_triton, supports)

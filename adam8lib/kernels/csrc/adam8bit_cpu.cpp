@@ -1,25 +1,28 @@
-// The 8-bit Adam step on the CPU: OpenMP threads over tiles of blocks, AVX2 inside a block.
+// The 8-bit Adam step on the CPU: OpenMP threads over tiles of blocks, AVX2/AVX-512 inside a block.
 //
 // Plain C++ (no torch headers, so it builds in seconds). adam8lib/kernels/cpu.py builds it
 // with -O3 -march=native -fopenmp -ffp-contract=off, checks every argument, and calls
 // adam8bit_step_cpu (bottom of this file) through ctypes with the tensors' data pointers.
 //
-// It computes exactly what adam8lib/kernels/reference.py computes, with the same fp32
-// operations in the same order, so codes and absmax are bit-identical. Work goes by tiles
-// (whole blocks, ~2048 elements; one block if blocks are larger) and makes two passes over
-// per-thread buffers that stay in cache:
+// Exact mode computes exactly what adam8lib/kernels/reference.py computes, with the same fp32
+// operations in the same order, so codes, absmax and parameters are bit-identical. Work goes
+// by tiles (whole blocks, ~2048 elements; one block if blocks are larger) and makes two
+// passes over per-thread buffers that stay in cache:
 //   1. each block:  m = qmap1[state1] * absmax1        v = qmap2[state2] * absmax2   (dequantize)
 //                   m = m * beta1 + (1 - beta1) * g     v = v * beta2 + (1 - beta2) * g * g
-//                   non-finite g: m = v = 0;  new absmax1 = max |m|, new absmax2 = max v
+//                   m or v not finite: m = v = 0 (and the element is marked: see kResetV)
+//                   new absmax1 = max |m|, new absmax2 = max v
 //   2. sqrt(v) for the whole tile, then each block:
 //                   p = p * (1 - lr*wd) + (-step_size * m) / (sqrt(v) / sqrt(1 - beta2^t) + eps)
-//                   (non-finite g: p is left as it was)
+//                   (a reset element keeps its p)
 //                   state1 = nearest code of m * (1/absmax1), state2 = that of v * (1/absmax2)
 //                   (keeping signs: a non-zero value never gets the code of 0 or of the other sign)
+// Fast mode (exact = 0) differs only in step 2's parameter update: IEEE sqrt inline and
+// denom = fma(sqrt(v), 1/sqrt(1 - beta2^t), eps) (parameters within ~1 ulp of the update).
 //
-// Each loop is written twice: scalar (the spec, readable; also a block's last n % 8 elements,
-// blocks whose scales are not finite, and CPUs without AVX2), and AVX2, 8 elements at a
-// time with the same operations in the same order (the `*8` functions). The tests run both.
+// Each loop is written three times: scalar (the spec, readable; also a block's last elements
+// and CPUs without AVX2), AVX2 (8 elements at a time) and AVX-512 (16), with the same
+// operations in the same order. The tests run all of them.
 //
 // Rounding that matters for bit-identity (cpu.py asks this torch build and passes flags):
 // * torch computes m.add_(g, alpha=a) as fma(g, a, m) and v.addcmul_(g, g, value=b) as
@@ -28,13 +31,15 @@
 // * torch.sqrt on x86 Linux wheels is Intel MKL's vmsSqrt (within 1 ulp, but about 1 in 6
 //   results is not the correctly rounded one); then this kernel calls the same function.
 //
+// Dequantizing without gathers (AVX-512 VBMI): see BytePlanes below.
+//
 // Nearest code without searching the 256-entry map: the reference's nearest_code(x) is a
-// step function of x. cpu.py samples it exactly into a table indexed by the top 16
-// bits of a sortable key of x (a "bucket"). Each entry packs three numbers: the code at the
-// bucket's start (bits 0-7), the step to the one other code inside the bucket (bits 8-15,
-// modulo 256, mostly 0 or 1) and the low 16 bits of the key where it happens (bits 16-31):
-//     code(x) = base + (low 16 bits of key(x) >= where ? step : 0)   (mod 256)
-// one table load and one integer compare; NaN gets the reference's code for NaN.
+// step function of x. adam8lib/kernels/code_table.py samples it exactly into a table indexed
+// by the top 16 bits of a sortable key of x (a "bucket"). Each entry packs three numbers: the
+// code at the bucket's start (bits 0-7), the one other code inside the bucket (bits 8-15) and
+// the low 16 bits of the key where that one starts (bits 16-31):
+//     code(x) = (low 16 bits of key(x)) >= where ? bits 8-15 : bits 0-7
+// one table load and one integer compare; NaN keys hold the reference's code for NaN.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -115,18 +120,18 @@ struct CodeTable {
 inline uint8_t nearest_code(float x, const CodeTable& t) {
   const int32_t key = sortable_key(x);
   const uint32_t entry = static_cast<uint32_t>(t.steps[bucket_of(key)]);
-  const uint32_t base = entry & 0xff, step = (entry >> 8) & 0xff, where = entry >> 16;
-  const uint32_t code = base + (static_cast<uint32_t>(low16(key)) >= where ? step : 0);
-  return static_cast<uint8_t>(x != x ? t.nan_code : static_cast<int32_t>(code));
+  const uint32_t lo = entry & 0xff, hi = (entry >> 8) & 0xff, where = entry >> 16;
+  return static_cast<uint8_t>(static_cast<uint32_t>(low16(key)) >= where ? hi : lo);  // NaN: in the table
 }
 
 // fp32 hyperparameters, rounded from Python's floats by cpu.py (as torch rounds its scalars)
 struct Hyper {
   float beta1, one_minus_beta1, beta2, one_minus_beta2;
-  float decay;          // 1 - lr * weight_decay
+  float decay;          // 1 - lr * weight_decay (exactly 1 without weight decay: p * 1 == p)
   float bc2_sqrt;       // sqrt(1 - beta2^t)
   float eps;
   float neg_step_size;  // -lr / (1 - beta1^t)
+  float inv_bc2_sqrt;   // 1 / sqrt(1 - beta2^t), used by the fast mode only
 };
 
 // sqrt of n floats as torch.sqrt computes it here: IEEE sqrt, or MKL's vmsSqrt
@@ -143,8 +148,16 @@ struct Sqrt {
   }
 };
 
-// ---- the three per-element steps, scalar --------------------------------------------------
-// 1. dequantize, update the moments (Fused: as torch's fused multiply-adds)
+// The non-finite rule: an element whose new m or new v is not finite (a NaN/Inf gradient, or
+// a finite one so large that g*g overflows) restarts from m = v = 0 and keeps its parameter.
+// Between the two passes the tile buffer marks such an element by storing its v as -0.0:
+// a real new v is never -0.0 (it is b2*v + ((1-b2)*g)*g with v >= 0, a sum of +0 or positive
+// terms), and -0.0 requantizes exactly like +0.0 (the code tables sample nearest_code(-0.0)).
+constexpr uint32_t kResetV = 0x80000000u;
+inline bool is_reset(float v) { return bits_of(v) == kResetV; }
+
+// ---- the three per-element steps, scalar ----------------------------------------------------
+// 1. dequantize, update the moments (Fused: as torch's fused multiply-adds), apply the rule
 template <bool Fused>
 inline void update_moments(float grad, uint8_t c1, uint8_t c2, float old_absmax1, float old_absmax2,
                            const CodeTable& t1, const CodeTable& t2, const Hyper& h, float& m_out, float& v_out) {
@@ -159,18 +172,23 @@ inline void update_moments(float grad, uint8_t c1, uint8_t c2, float old_absmax1
     m = m + h.one_minus_beta1 * grad;
     v = v + (h.one_minus_beta2 * grad) * grad;
   }
-  const bool finite = is_finite(grad);
+  const bool finite = is_finite(m) && is_finite(v);
   m_out = finite ? m : 0.0f;
-  v_out = finite ? v : 0.0f;
+  v_out = finite ? v : float_of(kResetV);
 }
 
-// 2. the parameter update
-template <bool Decay>
-inline float update_param(float param, float m, float sqrt_v, bool finite, const Hyper& h) {
-  float updated = Decay ? param * h.decay : param;
-  const float denom = sqrt_v / h.bc2_sqrt + h.eps;
-  updated = updated + (h.neg_step_size * m) / denom;
-  return finite ? updated : param;
+// 2. the parameter update; Exact: torch's operations (sqrt_v from torch's sqrt), else the
+// fast mode's: IEEE sqrt here, and a multiply by 1/sqrt(1 - beta2^t) instead of a division
+template <bool Exact>
+inline float update_param(float param, float m, float v, float sqrt_v, const Hyper& h) {
+  float denom;
+  if (Exact) {
+    denom = sqrt_v / h.bc2_sqrt + h.eps;
+  } else {
+    denom = std::fma(std::sqrt(v), h.inv_bc2_sqrt, h.eps);
+  }
+  const float updated = param * h.decay + (h.neg_step_size * m) / denom;
+  return is_reset(v) ? param : updated;
 }
 
 #if ADAM8_AVX2
@@ -194,9 +212,12 @@ inline void store8(BF16* p, __m256 x) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
 }
 // all-ones where x is NaN or +-Inf
-inline __m256 non_finite8(__m256 x) {
+inline __m256i non_finite8(__m256 x) {
   const __m256i exp_mask = _mm256_set1_epi32(0x7f800000);
-  return _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(x), exp_mask), exp_mask));
+  return _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(x), exp_mask), exp_mask);
+}
+inline __m256 reset8(__m256 v) {  // all-ones where v carries the reset mark
+  return _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_castps_si256(v), _mm256_set1_epi32(static_cast<int>(kResetV))));
 }
 inline __m256i load_codes8(const uint8_t* s) {
   return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s)));
@@ -207,11 +228,10 @@ inline void store_codes8(uint8_t* s, __m256i codes) {  // 8 int32 in 0..255 -> 8
 }
 
 template <bool Fused>
-inline void update_moments8(__m256 grad, __m256i c1, __m256i c2, __m256 old_absmax1, __m256 old_absmax2,
-                            const CodeTable& t1, const CodeTable& t2, const Hyper& h, __m256& m_out,
-                            __m256& v_out) {
-  __m256 m = _mm256_mul_ps(_mm256_i32gather_ps(t1.qmap, c1, 4), old_absmax1);
-  __m256 v = _mm256_mul_ps(_mm256_i32gather_ps(t2.qmap, c2, 4), old_absmax2);
+inline void update_moments8(__m256 grad, __m256 q1, __m256 q2, __m256 old_absmax1, __m256 old_absmax2,
+                            const Hyper& h, __m256& m_out, __m256& v_out) {
+  __m256 m = _mm256_mul_ps(q1, old_absmax1);
+  __m256 v = _mm256_mul_ps(q2, old_absmax2);
   m = _mm256_mul_ps(m, _mm256_set1_ps(h.beta1));
   v = _mm256_mul_ps(v, _mm256_set1_ps(h.beta2));
   const __m256 b_grad = _mm256_mul_ps(_mm256_set1_ps(h.one_minus_beta2), grad);
@@ -222,17 +242,22 @@ inline void update_moments8(__m256 grad, __m256i c1, __m256i c2, __m256 old_absm
     m = _mm256_add_ps(m, _mm256_mul_ps(_mm256_set1_ps(h.one_minus_beta1), grad));
     v = _mm256_add_ps(v, _mm256_mul_ps(b_grad, grad));
   }
-  const __m256 bad = non_finite8(grad);
+  const __m256 bad = _mm256_castsi256_ps(_mm256_or_si256(non_finite8(m), non_finite8(v)));
   m_out = _mm256_andnot_ps(bad, m);
-  v_out = _mm256_andnot_ps(bad, v);
+  v_out = _mm256_blendv_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(kResetV))), bad);
 }
 
-template <bool Decay>
-inline __m256 update_param8(__m256 param, __m256 m, __m256 sqrt_v, __m256 bad_grad, const Hyper& h) {
-  __m256 updated = Decay ? _mm256_mul_ps(param, _mm256_set1_ps(h.decay)) : param;
-  const __m256 denom = _mm256_add_ps(_mm256_div_ps(sqrt_v, _mm256_set1_ps(h.bc2_sqrt)), _mm256_set1_ps(h.eps));
-  updated = _mm256_add_ps(updated, _mm256_div_ps(_mm256_mul_ps(_mm256_set1_ps(h.neg_step_size), m), denom));
-  return _mm256_blendv_ps(updated, param, bad_grad);
+template <bool Exact>
+inline __m256 update_param8(__m256 param, __m256 m, __m256 v, __m256 sqrt_v, const Hyper& h) {
+  __m256 denom;
+  if (Exact) {
+    denom = _mm256_add_ps(_mm256_div_ps(sqrt_v, _mm256_set1_ps(h.bc2_sqrt)), _mm256_set1_ps(h.eps));
+  } else {
+    denom = _mm256_fmadd_ps(_mm256_sqrt_ps(v), _mm256_set1_ps(h.inv_bc2_sqrt), _mm256_set1_ps(h.eps));
+  }
+  const __m256 step = _mm256_div_ps(_mm256_mul_ps(_mm256_set1_ps(h.neg_step_size), m), denom);
+  const __m256 updated = _mm256_add_ps(_mm256_mul_ps(param, _mm256_set1_ps(h.decay)), step);
+  return _mm256_blendv_ps(updated, param, reset8(v));
 }
 
 inline __m256i nearest_code8(__m256 x, const CodeTable& t) {  // x must not be NaN
@@ -241,11 +266,10 @@ inline __m256i nearest_code8(__m256 x, const CodeTable& t) {  // x must not be N
   const __m256i bucket = _mm256_add_epi32(_mm256_srai_epi32(key, 16), _mm256_set1_epi32(0x8000));
   const __m256i entry = _mm256_i32gather_epi32(t.steps, bucket, 4);
   const __m256i byte = _mm256_set1_epi32(0xff);
-  const __m256i base = _mm256_and_si256(entry, byte);
-  const __m256i step = _mm256_and_si256(_mm256_srli_epi32(entry, 8), byte);
   const __m256i where = _mm256_srli_epi32(entry, 16);
   const __m256i below = _mm256_cmpgt_epi32(where, _mm256_and_si256(key, _mm256_set1_epi32(0xffff)));
-  return _mm256_and_si256(_mm256_add_epi32(base, _mm256_andnot_si256(below, step)), byte);  // mod 256, as uint8
+  // lo (bits 0-7) below where, else hi (bits 8-15)
+  return _mm256_and_si256(_mm256_srlv_epi32(entry, _mm256_andnot_si256(below, _mm256_set1_epi32(8))), byte);
 }
 
 inline float max8(__m256 x) {  // largest of 8 (no NaN among them)
@@ -279,19 +303,21 @@ inline __mmask16 non_finite16(__m512 x) {
   const __m512i exp_mask = _mm512_set1_epi32(0x7f800000);
   return _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(x), exp_mask), exp_mask);
 }
+inline __mmask16 reset16(__m512 v) {
+  return _mm512_cmpeq_epi32_mask(_mm512_castps_si512(v), _mm512_set1_epi32(static_cast<int>(kResetV)));
+}
 inline __m512i load_codes16(const uint8_t* s) {
   return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
 }
-inline void store_codes16(uint8_t* s, __m512i codes) {  // 16 int32 in 0..255 -> 16 bytes
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(s), _mm512_cvtepi32_epi8(codes));
+inline void store_codes16(uint8_t* s, __m512i codes) {  // the low byte of 16 int32 -> 16 bytes
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(s), _mm512_cvtepi32_epi8(codes));  // (vpmovdb truncates)
 }
 
 template <bool Fused>
-inline void update_moments16(__m512 grad, __m512i c1, __m512i c2, __m512 old_absmax1, __m512 old_absmax2,
-                             const CodeTable& t1, const CodeTable& t2, const Hyper& h, __m512& m_out,
-                             __m512& v_out) {
-  __m512 m = _mm512_mul_ps(_mm512_i32gather_ps(c1, t1.qmap, 4), old_absmax1);
-  __m512 v = _mm512_mul_ps(_mm512_i32gather_ps(c2, t2.qmap, 4), old_absmax2);
+inline void update_moments16(__m512 grad, __m512 q1, __m512 q2, __m512 old_absmax1, __m512 old_absmax2,
+                             const Hyper& h, __m512& m_out, __m512& v_out) {
+  __m512 m = _mm512_mul_ps(q1, old_absmax1);
+  __m512 v = _mm512_mul_ps(q2, old_absmax2);
   m = _mm512_mul_ps(m, _mm512_set1_ps(h.beta1));
   v = _mm512_mul_ps(v, _mm512_set1_ps(h.beta2));
   const __m512 b_grad = _mm512_mul_ps(_mm512_set1_ps(h.one_minus_beta2), grad);
@@ -302,31 +328,90 @@ inline void update_moments16(__m512 grad, __m512i c1, __m512i c2, __m512 old_abs
     m = _mm512_add_ps(m, _mm512_mul_ps(_mm512_set1_ps(h.one_minus_beta1), grad));
     v = _mm512_add_ps(v, _mm512_mul_ps(b_grad, grad));
   }
-  const __mmask16 good = static_cast<__mmask16>(~non_finite16(grad));
-  m_out = _mm512_maskz_mov_ps(good, m);
-  v_out = _mm512_maskz_mov_ps(good, v);
+  const __mmask16 bad = static_cast<__mmask16>(non_finite16(m) | non_finite16(v));
+  m_out = _mm512_maskz_mov_ps(static_cast<__mmask16>(~bad), m);
+  v_out = _mm512_mask_mov_ps(v, bad, _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(kResetV))));
 }
 
-template <bool Decay>
-inline __m512 update_param16(__m512 param, __m512 m, __m512 sqrt_v, __mmask16 bad_grad, const Hyper& h) {
-  __m512 updated = Decay ? _mm512_mul_ps(param, _mm512_set1_ps(h.decay)) : param;
-  const __m512 denom = _mm512_add_ps(_mm512_div_ps(sqrt_v, _mm512_set1_ps(h.bc2_sqrt)), _mm512_set1_ps(h.eps));
-  updated = _mm512_add_ps(updated, _mm512_div_ps(_mm512_mul_ps(_mm512_set1_ps(h.neg_step_size), m), denom));
-  return _mm512_mask_blend_ps(bad_grad, updated, param);
+template <bool Exact>
+inline __m512 update_param16(__m512 param, __m512 m, __m512 v, __m512 sqrt_v, const Hyper& h) {
+  __m512 denom;
+  if (Exact) {
+    denom = _mm512_add_ps(_mm512_div_ps(sqrt_v, _mm512_set1_ps(h.bc2_sqrt)), _mm512_set1_ps(h.eps));
+  } else {
+    denom = _mm512_fmadd_ps(_mm512_sqrt_ps(v), _mm512_set1_ps(h.inv_bc2_sqrt), _mm512_set1_ps(h.eps));
+  }
+  const __m512 step = _mm512_div_ps(_mm512_mul_ps(_mm512_set1_ps(h.neg_step_size), m), denom);
+  const __m512 updated = _mm512_add_ps(_mm512_mul_ps(param, _mm512_set1_ps(h.decay)), step);
+  return _mm512_mask_blend_ps(reset16(v), updated, param);
 }
 
-inline __m512i nearest_code16(__m512 x, const CodeTable& t) {  // x must not be NaN
-  const __m512i s = _mm512_castps_si512(x);
-  const __m512i key = _mm512_xor_si512(s, _mm512_and_si512(_mm512_srai_epi32(s, 31), _mm512_set1_epi32(0x7fffffff)));
-  const __m512i bucket = _mm512_add_epi32(_mm512_srai_epi32(key, 16), _mm512_set1_epi32(0x8000));
-  const __m512i entry = _mm512_i32gather_epi32(bucket, t.steps, 4);
-  const __m512i byte = _mm512_set1_epi32(0xff);
-  const __m512i base = _mm512_and_si512(entry, byte);
-  const __m512i step = _mm512_and_si512(_mm512_srli_epi32(entry, 8), byte);
+// codes as int32 whose low byte is the code (the byte store keeps only that byte)
+template <bool NonNegative>
+inline __m512i nearest_code16(__m512 x, const CodeTable& t) {
+  __m512i key;
+  if (NonNegative) {  // x >= 0 or -0.0 (which has the code of +0.0): the key is the bits of |x|
+    key = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff));
+  } else {
+    const __m512i s = _mm512_castps_si512(x);
+    key = _mm512_xor_si512(s, _mm512_and_si512(_mm512_srai_epi32(s, 31), _mm512_set1_epi32(0x7fffffff)));
+  }
+  // bucket_of(key) = (key >> 16) + 0x8000: the + 0x8000 is folded into the table's address
+  const __m512i entry = _mm512_i32gather_epi32(_mm512_srai_epi32(key, 16), t.steps + 0x8000, 4);
   const __mmask16 at_or_after = _mm512_cmpge_epi32_mask(_mm512_and_si512(key, _mm512_set1_epi32(0xffff)),
                                                         _mm512_srli_epi32(entry, 16));
-  return _mm512_and_si512(_mm512_mask_add_epi32(base, at_or_after, base, step), byte);  // mod 256, as uint8
+  return _mm512_mask_srli_epi32(entry, at_or_after, entry, 8);  // lo (bits 0-7), or hi (bits 8-15)
 }
+
+// Dequantizing without a gather: a map's 256 fp32 values as four "byte planes" (byte k of
+// every value, 256 bytes = four 64-byte registers each). With AVX-512 VBMI one vpermi2b looks
+// up 64 codes at once in 128 bytes of a plane (7 index bits), a second one in the other 128,
+// and bit 7 of the code picks between them; four planes give the four bytes of each value,
+// and two rounds of byte/word interleaves assemble 64 floats. Those interleaves work inside
+// 128-bit lanes, so the 64 codes are first put in the order that makes the floats come out in
+// memory order (kInterleave).
+struct BytePlanes {
+  alignas(64) uint8_t plane[4][256];
+  explicit BytePlanes(const float* qmap) {
+    for (int c = 0; c < 256; ++c) {
+      const uint32_t u = bits_of(qmap[c]);
+      for (int k = 0; k < 4; ++k) plane[k][c] = static_cast<uint8_t>(u >> (8 * k));
+    }
+  }
+};
+
+#if defined(__AVX512VBMI__)
+constexpr bool kBytePlanes = true;
+// element j of the result vectors comes from code kInterleave[j] (a 4x4 transpose of 16-byte groups)
+inline __m512i interleave_order() {
+  alignas(64) uint8_t order[64];
+  for (int lane = 0; lane < 4; ++lane)
+    for (int k = 0; k < 4; ++k)
+      for (int i = 0; i < 4; ++i) order[16 * lane + 4 * k + i] = static_cast<uint8_t>(16 * k + 4 * lane + i);
+  return _mm512_load_si512(order);
+}
+
+// 64 codes -> the 64 map values, as 4 vectors of 16 in memory order
+inline void dequantize64(const BytePlanes& t, const uint8_t* codes, __m512i order, __m512 out[4]) {
+  const __m512i idx = _mm512_permutexvar_epi8(order, _mm512_loadu_si512(codes));
+  const __mmask64 upper = _mm512_movepi8_mask(idx);  // bit 7: codes 128..255
+  __m512i b[4];
+  for (int k = 0; k < 4; ++k) {
+    const __m512i* p = reinterpret_cast<const __m512i*>(t.plane[k]);
+    const __m512i lo = _mm512_permutex2var_epi8(_mm512_load_si512(p), idx, _mm512_load_si512(p + 1));
+    const __m512i hi = _mm512_permutex2var_epi8(_mm512_load_si512(p + 2), idx, _mm512_load_si512(p + 3));
+    b[k] = _mm512_mask_blend_epi8(upper, lo, hi);
+  }
+  const __m512i w01_lo = _mm512_unpacklo_epi8(b[0], b[1]), w01_hi = _mm512_unpackhi_epi8(b[0], b[1]);
+  const __m512i w23_lo = _mm512_unpacklo_epi8(b[2], b[3]), w23_hi = _mm512_unpackhi_epi8(b[2], b[3]);
+  out[0] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(w01_lo, w23_lo));
+  out[1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(w01_lo, w23_lo));
+  out[2] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(w01_hi, w23_hi));
+  out[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(w01_hi, w23_hi));
+}
+#else
+constexpr bool kBytePlanes = false;
+#endif
 #endif
 
 // ---- one tile: a run of whole blocks ---------------------------------------------------------
@@ -340,27 +425,52 @@ struct Buffers {  // per-thread scratch for one tile; stays in cache
   alignas(64) float sqrt_v[kMaxBlocksize];
 };
 
-inline bool finite(float x) { return is_finite(x); }
+struct Maps {  // both maps, in every form the loops use
+  CodeTable t1, t2;
+#if ADAM8_AVX512
+  const BytePlanes* planes1;
+  const BytePlanes* planes2;
+#endif
+};
 
-// Pass 1 for the block [lo, hi): new m and v into buf; absmax1/absmax2 come in as the old
-// scales and go out as the new ones (max |m|, max v; NaN if any is NaN, like torch's amax).
+// Pass 1 for the block [lo, hi): new m and v into buf (the non-finite rule applied);
+// absmax1/absmax2 come in as the old scales and go out as the new ones (max |m|, max v:
+// always finite, since the rule leaves no non-finite m or v). The AVX-512 loop also asks the
+// cache for the same elements of p (p_bytes each), which pass 2 reads next: pass 1 streams
+// g and the codes, pass 2 streams p, and without the hint each tile's p would start cold.
 template <typename G, bool Fused>
 void moments_block(const G* __restrict g, const uint8_t* __restrict s1, const uint8_t* __restrict s2, int64_t lo,
-                   int64_t hi, const CodeTable t1, const CodeTable t2, const Hyper h, Buffers& buf, int simd,
-                   float& absmax1, float& absmax2) {
+                   int64_t hi, const Maps& maps, const Hyper h, Buffers& buf, int simd, float& absmax1,
+                   float& absmax2, const char* p, int64_t p_bytes) {
   const float old1 = absmax1, old2 = absmax2;
   float max1 = 0.0f, max2 = 0.0f;
-  bool nan1 = false, nan2 = false;
   int64_t i = lo;
-  // with finite old scales no m or v can be NaN, so the SIMD loops only need the max
-  const bool vector = simd != kScalar && finite(old1) && finite(old2);
 #if ADAM8_AVX512
-  if (vector && simd == kAvx512) {
+  if (simd == kAvx512) {
+    const __m512 vold1 = _mm512_set1_ps(old1), vold2 = _mm512_set1_ps(old2);
     __m512 vmax1 = _mm512_setzero_ps(), vmax2 = _mm512_setzero_ps();
+#if defined(__AVX512VBMI__)
+    const __m512i order = interleave_order();
+    for (; i + 64 <= hi; i += 64) {
+      for (int64_t b = 0; b < 64 * p_bytes; b += 64) _mm_prefetch(p + i * p_bytes + b, _MM_HINT_T0);
+      __m512 q1[4], q2[4];
+      dequantize64(*maps.planes1, s1 + i, order, q1);
+      dequantize64(*maps.planes2, s2 + i, order, q2);
+      for (int j = 0; j < 4; ++j) {
+        __m512 m, v;
+        update_moments16<Fused>(load16(g + i + 16 * j), q1[j], q2[j], vold1, vold2, h, m, v);
+        _mm512_store_ps(buf.m + i + 16 * j, m);
+        _mm512_store_ps(buf.v + i + 16 * j, v);
+        vmax1 = _mm512_max_ps(_mm512_abs_ps(m), vmax1);
+        vmax2 = _mm512_max_ps(_mm512_abs_ps(v), vmax2);
+      }
+    }
+#endif
     for (; i + 16 <= hi; i += 16) {
       __m512 m, v;
-      update_moments16<Fused>(load16(g + i), load_codes16(s1 + i), load_codes16(s2 + i), _mm512_set1_ps(old1),
-                              _mm512_set1_ps(old2), t1, t2, h, m, v);
+      const __m512 q1 = _mm512_i32gather_ps(load_codes16(s1 + i), maps.t1.qmap, 4);
+      const __m512 q2 = _mm512_i32gather_ps(load_codes16(s2 + i), maps.t2.qmap, 4);
+      update_moments16<Fused>(load16(g + i), q1, q2, vold1, vold2, h, m, v);
       _mm512_store_ps(buf.m + i, m);
       _mm512_store_ps(buf.v + i, v);
       vmax1 = _mm512_max_ps(_mm512_abs_ps(m), vmax1);
@@ -371,13 +481,15 @@ void moments_block(const G* __restrict g, const uint8_t* __restrict s1, const ui
   }
 #endif
 #if ADAM8_AVX2
-  if (vector) {
+  if (simd != kScalar) {
+    const __m256 vold1 = _mm256_set1_ps(old1), vold2 = _mm256_set1_ps(old2);
     __m256 vmax1 = _mm256_setzero_ps(), vmax2 = _mm256_setzero_ps();
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     for (; i + 8 <= hi; i += 8) {
       __m256 m, v;
-      update_moments8<Fused>(load8(g + i), load_codes8(s1 + i), load_codes8(s2 + i), _mm256_set1_ps(old1),
-                             _mm256_set1_ps(old2), t1, t2, h, m, v);
+      const __m256 q1 = _mm256_i32gather_ps(maps.t1.qmap, load_codes8(s1 + i), 4);
+      const __m256 q2 = _mm256_i32gather_ps(maps.t2.qmap, load_codes8(s2 + i), 4);
+      update_moments8<Fused>(load8(g + i), q1, q2, vold1, vold2, h, m, v);
       _mm256_store_ps(buf.m + i, m);
       _mm256_store_ps(buf.v + i, v);
       vmax1 = _mm256_max_ps(_mm256_and_ps(m, abs_mask), vmax1);
@@ -388,76 +500,79 @@ void moments_block(const G* __restrict g, const uint8_t* __restrict s1, const ui
   }
 #endif
   for (; i < hi; ++i) {
-    update_moments<Fused>(to_float(g[i]), s1[i], s2[i], old1, old2, t1, t2, h, buf.m[i], buf.v[i]);
-    const float abs_m = std::fabs(buf.m[i]), abs_v = std::fabs(buf.v[i]);
-    max1 = std::max(max1, abs_m);
-    max2 = std::max(max2, abs_v);
-    nan1 |= abs_m != abs_m;
-    nan2 |= abs_v != abs_v;
+    update_moments<Fused>(to_float(g[i]), s1[i], s2[i], old1, old2, maps.t1, maps.t2, h, buf.m[i], buf.v[i]);
+    max1 = std::max(max1, std::fabs(buf.m[i]));
+    max2 = std::max(max2, std::fabs(buf.v[i]));
   }
-  absmax1 = nan1 ? std::numeric_limits<float>::quiet_NaN() : max1;
-  absmax2 = nan2 ? std::numeric_limits<float>::quiet_NaN() : max2;
+  absmax1 = max1;
+  absmax2 = max2;
 }
 
 // Pass 2 for the block [lo, hi): update p, and requantize m and v with the new scales
 // (multiplying by 1/absmax, as the reference does).
-template <typename P, typename G, bool Decay>
-void param_and_codes_block(P* __restrict p, const G* __restrict g, uint8_t* __restrict s1, uint8_t* __restrict s2,
-                           int64_t lo, int64_t hi, float absmax1, float absmax2, const CodeTable t1,
-                           const CodeTable t2, const Hyper h, const Buffers& buf, int simd) {
+template <typename P, bool Exact>
+void param_and_codes_block(P* __restrict p, uint8_t* __restrict s1, uint8_t* __restrict s2, int64_t lo, int64_t hi,
+                           float absmax1, float absmax2, const Maps& maps, const Hyper h, const Buffers& buf,
+                           int simd) {
   const float inv1 = absmax1 > 0.0f ? 1.0f / absmax1 : 0.0f;
   const float inv2 = absmax2 > 0.0f ? 1.0f / absmax2 : 0.0f;
   int64_t i = lo;
-  // finite scales and inverses: m * inv1 and v * inv2 are never NaN, so no NaN case here
-  const bool vector = simd != kScalar && finite(absmax1) && finite(absmax2) && finite(inv1) && finite(inv2);
+  // with finite inverses m * inv1 and v * inv2 are never NaN (a denormal absmax can make
+  // 1/absmax infinite, and 0 * inf is NaN: those rare blocks take the scalar loop)
+  const bool vector = simd != kScalar && is_finite(inv1) && is_finite(inv2);
 #if ADAM8_AVX512
   if (vector && simd == kAvx512) {
+    const __m512 vinv1 = _mm512_set1_ps(inv1), vinv2 = _mm512_set1_ps(inv2);
     for (; i + 16 <= hi; i += 16) {
       const __m512 m = _mm512_load_ps(buf.m + i), v = _mm512_load_ps(buf.v + i);
-      store16(p + i, update_param16<Decay>(load16(p + i), m, _mm512_load_ps(buf.sqrt_v + i), non_finite16(load16(g + i)), h));
-      store_codes16(s1 + i, nearest_code16(_mm512_mul_ps(m, _mm512_set1_ps(inv1)), t1));
-      store_codes16(s2 + i, nearest_code16(_mm512_mul_ps(v, _mm512_set1_ps(inv2)), t2));
+      const __m512 sqrt_v = Exact ? _mm512_load_ps(buf.sqrt_v + i) : v;
+      store16(p + i, update_param16<Exact>(load16(p + i), m, v, sqrt_v, h));
+      store_codes16(s1 + i, nearest_code16<false>(_mm512_mul_ps(m, vinv1), maps.t1));
+      store_codes16(s2 + i, nearest_code16<true>(_mm512_mul_ps(v, vinv2), maps.t2));  // v >= 0 (or the -0 mark)
     }
   }
 #endif
 #if ADAM8_AVX2
   if (vector) {
+    const __m256 vinv1 = _mm256_set1_ps(inv1), vinv2 = _mm256_set1_ps(inv2);
     for (; i + 8 <= hi; i += 8) {
       const __m256 m = _mm256_load_ps(buf.m + i), v = _mm256_load_ps(buf.v + i);
-      store8(p + i, update_param8<Decay>(load8(p + i), m, _mm256_load_ps(buf.sqrt_v + i), non_finite8(load8(g + i)), h));
-      store_codes8(s1 + i, nearest_code8(_mm256_mul_ps(m, _mm256_set1_ps(inv1)), t1));
-      store_codes8(s2 + i, nearest_code8(_mm256_mul_ps(v, _mm256_set1_ps(inv2)), t2));
+      const __m256 sqrt_v = Exact ? _mm256_load_ps(buf.sqrt_v + i) : v;
+      store8(p + i, update_param8<Exact>(load8(p + i), m, v, sqrt_v, h));
+      store_codes8(s1 + i, nearest_code8(_mm256_mul_ps(m, vinv1), maps.t1));
+      store_codes8(s2 + i, nearest_code8(_mm256_mul_ps(v, vinv2), maps.t2));
     }
   }
 #endif
   for (; i < hi; ++i) {
-    p[i] = from_float<P>(update_param<Decay>(to_float(p[i]), buf.m[i], buf.sqrt_v[i], is_finite(to_float(g[i])), h));
-    s1[i] = nearest_code(buf.m[i] * inv1, t1);
-    s2[i] = nearest_code(buf.v[i] * inv2, t2);
+    const float sqrt_v = Exact ? buf.sqrt_v[i] : 0.0f;
+    p[i] = from_float<P>(update_param<Exact>(to_float(p[i]), buf.m[i], buf.v[i], sqrt_v, h));
+    s1[i] = nearest_code(buf.m[i] * inv1, maps.t1);
+    s2[i] = nearest_code(buf.v[i] * inv2, maps.t2);
   }
 }
 
-template <typename P, typename G, bool Fused, bool Decay>
+template <typename P, typename G, bool Fused, bool Exact>
 void step_tile(P* __restrict p, const G* __restrict g, uint8_t* __restrict s1, uint8_t* __restrict s2,
-               float* absmax1, float* absmax2, int64_t n, int64_t blocksize, const CodeTable& t1,
-               const CodeTable& t2, const Hyper& h, const Sqrt& sqrt_of, Buffers& buf, int simd) {
+               float* absmax1, float* absmax2, int64_t n, int64_t blocksize, const Maps& maps, const Hyper& h,
+               const Sqrt& sqrt_of, Buffers& buf, int simd) {
   // 1. dequantize and update m and v, block by block (each block has its own scales)
   for (int64_t lo = 0, b = 0; lo < n; lo += blocksize, ++b) {
-    moments_block<G, Fused>(g, s1, s2, lo, std::min(n, lo + blocksize), t1, t2, h, buf, simd, absmax1[b], absmax2[b]);
+    moments_block<G, Fused>(g, s1, s2, lo, std::min(n, lo + blocksize), maps, h, buf, simd, absmax1[b], absmax2[b],
+                            reinterpret_cast<const char*>(p), sizeof(P));
   }
-  // 2. sqrt(v) for the whole tile, then update p and requantize, block by block
-  sqrt_of(buf.v, buf.sqrt_v, n);
+  // 2. sqrt(v) for the whole tile (exact mode: torch's sqrt), then update p and requantize
+  if (Exact) sqrt_of(buf.v, buf.sqrt_v, n);
   for (int64_t lo = 0, b = 0; lo < n; lo += blocksize, ++b) {
-    param_and_codes_block<P, G, Decay>(p, g, s1, s2, lo, std::min(n, lo + blocksize), absmax1[b], absmax2[b], t1, t2,
-                                       h, buf, simd);
+    param_and_codes_block<P, Exact>(p, s1, s2, lo, std::min(n, lo + blocksize), absmax1[b], absmax2[b], maps, h, buf,
+                                    simd);
   }
 }
 
 // ---- all tiles, over OpenMP threads -----------------------------------------------------------
-template <typename P, typename G, bool Fused, bool Decay>
+template <typename P, typename G, bool Fused, bool Exact>
 void step_all(void* p_ptr, const void* g_ptr, uint8_t* s1, uint8_t* s2, float* absmax1, float* absmax2, int64_t n,
-              int64_t blocksize, const CodeTable& t1, const CodeTable& t2, const Hyper& h, const Sqrt& sqrt_of,
-              int simd, int threads) {
+              int64_t blocksize, const Maps& maps, const Hyper& h, const Sqrt& sqrt_of, int simd, int threads) {
   P* p = static_cast<P*>(p_ptr);
   const G* g = static_cast<const G*>(g_ptr);
   const int64_t blocks_per_tile = std::max<int64_t>(1, kTile / blocksize);
@@ -471,20 +586,20 @@ void step_all(void* p_ptr, const void* g_ptr, uint8_t* s1, uint8_t* s2, float* a
 #pragma omp for schedule(static)
     for (int64_t k = 0; k < tiles; ++k) {
       const int64_t start = k * tile;
-      step_tile<P, G, Fused, Decay>(p + start, g + start, s1 + start, s2 + start, absmax1 + k * blocks_per_tile,
-                                    absmax2 + k * blocks_per_tile, std::min(tile, n - start), blocksize, t1, t2, h,
+      step_tile<P, G, Fused, Exact>(p + start, g + start, s1 + start, s2 + start, absmax1 + k * blocks_per_tile,
+                                    absmax2 + k * blocks_per_tile, std::min(tile, n - start), blocksize, maps, h,
                                     sqrt_of, buf, simd);
     }
   }
 }
 
-using StepFn = void (*)(void*, const void*, uint8_t*, uint8_t*, float*, float*, int64_t, int64_t, const CodeTable&,
-                        const CodeTable&, const Hyper&, const Sqrt&, int, int);
+using StepFn = void (*)(void*, const void*, uint8_t*, uint8_t*, float*, float*, int64_t, int64_t, const Maps&,
+                        const Hyper&, const Sqrt&, int, int);
 
 template <typename P, typename G>
-StepFn pick(bool fused, bool decay) {
-  if (fused) return decay ? step_all<P, G, true, true> : step_all<P, G, true, false>;
-  return decay ? step_all<P, G, false, true> : step_all<P, G, false, false>;
+StepFn pick(bool fused, bool exact) {
+  if (fused) return exact ? step_all<P, G, true, true> : step_all<P, G, true, false>;
+  return exact ? step_all<P, G, false, true> : step_all<P, G, false, false>;
 }
 
 }  // namespace
@@ -494,30 +609,51 @@ enum : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 
 // the widest SIMD loops in this build: 0 none (scalar only), 1 AVX2, 2 AVX-512
 extern "C" int adam8bit_cpu_simd_level() { return kBestSimd; }
+// 1 if the AVX-512 loops dequantize with byte shuffles (AVX-512 VBMI), 0 if with gathers
+extern "C" int adam8bit_cpu_byte_planes() {
+#if ADAM8_AVX512
+  return kBytePlanes ? 1 : 0;
+#else
+  return 0;
+#endif
+}
 
-// The entry point cpu.py calls (ctypes). hyper: 8 fp32 values in the order of struct Hyper.
-// g has p's dtype, or is fp32. steps1/2: the nearest-code tables. mkl_sqrt: MKL's vmsSqrt if
-// torch.sqrt uses it, else null. simd: which loops to run (Simd; capped at kBestSimd).
+// The entry point cpu.py calls (ctypes). Every scalar is passed by value (no pointer into a
+// temporary Python object); the pointers are the tensors' data, which the caller keeps alive.
+// g has p's dtype, or is fp32. steps1/2: the nearest-code tables. fused: torch rounds its
+// multiply-adds fused. exact: 1 = torch's operations (bit-identical to the reference), 0 = the
+// fast mode (IEEE sqrt, multiply by 1/sqrt(1-beta2^t)). mkl_sqrt: MKL's vmsSqrt if torch.sqrt
+// uses it, else null. simd: which loops to run (Simd; capped at kBestSimd).
 // Returns 0, or -1 for an unsupported dtype or blocksize.
 extern "C" int adam8bit_step_cpu(void* p, const void* g, int p_dtype, int g_dtype, uint8_t* state1,
                                  uint8_t* state2, float* absmax1, float* absmax2, int64_t n, int64_t blocksize,
                                  const float* qmap1, const int32_t* steps1, int nan_code1, const float* qmap2,
-                                 const int32_t* steps2, int nan_code2, const float* hyper, int decay, int fused,
-                                 void* mkl_sqrt, int64_t mkl_sqrt_mode, int simd, int threads) {
+                                 const int32_t* steps2, int nan_code2, float beta1, float one_minus_beta1,
+                                 float beta2, float one_minus_beta2, float decay, float bc2_sqrt, float eps,
+                                 float neg_step_size, float inv_bc2_sqrt, int fused, int exact, void* mkl_sqrt,
+                                 int64_t mkl_sqrt_mode, int simd, int threads) {
   if (blocksize <= 0 || blocksize > kMaxBlocksize || (g_dtype != p_dtype && g_dtype != kFloat32)) return -1;
-  const CodeTable t1{qmap1, steps1, nan_code1};
-  const CodeTable t2{qmap2, steps2, nan_code2};
-  const Hyper h{hyper[0], hyper[1], hyper[2], hyper[3], hyper[4], hyper[5], hyper[6], hyper[7]};
+  Maps maps{CodeTable{qmap1, steps1, nan_code1}, CodeTable{qmap2, steps2, nan_code2}
+#if ADAM8_AVX512
+            , nullptr, nullptr
+#endif
+  };
+#if ADAM8_AVX512
+  const BytePlanes planes1(qmap1), planes2(qmap2);
+  maps.planes1 = &planes1;
+  maps.planes2 = &planes2;
+#endif
+  const Hyper h{beta1, one_minus_beta1, beta2, one_minus_beta2, decay, bc2_sqrt, eps, neg_step_size, inv_bc2_sqrt};
   const Sqrt sqrt_of{reinterpret_cast<Sqrt::VmsSqrt>(mkl_sqrt), mkl_sqrt_mode};
   const bool same = g_dtype == p_dtype;
   StepFn fn = nullptr;
   switch (p_dtype) {
-    case kFloat32: fn = pick<float, float>(fused, decay); break;
-    case kBFloat16: fn = same ? pick<BF16, BF16>(fused, decay) : pick<BF16, float>(fused, decay); break;
-    case kFloat16: fn = same ? pick<_Float16, _Float16>(fused, decay) : pick<_Float16, float>(fused, decay); break;
+    case kFloat32: fn = pick<float, float>(fused, exact); break;
+    case kBFloat16: fn = same ? pick<BF16, BF16>(fused, exact) : pick<BF16, float>(fused, exact); break;
+    case kFloat16: fn = same ? pick<_Float16, _Float16>(fused, exact) : pick<_Float16, float>(fused, exact); break;
     default: return -1;
   }
-  fn(p, g, state1, state2, absmax1, absmax2, n, blocksize, t1, t2, h, sqrt_of, std::clamp(simd, 0, kBestSimd),
+  fn(p, g, state1, state2, absmax1, absmax2, n, blocksize, maps, h, sqrt_of, std::clamp(simd, 0, kBestSimd),
      std::max(1, threads));
   return 0;
 }

@@ -1,0 +1,150 @@
+"""Exact nearest-code tables: the code of any fp32 value from its bits, one probe, one compare.
+
+The reference finds each code with a binary search over the 256-entry map
+(:func:`adam8lib.quant.nearest_code`). That function is a step function of ``x``; order the
+fp32 values by a sortable integer key (their bits, with the magnitude bits of negative values
+flipped) and split the keys into 65,536 buckets by their top 16 bits. :func:`code_table`
+samples the reference once per map and stores, per bucket, the code at the bucket's start
+(``lo``), the one other code inside it (``hi``) and where it starts (the low 16 bits of the
+key, ``where``), packed as ``lo | hi << 8 | where << 16``::
+
+    code(x) = hi if (low 16 bits of key(x)) >= where else lo
+
+exactly the reference's answer, ties, NaN and the keep-sign rule included (a map whose code
+changes twice inside one bucket is refused with ValueError; the dynamic and linear maps are
+fine). Both fast backends use it: the C++ kernel (``cpu``) and the Triton kernel (``triton``).
+Building a table takes a second or two; it is cached on disk (under ``cache_root()``) keyed
+by the map, the rule and the source of ``nearest_code``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..quant import nearest_code
+
+__all__ = ["code_table", "CodeTable", "cache_root", "BUCKET_BITS"]
+
+#: Top bits of the sortable key that index the tables.
+BUCKET_BITS = 16
+
+
+#: Bumped when the packing of a table changes (part of the on-disk cache key).
+_FORMAT = b"lo|hi|where, NaN inside, v2"
+
+
+def cache_root() -> Path:
+    """adam8lib's cache folder: ``$ADAM8LIB_CACHE_DIR``, else ``$XDG_CACHE_HOME/adam8lib`` or ``~/.cache/adam8lib``."""
+    return Path(os.environ.get("ADAM8LIB_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "adam8lib"
+    ))
+
+
+_KEY_MIN = 0x007FFFFF  # sortable key of -inf (smaller keys are negative NaNs)
+_KEY_MAX = 0xFF800000  # sortable key of +inf (larger keys are positive NaNs)
+
+
+def _keys_to_floats(keys: torch.Tensor) -> torch.Tensor:
+    """Inverse of the kernel's sortable_key, on an int64 tensor of keys in [0, 2**32)."""
+    bits = torch.where(keys >= 2**31, keys - 2**31, (~keys) & 0xFFFFFFFF)
+    bits = torch.where(bits >= 2**31, bits - 2**32, bits)
+    return bits.to(torch.int32).view(torch.float32)
+
+
+@dataclass(frozen=True)
+class CodeTable:
+    """A map plus its exact nearest-code tables (see the module docstring)."""
+
+    qmap: torch.Tensor  # (256,) fp32
+    steps: torch.Tensor  # (65536,) int32 per bucket: code below | code from `where` on << 8 | where << 16
+    nan_code: int  # the reference's code for NaN
+
+
+def code_table(qmap: torch.Tensor, keep_sign: bool) -> CodeTable:
+    """Tables that give ``nearest_code(x, qmap, keep_sign=keep_sign)`` exactly for every fp32 x.
+
+    Raises ValueError for a map whose code changes twice inside one bucket (two entries
+    closer than ~1/128 of their magnitude); the dynamic and linear maps are fine.
+    """
+    if not isinstance(qmap, torch.Tensor) or qmap.shape != (256,) or not qmap.is_floating_point():
+        raise ValueError(f"qmap must be a 256-entry float tensor, got {getattr(qmap, 'shape', type(qmap))}")
+    qmap = qmap.detach().to("cpu", torch.float32).contiguous()
+    return _cached_code_table(qmap.numpy().tobytes(), bool(keep_sign))
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_code_table(qmap_bytes: bytes, keep_sign: bool) -> CodeTable:
+    """Building a table takes a second or two; keep it next to the compiled kernel, keyed by
+    the map, the rule and the source of ``nearest_code`` (the spec it samples)."""
+    qmap = torch.frombuffer(bytearray(qmap_bytes), dtype=torch.float32)
+    spec = inspect.getsource(nearest_code).encode() + bytes([keep_sign, BUCKET_BITS]) + _FORMAT
+    path = cache_root() / "tables" / f"{hashlib.sha256(qmap_bytes + spec).hexdigest()[:24]}.pt"
+    try:
+        saved = torch.load(path, weights_only=True)
+        return CodeTable(qmap, saved["steps"], int(saved["nan_code"]))
+    except Exception:  # not there yet (or unreadable): build it
+        pass
+    table = _build_code_table(qmap, keep_sign)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        torch.save({"steps": table.steps, "nan_code": table.nan_code}, tmp)
+        os.replace(tmp, path)  # atomic: concurrent processes never see half a file
+    except OSError:
+        pass
+    return table
+
+
+def _build_code_table(qmap: torch.Tensor, keep_sign: bool) -> CodeTable:
+    if not bool(torch.isfinite(qmap).all()) or bool((qmap[1:] < qmap[:-1]).any()):
+        raise ValueError("qmap must be finite and sorted ascending")
+
+    def code_at(keys: torch.Tensor) -> torch.Tensor:
+        return nearest_code(_keys_to_floats(keys), qmap, keep_sign=keep_sign).long()
+
+    # each bucket: the code at its first and at its last key (NaN keys excluded)
+    width = 1 << (32 - BUCKET_BITS)
+    first = torch.arange(1 << BUCKET_BITS, dtype=torch.int64) * width
+    first, last = first.clamp(_KEY_MIN, _KEY_MAX), (first + width - 1).clamp(_KEY_MIN, _KEY_MAX)
+    base, top = code_at(first), code_at(last)
+    # where the code changes inside a bucket: bisection for the first key whose code != base
+    stepping = (top != base).nonzero().flatten()
+    lo, hi = first[stepping], last[stepping]  # code(lo) == base, code(hi) != base
+    while bool((hi - lo > 1).any()):
+        mid = (lo + hi) // 2
+        moved = code_at(mid) != base[stepping]
+        hi, lo = torch.where(moved, mid, hi), torch.where(moved, lo, mid)
+    thresh = torch.full_like(base, _KEY_MAX + 1)
+    thresh[stepping] = hi
+    # the table is exact if each bucket's code changes at most once: check that next to the
+    # change and at 16 keys spread over every bucket
+    samples = first[:, None] + (last - first)[:, None] * torch.arange(16) // 15
+    expected = torch.where(samples < thresh[:, None], base[:, None], top[:, None])
+    if not (torch.equal(code_at(samples), expected) and torch.equal(code_at(hi - 1), base[stepping])
+            and torch.equal(code_at(hi), top[stepping])):
+        raise ValueError("this map's codes change more than once within a lookup bucket; use backend='torch'")
+    where = torch.where(thresh <= _KEY_MAX, thresh & 0xFFFF, 0)  # low 16 bits of the key of the change
+    nan_code = int(nearest_code(torch.tensor([float("nan")]), qmap, keep_sign=keep_sign))
+    # NaN keys (below -inf's, above +inf's) get the reference's code for NaN, so a lookup needs
+    # no NaN test: whole buckets of NaNs, and the two buckets that hold -inf / +inf and NaNs
+    bucket = torch.arange(1 << BUCKET_BITS, dtype=torch.int64)
+    neg_inf_bucket, pos_inf_bucket = _KEY_MIN >> (32 - BUCKET_BITS), _KEY_MAX >> (32 - BUCKET_BITS)
+    all_nan = (bucket < neg_inf_bucket) | (bucket > pos_inf_bucket)
+    base = torch.where(all_nan, nan_code, base)
+    top = torch.where(all_nan, nan_code, top)
+    where = torch.where(all_nan, 0, where)
+    # -inf is the last key of its bucket (0xFFFF), +inf the first (NaNs from key 0x0001 on)
+    base[neg_inf_bucket], where[neg_inf_bucket] = nan_code, _KEY_MIN & 0xFFFF
+    top[pos_inf_bucket], where[pos_inf_bucket] = nan_code, (_KEY_MAX & 0xFFFF) + 1
+    packed = base | (top << 8) | (where << 16)
+    packed = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+    return CodeTable(qmap, packed, nan_code)
+
+

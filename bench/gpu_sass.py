@@ -1,0 +1,157 @@
+"""What the fused Triton step compiles to on NVIDIA GPUs, measured without a GPU.
+
+    python bench/gpu_sass.py                 # sm_75, sm_80, sm_90; fp32 and bf16; prints a table
+    python bench/gpu_sass.py --json out.json # also save the numbers
+    python bench/gpu_sass.py --search        # the same for the old binary-search kernel (for comparison)
+
+Triton compiles ahead of time for any target (``triton.compile`` with a ``GPUTarget``; its
+bundled ``ptxas`` makes the cubin and ``cuobjdump`` disassembles it), so this runs on a CPU.
+For each target it reports, for ``_adam8bit_kernel`` at blocksize 256 with the launch
+configuration the backend uses on a GPU (2048-element tiles, 8 warps: 8 elements per thread):
+
+* **registers** per thread and **spills** (bytes of local memory: should be 0);
+* **SASS instructions per element**: the kernel's straight-line instruction count (there are
+  no loops: Triton unrolls the per-thread elements and the ``static_range``) divided by the
+  elements each thread owns, i.e. about how many instructions a warp issues per 32 elements.
+  Counted on the main path: the slow paths of the IEEE division and square root (subroutines
+  after the kernel body, called only for denormal or special operands) are left out; the
+  few instructions that set up and skip those calls are counted;
+* how many of them are **global loads** (``LDG``) per element: the table probes.
+
+Why it matters: an H200 copies at ~4.2 TB/s; the step moves 16 bytes per fp32 parameter, so
+at that speed each of the 132 SMs must finish about one element per cycle, while an SM issues
+at most 4 warp instructions (128 thread instructions) per cycle. Instructions per element
+above ~128 therefore cap the kernel below copy bandwidth whatever the memory does (integer,
+FP32 and load units differ in throughput, so this is a guide, not a model).
+
+Must run in a process where the Triton interpreter was never used (TRITON_INTERPRET unset).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))
+
+TARGETS = (75, 80, 90)
+DTYPES = ("fp32", "bf16")
+BLOCKSIZE = 256
+
+
+def compile_step(arch: int, dtype: str, *, use_table: bool = True, tile: int | None = None,
+                 num_warps: int | None = None):
+    """Compile ``_adam8bit_kernel`` for ``sm_<arch>`` with the backend's launch configuration
+    (or ``tile``/``num_warps``); returns (triton's compiled kernel, elements per thread)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise RuntimeError("unset TRITON_INTERPRET: the interpreter cannot compile for a GPU")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from adam8lib.kernels import triton as kt
+
+    rows, num_warps = kt.launch_config(BLOCKSIZE, tile=tile or kt.TILE_ELEMENTS, num_warps=num_warps)
+    fn = kt._adam8bit_kernel
+    names = list(fn.arg_names)
+    types = {"p_ptr": "*" + dtype, "g_ptr": "*" + dtype, "state1_ptr": "*u8", "state2_ptr": "*u8",
+             "steps1_ptr": "*i32", "steps2_ptr": "*i32",
+             "n": "i32", "n_blocks": "i32", "nan_code1": "i32", "nan_code2": "i32"}
+    constexprs = {"BLOCKSIZE": BLOCKSIZE, "ROWS": rows, "USE_TABLE": use_table}
+    signature = {}
+    for name in names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+        else:
+            signature[name] = types.get(name, "*fp32" if name.endswith("_ptr") else "fp32")
+    aligned = {(names.index(name),): [["tt.divisibility", 16]]
+               for name in names if name.endswith("_ptr") or name == "n"}
+    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=aligned)
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": num_warps, "enable_fp_fusion": False}), rows * BLOCKSIZE // (32 * num_warps)
+
+
+def _cuobjdump() -> str:
+    from triton import knobs
+
+    return knobs.nvidia.cuobjdump.path
+
+
+def analyse(kernel, per_thread: int) -> dict:
+    """Registers, spills and SASS instruction counts of a compiled kernel."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(kernel.asm["cubin"])
+        sass = subprocess.check_output([_cuobjdump(), "-sass", str(path)], text=True)
+        usage = subprocess.check_output([_cuobjdump(), "-res-usage", str(path)], text=True)
+    # instruction lines look like "        /*0040*/                   LDG.E.128 R4, desc[UR4][R2.64] ;"
+    found = re.findall(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", sass)
+    ops = [(int(addr, 16), op, rest) for addr, op, rest in found if not op.startswith("NOP")]
+    # the division/sqrt slow paths (denormal or special operands) are subroutines placed after
+    # the kernel body and reached by CALL; the main path is everything before the first of them
+    targets = [int(t, 16) for _, op, rest in ops if op.startswith("CALL") for t in re.findall(r"0x([0-9a-f]+)", rest)]
+    end = min(targets) if targets else float("inf")
+    main = [op for addr, op, _ in ops if addr < end]
+    while main and main[-1] == "BRA":  # the "BRA self" padding after EXIT
+        main.pop()
+    regs = int(re.search(r"REG:(\d+)", usage).group(1))
+    stack = re.search(r"STACK:(\d+)", usage)
+    local = re.search(r"LOCAL:(\d+)", usage)
+    return {
+        "registers": regs,
+        "spill_bytes": (int(stack.group(1)) if stack else 0) + (int(local.group(1)) if local else 0),
+        "instructions": len(main),
+        "instructions_with_slow_paths": len(ops),
+        "per_thread_elements": per_thread,
+        "instructions_per_element": len(main) / per_thread,
+        "global_loads_per_element": sum(op.startswith("LDG") for op in main) / per_thread,
+    }
+
+
+def measure(targets=TARGETS, dtypes=DTYPES, use_table: bool = True) -> list[dict]:
+    rows = []
+    for arch in targets:
+        for dtype in dtypes:
+            kernel, per_thread = compile_step(arch, dtype, use_table=use_table)
+            rows.append({"arch": f"sm_{arch}", "dtype": dtype, "use_table": use_table, **analyse(kernel, per_thread)})
+    return rows
+
+
+def render(rows: list[dict]) -> str:
+    lines = ["| target | dtype | nearest code | registers | spills (bytes) | SASS instr. / element (main path) "
+             "| incl. slow-path subroutines | LDG / element |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['arch']} | {r['dtype']} | {'table, 1 probe' if r['use_table'] else 'binary search'} | "
+                     f"{r['registers']} | {r['spill_bytes']} | {r['instructions_per_element']:.0f} | "
+                     f"{r['instructions_with_slow_paths'] / r['per_thread_elements']:.0f} | "
+                     f"{r['global_loads_per_element']:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, help="also write the numbers here")
+    parser.add_argument("--search", action="store_true", help="also compile the binary-search variant")
+    parser.add_argument("--targets", type=int, nargs="+", default=list(TARGETS))
+    parser.add_argument("--dtypes", nargs="+", default=list(DTYPES))
+    args = parser.parse_args(argv)
+    rows = measure(args.targets, args.dtypes, use_table=True)
+    if args.search:
+        rows += measure(args.targets, args.dtypes, use_table=False)
+    print(render(rows))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
