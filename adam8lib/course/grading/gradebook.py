@@ -42,6 +42,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import secrets
 import selectors
 import shutil
 import signal
@@ -290,6 +291,8 @@ class Grader:
             raise RuntimeError(f"--sandbox bwrap: {sandbox.available()}")
         self.modules = checks_origin(self.manifest)
         paths = [Path(p) for info in self.modules.values() for p in info["files"]]
+        package = importlib.util.find_spec("adam8lib.course.checks")
+        paths += [p for loc in package.submodule_search_locations for p in sorted(Path(loc).rglob("*.py"))]
         if self.manifest.path is not None:
             paths.append(Path(self.manifest.path))
         self.course = CourseFiles(paths)
@@ -325,7 +328,9 @@ class Grader:
         if not cells:
             notes.append(f"{name}: no exercise cells (cells tagged 'solution'); scores 0")
             return {}, notes
+        token = secrets.token_hex(16)
         job = {
+            "token": token,
             "notebook": name,
             "cells": cells,
             "checks": [{"exercise": s.exercise, "source": s.source, "expected_output": s.expected_output} for s in specs],
@@ -354,7 +359,7 @@ class Grader:
         finished = False
         for message in messages:
             kind = message.get("kind") if isinstance(message, dict) else None
-            if finished or kind not in ("result", "note", "done"):
+            if finished or kind not in ("result", "note", "done") or message.get("token") != token:
                 notes.append(f"{name}: unexpected message on the result channel; scores 0")
                 return {}, notes
             if kind == "done":
@@ -474,7 +479,7 @@ def _collect(proc, read_fd, job, deadline, active, lock):
                     channel += chunk
                     if len(channel) > _CHANNEL_CAP:
                         abused = done = True
-                    elif b'{"kind": "done"}\n' in channel:
+                    elif b"\"kind\": \"done\"" in channel:
                         done = True
     finally:
         sel.close()

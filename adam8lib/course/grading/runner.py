@@ -22,9 +22,14 @@ success line, plus the files the checks come from and their sha256. In order, th
    exactly its success line. A changed snapshot or file makes the exercise ``tampered`` (0 points).
 
 Results go to the parent through ``--result-fd``, a pipe the gradebook owns, one JSON line per
-exercise and a last ``{"kind": "done"}``; the gradebook never reads a file the learner could
-write, and points are computed by the gradebook from its own manifest. This process exits with
-``os._exit`` so no learner ``atexit`` hook runs.
+exercise and a last ``{"kind": "done"}``, each carrying the job's random token; the gradebook
+never reads a file the learner could write, and points are computed by the gradebook from its
+own manifest. New threads or trace/profile hooks left by learner code also count as tampering.
+This process exits with ``os._exit`` so no learner ``atexit`` hook runs.
+
+What this does not stop: code that runs in this process (the learner's) can in principle read
+its memory (the token) and forge its *own* results, or patch C-level state; the sandbox bounds
+that to the learner's own grade (no other learner, course file or gradebook is reachable).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import types
 
 __all__ = ["main", "file_digest", "Snapshot"]
@@ -172,9 +178,14 @@ def main(argv: list[str] | None = None) -> None:
     real_stdout, real_stderr = sys.stdout, sys.stderr
     dumps, write, flush = json.dumps, channel.write, channel.flush
 
-    def send(**message) -> None:
-        write(dumps(message) + "\n")
-        flush()
+    def sender(token: str):
+        def send(**message) -> None:
+            write(dumps({**message, "token": token}) + "\n")
+            flush()
+
+        return send
+
+    send = sender(job.pop("token", ""))
 
     cap = int(job.get("max_output", 65536))
     cell_timeout = float(job.get("cell_timeout", 120))
@@ -230,6 +241,14 @@ def main(argv: list[str] | None = None) -> None:
         send(kind="done")
         os._exit(0)
 
+    threads = set(threading.enumerate())
+
+    def hooks_changed() -> list[str]:
+        bad = [f"thread {t.name}" for t in threading.enumerate() if t not in threads and t.is_alive()]
+        if sys.gettrace() is not None or sys.getprofile() is not None:
+            bad.append("sys.settrace/setprofile hook")
+        return bad
+
     # 2. the learner's exercise cells
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     sink = _Capped(cap)
@@ -253,7 +272,7 @@ def main(argv: list[str] | None = None) -> None:
         exercise = spec["exercise"]
         if exercise not in resolved:
             continue
-        changed = snapshot.changes() + files_changed()
+        changed = snapshot.changes() + files_changed() + hooks_changed()
         if changed:
             send(kind="result", exercise=exercise, status="tampered",
                  detail="learner code changed the checks or what they rely on: " + ", ".join(changed[:5]))  # fmt: skip
@@ -281,7 +300,7 @@ def main(argv: list[str] | None = None) -> None:
                 status, detail = "failed", f"the check printed {out.total} characters (kept {out.kept}), not its success line"
             elif text != spec["expected_output"]:
                 status, detail = "failed", f"the check printed {_first_line(text)!r}, not its success line"
-        changed = snapshot.changes() + files_changed()
+        changed = snapshot.changes() + files_changed() + hooks_changed()
         if changed:
             status, detail = "tampered", "learner code changed the checks or what they rely on: " + ", ".join(changed[:5])
         send(kind="result", exercise=exercise, status=status, detail=detail)
