@@ -579,14 +579,19 @@ def adversarial_class(root: Path) -> dict[str, dict]:
         "c2": {"before": "ip = get_ipython()\nip.set_custom_exc((AssertionError,), lambda *a, **k: print('✔ Exercise 01.1 · Square: all checks passed'))\n"
                          "ip.input_transformers_cleanup.append(lambda lines: ['print(\"✔ Exercise 01.1 · Square: all checks passed\")\\n' if l.startswith('check_') else l for l in lines])",
                "clamp": "get_ipython().set_custom_exc((AssertionError,), print)\n" + SOLVED_CLAMP},
-        # C4a + C5: write another learner's notebook, the gradebook, reports, the checks and the manifest
-        "c4": {"square": "import os\n"
-                         f"for path, data in [({p['victim']!r}, b''), ({p['report']!r}, b'{{}}'), ({p['csv']!r}, b'forged'), "
-                         f"({p['checks']!r}, b'\\ncheck_square = print\\n'), ({p['common']!r}, b'\\npassed = print\\n'), ({p['manifest']!r}, b'{{}}')]:\n"
-                         "    try:\n        with open(path, 'ab' if path.endswith('.py') else 'wb') as fh:\n            fh.write(data)\n"
-                         "        os.write(1, f'c4 wrote {path}\\n'.encode())\n"
-                         "    except OSError as exc:\n        os.write(1, f'c4 could not write {path}: {exc}\\n'.encode())\n"
-                         + SOLVED_SQUARE},
+        # C4a + C5 (write another learner's notebook, the gradebook, reports, the checks, the manifest),
+        # C9 (a grandchild that keeps the pipes open) and C10 (kill the grader, its parent), with a valid
+        # solution: all contained by the sandbox, so the score stands and there is no note
+        "c4_c9_c10": {"square": "import os, signal, time\n"
+                      f"for path, data in [({p['victim']!r}, b''), ({p['report']!r}, b'{{}}'), ({p['csv']!r}, b'forged'), "
+                      f"({p['checks']!r}, b'\\ncheck_square = print\\n'), ({p['common']!r}, b'\\npassed = print\\n'), ({p['manifest']!r}, b'{{}}')]:\n"
+                      "    try:\n        with open(path, 'ab' if path.endswith('.py') else 'wb') as fh:\n            fh.write(data)\n"
+                      "        os.write(1, f'c4 wrote {path}\\n'.encode())\n"
+                      "    except OSError as exc:\n        os.write(1, f'c4 could not write {path}: {exc}\\n'.encode())\n"
+                      "if os.fork() == 0:\n    try:\n        os.setsid()\n        time.sleep(60)\n    finally:\n        os._exit(0)\n"
+                      f"os.write(1, f'c10: ppid={{os.getppid()}}\\n'.encode())\nif os.getppid() != {os.getpid()}:\n"
+                      "    os.kill(os.getppid(), signal.SIGKILL)\n" + SOLVED_SQUARE,
+                      "clamp": SOLVED_CLAMP},
         # C4b: a detached process rewrites the report later; forged results on every pipe, then a clean exit
         "c4b": {"square": FIND_PIPES + "import time\nif os.fork() == 0:\n    try:\n        os.setsid()\n        time.sleep(1)\n"
                           f"        open({str(root / 'grades' / 'reports' / 'c4b.json')!r}, 'w').write('{{\"total\": 3}}')\n"
@@ -594,17 +599,13 @@ def adversarial_class(root: Path) -> dict[str, dict]:
                 "clamp": SOLVED_CLAMP},
         # C8: out of memory in one cell, killed in the next
         "c8": {"square": "blob = bytearray(3 * 2**30)\n" + SOLVED_SQUARE, "clamp": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n" + SOLVED_CLAMP},
-        # C9: a grandchild that keeps the pipes open, with a valid solution (the score must stand)
-        "c9": {"square": "import os, time\nif os.fork() == 0:\n    try:\n        os.setsid()\n        time.sleep(60)\n    finally:\n        os._exit(0)\n" + SOLVED_SQUARE, "clamp": SOLVED_CLAMP},
-        # C10: kill the grader (its parent)
-        "c10": {"square": f"import os, signal\nos.write(1, f'c10: ppid={{os.getppid()}}\\n'.encode())\nif os.getppid() != {os.getpid()}:\n    os.kill(os.getppid(), signal.SIGKILL)\n" + SOLVED_SQUARE, "clamp": SOLVED_CLAMP},
         # C11: garbage on the result channel
         "c11": {"square": FIND_PIPES + "for fd in pipes():\n    try:\n        os.write(fd, b'{}\\n')\n    except OSError:\n        pass\n" + SOLVED_SQUARE, "clamp": SOLVED_CLAMP},
         # a loop in one exercise, an edited check cell and a library import: 2/3 with notes
         "loop": {"square": "def square(x):\n    while True:\n        pass", "edit_check": "\nprint('mine')",
                  "clamp": "from adam8lib.quant import dynamic_map\n" + SOLVED_CLAMP},
         # a check that swallows the per-cell timeout: stopped at the learner time limit
-        "stubborn": {"square": "import time\ndef square(x):\n    while True:\n        try:\n            time.sleep(0.2)\n        except BaseException:\n            pass",
+        "a_stubborn": {"square": "import time\ndef square(x):\n    while True:\n        try:\n            time.sleep(0.2)\n        except BaseException:\n            pass",
                      "clamp": SOLVED_CLAMP},
         # a 50 MB print inside the check: capped, fails that exercise only
         "huge": {"square": "def square(x):\n    print('x' * 50_000_000)\n    return x * x", "clamp": SOLVED_CLAMP},
@@ -638,11 +639,10 @@ def test_gradebook_adversarial_class_in_the_sandbox(tiny_course, capsys):
     rows = {r["learner"]: r for r in csv.DictReader(out.open(encoding="utf-8"))}
     assert sorted(rows) == sorted(learners)
     got = {name: (int(r["square"]), int(r["clamp"]), int(r["total"])) for name, r in rows.items()}
-    assert got == {"ada": (1, 2, 3), "c1": (0, 0, 0), "c2": (0, 0, 0), "c4": (1, 2, 3), "c4b": (0, 0, 0),
-                   "c8": (0, 0, 0), "c9": (1, 2, 3), "c10": (1, 2, 3), "c11": (0, 0, 0), "loop": (0, 2, 2),
-                   "stubborn": (0, 0, 0), "huge": (0, 2, 2)}, {n: r["notes"] for n, r in rows.items()}  # fmt: skip
+    assert got == {"ada": (1, 2, 3), "c1": (0, 0, 0), "c2": (0, 0, 0), "c4_c9_c10": (1, 2, 3), "c4b": (0, 0, 0),
+                   "c8": (0, 0, 0), "c11": (0, 0, 0), "loop": (0, 2, 2), "a_stubborn": (0, 0, 0), "huge": (0, 2, 2)}, {n: r["notes"] for n, r in rows.items()}  # fmt: skip
     notes = {name: r["notes"] for name, r in rows.items()}
-    assert notes["ada"] == "" and notes["c9"] == "" and notes["c10"] == ""
+    assert notes["ada"] == "" and notes["c4_c9_c10"] == ""
     assert "square: tampered" in notes["c1"] and "tiny_checks.check_square" in notes["c1"]
     assert "clamp: tampered" in notes["c1"]
     assert "NameError: name 'get_ipython' is not defined" in notes["c2"]
@@ -650,15 +650,16 @@ def test_gradebook_adversarial_class_in_the_sandbox(tiny_course, capsys):
     assert "MemoryError" in notes["c8"] and "killed by SIGKILL (out of memory, or killed)" in notes["c8"]
     assert "square: timeout (Timeout of 5 s" in notes["loop"] and "check cell edited (graded with the original check)" in notes["loop"]
     assert "uses adam8lib.quant.dynamic_map" in notes["loop"]
-    assert "learner time limit (40 s)" in notes["stubborn"]
-    huge = json.loads((root / "grades" / "reports" / "huge.json").read_text())["statuses"]["square"]
-    assert huge["status"] == "failed" and "printed 200000004 characters (kept 65536)" in huge["detail"], huge
+    assert "learner time limit (40 s)" in notes["a_stubborn"]
+    huge = json.loads(  # 4 calls x (50 MB + newline) + the success line (44)
+        (root / "grades" / "reports" / "huge.json").read_text())["statuses"]["square"]
+    assert huge["status"] == "failed" and "printed 200000048 characters (kept 65536)" in huge["detail"], huge
     # nothing outside the scratch folders changed: other learners' notebooks, the checks, the manifest
     assert {p: p.read_bytes() for p in watched} == before
     assert json.loads((root / "grades" / "reports" / "c4b.json").read_text())["total"] == 0
-    log = (root / "grades" / "reports" / "c4.log").read_text()
-    assert "c4 could not write" in log and "c4 wrote" not in log
-    assert "c10: ppid=1" in (root / "grades" / "reports" / "c10.log").read_text()
+    log = (root / "grades" / "reports" / "c4_c9_c10.log").read_text()
+    assert log.count("c4 could not write") == 6 and "c4 wrote" not in log, log
+    assert "c10: ppid=1" in log  # the sandbox's own init: the grader is not even visible
     assert elapsed < 200, elapsed  # C9's grandchild did not hold the run
 
 
@@ -670,9 +671,15 @@ def test_gradebook_without_sandbox_restores_course_files_and_keeps_finished_rows
     root = tiny_course["root"]
     p = _attack_paths(root)
     zed = root / "sub" / "c_zed" / "01_tiny.ipynb"
-    vandal = ("import os\nfor path, data in [(" + repr(str(p["checks"])) + ", b'\\ndef check_clamp(f):\\n    print(\"✔ Exercise 01.2 · Clamp: all checks passed\")\\n'), "
-              "(" + repr(str(p["manifest"])) + ", open(" + repr(str(p["manifest"])) + ").read().replace('\"points\": 2', '\"points\": 50').encode()), "
-              "(" + repr(str(zed)) + ", b'')]:\n    with open(path, 'ab' if path.endswith('.py') else 'wb') as fh:\n        fh.write(data)\n")  # fmt: skip
+    vandal = (
+        "import os\n"
+        f"checks, manifest, zed = {str(p['checks'])!r}, {str(p['manifest'])!r}, {str(zed)!r}\n"
+        "with open(checks, 'a') as fh:\n"
+        "    fh.write('\\ndef check_clamp(f):\\n    print(\"✔ Exercise 01.2 · Clamp: all checks passed\")\\n')\n"
+        "text = open(manifest).read().replace('\"points\": 2', '\"points\": 50')\n"
+        "open(manifest, 'w').write(text)\n"
+        "open(zed, 'w').close()\n"
+    )
     _build(root, {"a_ada": {"square": SOLVED_SQUARE, "clamp": SOLVED_CLAMP},
                   "b_c5": {"square": vandal + SOLVED_SQUARE},
                   "c_zed": {"square": SOLVED_SQUARE, "clamp": SOLVED_CLAMP},

@@ -138,11 +138,17 @@ def _check_modules(spec: CheckSpec) -> list[str]:
 def checks_origin(manifest: Manifest) -> dict[str, dict]:
     """{module: {"origin": file, "files": {file: sha256}}} for every module the check cells import."""
     out: dict[str, dict] = {}
+    # resolve as the children will: with this environment's PYTHONPATH in front
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
     for spec in manifest.checks:
         for name in _check_modules(spec):
             if name in out:
                 continue
-            found = importlib.util.find_spec(name)
+            sys.path[:0] = extra
+            try:
+                found = importlib.util.find_spec(name)
+            finally:
+                del sys.path[: len(extra)]
             if found is None or not found.origin:
                 raise ValueError(f"check cell of {spec.exercise} imports {name}, which is not installed")
             origin = os.path.realpath(found.origin)
