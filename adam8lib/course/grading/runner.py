@@ -85,6 +85,13 @@ class Snapshot:
 
     @staticmethod
     def _key(value) -> tuple | None:
+        # torch.optim wraps a subclass's ``step`` in its own profiling hook (functools.wraps) the
+        # first time an optimizer is built: a wrapper whose code is torch's stands for the original
+        torch = sys.modules.get("torch")
+        root = os.path.dirname(getattr(torch, "__file__", "") or "") if torch is not None else ""
+        while (root and isinstance(value, types.FunctionType) and hasattr(value, "__wrapped__")
+               and value.__code__.co_filename.startswith(root + os.sep)):  # fmt: skip
+            value = value.__wrapped__
         if isinstance(value, types.FunctionType):
             return (id(value), id(value.__code__), id(value.__globals__), value.__defaults__, id(value.__kwdefaults__))
         if isinstance(value, (types.BuiltinFunctionType, types.ModuleType, type, staticmethod, classmethod,
