@@ -25,6 +25,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -591,6 +592,7 @@ def adversarial_class(root: Path) -> dict[str, dict]:
                       "        os.write(1, f'c4 wrote {path}\\n'.encode())\n"
                       "    except OSError as exc:\n        os.write(1, f'c4 could not write {path}: {exc}\\n'.encode())\n"
                       "if os.fork() == 0:\n    try:\n        os.setsid()\n        time.sleep(60)\n    finally:\n        os._exit(0)\n"
+                      "os.makedirs('locked/deep', exist_ok=True)\nos.chmod('locked/deep', 0)\nos.chmod('locked', 0o500)\n"
                       f"os.write(1, f'c10: ppid={{os.getppid()}}\\n'.encode())\nif os.getppid() != {os.getpid()}:\n"
                       "    os.kill(os.getppid(), signal.SIGKILL)\n" + SOLVED_SQUARE,
                       "clamp": SOLVED_CLAMP},
@@ -630,10 +632,11 @@ def test_gradebook_adversarial_class_in_the_sandbox(tiny_course, capsys):
     _build(root, learners)
     watched = [*(root / "sub").rglob("*.ipynb"), tiny_course["checks"], tiny_course["manifest"], _attack_paths(root)["common"]]
     before = {p: p.read_bytes() for p in watched}
+    scratch_before = set(Path(tempfile.gettempdir()).glob("adam8-grading-*"))
     out = root / "grades" / "gradebook.csv"
     started = time.monotonic()
     rc = gradebook.main([str(root / "sub"), "--out", str(out), "--manifest", str(tiny_course["manifest"]),
-                         "--cell-timeout", "5", "--learner-timeout", "40", "--jobs", "2", "--sandbox", "bwrap",
+                         "--cell-timeout", "5", "--learner-timeout", "30", "--jobs", "2", "--sandbox", "bwrap",
                          "--memory-limit", "1500"])  # fmt: skip
     elapsed = time.monotonic() - started
     assert rc == 0
@@ -652,7 +655,7 @@ def test_gradebook_adversarial_class_in_the_sandbox(tiny_course, capsys):
     assert "MemoryError" in notes["c8"] and "killed by SIGKILL (out of memory, or killed)" in notes["c8"]
     assert "square: timeout (Timeout of 5 s" in notes["loop"] and "check cell edited (graded with the original check)" in notes["loop"]
     assert "uses adam8lib.quant.dynamic_map" in notes["loop"]
-    assert "learner time limit (40 s)" in notes["a_stubborn"]
+    assert "learner time limit (30 s)" in notes["a_stubborn"]
     huge = json.loads(  # 4 calls x (50 MB + newline) + the success line (44)
         (root / "grades" / "reports" / "huge.json").read_text())["statuses"]["square"]
     assert huge["status"] == "failed" and "printed 200000048 characters (kept 65536)" in huge["detail"], huge
@@ -663,6 +666,7 @@ def test_gradebook_adversarial_class_in_the_sandbox(tiny_course, capsys):
     assert log.count("c4 could not write") == 6 and "c4 wrote" not in log, log
     assert "c10: ppid=1" in log  # the sandbox's own init: the grader is not even visible
     assert elapsed < 200, elapsed  # C9's grandchild did not hold the run
+    assert set(Path(tempfile.gettempdir()).glob("adam8-grading-*")) <= scratch_before  # scratch folders removed
 
 
 def test_gradebook_without_sandbox_restores_course_files_and_keeps_finished_rows(tiny_course):
@@ -703,3 +707,23 @@ def test_gradebook_without_sandbox_restores_course_files_and_keeps_finished_rows
     assert rows[1][4] == "" and rows[3][4] == ""
     assert {k: p[k].read_bytes() for k in ("checks", "manifest")} == originals
     assert zed.read_bytes() == b""  # without a sandbox the file itself is not protected; its grade is
+
+
+def test_gradebook_rejects_bad_input(tmp_path, manifest):
+    with pytest.raises(FileNotFoundError, match="no submissions folder"):
+        gradebook.grade_class(tmp_path / "nope", manifest, progress=False)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no learner folders"):
+        gradebook.grade_class(tmp_path / "empty", manifest, progress=False)
+    (tmp_path / "empty" / "ann").mkdir()
+    with pytest.raises(ValueError, match="jobs must be >= 1"):
+        gradebook.grade_class(tmp_path / "empty", manifest, jobs=0, progress=False)
+    with pytest.raises(ValueError, match="sandbox must be one of"):
+        gradebook.grade_class(tmp_path / "empty", manifest, sandbox="docker", progress=False)
+    # a learner with no workbook at all: no child process, every workbook noted missing
+    [grade] = gradebook.grade_class(tmp_path / "empty", manifest, progress=False)
+    assert grade.total == 0 and grade.notes == [f"{name} missing" for name in manifest.notebooks]
+    # unreadable notebooks are noted, not fatal
+    (tmp_path / "empty" / "ann" / CLASS_WORKBOOK).write_bytes(b"\x00\xff not json")
+    [grade] = gradebook.grade_class(tmp_path / "empty", manifest, progress=False)
+    assert grade.total == 0 and grade.notes[0].startswith(f"{CLASS_WORKBOOK} could not be read (")

@@ -264,6 +264,20 @@ def _died(returncode: int | None) -> str:
     return f"exited with status {returncode}"
 
 
+def _remove(path: Path) -> None:
+    """Delete a scratch folder even when the learner made parts of it read-only."""
+
+    def unlock(function, name, _exc):
+        try:
+            os.chmod(os.path.dirname(name), 0o700)
+            os.chmod(name, 0o700)
+            function(name)
+        except OSError:
+            pass
+
+    shutil.rmtree(path, onerror=unlock)
+
+
 def _kill(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -310,7 +324,8 @@ class Grader:
         self.mode = "bwrap" if self.sandbox != "none" and sandbox.available() is None else "none"
 
     def close(self) -> None:
-        shutil.rmtree(self.scratch_root, ignore_errors=True)
+        if self.scratch_root.exists():
+            _remove(self.scratch_root)
 
     def stop(self) -> None:
         """Stop the run: kill every running child; learners not finished get a note."""
@@ -355,7 +370,7 @@ class Grader:
             messages, text, rc, timed_out = _converse(cmd, env, scratch if self.mode == "none" else None,
                                                       json.dumps(job).encode(), deadline, self.active, self.lock)  # fmt: skip
         finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+            _remove(scratch)
         log.append(f"===== {name} (sandbox: {self.mode}) =====\n{text}")
         results: dict[str, tuple[str, str]] = {}
         if messages is None:
