@@ -393,20 +393,22 @@ def test_generator_refuses_swapped_arguments_and_the_lessons_folder(tiny, capsys
     assert (exercises / "03_mine.ipynb").read_text() == "{}"
 
 
-MISSPELLED = {
-    "two hashes": ("def square(x):\n    ## BEGIN SOLUTION\n    return x * x\n    ## END SOLUTION", "misspelled"),
-    "lowercase": ("def square(x):\n    ### begin solution\n    return x * x\n    ### end solution", "misspelled"),
-    "plural": ("def square(x):\n    ### BEGIN SOLUTIONS\n    return x * x\n    ### END SOLUTION", "misspelled"),
-    "check without exercise": ("def square(x):\n    return x * x", "has no exercise cell"),
+MISSPELLED = {  # case: (cell, source, message)
+    "two hashes": (3, "def square(x):\n    ## BEGIN SOLUTION\n    return x * x\n    ## END SOLUTION", "misspelled"),
+    "lowercase": (3, "def square(x):\n    ### begin solution\n    return x * x\n    ### end solution", "misspelled"),
+    "plural": (3, "def square(x):\n    ### BEGIN SOLUTIONS\n    return x * x\n    ### END SOLUTION", "misspelled"),
+    "check without exercise": (3, "def square(x):\n    return x * x", "has no exercise cell"),
+    "check of a name no exercise defines": (4, "from tiny_checks import check_square\ncheck_square(squared)",
+                                            "uses squared, which no exercise cell before it defines"),
 }
 
 
 @pytest.mark.parametrize("case", list(MISSPELLED))
 def test_generator_refuses_misspelled_markers(tiny, case, capsys):
-    source, message = MISSPELLED[case]
+    index, source, message = MISSPELLED[case]
     path = tiny / "solutions" / "01_tiny.ipynb"
     nb = nbformat.read(str(path), as_version=4)
-    nb.cells[3].source = source
+    nb.cells[index].source = source
     nbformat.write(nb, str(path))
     before = _tree(tiny / "exercises")
     assert generate_main([str(tiny / "solutions"), str(tiny / "exercises")]) == 2

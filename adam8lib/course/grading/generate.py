@@ -13,7 +13,9 @@ and it writes ``exercises/.manifest.json`` (see :mod:`adam8lib.course.grading.co
 
 Solutions are validated on the way: unbalanced or misspelled markers (``## BEGIN SOLUTION``,
 ``### begin solution``), a span outside a function, a notebook with no solution span or no
-check cell, a check cell with no exercise cell since the previous check, a check cell without
+check cell, a check cell with no exercise cell since the previous check, a check call whose
+arguments use a name no exercise cell defines (the gradebook runs only exercise cells), a check
+cell without
 exactly one stored success line, or an exercise id used twice is an error.
 
 It never overwrites what it did not write: every notebook it writes carries
@@ -120,6 +122,42 @@ def _library_imports(source: str) -> list[str]:
     return [d for d in found if d.split(".")[0] in ("adam8lib", "bitsandbytes") and not d.startswith("adam8lib.course")]
 
 
+def _defined_names(source: str) -> set[str]:
+    """Names a cell binds at its top level (functions, classes, assignments, imports)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+    return names
+
+
+def _check_arguments(source: str, check: str, defined: set[str], where: str) -> None:
+    """The gradebook evaluates a check call's arguments among the exercise cells' names only."""
+    import builtins
+
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == check:
+            used = {n.id for arg in [*node.args, *(k.value for k in node.keywords)] for n in ast.walk(arg)
+                    if isinstance(n, ast.Name)}  # fmt: skip
+            missing = sorted(used - defined - set(dir(builtins)))
+            if missing:
+                raise WorkbookError(
+                    f"{where}: {check}(...) uses {', '.join(missing)}, which no exercise cell before it defines "
+                    "(the gradebook runs only the exercise cells, then the check)"
+                )
+
+
 def notebook_extras(nb) -> dict:
     """The manifest's optional fields for solution notebook ``nb`` (see conventions.Manifest)."""
     imports: list[str] = []
@@ -152,6 +190,7 @@ def generate_notebook(nb, name: str, source_path: str | None = None) -> tuple[nb
     code_index = 0
     checks: list[CheckSpec] = []
     solved_since_check = solved_any = False
+    defined: set[str] = set()
     for index, cell in enumerate(nb.cells):
         where = f"{name}, cell {index}"
         source = cell_source(cell)
@@ -176,6 +215,7 @@ def generate_notebook(nb, name: str, source_path: str | None = None) -> tuple[nb
             cell.source = strip_solutions(source, stub_label, where)
             solved_since_check = solved_since_check or has_solution(source)
             solved_any = solved_any or has_solution(source)
+            defined |= _defined_names(source)
             cell.outputs = []
             cell.execution_count = None
             cell.metadata["tags"] = unique([*cell_tags(cell), IGNORE_OUTPUT_TAG, SOLUTION_TAG])
@@ -189,6 +229,7 @@ def generate_notebook(nb, name: str, source_path: str | None = None) -> tuple[nb
                     "since the previous check cell"
                 )
             solved_since_check = False
+            _check_arguments(source, calls[0], defined, where)
             checks.append(
                 CheckSpec(
                     notebook=name,

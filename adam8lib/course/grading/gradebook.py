@@ -629,8 +629,8 @@ def grade_class(
         raise ValueError(f"{submissions} has no learner folders (one subfolder per learner)")
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
-    hide = [submissions] + [p for p in (out, reports) if p is not None]
-    hide = [Path(p).parent if p is out else Path(p) for p in hide]
+    # invisible to learners: the submissions, the gradebook's folder and the reports
+    hide = [submissions, *([Path(out).parent] if out is not None else []), *([Path(reports)] if reports else [])]
     grader = Grader(manifest, cell_timeout=cell_timeout, learner_timeout=learner_timeout, sandbox=sandbox,
                     memory_mb=memory_mb, max_output=max_output, hide=hide, reports=reports)  # fmt: skip
     if on_start is not None:
