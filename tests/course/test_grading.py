@@ -614,7 +614,9 @@ def adversarial_class(root: Path) -> dict[str, dict]:
         "a_stubborn": {"square": "import time\ndef square(x):\n    while True:\n        try:\n            time.sleep(0.2)\n        except BaseException:\n            pass",
                      "clamp": SOLVED_CLAMP},
         # a 50 MB print inside the check: capped, fails that exercise only
-        "huge": {"square": "def square(x):\n    print('x' * 50_000_000)\n    return x * x", "clamp": SOLVED_CLAMP},
+        # (and clamp written in a new, untagged cell: taken from there, with a note)
+        "huge": {"square": "def square(x):\n    print('x' * 50_000_000)\n    return x * x", "clamp": "# moved below",
+                 "before": SOLVED_CLAMP},
     }  # fmt: skip
 
 
@@ -658,6 +660,7 @@ def test_gradebook_adversarial_class_in_the_sandbox(tiny_course, capsys):
     assert "square: timeout (Timeout of 5 s" in notes["loop"] and "check cell edited (graded with the original check)" in notes["loop"]
     assert "uses adam8lib.quant.dynamic_map" in notes["loop"]
     assert "learner time limit (30 s)" in notes["a_stubborn"]
+    assert notes["huge"] == "01_tiny.ipynb: clamp taken from cell 2, which is not an exercise cell"
     huge = json.loads(  # 4 calls x (50 MB + newline) + the success line (44)
         (root / "grades" / "reports" / "huge.json").read_text())["statuses"]["square"]
     assert huge["status"] == "failed" and "printed 200000048 characters (kept 65536)" in huge["detail"], huge

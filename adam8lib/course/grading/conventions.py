@@ -43,6 +43,8 @@ __all__ = [
     "CheckSpec",
     "Manifest",
     "notebook_number",
+    "defined_names",
+    "check_arguments",
 ]
 
 BEGIN = "### BEGIN SOLUTION"
@@ -167,6 +169,39 @@ def strip_solutions(source: str, label: str, where: str = "cell", *, markdown: b
     if inside:
         raise WorkbookError(f"{where}: '{BEGIN}' without '{END}'")
     return "\n".join(out)
+
+
+def defined_names(source: str) -> set[str]:
+    """Names a cell binds at its top level (functions, classes, assignments, imports)."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+    return names
+
+
+def check_arguments(source: str, check: str) -> set[str]:
+    """The names used in the arguments of the call ``check(...)`` in ``source``."""
+    import ast
+
+    used: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == check:
+            for arg in [*node.args, *(k.value for k in node.keywords)]:
+                used.update(n.id for n in ast.walk(arg) if isinstance(n, ast.Name))
+    return used
 
 
 def notebook_number(name: str) -> str | None:

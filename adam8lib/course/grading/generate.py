@@ -53,9 +53,11 @@ from .conventions import (
     WorkbookError,
     cell_source,
     cell_tags,
+    check_arguments,
     check_calls,
     has_markers,
     has_solution,
+    defined_names,
     points_of,
     source_hash,
     strip_solutions,
@@ -122,40 +124,16 @@ def _library_imports(source: str) -> list[str]:
     return [d for d in found if d.split(".")[0] in ("adam8lib", "bitsandbytes") and not d.startswith("adam8lib.course")]
 
 
-def _defined_names(source: str) -> set[str]:
-    """Names a cell binds at its top level (functions, classes, assignments, imports)."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return set()
-    names: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names.update((a.asname or a.name).split(".")[0] for a in node.names)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for target in targets:
-                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
-    return names
-
-
 def _check_arguments(source: str, check: str, defined: set[str], where: str) -> None:
     """The gradebook evaluates a check call's arguments among the exercise cells' names only."""
     import builtins
 
-    tree = ast.parse(source)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == check:
-            used = {n.id for arg in [*node.args, *(k.value for k in node.keywords)] for n in ast.walk(arg)
-                    if isinstance(n, ast.Name)}  # fmt: skip
-            missing = sorted(used - defined - set(dir(builtins)))
-            if missing:
-                raise WorkbookError(
-                    f"{where}: {check}(...) uses {', '.join(missing)}, which no exercise cell before it defines "
-                    "(the gradebook runs only the exercise cells, then the check)"
-                )
+    missing = sorted(check_arguments(source, check) - defined - set(dir(builtins)))
+    if missing:
+        raise WorkbookError(
+            f"{where}: {check}(...) uses {', '.join(missing)}, which no exercise cell before it defines "
+            "(the gradebook runs only the exercise cells, then the check)"
+        )
 
 
 def notebook_extras(nb) -> dict:
@@ -215,7 +193,7 @@ def generate_notebook(nb, name: str, source_path: str | None = None) -> tuple[nb
             cell.source = strip_solutions(source, stub_label, where)
             solved_since_check = solved_since_check or has_solution(source)
             solved_any = solved_any or has_solution(source)
-            defined |= _defined_names(source)
+            defined |= defined_names(source)
             cell.outputs = []
             cell.execution_count = None
             cell.metadata["tags"] = unique([*cell_tags(cell), IGNORE_OUTPUT_TAG, SOLUTION_TAG])

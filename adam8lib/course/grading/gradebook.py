@@ -56,7 +56,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import sandbox
-from .conventions import MANIFEST_NAME, CheckSpec, Manifest, cell_source, check_calls, is_solution_cell, source_hash
+from .conventions import (
+    MANIFEST_NAME,
+    CheckSpec,
+    Manifest,
+    cell_source,
+    check_arguments,
+    check_calls,
+    defined_names,
+    is_solution_cell,
+    source_hash,
+)
 
 __all__ = ["LearnerGrade", "Grader", "find_workbooks", "grade_learner", "grade_class", "write_gradebook", "main"]
 
@@ -190,15 +200,28 @@ class CourseFiles:
 # ---------------------------------------------------------------------------------------------
 # one learner workbook -> one child
 # ---------------------------------------------------------------------------------------------
-def _exercise_cells(nb: dict) -> list[dict]:
+def _exercise_cells(nb: dict, name: str, specs: list[CheckSpec]) -> tuple[list[dict], list[str]]:
+    """The learner's exercise cells (tagged ``solution``), in order, and notes.
+
+    A function the checks need that no exercise cell defines (the learner wrote it in a new
+    cell, which has no tag) is taken from the last other code cell that defines it, with a note.
+    """
     cells = nb.get("cells") if isinstance(nb, dict) else None
     if not isinstance(cells, list):
         raise ValueError("no list of cells")
-    out = []
-    for index, cell in enumerate(cells):
-        if isinstance(cell, dict) and is_solution_cell(cell):
-            out.append({"index": index, "source": cell_source(cell)})
-    return out
+    code = [(i, c) for i, c in enumerate(cells) if isinstance(c, dict) and c.get("cell_type") == "code"]
+    chosen = {i: cell_source(c) for i, c in code if is_solution_cell(c)}
+    defined = set().union(*(defined_names(src) for src in chosen.values())) if chosen else set()
+    notes = []
+    for spec in specs:
+        for needed in sorted(check_arguments(spec.source, spec.check) - defined):
+            donors = [i for i, c in code if i not in chosen and not check_calls(cell_source(c))
+                      and needed in defined_names(cell_source(c))]  # fmt: skip
+            if donors:
+                chosen[donors[-1]] = cell_source(cells[donors[-1]])
+                defined |= defined_names(chosen[donors[-1]])
+                notes.append(f"{name}: {needed} taken from cell {donors[-1]}, which is not an exercise cell")
+    return [{"index": i, "source": chosen[i]} for i in sorted(chosen)], notes
 
 
 def _integrity_notes(nb: dict, name: str, specs: list[CheckSpec]) -> list[str]:
@@ -344,8 +367,8 @@ class Grader:
     def run_workbook(self, name: str, nb: dict, deadline: float, log: list[str]) -> tuple[dict, list[str]]:
         """{exercise: (status, detail)} for one workbook of a learner, and notes."""
         specs = self.manifest.notebooks[name]
-        cells = _exercise_cells(nb)
-        notes = _integrity_notes(nb, name, specs) + _import_flags(cells, name, self.manifest)
+        cells, taken = _exercise_cells(nb, name, specs)
+        notes = _integrity_notes(nb, name, specs) + taken + _import_flags(cells, name, self.manifest)
         if not cells:
             notes.append(f"{name}: no exercise cells (cells tagged 'solution'); scores 0")
             return {}, notes
