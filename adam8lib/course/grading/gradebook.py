@@ -301,6 +301,21 @@ def _remove(path: Path) -> None:
     shutil.rmtree(path, onerror=unlock)
 
 
+SCRATCH_PREFIX = "adam8-grading-"
+
+
+def _remove_stale_scratch() -> None:
+    """Remove scratch roots left by a gradebook that was killed (its ``.owner`` pid is gone)."""
+    for root in Path(tempfile.gettempdir()).glob(SCRATCH_PREFIX + "*"):
+        try:
+            pid = int((root / ".owner").read_text(encoding="utf-8"))
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            _remove(root)
+        except (OSError, ValueError):
+            continue  # not ours to judge (no owner file yet, or another user's)
+
+
 def _kill(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -340,7 +355,9 @@ class Grader:
             paths.append(Path(self.manifest.path))
         self.course = CourseFiles(paths)
         self.course_setup = any(n.startswith("adam8lib") for n in self.modules)
-        self.scratch_root = Path(tempfile.mkdtemp(prefix="adam8-grading-"))
+        _remove_stale_scratch()
+        self.scratch_root = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
+        (self.scratch_root / ".owner").write_text(str(os.getpid()), encoding="utf-8")
         self.active: set = set()
         self.lock = threading.Lock()
         self.stopped = threading.Event()
