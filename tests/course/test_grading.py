@@ -261,7 +261,11 @@ def test_nbval_fails_exactly_on_the_check_cells_and_scores(pytester, manifest):
     for folder in ("exercises", "solutions"):
         (pytester.path / folder).mkdir()
         shutil.copyfile(REPO / folder / NBVAL_WORKBOOK, pytester.path / folder / NBVAL_WORKBOOK)
-    shutil.copyfile(EXERCISES / MANIFEST_NAME, pytester.path / "exercises" / MANIFEST_NAME)
+    # a forged manifest next to the workbook (100 points per check): the official one wins
+    forged = json.loads((EXERCISES / MANIFEST_NAME).read_text())
+    for spec in forged["notebooks"][NBVAL_WORKBOOK]["checks"]:
+        spec["points"] = 100
+    (pytester.path / "exercises" / MANIFEST_NAME).write_text(json.dumps(forged))
     # a lesson shares the workbook's name but has no check cell: not graded
     (pytester.path / "notebooks").mkdir()
     lesson = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 + 1")])
@@ -293,6 +297,8 @@ def test_nbval_fails_exactly_on_the_check_cells_and_scores(pytester, manifest):
     report = json.loads((pytester.path / "report.json").read_text())
     assert (report["points"], report["max_points"]) == (max_points, 2 * max_points)
     untouched, solved = report["notebooks"]  # the lesson is not in it
+    assert untouched["notes"] == [f"ignored {(pytester.path / 'exercises' / MANIFEST_NAME).resolve()}: graded with "
+                                  f"the course's manifest {(EXERCISES / MANIFEST_NAME).resolve()}"]
     assert (untouched["path"], solved["path"]) == (f"exercises/{NBVAL_WORKBOOK}", f"solutions/{NBVAL_WORKBOOK}")
     assert [e["exercise"] for e in untouched["exercises"]] == [s.exercise for s in specs]
     for ex, spec in zip(untouched["exercises"], specs):
@@ -698,13 +704,14 @@ def test_gradebook_without_sandbox_restores_course_files_and_keeps_finished_rows
                   "e_never": {"square": SOLVED_SQUARE}})  # fmt: skip
     originals = {k: p[k].read_bytes() for k in ("checks", "manifest")}
     out = root / "grades" / "gradebook.csv"
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "adam8lib.course.grading.gradebook", str(root / "sub"), "--out", str(out), "--manifest",
          str(tiny_course["manifest"]), "--cell-timeout", "10", "--learner-timeout", "60", "--sandbox", "none"],
-        capture_output=True, text=True, timeout=600,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
-    assert "without a sandbox" in proc.stderr
+    _, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == -signal.SIGKILL, stderr[-2000:]
+    assert "without a sandbox" in stderr
     rows = list(csv.reader(out.open(encoding="utf-8")))
     assert rows[0] == ["learner", "square", "clamp", "total", "notes"]
     assert [r[:4] for r in rows[1:]] == [["a_ada", "1", "2", "3"], ["b_c5", "0", "0", "0"], ["c_zed", "1", "2", "3"]]
@@ -712,6 +719,10 @@ def test_gradebook_without_sandbox_restores_course_files_and_keeps_finished_rows
     assert rows[1][4] == "" and rows[3][4] == ""
     assert {k: p[k].read_bytes() for k in ("checks", "manifest")} == originals
     assert zed.read_bytes() == b""  # without a sandbox the file itself is not protected; its grade is
+    # the killed gradebook's scratch folder is removed by the next run
+    left = [r for r in Path(tempfile.gettempdir()).glob("adam8-grading-*") if (r / ".owner").read_text() == str(proc.pid)]
+    gradebook._remove_stale_scratch()
+    assert left and not any(r.exists() for r in left)
 
 
 def test_gradebook_rejects_bad_input(tmp_path, manifest):
