@@ -200,7 +200,8 @@ class Grader:
             if candidate is not None and candidate.match(notebook.name):
                 if beside is not None and beside.path != candidate.path and beside.match(notebook.name):
                     self.ignored[str(notebook)] = beside.path
-                return candidate, True
+                # found next to the notebook too (exercises/ itself): a workbook even without check cells
+                return candidate, not (beside is not None and beside.path == candidate.path)
         if beside is not None and beside.match(notebook.name):
             return beside, False
         return None, False
