@@ -2,17 +2,26 @@
 
 * exercises/ is in sync with solutions/, every solution span is stubbed, every check cell is
   in the manifest and calls a check that exists;
-* the generator on the tiny fixture workbook (tests/fixtures/tiny): stubs, tags, links,
-  manifest, ``--check``, and a clear error for each malformed solution;
+* the generator on the tiny fixture workbook (tests/fixtures/tiny): stubs, tags, links, the
+  generator's mark, manifest, ``--check``; a clear error (exit 2, nothing written) for each
+  malformed solution, misspelled marker, swapped arguments and the lessons folder;
 * ``pytest --nbval`` on an untouched workbook fails on exactly its check cells (taken from the
-  manifest) while the solution passes; the score summary and ``--grade-report`` contents;
-* integrity: edited / deleted check cells and learner-added nbval markers;
-* a gradebook of three learners: complete, untouched, and one whose code loops forever in
-  one exercise and who edited another exercise's check cell;
+  official manifest, not a forged one next to it) while the solution passes; the score summary
+  and ``--grade-report``; integrity: edited / deleted check cells and learner-added nbval markers;
+  the self-check command ignores a learner's conftest.py / pytest.ini / manifest and cuts huge
+  check outputs;
+* the gradebook (issue 16's cheats, on fake learners of the tiny course): in the bubblewrap
+  sandbox C1 (monkeypatched checks), C2a/C2b (IPython exception handler / input transformer),
+  C4a + C5 (writing another learner's notebook, reports, the gradebook, the checks, the
+  manifest), C4b (a detached report writer, forged results), C8 (out of memory, killed),
+  C9 (a grandchild holding the pipes), C10 (killing the grader), C11 (garbage results), a loop,
+  a swallowed timeout and a 50 MB print; without a sandbox C5 (course files restored), C4a
+  (graded from the copy read at the start) and C10 (the CSV keeps finished rows); a real
+  workbook graded without false alarms;
 * the workbook unit tests (tests/workbooks) fail on every stub of exercises/.
 
-Kernels make this slow, so the notebook runs use the smallest workbooks and run once per
-scenario: NBVAL_WORKBOOK (2 exercises) and CLASS_WORKBOOK (3 independent exercises).
+Kernels and grading processes make this slow, so each scenario runs once: NBVAL_WORKBOOK
+(2 exercises) and CLASS_WORKBOOK (3 exercises) of the course, and the tiny workbook.
 """
 
 from __future__ import annotations
