@@ -752,3 +752,26 @@ def test_gradebook_rejects_bad_input(tmp_path, manifest):
     (tmp_path / "empty" / "ann" / CLASS_WORKBOOK).write_bytes(b"\x00\xff not json")
     [grade] = gradebook.grade_class(tmp_path / "empty", manifest, progress=False)
     assert grade.total == 0 and grade.notes[0].startswith(f"{CLASS_WORKBOOK} could not be read (")
+
+
+def test_library_imports_in_exercise_cells_are_flagged(manifest):
+    """What the official solution imports is fine; other library code, or an equivalent the
+    manifest names under ``implementations``, is noted for the instructor."""
+    name = "06_blockwise_quantization.ipynb"
+    assert manifest.library_imports(name) == ["adam8lib.quant.nearest_code"]
+    cells = [
+        {"index": 3, "source": "from adam8lib.quant import nearest_code  # allowed: the solution uses it\n"
+                               "from adam8lib.quant import quantize_blockwise as qb\nimport bitsandbytes.functional as F\n"
+                               "from adam8lib.course.checks import _common\n"},
+        {"index": 6, "source": "import torch\ndef dequantize_blockwise(c, a):\n    return torch.ops.mine.deq(c, a)\n"},
+        {"index": 9, "source": "def broken(:\n"},
+    ]  # fmt: skip
+    flags = gradebook._import_flags(cells, name, manifest)
+    assert flags == [
+        f"{name} cell 3: uses adam8lib.quant.quantize_blockwise (library code the solution does not use; the instructor decides)",
+        f"{name} cell 3: uses bitsandbytes.functional (library code the solution does not use; the instructor decides)",
+    ]
+    extended = Manifest(manifest.notebooks, extras={name: {"implementations": {"dequantize_blockwise": ["torch.ops.mine.deq"]}}})
+    assert gradebook._import_flags(cells[1:], name, extended) == [
+        f"{name} cell 6: uses torch.ops.mine.deq (library code the solution does not use; the instructor decides)"
+    ]
