@@ -43,10 +43,8 @@ import importlib.util
 import json
 import os
 import secrets
-import selectors
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -56,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import sandbox
+from .channel import converse as _converse, died as _died, kill as _kill, signal_name as _signal_name
 from .conventions import (
     MANIFEST_NAME,
     CheckSpec,
@@ -74,8 +73,6 @@ __all__ = ["LearnerGrade", "Grader", "find_workbooks", "grade_learner", "grade_c
 STATUSES = ("passed", "failed", "timeout", "tampered", "error")
 #: Statuses worth a note in the gradebook (plain failures are just 0 points).
 NOTED = ("timeout", "tampered", "error")
-_LOG_CAP = 256 * 1024
-_CHANNEL_CAP = 1024 * 1024
 
 
 @dataclass
@@ -270,23 +267,6 @@ def _import_flags(cells: list[dict], name: str, manifest: Manifest) -> list[str]
     return flags
 
 
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-def _died(returncode: int | None) -> str:
-    if returncode is None:
-        return "did not exit"
-    number = -returncode if returncode < 0 else returncode - 128 if returncode > 128 else 0
-    if number:
-        why = " (out of memory, or killed)" if number == signal.SIGKILL else ""
-        return f"was killed by {_signal_name(number)}{why}"
-    return f"exited with status {returncode}"
-
-
 def _remove(path: Path) -> None:
     """Delete a scratch folder even when the learner made parts of it read-only."""
 
@@ -314,17 +294,6 @@ def _remove_stale_scratch() -> None:
             _remove(root)
         except (OSError, ValueError):
             continue  # not ours to judge (no owner file yet, or another user's)
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.kill()
-    except OSError:
-        pass
 
 
 @dataclass
@@ -483,93 +452,6 @@ class Grader:
             (self.reports / f"{learner}.json").write_text(json.dumps(grade.to_json(), indent=1) + "\n", encoding="utf-8")
             (self.reports / f"{learner}.log").write_text("\n".join(log), encoding="utf-8")
         return grade
-
-
-def _converse(cmd, env, cwd, job: bytes, deadline: float, active: set, lock: threading.Lock):
-    """Run one child; return (messages, or None if the channel was abused; log; returncode; timed_out).
-
-    ``{fd}`` in ``cmd`` becomes the child's end of the result pipe. The job goes in through stdin
-    (from a thread); every read waits at most until ``deadline``; the log is capped.
-    """
-    read_fd, write_fd = os.pipe()
-    cmd = [str(write_fd) if part == "{fd}" else part for part in cmd]
-    try:
-        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, pass_fds=(write_fd,), start_new_session=True)  # fmt: skip
-    except BaseException:
-        os.close(read_fd)
-        raise
-    finally:
-        os.close(write_fd)
-    return _collect(proc, read_fd, job, deadline, active, lock)
-
-
-def _collect(proc, read_fd, job, deadline, active, lock):
-    with lock:
-        active.add(proc)
-
-    def feed():
-        try:
-            proc.stdin.write(job)
-            proc.stdin.close()
-        except (BrokenPipeError, OSError, ValueError):
-            pass
-
-    threading.Thread(target=feed, daemon=True).start()
-    channel, log, log_total = bytearray(), bytearray(), 0
-    abused, done, timed_out = False, False, False
-    sel = selectors.DefaultSelector()
-    sel.register(read_fd, selectors.EVENT_READ, "channel")
-    sel.register(proc.stdout, selectors.EVENT_READ, "log")
-    try:
-        while sel.get_map() and not done:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                timed_out = True
-                break
-            for key, _ in sel.select(timeout=min(remaining, 1.0)):
-                fd = read_fd if key.data == "channel" else proc.stdout.fileno()
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    sel.unregister(key.fileobj)
-                    continue
-                if key.data == "log":
-                    log_total += len(chunk)
-                    log += chunk[: max(0, _LOG_CAP - len(log))]
-                else:
-                    channel += chunk
-                    if len(channel) > _CHANNEL_CAP:
-                        abused = done = True
-                    elif b"\"kind\": \"done\"" in channel:
-                        done = True
-    finally:
-        sel.close()
-        os.close(read_fd)
-        if done:
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-        _kill(proc)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-        proc.stdout.close()
-        with lock:
-            active.discard(proc)
-    text = log.decode("utf-8", "replace")
-    if log_total > len(log):
-        text += f"\n[output truncated: {log_total} bytes, kept {len(log)}]\n"
-    if abused:
-        return None, text, proc.returncode, timed_out
-    messages = []
-    for line in bytes(channel).decode("utf-8", "replace").splitlines():
-        try:
-            messages.append(json.loads(line))
-        except json.JSONDecodeError:
-            return None, text, proc.returncode, timed_out
-    return messages, text, proc.returncode, timed_out
 
 
 # ---------------------------------------------------------------------------------------------
