@@ -2,17 +2,26 @@
 
 * exercises/ is in sync with solutions/, every solution span is stubbed, every check cell is
   in the manifest and calls a check that exists;
-* the generator on the tiny fixture workbook (tests/fixtures/tiny): stubs, tags, links,
-  manifest, ``--check``, and a clear error for each malformed solution;
+* the generator on the tiny fixture workbook (tests/fixtures/tiny): stubs, tags, links, the
+  generator's mark, manifest, ``--check``; a clear error (exit 2, nothing written) for each
+  malformed solution, misspelled marker, swapped arguments and the lessons folder;
 * ``pytest --nbval`` on an untouched workbook fails on exactly its check cells (taken from the
-  manifest) while the solution passes; the score summary and ``--grade-report`` contents;
-* integrity: edited / deleted check cells and learner-added nbval markers;
-* a gradebook of three learners: complete, untouched, and one whose code loops forever in
-  one exercise and who edited another exercise's check cell;
+  official manifest, not a forged one next to it) while the solution passes; the score summary
+  and ``--grade-report``; integrity: edited / deleted check cells and learner-added nbval markers;
+  the self-check command ignores a learner's conftest.py / pytest.ini / manifest and cuts huge
+  check outputs;
+* the gradebook (issue 16's cheats, on fake learners of the tiny course): in the bubblewrap
+  sandbox C1 (monkeypatched checks), C2a/C2b (IPython exception handler / input transformer),
+  C4a + C5 (writing another learner's notebook, reports, the gradebook, the checks, the
+  manifest), C4b (a detached report writer, forged results), C8 (out of memory, killed),
+  C9 (a grandchild holding the pipes), C10 (killing the grader), C11 (garbage results), a loop,
+  a swallowed timeout and a 50 MB print; without a sandbox C5 (course files restored), C4a
+  (graded from the copy read at the start) and C10 (the CSV keeps finished rows); a real
+  workbook graded without false alarms;
 * the workbook unit tests (tests/workbooks) fail on every stub of exercises/.
 
-Kernels make this slow, so the notebook runs use the smallest workbooks and run once per
-scenario: NBVAL_WORKBOOK (2 exercises) and CLASS_WORKBOOK (3 independent exercises).
+Kernels and grading processes make this slow, so each scenario runs once: NBVAL_WORKBOOK
+(2 exercises) and CLASS_WORKBOOK (3 exercises) of the course, and the tiny workbook.
 """
 
 from __future__ import annotations
@@ -22,16 +31,19 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from adam8lib.course.grading import gradebook
-from adam8lib.course.grading.generate import generate, main as generate_main
+from adam8lib.course.grading import gradebook, sandbox
+from adam8lib.course.grading.generate import generate, generate_notebook, main as generate_main
 from adam8lib.course.grading.conventions import (
     BEGIN,
     MANIFEST_NAME,
@@ -152,7 +164,7 @@ def test_generator_check_detects_every_kind_of_drift(tiny, capsys):
     assert generate_main([solutions, exercises, "--check"]) == 0
     target = tiny / "exercises" / "01_tiny.ipynb"
     target.write_text(target.read_text().replace("Exercise 01.1: square", "done"))
-    (tiny / "exercises" / "09_stale.ipynb").write_text("{}")
+    shutil.copyfile(target, tiny / "exercises" / "09_stale.ipynb")  # written by the generator once
     (tiny / "exercises" / MANIFEST_NAME).unlink()
     capsys.readouterr()
     assert generate_main([solutions, exercises, "--check"]) == 1
@@ -258,7 +270,11 @@ def test_nbval_fails_exactly_on_the_check_cells_and_scores(pytester, manifest):
     for folder in ("exercises", "solutions"):
         (pytester.path / folder).mkdir()
         shutil.copyfile(REPO / folder / NBVAL_WORKBOOK, pytester.path / folder / NBVAL_WORKBOOK)
-    shutil.copyfile(EXERCISES / MANIFEST_NAME, pytester.path / "exercises" / MANIFEST_NAME)
+    # a forged manifest next to the workbook (100 points per check): the official one wins
+    forged = json.loads((EXERCISES / MANIFEST_NAME).read_text())
+    for spec in forged["notebooks"][NBVAL_WORKBOOK]["checks"]:
+        spec["points"] = 100
+    (pytester.path / "exercises" / MANIFEST_NAME).write_text(json.dumps(forged))
     # a lesson shares the workbook's name but has no check cell: not graded
     (pytester.path / "notebooks").mkdir()
     lesson = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 + 1")])
@@ -290,6 +306,8 @@ def test_nbval_fails_exactly_on_the_check_cells_and_scores(pytester, manifest):
     report = json.loads((pytester.path / "report.json").read_text())
     assert (report["points"], report["max_points"]) == (max_points, 2 * max_points)
     untouched, solved = report["notebooks"]  # the lesson is not in it
+    assert untouched["notes"] == [f"ignored {(pytester.path / 'exercises' / MANIFEST_NAME).resolve()}: graded with "
+                                  f"the course's manifest {(EXERCISES / MANIFEST_NAME).resolve()}"]
     assert (untouched["path"], solved["path"]) == (f"exercises/{NBVAL_WORKBOOK}", f"solutions/{NBVAL_WORKBOOK}")
     assert [e["exercise"] for e in untouched["exercises"]] == [s.exercise for s in specs]
     for ex, spec in zip(untouched["exercises"], specs):
@@ -337,55 +355,383 @@ def test_integrity_deleted_and_tampered_check_cells(pytester, monkeypatch):
     assert "total: 0/3 points" in out
 
 
-def test_gradebook_of_a_class(tmp_path, manifest, capsys):
-    """complete / untouched / a learner who loops forever in one exercise and edited a check."""
+# ---------------------------------------------------------------------------------------------
+# generator safety: it only overwrites what it wrote, and refuses malformed solutions
+# ---------------------------------------------------------------------------------------------
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_generated_notebooks_carry_the_generator_mark(tiny):
+    nb = nbformat.read(str(tiny / "exercises" / "01_tiny.ipynb"), as_version=4)
+    assert nb.metadata["adam8"]["generated_from"] == "solutions/01_tiny.ipynb"
+    for path in EXERCISES.glob("*.ipynb"):
+        assert nbformat.read(str(path), as_version=4).metadata["adam8"]["generated_from"] == f"solutions/{path.name}"
+    for path in [*SOLUTIONS.glob("*.ipynb"), *(REPO / "notebooks").glob("*.ipynb")]:
+        assert "adam8" not in nbformat.read(str(path), as_version=4).metadata, path
+
+
+def test_generator_refuses_swapped_arguments_and_the_lessons_folder(tiny, capsys):
+    solutions, exercises = tiny / "solutions", tiny / "exercises"
+    before = {"solutions": _tree(solutions), "exercises": _tree(exercises)}
+    # swapped: exercises/ read as solutions (generated notebooks are not solutions)
+    assert generate_main([str(exercises), str(solutions)]) == 2
+    assert "swapped" in capsys.readouterr().err
+    # solutions/ as the output folder of the real solutions: its notebooks were not generated
+    assert generate_main([str(solutions), str(solutions)]) == 2
+    assert "is the solutions folder" in capsys.readouterr().err
+    # the lessons folder as output: notebooks without the generator's mark are never overwritten
+    lessons = tiny / "notebooks"
+    lessons.mkdir()
+    lesson = nbformat.read(str(solutions / "01_tiny.ipynb"), as_version=4)
+    lesson.cells = [c for c in lesson.cells if not check_calls(cell_source(c))]  # a lesson: no check cells,
+    for cell in lesson.cells:  # no solution spans
+        cell.source = "\n".join(ln for ln in cell_source(cell).split("\n") if "SOLUTION" not in ln)
+    nbformat.write(lesson, str(lessons / "01_tiny.ipynb"))
+    nbformat.write(lesson, str(lessons / "00_setup_and_tour.ipynb"))
+    lessons_before = _tree(lessons)
+    assert generate_main([str(solutions), str(lessons)]) == 2
+    err = capsys.readouterr().err
+    assert "did not write" in err and "00_setup_and_tour.ipynb" in err and "01_tiny.ipynb" in err
+    # the lessons folder as input: no solution span anywhere
+    assert generate_main([str(lessons), str(tiny / "out")]) == 2
+    assert "needs at least one '### BEGIN SOLUTION'" in capsys.readouterr().err
+    assert not (tiny / "out").exists()
+    assert _tree(lessons) == lessons_before
+    assert {"solutions": _tree(solutions), "exercises": _tree(exercises)} == before
+    # a stale notebook the generator wrote is removed; a foreign one stops everything
+    shutil.copyfile(exercises / "01_tiny.ipynb", exercises / "02_stale.ipynb")
+    assert generate_main([str(solutions), str(exercises)]) == 0
+    assert not (exercises / "02_stale.ipynb").exists()
+    (exercises / "03_mine.ipynb").write_text("{}")
+    assert generate_main([str(solutions), str(exercises)]) == 2
+    assert (exercises / "03_mine.ipynb").read_text() == "{}"
+
+
+MISSPELLED = {  # case: (cell, source, message)
+    "two hashes": (3, "def square(x):\n    ## BEGIN SOLUTION\n    return x * x\n    ## END SOLUTION", "misspelled"),
+    "lowercase": (3, "def square(x):\n    ### begin solution\n    return x * x\n    ### end solution", "misspelled"),
+    "plural": (3, "def square(x):\n    ### BEGIN SOLUTIONS\n    return x * x\n    ### END SOLUTION", "misspelled"),
+    "check without exercise": (3, "def square(x):\n    return x * x", "has no exercise cell"),
+    "check of a name no exercise defines": (4, "from tiny_checks import check_square\ncheck_square(squared)",
+                                            "uses squared, which no exercise cell before it defines"),
+}
+
+
+@pytest.mark.parametrize("case", list(MISSPELLED))
+def test_generator_refuses_misspelled_markers(tiny, case, capsys):
+    index, source, message = MISSPELLED[case]
+    path = tiny / "solutions" / "01_tiny.ipynb"
+    nb = nbformat.read(str(path), as_version=4)
+    nb.cells[index].source = source
+    nbformat.write(nb, str(path))
+    before = _tree(tiny / "exercises")
+    assert generate_main([str(tiny / "solutions"), str(tiny / "exercises")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "cell" in err, err
+    assert _tree(tiny / "exercises") == before  # nothing overwritten: no solution leaks into exercises/
+
+
+def test_manifest_points_are_validated(tmp_path):
+    data = json.loads((EXERCISES / MANIFEST_NAME).read_text())
+    first = next(iter(data["notebooks"].values()))["checks"][0]
+    first["points"] = -5
+    (tmp_path / "m.json").write_text(json.dumps(data))
+    with pytest.raises(WorkbookError, match="whole number >= 0"):
+        Manifest.load(tmp_path / "m.json")
+    grade = gradebook.LearnerGrade("x", {s.exercise: 0 for s in Manifest.load(EXERCISES / MANIFEST_NAME).checks})
+    grade.points[next(iter(grade.points))] = 51
+    with pytest.raises(ValueError, match="51 points"):
+        grade.validate(Manifest.load(EXERCISES / MANIFEST_NAME))
+
+
+# ---------------------------------------------------------------------------------------------
+# the learner's self-check: no learner conftest / pytest.ini / manifest, capped outputs
+# ---------------------------------------------------------------------------------------------
+SOLVED_SQUARE = "def square(x):\n    return x * x"
+SOLVED_CLAMP = "def clamp(values, lo, hi):\n    return [min(max(v, lo), hi) for v in values]"
+
+
+@pytest.fixture()
+def tiny_course(tmp_path, monkeypatch) -> dict:
+    """The tiny course in tmp: exercises/ + manifest, and its checks on PYTHONPATH (a copy)."""
+    assert generate_main([str(TINY / "solutions"), str(tmp_path / "exercises")]) == 0
+    (tmp_path / "checks").mkdir()
+    shutil.copyfile(TINY / "tiny_checks.py", tmp_path / "checks" / "tiny_checks.py")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path / "checks"), os.environ.get("PYTHONPATH")])))
+    return {"root": tmp_path, "exercises": tmp_path / "exercises", "manifest": tmp_path / "exercises" / MANIFEST_NAME,
+            "checks": tmp_path / "checks" / "tiny_checks.py"}  # fmt: skip
+
+
+def tiny_learner(path: Path, square: str | None = None, clamp: str | None = None, before: str | None = None,
+                 edit_check: str | None = None) -> Path:  # fmt: skip
+    """A learner's tiny workbook: exercise cells 3 and 6 replaced (None keeps the stub), an ordinary
+    code cell ``before`` after the setup cell, extra text appended to the clamp check cell."""
+    generated, _ = generate_notebook(nbformat.read(str(TINY / "solutions" / "01_tiny.ipynb"), as_version=4), "01_tiny.ipynb")
+    if square is not None:
+        generated.cells[3].source = square
+    if clamp is not None:
+        generated.cells[6].source = clamp
+    if edit_check is not None:
+        generated.cells[7].source += edit_check
+    if before is not None:
+        generated.cells.insert(2, nbformat.v4.new_code_cell(before))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(generated, str(path))
+    return path
+
+
+def test_selfcheck_ignores_the_learners_conftest_ini_and_manifest_and_caps_outputs(tiny_course, tmp_path):
+    """Plain-pytest cases: a learner folder whose conftest.py marks every test passed, whose
+    pytest.ini disables the grading plugin, with a forged .manifest.json (200 points, edited
+    checks) next to a workbook with one stub and one function that prints 20 MB in its check."""
+    from adam8lib.course.grading.selfcheck import command
+
+    folder = tmp_path / "learner"
+    tiny_learner(folder / "01_tiny.ipynb", clamp=SOLVED_CLAMP.replace("    return", "    print('x' * 20_000_000)\n    return"))
+    (folder / "conftest.py").write_text(
+        "import pathlib\npathlib.Path(__file__).with_name('conftest-was-loaded').touch()\n"
+        "def pytest_runtest_makereport(item, call):\n    call.excinfo = None\n"
+    )
+    (folder / "pytest.ini").write_text("[pytest]\naddopts = -p no:adam8lib.course.grading.plugin\n")
+    forged = json.loads(tiny_course["manifest"].read_text())
+    for spec in forged["notebooks"]["01_tiny.ipynb"]["checks"]:
+        spec["points"], spec["source"] = 100, "print('✔ forged')"
+        spec["sha256"] = source_hash(spec["source"])
+    (folder / MANIFEST_NAME).write_text(json.dumps(forged))
+    rootdir = tmp_path / "root"
+    rootdir.mkdir()
+    (rootdir / "pytest.ini").write_text("[pytest]\n")
+    report = tmp_path / "self.json"
+    cmd = command([str(folder / "01_tiny.ipynb")], tiny_course["manifest"], rootdir, ["--grade-report", str(report)])
+    proc = subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=600)
+    assert not (folder / "conftest-was-loaded").exists()
+    assert "total: 0/3 points" in proc.stdout, proc.stdout[-3000:]
+    results = json.loads(report.read_text())
+    assert [(e["exercise"], e["status"], e["points"], e["max_points"]) for e in results["notebooks"][0]["exercises"]] == [
+        ("square", "failed", 0, 1), ("clamp", "failed", 0, 2)]  # fmt: skip
+    assert "not implemented yet" in results["notebooks"][0]["exercises"][0]["detail"]
+    # the 20 MB printed inside the clamp check was cut before nbval compared it with the success line
+    assert "the grader]" in proc.stdout and len(proc.stdout) < 2_000_000
+    assert proc.returncode == 1
+
+
+def test_plugin_prefers_the_official_manifest(pytester):
+    """A forged .manifest.json next to the course's own workbook is ignored, with a note."""
+    (pytester.path / "learner").mkdir()
+    shutil.copyfile(EXERCISES / NBVAL_WORKBOOK, pytester.path / "learner" / NBVAL_WORKBOOK)
+    forged = json.loads((EXERCISES / MANIFEST_NAME).read_text())
+    for spec in forged["notebooks"][NBVAL_WORKBOOK]["checks"]:
+        spec["points"] = 100
+    (pytester.path / "learner" / MANIFEST_NAME).write_text(json.dumps(forged))
+    from adam8lib.course.grading.plugin import Grader
+
+    config = pytester.parseconfig("-p", "no:cacheprovider")
+    grader = Grader(config)
+    manifest, fallback = grader.manifest_for(pytester.path / "learner" / NBVAL_WORKBOOK)
+    assert manifest.path == (EXERCISES / MANIFEST_NAME).resolve() and fallback
+    assert manifest.points(NBVAL_WORKBOOK) == Manifest.load(EXERCISES / MANIFEST_NAME).points(NBVAL_WORKBOOK)
+    assert grader.ignored[str(pytester.path / "learner" / NBVAL_WORKBOOK)] == (pytester.path / "learner" / MANIFEST_NAME).resolve()
+
+
+# ---------------------------------------------------------------------------------------------
+# the gradebook: isolated checks, sandboxed learners, a run that always finishes
+# ---------------------------------------------------------------------------------------------
+needs_bwrap = pytest.mark.skipif(sandbox.available() is not None, reason=f"no sandbox here: {sandbox.available()}")
+
+
+def test_gradebook_grades_a_real_workbook_without_false_alarms(tmp_path, manifest, capsys):
+    """The solution scores full marks and the untouched workbook 0, without notes, with the
+    course's own checks (torch, setup()) in the sandbox when there is one."""
     specs = manifest.notebooks[CLASS_WORKBOOK]
-    assert len(specs) >= 3, "the class scenario needs three exercises: a loop, an edit and a pass"
-    looping, edited = specs[0], specs[1]
     sub = tmp_path / "submissions"
-    for learner in ("ada", "bo", "cy"):
+    for learner in ("ada", "bo"):
         (sub / learner).mkdir(parents=True)
     shutil.copyfile(SOLUTIONS / CLASS_WORKBOOK, sub / "ada" / CLASS_WORKBOOK)
-    shutil.copyfile(EXERCISES / CLASS_WORKBOOK, sub / "bo" / CLASS_WORKBOOK)
-    nb = nbformat.read(str(SOLUTIONS / CLASS_WORKBOOK), as_version=4)
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    solution = code[looping.cell - 1]
-    lines = solution.source.split("\n")
-    at = next(i for i, line in enumerate(lines) if line.strip() == BEGIN)
-    indent = lines[at][: len(lines[at]) - len(lines[at].lstrip())]
-    lines[at + 1: at + 1] = [f"{indent}while True:", f"{indent}    pass"]
-    solution.source = "\n".join(lines)
-    code[edited.cell].source += "\nprint('my own check')"
-    # calling a check from one's own cell too is fine while the original check cell is there
-    code[specs[2].cell - 1].source += "\n" + code[specs[2].cell].source
-    nbformat.write(nb, str(sub / "cy" / f"{CLASS_WORKBOOK[:-6]}_cy.ipynb"))  # another name, same NN_
+    shutil.copyfile(EXERCISES / CLASS_WORKBOOK, sub / "bo" / f"{CLASS_WORKBOOK[:-6]}_bo.ipynb")  # same NN_
     only = tmp_path / MANIFEST_NAME  # a one-workbook course, so no "missing notebook" notes
     only.write_text(Manifest({CLASS_WORKBOOK: specs}).dumps(), encoding="utf-8")
-
     out = tmp_path / "grades" / "gradebook.csv"
-    rc = gradebook.main([str(sub), "--out", str(out), "--manifest", str(only),
-                         "--cell-timeout", str(CELL_TIMEOUT), "--jobs", "3"])  # fmt: skip
+    rc = gradebook.main([str(sub), "--out", str(out), "--manifest", str(only), "--cell-timeout", str(CELL_TIMEOUT),
+                         "--jobs", "2"])  # fmt: skip
     assert rc == 0
     rows = list(csv.reader(out.open(encoding="utf-8")))
-    ids = [s.exercise for s in specs]
     full = sum(s.points for s in specs)
-    assert rows[0] == ["learner", *ids, "total", "notes"]
-    assert rows[1] == ["ada", *(str(s.points) for s in specs), str(full), ""], rows
-    assert rows[2] == ["bo", *("0" for _ in specs), "0", ""], rows
-    cy_points = [0, 0, *(s.points for s in specs[2:])]
-    assert rows[3][:-1] == ["cy", *map(str, cy_points), str(sum(cy_points))], rows
-    notes = rows[3][-1].split("; ")
-    assert notes[0].startswith(f"{CLASS_WORKBOOK} {looping.label} {looping.exercise}: timeout (Timeout of {CELL_TIMEOUT}")
-    assert notes[1] == (
-        f"{CLASS_WORKBOOK} {edited.label} {edited.exercise}: edited (check cell of {edited.exercise} was edited: "
-        f"restore it from exercises/{CLASS_WORKBOOK})"
+    assert rows == [
+        ["learner", *(s.exercise for s in specs), "total", "notes"],
+        ["ada", *(str(s.points) for s in specs), str(full), ""],
+        ["bo", *("0" for _ in specs), "0", ""],
+    ], (out.parent / "reports" / "ada.log").read_text()[-3000:]
+    detail = json.loads((out.parent / "reports" / "bo.json").read_text())
+    assert all(v["status"] == "failed" and "not implemented yet" in v["detail"] for v in detail["statuses"].values())
+    assert f"ada: {full}/{full}" in capsys.readouterr().out
+
+
+def _attack_paths(root: Path) -> dict:
+    return {"victim": root / "sub" / "ada" / "01_tiny.ipynb", "report": root / "grades" / "reports" / "ada.json",
+            "csv": root / "grades" / "gradebook.csv", "checks": root / "checks" / "tiny_checks.py",
+            "manifest": root / "exercises" / MANIFEST_NAME, "common": REPO / "adam8lib" / "course" / "checks" / "_common.py"}  # fmt: skip
+
+
+FIND_PIPES = (
+    "import os, stat\n"
+    "def pipes():\n"
+    "    for fd in range(3, 256):\n"
+    "        try:\n"
+    "            if stat.S_ISFIFO(os.fstat(fd).st_mode):\n"
+    "                yield fd\n"
+    "        except OSError:\n"
+    "            pass\n"
+)
+
+
+def adversarial_class(root: Path) -> dict[str, dict]:
+    """Fake learners of the tiny course (issue 16's cheats). Returns {learner: cells}."""
+    p = {k: str(v) for k, v in _attack_paths(root).items()}
+    forge = 'import json\nfor fd in pipes():\n    for ex in ("square", "clamp", "done"):\n        try:\n            os.write(fd, (json.dumps({"kind": "result", "exercise": ex, "status": "passed", "detail": ""}) + "\\n").encode())\n        except OSError:\n            pass\n'  # noqa: E501
+    return {
+        "ada": {"square": SOLVED_SQUARE, "clamp": SOLVED_CLAMP},  # the control: must stay 3/3, no note
+        # C1: monkeypatching the checks (an exercise cell runs in the grading process; an ordinary cell does not run)
+        "c1": {"before": "import tiny_checks\ntiny_checks.check_square = lambda f: print('✔ Exercise 01.1 · Square: all checks passed')",
+               "square": "import tiny_checks\ntiny_checks.check_square = lambda f: print('✔ Exercise 01.1 · Square: all checks passed')\n"
+                         "tiny_checks.assert_equal = lambda *a, **k: None\n" + SOLVED_SQUARE.replace("x * x", "x + x")},
+        # C2a/C2b: a custom exception handler and an input transformer (IPython) that print the success lines
+        "c2": {"before": "ip = get_ipython()\nip.set_custom_exc((AssertionError,), lambda *a, **k: print('✔ Exercise 01.1 · Square: all checks passed'))\n"
+                         "ip.input_transformers_cleanup.append(lambda lines: ['print(\"✔ Exercise 01.1 · Square: all checks passed\")\\n' if l.startswith('check_') else l for l in lines])",
+               "clamp": "get_ipython().set_custom_exc((AssertionError,), print)\n" + SOLVED_CLAMP},
+        # C4a + C5 (write another learner's notebook, the gradebook, reports, the checks, the manifest),
+        # C9 (a grandchild that keeps the pipes open) and C10 (kill the grader, its parent), with a valid
+        # solution: all contained by the sandbox, so the score stands and there is no note
+        "c4_c9_c10": {"square": "import os, signal, time\n"
+                      f"for path, data in [({p['victim']!r}, b''), ({p['report']!r}, b'{{}}'), ({p['csv']!r}, b'forged'), "
+                      f"({p['checks']!r}, b'\\ncheck_square = print\\n'), ({p['common']!r}, b'\\npassed = print\\n'), ({p['manifest']!r}, b'{{}}')]:\n"
+                      "    try:\n        with open(path, 'ab' if path.endswith('.py') else 'wb') as fh:\n            fh.write(data)\n"
+                      "        os.write(1, f'c4 wrote {path}\\n'.encode())\n"
+                      "    except OSError as exc:\n        os.write(1, f'c4 could not write {path}: {exc}\\n'.encode())\n"
+                      "if os.fork() == 0:\n    try:\n        os.setsid()\n        time.sleep(60)\n    finally:\n        os._exit(0)\n"
+                      "os.makedirs('locked/deep', exist_ok=True)\nos.chmod('locked/deep', 0)\nos.chmod('locked', 0o500)\n"
+                      f"os.write(1, f'c10: ppid={{os.getppid()}}\\n'.encode())\nif os.getppid() != {os.getpid()}:\n"
+                      "    os.kill(os.getppid(), signal.SIGKILL)\n" + SOLVED_SQUARE,
+                      "clamp": SOLVED_CLAMP},
+        # C4b: a detached process rewrites the report later; forged results on every pipe, then a clean exit
+        "c4b": {"square": FIND_PIPES + "import time\nif os.fork() == 0:\n    try:\n        os.setsid()\n        time.sleep(1)\n"
+                          f"        open({str(root / 'grades' / 'reports' / 'c4b.json')!r}, 'w').write('{{\"total\": 3}}')\n"
+                          "    finally:\n        os._exit(0)\n" + forge + SOLVED_SQUARE,
+                "clamp": SOLVED_CLAMP},
+        # C8: out of memory in one cell, killed in the next
+        "c8": {"square": "blob = bytearray(3 * 2**30)\n" + SOLVED_SQUARE, "clamp": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n" + SOLVED_CLAMP},
+        # C11: garbage on the result channel
+        "c11": {"square": FIND_PIPES + "for fd in pipes():\n    try:\n        os.write(fd, b'{}\\n')\n    except OSError:\n        pass\n" + SOLVED_SQUARE, "clamp": SOLVED_CLAMP},
+        # a loop in one exercise, an edited check cell and a library import: 2/3 with notes
+        "loop": {"square": "def square(x):\n    while True:\n        pass", "edit_check": "\nprint('mine')",
+                 "clamp": "from adam8lib.quant import dynamic_map\n" + SOLVED_CLAMP},
+        # a check that swallows the per-cell timeout: stopped at the learner time limit
+        "a_stubborn": {"square": "import time\ndef square(x):\n    while True:\n        try:\n            time.sleep(0.2)\n        except BaseException:\n            pass",
+                     "clamp": SOLVED_CLAMP},
+        # a 50 MB print inside the check: capped, fails that exercise only
+        # (and clamp written in a new, untagged cell: taken from there, with a note)
+        "huge": {"square": "def square(x):\n    print('x' * 50_000_000)\n    return x * x", "clamp": "# moved below",
+                 "before": SOLVED_CLAMP},
+    }  # fmt: skip
+
+
+def _build(root: Path, learners: dict[str, dict]) -> None:
+    for name, cells in learners.items():
+        tiny_learner(root / "sub" / name / "01_tiny.ipynb", square=cells.get("square"), clamp=cells.get("clamp"),
+                     before=cells.get("before"), edit_check=cells.get("edit_check"))  # fmt: skip
+
+
+@needs_bwrap
+def test_gradebook_adversarial_class_in_the_sandbox(tiny_course, capsys):
+    """C1, C2a, C2b, C4a, C4b, C5, C8, C9, C10, C11 in one class: every cheat scores 0 with a note
+    (or is contained), the control learner keeps 3/3, no file outside the scratch folders changes,
+    and gradebook.csv is complete."""
+    root = tiny_course["root"]
+    learners = adversarial_class(root)
+    _build(root, learners)
+    watched = [*(root / "sub").rglob("*.ipynb"), tiny_course["checks"], tiny_course["manifest"], _attack_paths(root)["common"]]
+    before = {p: p.read_bytes() for p in watched}
+    scratch_before = set(Path(tempfile.gettempdir()).glob("adam8-grading-*"))
+    out = root / "grades" / "gradebook.csv"
+    started = time.monotonic()
+    rc = gradebook.main([str(root / "sub"), "--out", str(out), "--manifest", str(tiny_course["manifest"]),
+                         "--cell-timeout", "5", "--learner-timeout", "30", "--jobs", "2", "--sandbox", "bwrap",
+                         "--memory-limit", "1500"])  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert rc == 0
+    time.sleep(1.5)  # C4b's detached writer would have written by now
+    rows = {r["learner"]: r for r in csv.DictReader(out.open(encoding="utf-8"))}
+    assert sorted(rows) == sorted(learners)
+    got = {name: (int(r["square"]), int(r["clamp"]), int(r["total"])) for name, r in rows.items()}
+    assert got == {"ada": (1, 2, 3), "c1": (0, 0, 0), "c2": (0, 0, 0), "c4_c9_c10": (1, 2, 3), "c4b": (0, 0, 0),
+                   "c8": (0, 0, 0), "c11": (0, 0, 0), "loop": (0, 2, 2), "a_stubborn": (0, 0, 0), "huge": (0, 2, 2)}, {n: r["notes"] for n, r in rows.items()}  # fmt: skip
+    notes = {name: r["notes"] for name, r in rows.items()}
+    assert notes["ada"] == "" and notes["c4_c9_c10"] == ""
+    assert "square: tampered" in notes["c1"] and "tiny_checks.check_square" in notes["c1"]
+    assert "clamp: tampered" in notes["c1"]
+    assert "NameError: name 'get_ipython' is not defined" in notes["c2"]
+    assert "result channel" in notes["c4b"] and "result channel" in notes["c11"]
+    assert "MemoryError" in notes["c8"] and "killed by SIGKILL (out of memory, or killed)" in notes["c8"]
+    assert "square: timeout (Timeout of 5 s" in notes["loop"] and "check cell edited (graded with the original check)" in notes["loop"]
+    assert "uses adam8lib.quant.dynamic_map" in notes["loop"]
+    assert "learner time limit (30 s)" in notes["a_stubborn"]
+    assert notes["huge"] == "01_tiny.ipynb: clamp taken from cell 2, which is not an exercise cell"
+    huge = json.loads(  # 4 calls x (50 MB + newline) + the success line (44)
+        (root / "grades" / "reports" / "huge.json").read_text())["statuses"]["square"]
+    assert huge["status"] == "failed" and "printed 200000048 characters (kept 65536)" in huge["detail"], huge
+    # nothing outside the scratch folders changed: other learners' notebooks, the checks, the manifest
+    assert {p: p.read_bytes() for p in watched} == before
+    assert json.loads((root / "grades" / "reports" / "c4b.json").read_text())["total"] == 0
+    log = (root / "grades" / "reports" / "c4_c9_c10.log").read_text()
+    assert log.count("c4 could not write") == 6 and "c4 wrote" not in log, log
+    assert "c10: ppid=1" in log  # the sandbox's own init: the grader is not even visible
+    assert elapsed < 200, elapsed  # C9's grandchild did not hold the run
+    assert set(Path(tempfile.gettempdir()).glob("adam8-grading-*")) <= scratch_before  # scratch folders removed
+
+
+def test_gradebook_without_sandbox_restores_course_files_and_keeps_finished_rows(tiny_course):
+    """--sandbox none, one learner at a time: C5 (course files edited: restored, 0 for that learner,
+    the next learner unaffected and never above the maximum), C4a (a later learner's notebook
+    truncated on disk: graded from the copy read at the start) and C10 (the grader killed by a
+    learner: gradebook.csv keeps every row finished before)."""
+    root = tiny_course["root"]
+    p = _attack_paths(root)
+    zed = root / "sub" / "c_zed" / "01_tiny.ipynb"
+    vandal = (
+        "import os\n"
+        f"checks, manifest, zed = {str(p['checks'])!r}, {str(p['manifest'])!r}, {str(zed)!r}\n"
+        "with open(checks, 'a') as fh:\n"
+        "    fh.write('\\ndef check_clamp(f):\\n    print(\"✔ Exercise 01.2 · Clamp: all checks passed\")\\n')\n"
+        "text = open(manifest).read().replace('\"points\": 2', '\"points\": 50')\n"
+        "open(manifest, 'w').write(text)\n"
+        "open(zed, 'w').close()\n"
     )
-    assert len(notes) == 2
-    printed = capsys.readouterr().out
-    assert f"ada: {full}/{full}" in printed and f"cy: {sum(cy_points)}/{full} (see notes)" in printed
-    detail = json.loads((out.parent / "reports" / "cy.json").read_text())
-    assert [e["status"] for e in detail["notebooks"][0]["exercises"]] == ["timeout", "edited", *["passed"] * (len(specs) - 2)]
-    assert "Integrity" in (out.parent / "reports" / "cy.log").read_text()
+    _build(root, {"a_ada": {"square": SOLVED_SQUARE, "clamp": SOLVED_CLAMP},
+                  "b_c5": {"square": vandal + SOLVED_SQUARE},
+                  "c_zed": {"square": SOLVED_SQUARE, "clamp": SOLVED_CLAMP},
+                  "d_c10": {"square": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n" + SOLVED_SQUARE},
+                  "e_never": {"square": SOLVED_SQUARE}})  # fmt: skip
+    originals = {k: p[k].read_bytes() for k in ("checks", "manifest")}
+    out = root / "grades" / "gradebook.csv"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "adam8lib.course.grading.gradebook", str(root / "sub"), "--out", str(out), "--manifest",
+         str(tiny_course["manifest"]), "--cell-timeout", "10", "--learner-timeout", "60", "--sandbox", "none"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    _, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == -signal.SIGKILL, stderr[-2000:]
+    assert "without a sandbox" in stderr
+    rows = list(csv.reader(out.open(encoding="utf-8")))
+    assert rows[0] == ["learner", "square", "clamp", "total", "notes"]
+    assert [r[:4] for r in rows[1:]] == [["a_ada", "1", "2", "3"], ["b_c5", "0", "0", "0"], ["c_zed", "1", "2", "3"]]
+    assert "course files changed while this learner was graded (restored): tiny_checks.py, .manifest.json" in rows[2][4]
+    assert rows[1][4] == "" and rows[3][4] == ""
+    assert {k: p[k].read_bytes() for k in ("checks", "manifest")} == originals
+    assert zed.read_bytes() == b""  # without a sandbox the file itself is not protected; its grade is
+    # the killed gradebook's scratch folder is removed by the next run
+    left = [r for r in Path(tempfile.gettempdir()).glob("adam8-grading-*") if (r / ".owner").read_text() == str(proc.pid)]
+    gradebook._remove_stale_scratch()
+    assert left and not any(r.exists() for r in left)
 
 
 def test_gradebook_rejects_bad_input(tmp_path, manifest):
@@ -397,6 +743,35 @@ def test_gradebook_rejects_bad_input(tmp_path, manifest):
     (tmp_path / "empty" / "ann").mkdir()
     with pytest.raises(ValueError, match="jobs must be >= 1"):
         gradebook.grade_class(tmp_path / "empty", manifest, jobs=0, progress=False)
-    # a learner with no workbook at all: no pytest run, every workbook noted missing
+    with pytest.raises(ValueError, match="sandbox must be one of"):
+        gradebook.grade_class(tmp_path / "empty", manifest, sandbox="docker", progress=False)
+    # a learner with no workbook at all: no child process, every workbook noted missing
     [grade] = gradebook.grade_class(tmp_path / "empty", manifest, progress=False)
     assert grade.total == 0 and grade.notes == [f"{name} missing" for name in manifest.notebooks]
+    # unreadable notebooks are noted, not fatal
+    (tmp_path / "empty" / "ann" / CLASS_WORKBOOK).write_bytes(b"\x00\xff not json")
+    [grade] = gradebook.grade_class(tmp_path / "empty", manifest, progress=False)
+    assert grade.total == 0 and grade.notes[0].startswith(f"{CLASS_WORKBOOK} could not be read (")
+
+
+def test_library_imports_in_exercise_cells_are_flagged(manifest):
+    """What the official solution imports is fine; other library code, or an equivalent the
+    manifest names under ``implementations``, is noted for the instructor."""
+    name = "06_blockwise_quantization.ipynb"
+    assert manifest.library_imports(name) == ["adam8lib.quant.nearest_code"]
+    cells = [
+        {"index": 3, "source": "from adam8lib.quant import nearest_code  # allowed: the solution uses it\n"
+                               "from adam8lib.quant import quantize_blockwise as qb\nimport bitsandbytes.functional as F\n"
+                               "from adam8lib.course.checks import _common\n"},
+        {"index": 6, "source": "import torch\ndef dequantize_blockwise(c, a):\n    return torch.ops.mine.deq(c, a)\n"},
+        {"index": 9, "source": "def broken(:\n"},
+    ]  # fmt: skip
+    flags = gradebook._import_flags(cells, name, manifest)
+    assert flags == [
+        f"{name} cell 3: uses adam8lib.quant.quantize_blockwise (library code the solution does not use; the instructor decides)",
+        f"{name} cell 3: uses bitsandbytes.functional (library code the solution does not use; the instructor decides)",
+    ]
+    extended = Manifest(manifest.notebooks, extras={name: {"implementations": {"dequantize_blockwise": ["torch.ops.mine.deq"]}}})
+    assert gradebook._import_flags(cells[1:], name, extended) == [
+        f"{name} cell 6: uses torch.ops.mine.deq (library code the solution does not use; the instructor decides)"
+    ]

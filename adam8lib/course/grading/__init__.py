@@ -7,7 +7,12 @@
 * :mod:`adam8lib.course.grading.plugin` — the pytest plugin (registered through the ``pytest11``
   entry point ``adam8lib.course.grading.plugin``): score summary after ``pytest --nbval``,
   ``--grade-report FILE.json|FILE.csv``, check-cell integrity against the manifest.
-* :mod:`adam8lib.course.grading.gradebook` — ``make grade SUBMISSIONS=dir`` → grades/gradebook.csv.
+* :mod:`adam8lib.course.grading.gradebook` — ``make grade SUBMISSIONS=dir`` → grades/gradebook.csv:
+  each learner workbook graded by :mod:`~adam8lib.course.grading.runner` (a process the notebook
+  never ran in) inside :mod:`~adam8lib.course.grading.sandbox` (bubblewrap when available).
+* :mod:`adam8lib.course.grading.channel` — the gradebook's side of a grading child (pipes, deadlines, kill).
+* :mod:`adam8lib.course.grading.selfcheck` — a learner's ``pytest --nbval`` self-check without the
+  folder's conftest.py / pytest.ini / manifest.
 * :mod:`adam8lib.course.grading.workbook` — load the functions a workbook's solution cells define
   (used by the workbook unit tests in tests/workbooks).
 """

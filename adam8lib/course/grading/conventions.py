@@ -43,6 +43,8 @@ __all__ = [
     "CheckSpec",
     "Manifest",
     "notebook_number",
+    "defined_names",
+    "check_arguments",
 ]
 
 BEGIN = "### BEGIN SOLUTION"
@@ -50,6 +52,11 @@ END = "### END SOLUTION"
 SOLUTION_TAG = "solution"
 IGNORE_OUTPUT_TAG = "nbval-ignore-output"
 MANIFEST_NAME = ".manifest.json"
+#: Optional notebook-level manifest fields (see :class:`Manifest`).
+EXTRAS = ("library_imports", "implementations")
+#: Metadata the generator puts on every notebook it writes (``nb.metadata["adam8"]``): it only
+#: ever overwrites notebooks that carry it.
+GENERATED_KEY = "adam8"
 
 #: A check call on a line of its own: ``check_dynamic_map(dynamic_map_from_scratch)``.
 CHECK_CALL = re.compile(r"^[ \t]*(check_\w+)\(", re.M)
@@ -164,6 +171,39 @@ def strip_solutions(source: str, label: str, where: str = "cell", *, markdown: b
     return "\n".join(out)
 
 
+def defined_names(source: str) -> set[str]:
+    """Names a cell binds at its top level (functions, classes, assignments, imports)."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+    return names
+
+
+def check_arguments(source: str, check: str) -> set[str]:
+    """The names used in the arguments of the call ``check(...)`` in ``source``."""
+    import ast
+
+    used: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == check:
+            for arg in [*node.args, *(k.value for k in node.keywords)]:
+                used.update(n.id for n in ast.walk(arg) if isinstance(n, ast.Name))
+    return used
+
+
 def notebook_number(name: str) -> str | None:
     """``"05"`` for ``05_dynamic_map.ipynb``."""
     m = _NUMBER.match(Path(name).name)
@@ -204,9 +244,21 @@ class CheckSpec:
 class Manifest:
     """``exercises/.manifest.json``: the check cells of every workbook, in course order."""
 
-    def __init__(self, notebooks: dict[str, list[CheckSpec]], path: Path | None = None):
+    def __init__(self, notebooks: dict[str, list[CheckSpec]], path: Path | None = None, extras: dict | None = None):
         self.notebooks = notebooks
         self.path = path
+        #: optional per-notebook fields (format 1, additive): ``library_imports`` — what the
+        #: solution's exercise cells import from adam8lib/bitsandbytes (not flagged in a learner's
+        #: cells); ``implementations`` — {exercise: [dotted names]} of other equivalents that are
+        #: flagged when an exercise cell uses them (from the check cell's ``adam8`` metadata).
+        self.extras: dict[str, dict] = {nb: dict(v) for nb, v in (extras or {}).items()}
+
+    def library_imports(self, notebook: str) -> list[str]:
+        return list(self.extras.get(notebook, {}).get("library_imports", []))
+
+    def implementations(self, notebook: str) -> list[str]:
+        found = self.extras.get(notebook, {}).get("implementations", {})
+        return [name for names in found.values() for name in names]
 
     # -- queries -------------------------------------------------------------------------
     @property
@@ -239,7 +291,8 @@ class Manifest:
             "format": 1,
             "total_points": self.total_points,
             "notebooks": {
-                nb: {"points": self.points(nb), "checks": [spec.to_json() for spec in specs]}
+                nb: {"points": self.points(nb), "checks": [spec.to_json() for spec in specs],
+                     **{k: v for k, v in sorted(self.extras.get(nb, {}).items()) if v}}
                 for nb, specs in self.notebooks.items()
             },
         }
@@ -258,10 +311,18 @@ class Manifest:
             raise WorkbookError(f"{path} is not valid JSON: {exc}") from None
         if not isinstance(data, dict) or data.get("format") != 1 or not isinstance(data.get("notebooks"), dict):
             raise WorkbookError(f"{path} is not an adam8 grading manifest (format 1)")
-        notebooks = {
-            nb: [CheckSpec(notebook=nb, **spec) for spec in entry["checks"]] for nb, entry in data["notebooks"].items()
-        }
-        return cls(notebooks, path.resolve())
+        try:
+            notebooks = {
+                nb: [CheckSpec(notebook=nb, **spec) for spec in entry["checks"]] for nb, entry in data["notebooks"].items()
+            }
+            extras = {nb: {k: entry[k] for k in EXTRAS if k in entry} for nb, entry in data["notebooks"].items()}
+            for specs in notebooks.values():
+                for spec in specs:
+                    if not isinstance(spec.points, int) or isinstance(spec.points, bool) or spec.points < 0:
+                        raise ValueError(f"points of {spec.exercise} must be a whole number >= 0, got {spec.points!r}")
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise WorkbookError(f"{path} is not a valid adam8 grading manifest: {exc}") from None
+        return cls(notebooks, path.resolve(), extras)
 
 
 def unique(items: Iterable[str]) -> list[str]:

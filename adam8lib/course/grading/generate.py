@@ -11,8 +11,17 @@
 
 and it writes ``exercises/.manifest.json`` (see :mod:`adam8lib.course.grading.conventions`).
 
-Solutions are validated on the way: unbalanced markers, a span outside a function, a check
-cell without exactly one stored success line, or an exercise id used twice is an error.
+Solutions are validated on the way: unbalanced or misspelled markers (``## BEGIN SOLUTION``,
+``### begin solution``), a span outside a function, a notebook with no solution span or no
+check cell, a check cell with no exercise cell since the previous check, a check call whose
+arguments use a name no exercise cell defines (the gradebook runs only exercise cells), a check
+cell without
+exactly one stored success line, or an exercise id used twice is an error.
+
+It never overwrites what it did not write: every notebook it writes carries
+``metadata["adam8"]["generated_from"]``, and it refuses (exit 2, nothing written) to write into a
+folder holding a notebook without that mark (the lessons, the solutions: e.g. swapped
+arguments), to read notebooks that carry it as solutions, or to write into the solutions folder.
 
 ``--check`` writes nothing and exits 1 when exercises/ differs from what it would write
 (the CI test runs it).
@@ -21,6 +30,7 @@ cell without exactly one stored success line, or an exercise id used twice is an
 from __future__ import annotations
 
 import argparse
+import ast
 import copy
 import hashlib
 import re
@@ -30,7 +40,10 @@ from pathlib import Path
 import nbformat
 
 from .conventions import (
+    BEGIN,
+    END,
     EXERCISE_HEADING,
+    GENERATED_KEY,
     IGNORE_OUTPUT_TAG,
     MANIFEST_NAME,
     SOLUTION_TAG,
@@ -40,8 +53,11 @@ from .conventions import (
     WorkbookError,
     cell_source,
     cell_tags,
+    check_arguments,
     check_calls,
     has_markers,
+    has_solution,
+    defined_names,
     points_of,
     source_hash,
     strip_solutions,
@@ -51,6 +67,8 @@ from .conventions import (
 __all__ = ["generate_notebook", "generate", "main"]
 
 _LINK = re.compile(r"(/blob/[^/\s)\"']+/)solutions/")
+#: Anything that looks like a solution marker (the exact ones are ``### BEGIN/END SOLUTION``).
+_MARKERISH = re.compile(r"^\s*#+\s*(begin|end)[\s_-]*solutions?\b", re.I | re.M)
 
 
 def _rewrite_links(text: str) -> str:
@@ -84,8 +102,64 @@ def _ensure_ids(nb, name: str) -> None:
             cell["id"] = hashlib.sha1(f"{name}:{index}".encode()).hexdigest()[:8]
 
 
-def generate_notebook(nb, name: str) -> tuple[nbformat.NotebookNode, list[CheckSpec]]:
+def _check_markers(source: str, where: str) -> None:
+    for m in _MARKERISH.finditer(source):
+        line = source[m.start():].split("\n", 1)[0]
+        if line.strip() not in (BEGIN, END):
+            raise WorkbookError(f"{where}: misspelled solution marker {line.strip()!r}: write exactly '{BEGIN}' / '{END}'")
+
+
+def _library_imports(source: str) -> list[str]:
+    """Dotted names the cell imports from adam8lib (not adam8lib.course) or bitsandbytes."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found += [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+    return [d for d in found if d.split(".")[0] in ("adam8lib", "bitsandbytes") and not d.startswith("adam8lib.course")]
+
+
+def _check_arguments(source: str, check: str, defined: set[str], where: str) -> None:
+    """The gradebook evaluates a check call's arguments among the exercise cells' names only."""
+    import builtins
+
+    missing = sorted(check_arguments(source, check) - defined - set(dir(builtins)))
+    if missing:
+        raise WorkbookError(
+            f"{where}: {check}(...) uses {', '.join(missing)}, which no exercise cell before it defines "
+            "(the gradebook runs only the exercise cells, then the check)"
+        )
+
+
+def notebook_extras(nb) -> dict:
+    """The manifest's optional fields for solution notebook ``nb`` (see conventions.Manifest)."""
+    imports: list[str] = []
+    implementations: dict[str, list[str]] = {}
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        source = cell_source(cell)
+        if has_solution(source):
+            imports += _library_imports(source)
+        calls = check_calls(source)
+        extra = (cell.metadata.get(GENERATED_KEY) or {}).get("implementations")
+        if calls and extra:
+            implementations[calls[0][len("check_"):]] = sorted(map(str, extra))
+    return {"library_imports": sorted(set(imports)), "implementations": implementations}
+
+
+def generate_notebook(nb, name: str, source_path: str | None = None) -> tuple[nbformat.NotebookNode, list[CheckSpec]]:
     """The exercise version of solution notebook ``nb`` (named ``name``) and its check cells."""
+    if GENERATED_KEY in nb.metadata:
+        raise WorkbookError(
+            f"{name} was written by this generator (metadata {GENERATED_KEY!r}), it is not a solution notebook: "
+            "are the two folders swapped? (python -m adam8lib.course.grading.generate SOLUTIONS EXERCISES)"
+        )
     nb = copy.deepcopy(nb)
     _ensure_ids(nb, name)
     number = name.split("_", 1)[0]
@@ -93,9 +167,12 @@ def generate_notebook(nb, name: str) -> tuple[nbformat.NotebookNode, list[CheckS
     ordinal = 0
     code_index = 0
     checks: list[CheckSpec] = []
+    solved_since_check = solved_any = False
+    defined: set[str] = set()
     for index, cell in enumerate(nb.cells):
         where = f"{name}, cell {index}"
         source = cell_source(cell)
+        _check_markers(source, where)
         if cell.cell_type == "markdown":
             headings = EXERCISE_HEADING.findall(source)
             if headings:
@@ -114,6 +191,9 @@ def generate_notebook(nb, name: str) -> tuple[nbformat.NotebookNode, list[CheckS
                 ordinal += 1
             stub_label = f"Exercise {label}" if label else f"Exercise {number}.{ordinal}"
             cell.source = strip_solutions(source, stub_label, where)
+            solved_since_check = solved_since_check or has_solution(source)
+            solved_any = solved_any or has_solution(source)
+            defined |= defined_names(source)
             cell.outputs = []
             cell.execution_count = None
             cell.metadata["tags"] = unique([*cell_tags(cell), IGNORE_OUTPUT_TAG, SOLUTION_TAG])
@@ -121,6 +201,13 @@ def generate_notebook(nb, name: str) -> tuple[nbformat.NotebookNode, list[CheckS
             if len(calls) != 1:
                 raise WorkbookError(f"{where}: a check cell calls exactly one check, found {', '.join(calls)}")
             exercise = calls[0][len("check_"):]
+            if not solved_since_check:
+                raise WorkbookError(
+                    f"{where}: check cell {calls[0]} has no exercise cell (with '{BEGIN}') before it "
+                    "since the previous check cell"
+                )
+            solved_since_check = False
+            _check_arguments(source, calls[0], defined, where)
             checks.append(
                 CheckSpec(
                     notebook=name,
@@ -135,6 +222,15 @@ def generate_notebook(nb, name: str) -> tuple[nbformat.NotebookNode, list[CheckS
                 )
             )
         code_index += 1
+    if not solved_any or not checks:
+        raise WorkbookError(
+            f"{name}: a solution notebook needs at least one '{BEGIN}' … '{END}' span and one check cell "
+            "(is this a lesson? lessons are not generated)"
+        )
+    nb.metadata[GENERATED_KEY] = {
+        "generated_from": source_path or f"solutions/{name}",
+        "generator": "python -m adam8lib.course.grading.generate (make exercises); do not edit",
+    }
     return nb, checks
 
 
@@ -152,8 +248,11 @@ def _render(solutions: Path) -> dict[str, str]:
     files: dict[str, str] = {}
     notebooks: dict[str, list[CheckSpec]] = {}
     owner: dict[str, str] = {}
+    extras: dict[str, dict] = {}
     for path in sorted(solutions.glob("*.ipynb")):
-        nb, checks = generate_notebook(_read(path), path.name)
+        solution = _read(path)
+        nb, checks = generate_notebook(solution, path.name, f"{solutions.resolve().name}/{path.name}")
+        extras[path.name] = notebook_extras(solution)
         for spec in checks:
             if spec.exercise in owner:
                 raise WorkbookError(
@@ -165,15 +264,53 @@ def _render(solutions: Path) -> dict[str, str]:
         files[path.name] = nbformat.writes(nb) + "\n"
     if not notebooks:
         raise WorkbookError(f"no notebooks in {solutions}")
-    files[MANIFEST_NAME] = Manifest(notebooks).dumps()
+    files[MANIFEST_NAME] = Manifest(notebooks, extras=extras).dumps()
     return files
+
+
+def _refuse_to_overwrite(solutions: Path, exercises: Path, names: list[str], wanted: dict[str, str]) -> None:
+    """WorkbookError unless every file about to be replaced or deleted was written by the generator.
+
+    Ours: a notebook with the ``adam8`` metadata, or one equal to what it would write now but
+    without that metadata (written before the mark existed).
+    """
+    if exercises.resolve() == solutions.resolve():
+        raise WorkbookError(f"the output folder {exercises} is the solutions folder: nothing written")
+    foreign = []
+    for name in names:
+        path = exercises / name
+        if not path.exists():
+            continue
+        if name == MANIFEST_NAME:
+            try:
+                Manifest.load(path)
+            except (WorkbookError, OSError) as exc:
+                foreign.append(f"{name} ({exc})")
+            continue
+        try:
+            nb = nbformat.read(str(path), as_version=4)
+        except Exception:  # noqa: BLE001 - unreadable: not ours either
+            foreign.append(name)
+            continue
+        if GENERATED_KEY in nb.metadata:
+            continue
+        if name in wanted:
+            nb.metadata[GENERATED_KEY] = nbformat.reads(wanted[name], as_version=4).metadata[GENERATED_KEY]
+            if nbformat.writes(nb) + "\n" == wanted[name]:
+                continue
+        foreign.append(name)
+    if foreign:
+        raise WorkbookError(
+            f"{exercises} holds notebooks this generator did not write ({', '.join(foreign)}): nothing written. "
+            "Is it the lessons or the solutions folder (arguments swapped?)? The output folder is exercises/."
+        )
 
 
 def _existing(exercises: Path) -> dict[str, str]:
     if not exercises.is_dir():
         return {}
     paths = [*exercises.glob("*.ipynb"), exercises / MANIFEST_NAME]
-    return {p.name: p.read_text(encoding="utf-8") for p in paths if p.is_file()}
+    return {p.name: p.read_text(encoding="utf-8", errors="replace") for p in paths if p.is_file()}
 
 
 def generate(solutions: str | Path, exercises: str | Path, check: bool = False) -> list[str]:
@@ -184,6 +321,7 @@ def generate(solutions: str | Path, exercises: str | Path, check: bool = False) 
     stale = sorted(set(have) - set(wanted))
     changed = sorted(name for name, text in wanted.items() if have.get(name) != text)
     if not check:
+        _refuse_to_overwrite(solutions, exercises, changed + stale, wanted)
         exercises.mkdir(parents=True, exist_ok=True)
         for name in changed:
             (exercises / name).write_text(wanted[name], encoding="utf-8")

@@ -1,43 +1,78 @@
 """Grade a class: ``make grade SUBMISSIONS=dir`` → ``grades/gradebook.csv``.
 
     python -m adam8lib.course.grading.gradebook SUBMISSIONS [--out grades/gradebook.csv]
-        [--manifest exercises/.manifest.json] [--cell-timeout 120] [--jobs 1]
+        [--manifest exercises/.manifest.json] [--cell-timeout 120] [--learner-timeout 3600]
+        [--jobs 1] [--sandbox auto|bwrap|none] [--memory-limit 8192] [--max-output 65536]
 
 ``SUBMISSIONS`` holds one folder per learner with their ``NN_topic.ipynb`` workbooks (at any
-depth; a file is matched to a workbook by name, else by its ``NN_`` prefix). Each learner is
-graded in a separate ``pytest --nbval`` process with the grading plugin
-(:mod:`adam8lib.course.grading.plugin`), in a scratch folder with only their matched notebooks and an
-empty pytest configuration (no conftest.py of theirs is loaded), and with a per-cell timeout
-(``--nbval-cell-timeout``): a cell stuck in a loop is interrupted and loses its exercise only.
+depth; a file is matched to a workbook by name, else by its ``NN_`` prefix).
 
-The gradebook has one row per learner: ``learner``, the points of every exercise (columns
-named by exercise id, in course order), ``total``, and ``notes`` (missing workbooks, timeouts,
-edited or deleted check cells). Each learner's full JSON report and pytest log go to
-``<out folder>/reports/``. Learners' code runs with your permissions: grade in a container
-or a throwaway account if you do not trust it.
+**How a learner is graded.** At the start every learner's notebooks are read into memory (later
+changes to the files do not count). For each workbook the gradebook takes the learner's
+*exercise cells* (tagged ``solution``) and starts one child process
+(:mod:`adam8lib.course.grading.runner`) in which the learner's notebook never ran: it imports
+the course's checks first, runs the exercise cells, verifies that the checks are still the
+course's (source hashes and the identity of everything they rely on), calls each check from
+the manifest on the learner's functions, and sends one result per exercise back through a pipe
+the gradebook owns. The child runs in a bubblewrap sandbox when it works
+(:mod:`adam8lib.course.grading.sandbox`: no access to the repository, the other submissions or
+the gradebook's files; no network; its own process namespace) with its memory (``--memory-limit``)
+and output (``--max-output``) capped, a per-cell timeout (``--cell-timeout``) and a time limit per
+learner (``--learner-timeout``). Points come from the gradebook's own copy of the manifest: a
+learner can never score more than a workbook's maximum.
+
+**Output.** One CSV row per learner — ``learner``, the points of every exercise (columns named
+by exercise id, in course order), ``total``, ``notes`` — appended to ``--out`` as soon as that
+learner is done (so an interrupted run keeps every finished row) and the file rewritten in
+learner order at the end. ``<out folder>/reports/<learner>.json`` holds every exercise's status
+and ``<learner>.log`` the children's (capped) output. Notes say what happened: missing or
+unreadable workbooks, exercise cells that raised or timed out, a check that printed something
+else, a child killed (out of memory, signal) or stopped at the time limit, checks tampered with,
+course files changed during grading (restored; the learner scores 0), edited or deleted check
+cells (harmless: the manifest's checks are what run) and library imports in exercise cells that
+the official solution does not use (the instructor decides).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import csv
+import hashlib
+import importlib.util
 import json
 import os
+import secrets
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .conventions import MANIFEST_NAME, Manifest
+from . import sandbox
+from .channel import converse as _converse, died as _died, kill as _kill, signal_name as _signal_name
+from .conventions import (
+    MANIFEST_NAME,
+    CheckSpec,
+    Manifest,
+    cell_source,
+    check_arguments,
+    check_calls,
+    defined_names,
+    is_solution_cell,
+    source_hash,
+)
 
-__all__ = ["LearnerGrade", "find_workbooks", "grade_learner", "grade_class", "write_gradebook", "main"]
+__all__ = ["LearnerGrade", "Grader", "find_workbooks", "grade_learner", "grade_class", "write_gradebook", "main"]
 
+#: Exercise statuses a child may send; only "passed" scores.
+STATUSES = ("passed", "failed", "timeout", "tampered", "error")
 #: Statuses worth a note in the gradebook (plain failures are just 0 points).
-NOTED = ("timeout", "edited", "missing", "skipped", "not run")
+NOTED = ("timeout", "tampered", "error")
 
 
 @dataclass
@@ -45,17 +80,40 @@ class LearnerGrade:
     learner: str
     points: dict[str, int]  # exercise id -> points
     notes: list[str] = field(default_factory=list)
+    statuses: dict[str, tuple[str, str]] = field(default_factory=dict)  # exercise -> (status, detail)
 
     @property
     def total(self) -> int:
         return sum(self.points.values())
+
+    def validate(self, manifest: Manifest) -> None:
+        """Points are whole, between 0 and each exercise's maximum, for the manifest's exercises only."""
+        maximum = {spec.exercise: spec.points for spec in manifest.checks}
+        if set(self.points) != set(maximum):
+            raise ValueError(f"{self.learner}: graded exercises {sorted(self.points)} != manifest {sorted(maximum)}")
+        for exercise, points in self.points.items():
+            if not isinstance(points, int) or not 0 <= points <= maximum[exercise]:
+                raise ValueError(f"{self.learner}: {points!r} points for {exercise} (max {maximum[exercise]})")
+
+    def zero(self, note: str) -> None:
+        self.points = dict.fromkeys(self.points, 0)
+        self.notes.append(note)
+
+    def to_json(self) -> dict:
+        return {
+            "learner": self.learner,
+            "total": self.total,
+            "points": self.points,
+            "statuses": {k: {"status": s, "detail": d} for k, (s, d) in self.statuses.items()},
+            "notes": self.notes,
+        }
 
 
 def find_workbooks(folder: Path, manifest: Manifest) -> tuple[dict[str, Path], list[str]]:
     """{manifest notebook: learner's file} for one learner, and notes about ambiguous files."""
     found: dict[str, list[Path]] = {}
     for path in sorted(folder.rglob("*.ipynb")):
-        if ".ipynb_checkpoints" in path.parts or not path.is_file():
+        if ".ipynb_checkpoints" in path.parts or not path.is_file() or path.is_symlink():
             continue
         name = manifest.match(path.name)
         if name is not None:
@@ -70,80 +128,396 @@ def find_workbooks(folder: Path, manifest: Manifest) -> tuple[dict[str, Path], l
     return chosen, notes
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+# ---------------------------------------------------------------------------------------------
+# what the gradebook trusts: the checks' files, read before any learner runs
+# ---------------------------------------------------------------------------------------------
+def _check_modules(spec: CheckSpec) -> list[str]:
+    tree = ast.parse(spec.source)
+    names = []
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.append(node.module)
+        elif isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+    return names
 
 
-def grade_learner(
-    folder: Path,
-    manifest: Manifest,
-    *,
-    cell_timeout: float = 120,
-    learner_timeout: float = 3600,
-    reports: Path | None = None,
-) -> LearnerGrade:
-    """Run one learner's workbooks through ``pytest --nbval`` and the grading plugin."""
-    learner = folder.name
-    points = {spec.exercise: 0 for spec in manifest.checks}
-    workbooks, notes = find_workbooks(folder, manifest)
-    for name in manifest.notebooks:
-        if name not in workbooks:
-            notes.append(f"{name} missing")
-    if not workbooks:
-        return LearnerGrade(learner, points, notes)
-    with tempfile.TemporaryDirectory(prefix=f"grade-{learner}-") as scratch:
-        scratch = Path(scratch)
-        for name, path in workbooks.items():
-            shutil.copyfile(path, scratch / name)
-        ini = scratch / "pytest.ini"
-        ini.write_text("[pytest]\n", encoding="utf-8")
-        report = scratch / "grade-report.json"
-        cmd = [
-            sys.executable, "-m", "pytest", "--nbval", "--nbval-current-env",
-            f"--nbval-cell-timeout={cell_timeout:g}",
-            "-p", "adam8lib.course.grading.plugin", "-p", "no:cacheprovider", "-p", "no:randomly",
-            "--noconftest", "--continue-on-collection-errors", "-c", str(ini), "--rootdir", str(scratch),
-            f"--grade-manifest={manifest.path}", f"--grade-report={report}", "-q", "--color=no",
-            *sorted(workbooks),
-        ]  # fmt: skip
-        proc = subprocess.Popen(
-            cmd, cwd=scratch, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-        )
+def checks_origin(manifest: Manifest) -> dict[str, dict]:
+    """{module: {"origin": file, "files": {file: sha256}}} for every module the check cells import."""
+    out: dict[str, dict] = {}
+    # resolve as the children will: with this environment's PYTHONPATH in front
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+    for spec in manifest.checks:
+        for name in _check_modules(spec):
+            if name in out:
+                continue
+            sys.path[:0] = extra
+            try:
+                found = importlib.util.find_spec(name)
+            finally:
+                del sys.path[: len(extra)]
+            if found is None or not found.origin:
+                raise ValueError(f"check cell of {spec.exercise} imports {name}, which is not installed")
+            origin = os.path.realpath(found.origin)
+            if found.submodule_search_locations:
+                files = sorted(p for loc in found.submodule_search_locations for p in Path(loc).rglob("*.py"))
+            else:
+                files = [Path(origin)]
+            out[name] = {
+                "origin": origin,
+                "files": {os.path.realpath(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in files},
+            }
+    return out
+
+
+class CourseFiles:
+    """Bytes of the checks' files and the manifest, read at the start; :meth:`restore` puts them back."""
+
+    def __init__(self, paths: list[Path]):
+        self.original = {Path(p): Path(p).read_bytes() for p in paths if Path(p).is_file()}
+        self.lock = threading.Lock()
+
+    def restore(self) -> list[str]:
+        """Names of the files that changed (each rewritten with its original bytes)."""
+        changed = []
+        with self.lock:
+            for path, data in self.original.items():
+                try:
+                    same = path.is_file() and not path.is_symlink() and path.read_bytes() == data
+                except OSError:
+                    same = False
+                if not same:
+                    changed.append(path.name)
+                    if path.is_symlink() or path.is_dir():
+                        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink()
+                    path.write_bytes(data)
+        return changed
+
+
+# ---------------------------------------------------------------------------------------------
+# one learner workbook -> one child
+# ---------------------------------------------------------------------------------------------
+def _exercise_cells(nb: dict, name: str, specs: list[CheckSpec]) -> tuple[list[dict], list[str]]:
+    """The learner's exercise cells (tagged ``solution``), in order, and notes.
+
+    A function the checks need that no exercise cell defines (the learner wrote it in a new
+    cell, which has no tag) is taken from the last other code cell that defines it, with a note.
+    """
+    cells = nb.get("cells") if isinstance(nb, dict) else None
+    if not isinstance(cells, list):
+        raise ValueError("no list of cells")
+    code = [(i, c) for i, c in enumerate(cells) if isinstance(c, dict) and c.get("cell_type") == "code"]
+    chosen = {i: cell_source(c) for i, c in code if is_solution_cell(c)}
+    defined = set().union(*(defined_names(src) for src in chosen.values())) if chosen else set()
+    notes = []
+    for spec in specs:
+        for needed in sorted(check_arguments(spec.source, spec.check) - defined):
+            donors = [i for i, c in code if i not in chosen and not check_calls(cell_source(c))
+                      and needed in defined_names(cell_source(c))]  # fmt: skip
+            if donors:
+                chosen[donors[-1]] = cell_source(cells[donors[-1]])
+                defined |= defined_names(chosen[donors[-1]])
+                notes.append(f"{name}: {needed} taken from cell {donors[-1]}, which is not an exercise cell")
+    return [{"index": i, "source": chosen[i]} for i in sorted(chosen)], notes
+
+
+def _integrity_notes(nb: dict, name: str, specs: list[CheckSpec]) -> list[str]:
+    """Edited / deleted check cells: harmless now (the manifest's checks run), but said."""
+    notes = []
+    sources = [cell_source(c) for c in nb.get("cells", []) if isinstance(c, dict) and c.get("cell_type") == "code"]
+    for spec in specs:
+        calling = [s for s in sources if spec.check in check_calls(s)]
+        if not calling:
+            notes.append(f"{name} {spec.label} {spec.exercise}: check cell deleted (graded with the original check)")
+        elif all(source_hash(s) != spec.sha256 for s in calling):
+            notes.append(f"{name} {spec.label} {spec.exercise}: check cell edited (graded with the original check)")
+    return notes
+
+
+def _import_flags(cells: list[dict], name: str, manifest: Manifest) -> list[str]:
+    """Exercise cells that import library code the official solution does not use."""
+    allowed = set(manifest.library_imports(name))
+    watched = set(manifest.implementations(name))
+    flags = []
+    for cell in cells:
         try:
-            log, _ = proc.communicate(timeout=learner_timeout)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            log, _ = proc.communicate()
-            notes.append(f"grading stopped after {learner_timeout:g} s (whole submission); scores are 0")
-            report.unlink(missing_ok=True)
+            tree = ast.parse(cell["source"])
+        except SyntaxError:
+            continue
+        used = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                used.update(f"{node.module}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.Import):
+                used.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.Attribute):
+                parts, value = [node.attr], node.value
+                while isinstance(value, ast.Attribute):
+                    parts.append(value.attr)
+                    value = value.value
+                if isinstance(value, ast.Name):
+                    dotted = ".".join([value.id, *reversed(parts)])
+                    if dotted in watched:
+                        used.add(dotted)
+        for dotted in sorted(used):
+            library = dotted.split(".")[0] in ("adam8lib", "bitsandbytes") and not dotted.startswith("adam8lib.course")
+            if (library and dotted not in allowed) or dotted in watched:
+                flags.append(f"{name} cell {cell['index']}: uses {dotted} (library code the solution does not use; "
+                             "the instructor decides)")  # fmt: skip
+    return flags
+
+
+def _remove(path: Path) -> None:
+    """Delete a scratch folder even when the learner made parts of it read-only."""
+
+    def unlock(function, name, _exc):
+        try:
+            os.chmod(os.path.dirname(name), 0o700)
+            os.chmod(name, 0o700)
+            function(name)
+        except OSError:
+            pass
+
+    shutil.rmtree(path, onerror=unlock)
+
+
+SCRATCH_PREFIX = "adam8-grading-"
+
+
+def _remove_stale_scratch() -> None:
+    """Remove scratch roots left by a gradebook that was killed (its ``.owner`` pid is gone)."""
+    for root in Path(tempfile.gettempdir()).glob(SCRATCH_PREFIX + "*"):
+        try:
+            pid = int((root / ".owner").read_text(encoding="utf-8"))
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            _remove(root)
+        except (OSError, ValueError):
+            continue  # not ours to judge (no owner file yet, or another user's)
+
+
+@dataclass
+class Grader:
+    """Everything a class run shares: the manifest, the trusted checks, limits and the sandbox."""
+
+    manifest: Manifest
+    cell_timeout: float = 120
+    learner_timeout: float = 3600
+    sandbox: str = "auto"
+    memory_mb: int | None = 8192
+    max_output: int = 65536
+    hide: list = field(default_factory=list)
+    reports: Path | None = None
+
+    def __post_init__(self):
+        if self.cell_timeout <= 0 or self.learner_timeout <= 0:
+            raise ValueError("timeouts must be positive")
+        if self.sandbox not in sandbox.MODES:
+            raise ValueError(f"sandbox must be one of {sandbox.MODES}, got {self.sandbox!r}")
+        if self.sandbox == "bwrap" and sandbox.available():
+            raise RuntimeError(f"--sandbox bwrap: {sandbox.available()}")
+        self.modules = checks_origin(self.manifest)
+        paths = [Path(p) for info in self.modules.values() for p in info["files"]]
+        package = importlib.util.find_spec("adam8lib.course.checks")
+        paths += [p for loc in package.submodule_search_locations for p in sorted(Path(loc).rglob("*.py"))]
+        if self.manifest.path is not None:
+            paths.append(Path(self.manifest.path))
+        self.course = CourseFiles(paths)
+        self.course_setup = any(n.startswith("adam8lib") for n in self.modules)
+        _remove_stale_scratch()
+        self.scratch_root = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
+        (self.scratch_root / ".owner").write_text(str(os.getpid()), encoding="utf-8")
+        self.active: set = set()
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.mode = "bwrap" if self.sandbox != "none" and sandbox.available() is None else "none"
+
+    def close(self) -> None:
+        if self.scratch_root.exists():
+            _remove(self.scratch_root)
+
+    def stop(self) -> None:
+        """Stop the run: kill every running child; learners not finished get a note."""
+        self.stopped.set()
+        with self.lock:
+            for proc in list(self.active):
+                _kill(proc)
+
+    def _env(self, home: Path) -> dict:
+        env = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "LANG", "TRITON_INTERPRET",
+               "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "TORCH_EXTENSIONS_DIR")}  # fmt: skip
+        env.update(HOME=str(home), TMPDIR=str(home), PYTHONIOENCODING="utf-8", PYTHONDONTWRITEBYTECODE="1",
+                   PYTHONHASHSEED="0", MPLBACKEND="Agg", LC_ALL="C.UTF-8")  # fmt: skip
+        return env
+
+    def run_workbook(self, name: str, nb: dict, deadline: float, log: list[str]) -> tuple[dict, list[str]]:
+        """{exercise: (status, detail)} for one workbook of a learner, and notes."""
+        specs = self.manifest.notebooks[name]
+        cells, taken = _exercise_cells(nb, name, specs)
+        notes = _integrity_notes(nb, name, specs) + taken + _import_flags(cells, name, self.manifest)
+        if not cells:
+            notes.append(f"{name}: no exercise cells (cells tagged 'solution'); scores 0")
+            return {}, notes
+        token = secrets.token_hex(16)
+        job = {
+            "token": token,
+            "notebook": name,
+            "cells": cells,
+            "checks": [{"exercise": s.exercise, "source": s.source, "expected_output": s.expected_output} for s in specs],
+            "modules": self.modules,
+            "cell_timeout": self.cell_timeout,
+            "max_output": self.max_output,
+            "course_setup": self.course_setup,
+        }
+        scratch = Path(tempfile.mkdtemp(prefix="learner-", dir=self.scratch_root))
+        try:
+            argv = [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else []), "-m",
+                    "adam8lib.course.grading.runner", "--result-fd", "{fd}"]  # fmt: skip
+            cmd, _, workdir = sandbox.wrap(argv, scratch=scratch, hide=[*self.hide, self.scratch_root],
+                                           mode=self.mode, memory_mb=self.memory_mb, file_mb=256)  # fmt: skip
+            env = self._env(workdir)
+            messages, text, rc, timed_out = _converse(cmd, env, scratch if self.mode == "none" else None,
+                                                      json.dumps(job).encode(), deadline, self.active, self.lock)  # fmt: skip
         finally:
-            _kill_group(proc)  # stray kernels
-        if reports is not None:
-            reports.mkdir(parents=True, exist_ok=True)
-            (reports / f"{learner}.log").write_text(log, encoding="utf-8")
-        if not report.is_file():
-            if proc.returncode not in (None, -signal.SIGKILL):
-                tail = " | ".join(line for line in log.strip().splitlines()[-3:])
-                notes.append(f"pytest exited with {proc.returncode} and no report: {tail[:300]}")
-            return LearnerGrade(learner, points, notes)
-        results = json.loads(report.read_text(encoding="utf-8"))
-        if reports is not None:
-            shutil.copyfile(report, reports / f"{learner}.json")
-    graded = set()
-    for nb in results["notebooks"]:
-        graded.add(nb["notebook"])
-        for ex in nb["exercises"]:
-            points[ex["exercise"]] = ex["points"]
-            if ex["status"] in NOTED:
-                notes.append(f"{nb['notebook']} {ex['label']} {ex['exercise']}: {ex['status']} ({ex['detail']})")
-        notes.extend(f"{nb['notebook']}: {note}" for note in nb["notes"])
-    for name in workbooks:
-        if name not in graded:
-            notes.append(f"{name} could not be run (not a valid notebook?)")
-    return LearnerGrade(learner, points, notes)
+            _remove(scratch)
+        log.append(f"===== {name} (sandbox: {self.mode}) =====\n{text}")
+        results: dict[str, tuple[str, str]] = {}
+        if messages is None:
+            notes.append(f"{name}: the result channel carried something that is not a result; scores 0")
+            return {}, notes
+        known = {s.exercise for s in specs}
+        finished = False
+        for message in messages:
+            kind = message.get("kind") if isinstance(message, dict) else None
+            if finished or kind not in ("result", "note", "done") or message.get("token") != token:
+                notes.append(f"{name}: unexpected message on the result channel; scores 0")
+                return {}, notes
+            if kind == "done":
+                finished = True
+            elif kind == "note":
+                notes.append(f"{name}: {str(message.get('text'))[:300]}")
+            else:
+                exercise, status = message.get("exercise"), message.get("status")
+                if exercise not in known or exercise in results or status not in STATUSES:
+                    notes.append(f"{name}: an invalid or repeated result on the result channel; scores 0")
+                    return {}, notes
+                results[exercise] = (status, str(message.get("detail", ""))[:300])
+        if not finished:
+            if self.stopped.is_set():
+                notes.append(f"{name}: grading was interrupted; exercises without a result score 0")
+            elif timed_out:
+                notes.append(f"{name}: grading stopped at the learner time limit ({self.learner_timeout:g} s); "
+                             "exercises without a result score 0")  # fmt: skip
+            else:
+                notes.append(f"{name}: the grading process {_died(rc)} before it finished; "
+                             "exercises without a result score 0")  # fmt: skip
+        return results, notes
+
+    def grade(self, learner: str, notebooks: dict[str, bytes], notes: list[str]) -> LearnerGrade:
+        """Grade one learner from the notebook bytes read at the start."""
+        grade = LearnerGrade(learner, {spec.exercise: 0 for spec in self.manifest.checks}, list(notes))
+        deadline = time.monotonic() + self.learner_timeout
+        log: list[str] = []
+        for name in self.manifest.notebooks:
+            if name not in notebooks:
+                grade.notes.append(f"{name} missing")
+                continue
+            if self.stopped.is_set():
+                grade.notes.append(f"{name}: not graded (grading was interrupted)")
+                continue
+            try:
+                nb = json.loads(notebooks[name].decode("utf-8"))
+                if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+                    raise ValueError("not a notebook (no list of cells)")
+            except (ValueError, UnicodeDecodeError) as exc:
+                grade.notes.append(f"{name} could not be read ({type(exc).__name__}: {str(exc)[:120]}); scores 0")
+                continue
+            if time.monotonic() >= deadline:
+                grade.notes.append(f"{name}: not graded, the learner time limit ({self.learner_timeout:g} s) was used up")
+                continue
+            results, more = self.run_workbook(name, nb, deadline, log)
+            grade.notes.extend(more)
+            for spec in self.manifest.notebooks[name]:
+                status, detail = results.get(spec.exercise, ("not run", ""))
+                grade.statuses[spec.exercise] = (status, detail)
+                grade.points[spec.exercise] = spec.points if status == "passed" else 0
+                if status in NOTED:
+                    grade.notes.append(f"{name} {spec.label} {spec.exercise}: {status} ({detail})")
+        changed = self.course.restore()
+        if changed:
+            grade.zero(f"course files changed while this learner was graded (restored): {', '.join(changed)}; scores 0")
+        grade.validate(self.manifest)
+        if self.reports is not None:
+            self.reports.mkdir(parents=True, exist_ok=True)
+            (self.reports / f"{learner}.json").write_text(json.dumps(grade.to_json(), indent=1) + "\n", encoding="utf-8")
+            (self.reports / f"{learner}.log").write_text("\n".join(log), encoding="utf-8")
+        return grade
+
+
+# ---------------------------------------------------------------------------------------------
+# a class
+# ---------------------------------------------------------------------------------------------
+def _read_submission(folder: Path, manifest: Manifest) -> tuple[dict[str, bytes], list[str]]:
+    """The bytes of a learner's matched notebooks, read once at the start, and notes."""
+    workbooks, notes = find_workbooks(folder, manifest)
+    data = {}
+    for name, path in workbooks.items():
+        try:
+            data[name] = path.read_bytes()
+        except OSError as exc:
+            notes.append(f"{name} could not be read ({exc})")
+    return data, notes
+
+
+def grade_learner(folder: Path, manifest: Manifest, *, reports: Path | None = None, **options) -> LearnerGrade:
+    """Grade one learner folder (see :class:`Grader` for the options)."""
+    grader = Grader(manifest, reports=reports, hide=[folder.parent], **options)
+    try:
+        data, notes = _read_submission(folder, manifest)
+        return grader.grade(folder.name, data, notes)
+    finally:
+        grader.close()
+
+
+class GradebookWriter:
+    """The CSV: header at once, one row appended (and flushed to disk) per finished learner."""
+
+    def __init__(self, out: Path, manifest: Manifest):
+        self.out, self.exercises = Path(out), [spec.exercise for spec in manifest.checks]
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.fh = self.out.open("w", newline="", encoding="utf-8")
+        self.writer = csv.writer(self.fh)
+        self._write(["learner", *self.exercises, "total", "notes"])
+
+    def _write(self, row) -> None:
+        self.writer.writerow(row)
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+
+    def row(self, grade: LearnerGrade) -> list:
+        return [grade.learner, *(grade.points[e] for e in self.exercises), grade.total, "; ".join(grade.notes)]
+
+    def add(self, grade: LearnerGrade) -> None:
+        self._write(self.row(grade))
+
+    def finish(self, grades: list[LearnerGrade]) -> None:
+        """Rewrite the file with every learner, in name order (atomically)."""
+        self.fh.close()
+        write_gradebook(grades, Manifest({}, None), self.out, exercises=self.exercises)
+
+
+def write_gradebook(grades: list[LearnerGrade], manifest: Manifest, out: Path, exercises: list[str] | None = None) -> None:
+    """CSV: learner, one column per exercise id (course order), total, notes (written atomically)."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    exercises = exercises if exercises is not None else [spec.exercise for spec in manifest.checks]
+    tmp = out.with_name(out.name + ".tmp")
+    with tmp.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["learner", *exercises, "total", "notes"])
+        for grade in sorted(grades, key=lambda g: g.learner):
+            writer.writerow([grade.learner, *(grade.points[e] for e in exercises), grade.total, "; ".join(grade.notes)])
+    os.replace(tmp, out)
 
 
 def grade_class(
@@ -154,38 +528,85 @@ def grade_class(
     learner_timeout: float = 3600,
     jobs: int = 1,
     reports: Path | None = None,
+    out: Path | None = None,
     progress: bool = True,
+    sandbox: str = "auto",
+    memory_mb: int | None = 8192,
+    max_output: int = 65536,
+    on_start=None,
 ) -> list[LearnerGrade]:
-    """Grade every learner folder of ``submissions`` (sorted by name)."""
+    """Grade every learner folder of ``submissions`` (sorted by name); rows go to ``out`` as they finish.
+
+    A learner whose grading fails for any reason gets a row of zeros with a note; the others are
+    unaffected. ``on_start(grader)`` is called once the shared state exists (``main`` uses it to
+    stop the run cleanly on SIGTERM/SIGINT).
+    """
     from tqdm.auto import tqdm
 
+    submissions = Path(submissions)
     if not submissions.is_dir():
         raise FileNotFoundError(f"no submissions folder at {submissions}")
-    folders = sorted(p for p in submissions.iterdir() if p.is_dir() and not p.name.startswith("."))
+    folders = sorted(p for p in submissions.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith("."))
     if not folders:
         raise ValueError(f"{submissions} has no learner folders (one subfolder per learner)")
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
+    # invisible to learners: the submissions, the gradebook's folder and the reports
+    hide = [submissions, *([Path(out).parent] if out is not None else []), *([Path(reports)] if reports else [])]
+    grader = Grader(manifest, cell_timeout=cell_timeout, learner_timeout=learner_timeout, sandbox=sandbox,
+                    memory_mb=memory_mb, max_output=max_output, hide=hide, reports=reports)  # fmt: skip
+    if on_start is not None:
+        on_start(grader)
+    writer = GradebookWriter(out, manifest) if out is not None else None
+    # every learner's notebooks are read before anyone's code runs
+    read = {folder.name: _read_submission(folder, manifest) for folder in folders}
+    originals = {folder.name: dict(read[folder.name][0]) for folder in folders}
 
-    def one(folder: Path) -> LearnerGrade:
-        return grade_learner(
-            folder, manifest, cell_timeout=cell_timeout, learner_timeout=learner_timeout, reports=reports
-        )
+    def one(name: str) -> LearnerGrade:
+        data, notes = read[name]
+        if grader.stopped.is_set():
+            grade = LearnerGrade(name, {s.exercise: 0 for s in manifest.checks})
+            grade.notes.append("not graded (grading was interrupted)")
+            return grade
+        try:
+            return grader.grade(name, data, notes)
+        except Exception as exc:  # one learner never stops the class
+            grade = LearnerGrade(name, {s.exercise: 0 for s in manifest.checks}, list(notes))
+            grade.notes.append(f"grading error ({type(exc).__name__}: {str(exc)[:200]}); scores 0")
+            return grade
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        iterator = pool.map(one, folders)
-        return list(tqdm(iterator, total=len(folders), desc="grading", unit="learner", disable=not progress))
-
-
-def write_gradebook(grades: list[LearnerGrade], manifest: Manifest, out: Path) -> None:
-    """CSV: learner, one column per exercise id (course order), total, notes."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    exercises = [spec.exercise for spec in manifest.checks]
-    with out.open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["learner", *exercises, "total", "notes"])
-        for grade in grades:
-            writer.writerow([grade.learner, *(grade.points[e] for e in exercises), grade.total, "; ".join(grade.notes)])
+    grades: list[LearnerGrade] = []
+    try:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            futures = [pool.submit(one, folder.name) for folder in folders]
+            for future in tqdm(as_completed(futures), total=len(folders), desc="grading", unit="learner",
+                               disable=not progress):  # fmt: skip
+                grade = future.result()
+                grades.append(grade)
+                if writer is not None:
+                    writer.add(grade)
+    finally:
+        grader.close()
+    by_name = {g.learner: g for g in grades}
+    for folder in folders:  # files changed on disk while grading: the copy read at the start counted
+        paths = find_workbooks(folder, manifest)[0]
+        changed = []
+        for name, data in originals[folder.name].items():
+            path = paths.get(name)
+            try:
+                same = path is not None and path.read_bytes() == data
+            except OSError:
+                same = False
+            if not same:
+                changed.append(name)
+        if changed and folder.name in by_name:
+            by_name[folder.name].notes.append(
+                f"changed on disk during grading (the copy read at the start was graded): {', '.join(changed)}"
+            )
+    grades.sort(key=lambda g: g.learner)
+    if writer is not None:
+        writer.finish(grades)
+    return grades
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,29 +617,47 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("submissions", type=Path, help="folder with one subfolder of notebooks per learner")
     parser.add_argument("--out", type=Path, default=Path("grades/gradebook.csv"), help="gradebook CSV to write")
     parser.add_argument("--manifest", type=Path, default=Path("exercises") / MANIFEST_NAME, help="grading manifest")
-    parser.add_argument("--cell-timeout", type=float, default=120, help="seconds per notebook cell (default 120)")
+    parser.add_argument("--cell-timeout", type=float, default=120, help="seconds per exercise cell and per check (default 120)")
     parser.add_argument("--learner-timeout", type=float, default=3600, help="seconds per learner (default 3600)")
     parser.add_argument("--jobs", type=int, default=1, help="learners graded at the same time (default 1)")
+    parser.add_argument("--sandbox", choices=sandbox.MODES, default="auto",
+                        help="bwrap: require bubblewrap; none: plain child processes; auto (default): bwrap if it works")
+    parser.add_argument("--memory-limit", type=int, default=8192, help="address-space cap per child, MiB (default 8192)")
+    parser.add_argument("--max-output", type=int, default=65536, help="characters of a check's output kept (default 65536)")
     args = parser.parse_args(argv)
     if args.cell_timeout <= 0 or args.learner_timeout <= 0:
         parser.error("timeouts must be positive")
+    holder: dict = {}
+
+    def interrupted(signum, frame):
+        holder["signal"] = signum
+        if "grader" in holder:
+            holder["grader"].stop()
+
+    previous = {s: signal.signal(s, interrupted) for s in (signal.SIGTERM, signal.SIGINT)} \
+        if threading.current_thread() is threading.main_thread() else {}  # fmt: skip
     try:
         manifest = Manifest.load(args.manifest)
+        if args.sandbox == "none" or sandbox.available():
+            print(f"warning: learners' code runs without a sandbox ({sandbox.available() or '--sandbox none'}); "
+                  "grade untrusted work in a container (README)", file=sys.stderr)  # fmt: skip
         grades = grade_class(
-            args.submissions,
-            manifest,
-            cell_timeout=args.cell_timeout,
-            learner_timeout=args.learner_timeout,
-            jobs=args.jobs,
-            reports=args.out.parent / "reports",
-        )
-    except (FileNotFoundError, ValueError) as exc:
+            args.submissions, manifest, cell_timeout=args.cell_timeout, learner_timeout=args.learner_timeout,
+            jobs=args.jobs, reports=args.out.parent / "reports", out=args.out, sandbox=args.sandbox,
+            memory_mb=args.memory_limit, max_output=args.max_output, on_start=lambda g: holder.update(grader=g),
+        )  # fmt: skip
+    except (FileNotFoundError, ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    write_gradebook(grades, manifest, args.out)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
     print(f"graded {len(grades)} learner(s) out of {manifest.total_points} points -> {args.out}")
     for grade in grades:
         print(f"  {grade.learner}: {grade.total}/{manifest.total_points}" + (" (see notes)" if grade.notes else ""))
+    if "signal" in holder:
+        print(f"interrupted by {_signal_name(holder['signal'])}: unfinished learners are noted", file=sys.stderr)
+        return 128 + holder["signal"]
     return 0
 
 

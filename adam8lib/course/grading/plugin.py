@@ -14,10 +14,17 @@ For every collected notebook that the grading manifest knows (by file name, else
 * an **edited** check cell (source changed) fails with an integrity message and scores 0;
 * a **deleted** check cell (in the manifest, not in the notebook) scores 0.
 
-The manifest is ``--grade-manifest FILE`` if given, else ``.manifest.json`` next to the
-notebook, else ``<rootdir>/exercises/.manifest.json`` — the last only for a notebook that
-calls at least one of its checks (so the lessons in notebooks/, which share the workbooks'
-names, are not graded). At the end of the run a score
+The manifest is ``--grade-manifest FILE`` if given, else the official one (``exercises/`` of the
+repository adam8lib is installed from), else ``<rootdir>/exercises/.manifest.json`` — these two
+only for a notebook that calls at least one of its checks (so the lessons in notebooks/, which
+share the workbooks' names, are not graded) — else ``.manifest.json`` next to the notebook. A
+manifest next to a learner's notebook never overrides the official one (a note says so).
+The text outputs of a check cell are cut to a little more than its success line before nbval
+compares them (a huge print cannot make the comparison explode).
+
+This plugin is a self-check, not a grader: a learner's ``conftest.py`` can change anything in a
+pytest run that loads it. :mod:`adam8lib.course.grading.selfcheck` runs it without the learner's
+conftest/pytest.ini; grades come only from the gradebook. At the end of the run a score
 summary (points per exercise, per workbook, total) is printed, and ``--grade-report FILE``
 writes it as JSON or CSV (by extension).
 """
@@ -158,6 +165,7 @@ class Grader:
         self.notebooks: dict[str, NotebookResult] = {}
         self.by_item: dict[str, tuple[ExerciseResult, bool]] = {}  # nodeid -> (result, intact)
         self._manifests: dict[Path, Manifest | None] = {}
+        self.ignored: dict[str, Path] = {}  # notebook -> manifest next to it that was not used
 
     # -- manifest lookup ------------------------------------------------------------------
     def _load(self, path: Path) -> Manifest | None:
@@ -169,17 +177,33 @@ class Grader:
                 raise pytest.UsageError(str(exc)) from None
         return self._manifests[path]
 
+    def official(self) -> Manifest | None:
+        """The course's own manifest: exercises/ of the repository adam8lib is installed from."""
+        from .sandbox import repository_root
+
+        root = repository_root()
+        return self._load(root / "exercises" / MANIFEST_NAME) if root is not None else None
+
     def manifest_for(self, notebook: Path) -> tuple[Manifest | None, bool]:
-        """The notebook's manifest, and whether it was found only by the repository fallback."""
+        """The notebook's manifest, and whether it was found by a repository-wide lookup.
+
+        Order: ``--grade-manifest``; the official manifest (the installed course's
+        exercises/); ``<rootdir>/exercises/``; last, a ``.manifest.json`` next to the notebook
+        (a course of one's own). A manifest next to the notebook never overrides an official
+        one that knows the notebook: the run notes that it was ignored.
+        """
         explicit = self.config.getoption("grade_manifest", None)
         if explicit:
             return self._load(Path(explicit)), False
         beside = self._load(notebook.parent / MANIFEST_NAME)
+        for candidate in (self.official(), self._load(Path(self.config.rootpath) / "exercises" / MANIFEST_NAME)):
+            if candidate is not None and candidate.match(notebook.name):
+                if beside is not None and beside.path != candidate.path and beside.match(notebook.name):
+                    self.ignored[str(notebook)] = beside.path
+                # found next to the notebook too (exercises/ itself): a workbook even without check cells
+                return candidate, not (beside is not None and beside.path == candidate.path)
         if beside is not None and beside.match(notebook.name):
             return beside, False
-        fallback = self._load(Path(self.config.rootpath) / "exercises" / MANIFEST_NAME)
-        if fallback is not None and fallback.match(notebook.name):
-            return fallback, True
         return None, False
 
     # -- collection: classify check cells ------------------------------------------------------
@@ -198,6 +222,10 @@ class Grader:
             if fallback and not self._calls_a_check(items, specs):
                 continue  # e.g. the lesson notebooks/NN_topic.ipynb: same name, not a workbook
             self._classify(path, name, specs, items)
+            if path in self.ignored:
+                self.notebooks[path].notes.append(
+                    f"ignored {self.ignored[path]}: graded with the course's manifest {manifest.path}"
+                )
 
     @staticmethod
     def _calls_a_check(items: list, specs: list[CheckSpec]) -> bool:
@@ -251,6 +279,18 @@ class Grader:
         item.options["check"] = True
         item.options["skip"] = False
         item.options["check_exception"] = False
+        compare = item.compare_outputs
+        limit = len(spec.expected_output) + 1000
+
+        def compare_capped(test, ref, skip_compare=None):
+            """nbval's comparison, on outputs cut to a little more than the success line."""
+            for out in test or []:
+                text = out.get("text")
+                if isinstance(text, str) and len(text) > limit:
+                    out["text"] = text[:limit] + f"\n[... {len(text) - limit} more characters cut by the grader]\n"
+            return compare(test, ref, skip_compare) if skip_compare is not None else compare(test, ref)
+
+        item.compare_outputs = compare_capped
 
     # -- run: watch the reports ------------------------------------------------------------------
     @pytest.hookimpl(hookwrapper=True)

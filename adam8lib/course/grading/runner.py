@@ -1,0 +1,320 @@
+"""The gradebook's child: grade one learner's workbook in a process their notebook never ran in.
+
+    python -P -m adam8lib.course.grading.runner --result-fd N  < job.json
+
+The gradebook (:mod:`adam8lib.course.grading.gradebook`) starts one such process per learner
+workbook, inside the sandbox (:mod:`adam8lib.course.grading.sandbox`), and writes the job to its
+stdin: the learner's *exercise cells* (the cells tagged ``solution``, read by the gradebook, not by
+this process) and, from the grading manifest it loaded, every check cell's source and expected
+success line, plus the files the checks come from and their sha256. In order, this process
+
+1. imports every check **before any learner code runs** (the import lines of the manifest's
+   check cells) and keeps the check functions; it verifies that each comes from the expected
+   file with the expected hash, and takes a *snapshot* of the checks' modules, of ``adam8lib``,
+   of ``builtins``/``sys``/``os``/``io``/``json``/``signal`` and of ``torch``/``numpy`` (the identity
+   of every function, class and module in them, and of each function's code);
+2. runs the exercise cells (each under the per-cell timeout, output discarded beyond a cap), in
+   one namespace — no IPython, so input transformers, custom exception handlers or magics of a
+   notebook do not exist here;
+3. for each check, verifies the snapshot and the files again, calls the kept check function with
+   the manifest's arguments evaluated in the learner's namespace (timeout, captured and capped
+   output), and verifies again afterwards. An exercise passes when the check returns and prints
+   exactly its success line. A changed snapshot or file makes the exercise ``tampered`` (0 points).
+
+Results go to the parent through ``--result-fd``, a pipe the gradebook owns, one JSON line per
+exercise and a last ``{"kind": "done"}``, each carrying the job's random token; the gradebook
+never reads a file the learner could write, and points are computed by the gradebook from its
+own manifest. New threads or trace/profile hooks left by learner code also count as tampering.
+This process exits with ``os._exit`` so no learner ``atexit`` hook runs.
+
+What this does not stop: code that runs in this process (the learner's) can in principle read
+its memory (the token) and forge its *own* results, or patch C-level state; the sandbox bounds
+that to the learner's own grade (no other learner, course file or gradebook is reachable).
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import hashlib
+import io
+import json
+import os
+import signal
+import sys
+import threading
+import types
+
+__all__ = ["main", "file_digest", "Snapshot"]
+
+#: Modules (besides the checks' own and adam8lib's) whose functions a check relies on.
+WATCHED = ("builtins", "sys", "os", "io", "json", "signal", "math", "traceback", "contextlib",
+           "torch", "torch.nn.functional", "torch.testing", "numpy")  # fmt: skip
+
+
+class GradingTimeout(BaseException):
+    """Raised by SIGALRM in the cell or check that ran past its time."""
+
+
+def file_digest(path: str) -> str:
+    """sha256 of a file's bytes (a module's source)."""
+    with open(path, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()
+
+
+class Snapshot:
+    """The identity of every function, class and module reachable from the watched modules.
+
+    A learner cell that rebinds ``check_x``, a helper of the checks, ``print``, ``sys.stdout``,
+    ``torch.allclose``, a method of ``torch.Tensor`` or of an adam8lib class, or a function's
+    ``__code__``, changes it. Attributes added later (lazy imports) are not changes.
+    """
+
+    def __init__(self, module_names):
+        self.entries: dict[tuple[str, str], tuple] = {}
+        for name in module_names:
+            module = sys.modules.get(name)
+            if module is None:
+                continue
+            self._add(name, vars(module), owner=name, deep=True)
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            self._add("torch.Tensor", vars(torch.Tensor), owner=None, deep=False)
+        for attr in ("stdout", "stderr"):
+            self.entries[("sys", attr)] = (id(getattr(sys, attr)),)
+
+    @staticmethod
+    def _key(value) -> tuple | None:
+        # torch.optim wraps a subclass's ``step`` in its own profiling hook (functools.wraps) the
+        # first time an optimizer is built: a wrapper whose code is torch's stands for the original
+        torch = sys.modules.get("torch")
+        root = os.path.dirname(getattr(torch, "__file__", "") or "") if torch is not None else ""
+        while (root and isinstance(value, types.FunctionType) and hasattr(value, "__wrapped__")
+               and value.__code__.co_filename.startswith(root + os.sep)):  # fmt: skip
+            value = value.__wrapped__
+        if isinstance(value, types.FunctionType):
+            return (id(value), id(value.__code__), id(value.__globals__), value.__defaults__, id(value.__kwdefaults__))
+        if isinstance(value, (types.BuiltinFunctionType, types.ModuleType, type, staticmethod, classmethod,
+                              property, types.MethodType, types.WrapperDescriptorType,
+                              types.MethodDescriptorType)) or callable(value):  # fmt: skip
+            return (id(value),)
+        return None
+
+    def _add(self, prefix: str, namespace: dict, owner: str | None, deep: bool) -> None:
+        for attr, value in list(namespace.items()):
+            key = self._key(value)
+            if key is None:
+                continue
+            self.entries[(prefix, attr)] = key
+            if deep and isinstance(value, type) and getattr(value, "__module__", None) == owner:
+                self._add(f"{prefix}.{attr}", dict(vars(value)), owner=None, deep=False)
+
+    def changes(self) -> list[str]:
+        """What differs from this snapshot now (``module.attr`` names), at most a few."""
+        now = Snapshot.__new__(Snapshot)
+        now.entries = {}
+        seen_modules = {prefix for prefix, _ in self.entries}
+        for name in seen_modules:
+            module = sys.modules.get(name)
+            if module is not None and isinstance(module, types.ModuleType):
+                now._add(name, vars(module), owner=name, deep=True)
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            now._add("torch.Tensor", vars(torch.Tensor), owner=None, deep=False)
+        for attr in ("stdout", "stderr"):
+            now.entries[("sys", attr)] = (id(getattr(sys, attr)),)
+        changed = [f"{p}.{a}" for (p, a), key in self.entries.items() if now.entries.get((p, a)) != key]
+        return changed
+
+
+class _Capped(io.TextIOBase):
+    """A text sink that keeps at most ``limit`` characters (and counts the rest)."""
+
+    def __init__(self, limit: int):
+        self.limit, self.parts, self.kept, self.total = limit, [], 0, 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text) -> int:
+        text = str(text)
+        self.total += len(text)
+        room = self.limit - self.kept
+        if room > 0:
+            self.parts.append(text[:room])
+            self.kept += min(room, len(text))
+        return len(text)
+
+    def getvalue(self) -> str:
+        return "".join(self.parts)
+
+
+def _alarm(seconds: float) -> None:
+    def handler(signum, frame):
+        raise GradingTimeout()
+
+    signal.signal(signal.SIGALRM, handler)
+    signal.setitimer(signal.ITIMER_REAL, max(float(seconds), 0.001))
+
+
+def _disarm() -> None:
+    signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def _first_line(text: str, limit: int = 200) -> str:
+    line = next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _split_check(source: str, check: str) -> tuple[list[ast.stmt], ast.Call]:
+    """The import statements of a manifest check cell and its ``check_x(...)`` call."""
+    tree = ast.parse(source)
+    imports = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    for node in tree.body:
+        if (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+                and isinstance(node.value.func, ast.Name) and node.value.func.id == check):  # fmt: skip
+            return imports, node.value
+    raise ValueError(f"the manifest's check cell does not call {check}(...)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    fd = int(argv[argv.index("--result-fd") + 1])
+    job = json.loads(sys.stdin.read())
+    channel = os.fdopen(fd, "w", encoding="utf-8")
+    real_stdout, real_stderr = sys.stdout, sys.stderr
+    dumps, write, flush = json.dumps, channel.write, channel.flush
+
+    def sender(token: str):
+        def send(**message) -> None:
+            write(dumps({**message, "token": token}) + "\n")
+            flush()
+
+        return send
+
+    send = sender(job.pop("token", ""))
+
+    cap = int(job.get("max_output", 65536))
+    cell_timeout = float(job.get("cell_timeout", 120))
+    checks = job["checks"]
+    modules: dict[str, dict] = job.get("modules", {})
+
+    # 1. the course's environment and the checks, before any learner code
+    if job.get("course_setup"):
+        from adam8lib.course import setup
+
+        setup(verbose=False)
+    resolved = {}
+    for spec in checks:
+        name = f"check_{spec['exercise']}"
+        try:
+            imports, call = _split_check(spec["source"], name)
+            namespace: dict = {"__builtins__": builtins}
+            exec(compile(ast.Module(body=imports, type_ignores=[]), f"<check {name}>", "exec"), namespace)
+            function = namespace[name]
+            call.func = ast.Name(id="__adam8_check__", ctx=ast.Load())
+            expression = compile(ast.fix_missing_locations(ast.Expression(body=call)), f"<check {name}>", "eval")
+            resolved[spec["exercise"]] = (function, expression)
+        except Exception as exc:  # a course error, reported as such
+            send(kind="result", exercise=spec["exercise"], status="error",
+                 detail=f"the check could not be loaded: {type(exc).__name__}: {exc}")  # fmt: skip
+    origins = {name: info["origin"] for name, info in modules.items()}
+
+    def files_changed() -> list[str]:
+        bad = []
+        for name, info in modules.items():
+            module = sys.modules.get(name)
+            loaded = getattr(module, "__file__", None)
+            if loaded is None or os.path.realpath(loaded) != os.path.realpath(info["origin"]):
+                bad.append(f"{name} loaded from {loaded}, expected {info['origin']}")
+            for path, digest in info["files"].items():
+                try:
+                    if file_digest(path) != digest:
+                        bad.append(f"{path} changed")
+                except OSError as exc:
+                    bad.append(f"{path}: {exc}")
+        for exercise, (function, _) in resolved.items():
+            source = getattr(getattr(function, "__code__", None), "co_filename", "")
+            if not any(os.path.realpath(source) in info["files"] for info in modules.values()):
+                bad.append(f"check_{exercise} comes from {source}, not from the course's checks")
+        return bad
+
+    watched = sorted({*WATCHED, *origins, *(n for n in sys.modules if n == "adam8lib" or n.startswith("adam8lib."))})
+    snapshot = Snapshot(watched)
+    baseline = files_changed()
+    if baseline:
+        for exercise in resolved:
+            send(kind="result", exercise=exercise, status="error", detail="the checks are not the course's: " + "; ".join(baseline)[:300])
+        send(kind="done")
+        os._exit(0)
+
+    threads = set(threading.enumerate())
+
+    def hooks_changed() -> list[str]:
+        bad = [f"thread {t.name}" for t in threading.enumerate() if t not in threads and t.is_alive()]
+        if sys.gettrace() is not None or sys.getprofile() is not None:
+            bad.append("sys.settrace/setprofile hook")
+        return bad
+
+    # 2. the learner's exercise cells
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    sink = _Capped(cap)
+    for cell in job["cells"]:
+        sys.stdout = sys.stderr = sink
+        try:
+            _alarm(cell_timeout)
+            exec(compile(cell["source"], f"<{job['notebook']} cell {cell['index']}>", "exec"), namespace)
+            _disarm()
+        except GradingTimeout:
+            _disarm()
+            send(kind="note", text=f"cell {cell['index']} (exercise cell) ran past {cell_timeout:g} s and was stopped")
+        except BaseException as exc:  # noqa: BLE001 - a learner's cell may raise anything
+            _disarm()
+            send(kind="note", text=f"cell {cell['index']} (exercise cell) raised {type(exc).__name__}: {_first_line(exc)}")
+        finally:
+            sys.stdout, sys.stderr = real_stdout, real_stderr
+
+    # 3. the checks
+    for spec in checks:
+        exercise = spec["exercise"]
+        if exercise not in resolved:
+            continue
+        changed = snapshot.changes() + files_changed() + hooks_changed()
+        if changed:
+            send(kind="result", exercise=exercise, status="tampered",
+                 detail="learner code changed the checks or what they rely on: " + ", ".join(changed[:5]))  # fmt: skip
+            continue
+        function, expression = resolved[exercise]
+        out = _Capped(max(cap, 2 * len(spec["expected_output"])))
+        status, detail = "passed", ""
+        sys.stdout = sys.stderr = out
+        try:
+            _alarm(cell_timeout)
+            eval(expression, {**namespace, "__adam8_check__": function})
+            _disarm()
+        except GradingTimeout:
+            _disarm()
+            status, detail = "timeout", f"Timeout of {cell_timeout:g} s exceeded in the check of {exercise}"
+        except BaseException as exc:  # noqa: BLE001
+            _disarm()
+            status, detail = "failed", f"{type(exc).__name__}: {_first_line(exc)}"
+        finally:
+            sys.stdout, sys.stderr = real_stdout, real_stderr
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        if status == "passed":
+            text = out.getvalue()
+            if out.total > out.kept:
+                status, detail = "failed", f"the check printed {out.total} characters (kept {out.kept}), not its success line"
+            elif text != spec["expected_output"]:
+                status, detail = "failed", f"the check printed {_first_line(text)!r}, not its success line"
+        changed = snapshot.changes() + files_changed() + hooks_changed()
+        if changed:
+            status, detail = "tampered", "learner code changed the checks or what they rely on: " + ", ".join(changed[:5])
+        send(kind="result", exercise=exercise, status=status, detail=detail)
+    send(kind="done")
+    channel.close()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""Where a learner's code runs when the gradebook grades it: a bubblewrap sandbox, else a child process.
+
+:func:`wrap` turns the command of one grading child into the command that runs it confined:
+
+* ``prlimit`` caps the child's address space (``--as``, the memory limit), the size of any file
+  it writes (``--fsize``) and core dumps (util-linux; without it the caps are not applied and
+  :func:`wrap` says so);
+* with **bubblewrap** (``bwrap``; Debian/Ubuntu package ``bubblewrap``) the child sees the whole
+  file system read-only, except its own empty scratch folder (read-write, its ``HOME`` and
+  ``TMPDIR``); the folders in ``hide`` (the submissions, the gradebook's output folder, every
+  other learner's scratch folder) and the course repository (solutions/, exercises/, tests/,
+  .git, …) are covered by empty read-only folders, with only the installed package, the Python
+  environment and the ``PYTHONPATH`` entries bound back read-only. It runs in new user, PID,
+  network, IPC and UTS namespaces as ``nobody`` with no capabilities, so it cannot see or signal
+  the gradebook or any other process, has no network, and every process it starts dies with it
+  (``--die-with-parent``; the PID namespace ends when the child exits).
+
+:func:`available` answers whether bubblewrap works here (it needs user namespaces, or root).
+Without it (mode ``"none"``) the child is only a separate process in its own session with the
+caps above: learners' code can then read and write whatever the grader's account can, so grade
+untrusted work in a container (README, *Grading a class*) or install bubblewrap.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+__all__ = ["available", "wrap", "repository_root", "MODES"]
+
+MODES = ("auto", "bwrap", "none")
+_NOBODY = "65534"
+#: The learner's scratch folder inside the sandbox.
+SANDBOX_HOME = "/tmp/learner"
+
+
+@functools.lru_cache(maxsize=None)
+def available() -> str | None:
+    """None when bubblewrap runs a confined command here, else the reason it cannot."""
+    exe = shutil.which("bwrap")
+    if exe is None:
+        return "bubblewrap (bwrap) is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+    probe = [exe, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-all",
+             "--unshare-user", "--uid", _NOBODY, "--gid", _NOBODY, "--cap-drop", "ALL", "--die-with-parent", "true"]  # fmt: skip
+    try:
+        proc = subprocess.run(probe, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bwrap failed to start: {exc}"
+    if proc.returncode != 0:
+        return f"bwrap cannot create a sandbox here (user namespaces disabled?): {proc.stderr.strip()[:200]}"
+    return None
+
+
+def repository_root() -> Path | None:
+    """The course repository when adam8lib is installed from a checkout (editable), else None."""
+    import adam8lib
+
+    root = Path(adam8lib.__file__).resolve().parents[1]
+    return root if (root / "solutions").is_dir() or (root / ".git").exists() else None
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        path.relative_to(root)
+        return True
+    except ValueError:
+        return False
+
+
+def _bound_back(hidden: list[Path]) -> list[Path]:
+    """What the child needs from inside hidden folders: the package, the venv, PYTHONPATH entries."""
+    import adam8lib
+
+    keep = {Path(adam8lib.__file__).resolve().parent}
+    for entry in [sys.prefix, sys.exec_prefix, *os.environ.get("PYTHONPATH", "").split(os.pathsep)]:
+        if entry:
+            keep.add(Path(entry).resolve())
+    return sorted(p for p in keep if p.exists() and any(_inside(p, h) and p != h for h in hidden))
+
+
+def wrap(
+    argv: list[str],
+    *,
+    scratch: Path,
+    hide: list[Path] = (),
+    mode: str = "auto",
+    memory_mb: int | None = None,
+    file_mb: int | None = None,
+) -> tuple[list[str], str, Path]:
+    """The confined command for ``argv``, the mode used (``"bwrap"`` or ``"none"``), and the
+    path of ``scratch`` as the child sees it (its working folder, ``HOME`` and ``TMPDIR``).
+
+    ``mode="bwrap"`` raises RuntimeError when bubblewrap does not work; ``"auto"`` falls back
+    to ``"none"``.
+    """
+    if mode not in MODES:
+        raise ValueError(f"sandbox mode must be one of {MODES}, got {mode!r}")
+    used = "none"
+    if mode != "none":
+        reason = available()
+        if reason is None:
+            used = "bwrap"
+        elif mode == "bwrap":
+            raise RuntimeError(f"--sandbox bwrap: {reason}")
+    cmd, workdir = list(argv), scratch
+    if used == "bwrap":
+        workdir = Path(SANDBOX_HOME)
+        box = [shutil.which("bwrap"), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+               "--unshare-all", "--unshare-user", "--uid", _NOBODY, "--gid", _NOBODY, "--cap-drop", "ALL",
+               "--die-with-parent", "--new-session"]  # fmt: skip
+        covered = {Path(p).resolve() for p in hide if Path(p).exists()}
+        root = repository_root()
+        if root is not None:
+            covered.add(root)
+        tmp = Path("/tmp")
+        covered = sorted((p for p in covered if not _inside(p, tmp)), key=lambda p: len(p.parts))
+        for path in covered:
+            box += ["--tmpfs", str(path)]
+        box += ["--tmpfs", "/tmp"]  # a private /tmp: hides every other learner's scratch folder
+        for path in _bound_back([*covered, tmp]):
+            box += ["--ro-bind", str(path), str(path)]
+        box += ["--bind", str(scratch.resolve()), SANDBOX_HOME]
+        for path in covered:
+            box += ["--remount-ro", str(path)]
+        box += ["--chdir", SANDBOX_HOME, "--"]
+        cmd = box + cmd
+    limits = []
+    if memory_mb:
+        limits.append(f"--as={int(memory_mb) * 2**20}")
+    if file_mb:
+        limits.append(f"--fsize={int(file_mb) * 2**20}")
+    if limits and shutil.which("prlimit"):
+        cmd = [shutil.which("prlimit"), *limits, "--core=0", "--", *cmd]
+    return cmd, used, workdir
