@@ -205,8 +205,8 @@ def check_seed_adam8bit(seed_adam8bit) -> None:
             fail(f"{name} has weight_decay {g['weight_decay']}, expected {want_wd}",
                  "weight decay (args.weight_decay) for weights outside LayerNorm; 0.0 for biases and LayerNorm "
                  "parameters (the seed's get_parameter_names(model, [nn.LayerNorm]) minus names with 'bias')."
-                 if name not in decay or g["weight_decay"] == 0 else
-                 "the decay group takes args.weight_decay (TrainingArguments' default is 0.0, so set it explicitly).")
+                 if not (name in decay and g["weight_decay"] == 0.0) else
+                 "the decay group takes args.weight_decay (TrainingArguments' default is 0.0, so the check sets it).")
         for key, want, hint in [("lr", args.learning_rate, "lr=args.learning_rate"),
                                 ("betas", (args.adam_beta1, args.adam_beta2), "betas=(args.adam_beta1, args.adam_beta2)"),
                                 ("eps", args.adam_epsilon, "eps=args.adam_epsilon")]:
