@@ -7,7 +7,8 @@ pointer (the first markdown cell that names ``exercises/NN_…``) may contain mo
 Code is compared *normalised*: Python tokens without comments, strings and layout, with local
 names replaced by one placeholder (so renaming ``grid`` to ``g`` does not hide a copy) but
 attributes and library names kept (``torch.linspace``, ``.amax``). A cell reveals a span when
-runs of ≥ 4 matching tokens cover ``SHARE`` of the span's tokens.
+runs of ≥ 4 matching tokens cover ``SHARE`` of the span's tokens; spans shorter than ``MIN_TOKENS``
+(a one-line ``sum(...)``) are idioms, not solutions, and are not compared.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from adam8lib.course.grading.conventions import BEGIN, END, cell_source
 REPO = Path(__file__).resolve().parents[2]
 SOLUTIONS = sorted((REPO / "solutions").glob("*.ipynb"))
 SHARE = 0.4  # share of a span's tokens that a lesson cell may not contain
+MIN_TOKENS = 30  # shorter spans (one-line sums, a return) are idioms every lesson uses, not solutions
 KEEP = {"torch", "tl", "triton", "nn", "F", "math", "np"}
 _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
          tokenize.ENDMARKER, tokenize.STRING}
@@ -88,7 +90,7 @@ def test_lesson_does_not_show_the_workbook_solution_before_the_pointer(solution)
     lessons = sorted((REPO / "notebooks").glob(f"{number}_*.ipynb"))
     assert lessons, f"no lesson for {solution.name}"
     cells = cells_before_pointer(lessons[0], number)
-    shown = [f"{name} (cell {index}: {share:.0%})" for name, span in solution_spans(solution)
+    shown = [f"{name} (cell {index}: {share:.0%})" for name, span in solution_spans(solution) if len(span) >= MIN_TOKENS
              for index, cell in cells if (share := coverage(span, cell)) >= SHARE]
     assert not shown, (
         f"{lessons[0].name} shows workbook solutions before pointing to exercises/{solution.name}: "
@@ -118,6 +120,7 @@ OLD_LESSON_05 = '''def tree_map_float64(signed=True):
 
 def test_the_detector_flags_a_renamed_copy_and_passes_the_library_call():
     span = tokens(SOLUTION_05_1)
+    assert len(span) >= MIN_TOKENS
     assert coverage(span, tokens(OLD_LESSON_05)) >= SHARE
     assert coverage(span, tokens("q = dynamic_map(signed=True)\nprint(q[q > 0].min(), q.numel())")) < SHARE
     assert tokens("x = y.amax(1)  # c") == tokens("a = b.amax(1)") == ["N", "=", "N", ".", "amax", "(", "1", ")"]
