@@ -124,15 +124,18 @@ _POS = {"codes m, v\n(uint8)": (0, 3), "absmax m, v\n(fp32)": (0, 2), "g": (0, 1
 
 def draw_step_dataflow(ax) -> list[tuple[str, str]]:
     """The data flow of one fused 8-bit step: memory (grey) on the edges, registers (blue) inside."""
-    for (a, b) in STEP_GRAPH:
-        (x0, y0), (x1, y1) = _POS[a], _POS[b]
-        ax.annotate("", xy=(x1, y1), xytext=(x0, y0),
-                    arrowprops=dict(arrowstyle="->", color="#555", lw=1.2, shrinkA=22, shrinkB=22))
+    boxes = {}
     for name, (x, y) in _POS.items():
         memory = name in _MEMORY
-        ax.text(x, y, name.strip(), ha="center", va="center", fontsize=8,
-                bbox=dict(boxstyle="round,pad=0.4", fc="#e0e0e0" if memory else "#cfe2f3",
-                          ec="#7f7f7f" if memory else "#1f77b4"))
+        boxes[name] = ax.text(x, y, name.strip(), ha="center", va="center", fontsize=8, zorder=3,
+                              bbox=dict(boxstyle="round,pad=0.4", fc="#e0e0e0" if memory else "#cfe2f3",
+                                        ec="#7f7f7f" if memory else "#1f77b4"))
+    ax.figure.canvas.draw()  # lay the boxes out, so arrows can end at their edges
+    for (a, b) in STEP_GRAPH:
+        ta, tb = boxes[a], boxes[b]
+        ax.annotate("", xy=(0.5, 0.5), xycoords=tb, xytext=(0.5, 0.5), textcoords=ta, zorder=2,
+                    arrowprops=dict(arrowstyle="-|>", color="#555", lw=1.1, shrinkA=1, shrinkB=1,
+                                    patchA=ta.get_bbox_patch(), patchB=tb.get_bbox_patch()))
     ax.axvspan(0.8, 6.6, color="#1f77b4", alpha=0.05)
     ax.text(3.7, -0.7, "inside the kernel: registers, fp32", ha="center", fontsize=9, color="#1f77b4")
     ax.text(0, -0.7, "memory (read)", ha="center", fontsize=9, color="#555")
