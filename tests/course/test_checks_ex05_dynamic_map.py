@@ -72,3 +72,46 @@ def test_ex05_checks_pass_on_the_solution_and_the_library(capsys):
     # broadcasting argmin is another right answer (ties -> first index = lower)
     checks.check_nearest_code(lambda x, code: (x.float()[..., None] - code).abs().argmin(-1).to(torch.uint8))
     assert capsys.readouterr().out.count("all checks passed") == 5
+
+
+# ------------------------------------------------------------------ 05.3 · decode a code
+def make_decode(*, midpoint=True, offset=6, mirror=True, unsigned_extra_bit=True, as_list=False):
+    """A learner's decode_code, with one plausible slip switched on."""
+    def decode_code(index, signed=True):
+        if index == 255:
+            out = (1, 7, 0, 1.0)
+        elif index == (127 if signed else 0):
+            out = (0, 0, 0, 0.0)
+        else:
+            if signed:
+                sign = 1 if index > 127 else -1
+                j = index - 128 if sign > 0 else (126 - index if mirror else index)
+                tree, lead_shift = j + 1, 0
+            else:
+                sign = 1
+                tree, lead_shift = (index + 1, 1) if unsigned_extra_bit else (index, 0)
+            lead = tree.bit_length() - 1
+            decade, n = lead - lead_shift, 2**lead
+            k = tree - n
+            frac = (2 * k + 1) / (2 * n) if midpoint else k / max(n - 1, 1)
+            out = (sign, decade, k, sign * 10.0 ** (decade - offset) * (0.1 + 0.9 * frac))
+        return list(out) if as_list else out
+
+    return decode_code
+
+
+def test_decode_code_check_passes_the_solution_and_a_clean_rewrite():
+    checks.check_decode_code(solution("05", "decode_code"))
+    checks.check_decode_code(make_decode())
+
+
+@pytest.mark.parametrize("fn, hint", [
+    (make_decode(midpoint=False), "*midpoint* of two neighbouring grid points"),
+    (make_decode(offset=7), "scaled by 10**(i - 6)"),
+    (make_decode(mirror=False), "negative codes mirror the positive ones"),
+    (make_decode(unsigned_extra_bit=False), "one more fraction bit"),
+    (make_decode(as_list=True), "return a tuple"),
+    (stub, "not implemented yet"),
+])
+def test_decode_code_check_names_the_mistake(fn, hint):
+    fails_with(checks.check_decode_code, fn, hint)

@@ -80,3 +80,117 @@ def test_ex07_check_passes_on_the_solution_and_the_reference(capsys):
     checks.check_adam8bit_step(solution("07", "adam8bit_step"))
     checks.check_adam8bit_step(adam8bit_step)
     assert capsys.readouterr().out.count("✔ Exercise 07.1 · The 8-bit Adam step: all checks passed") == 2
+
+
+# ------------------------------------------------------------------ 07.2 · the optimizer class
+def make_optimizer_class(*, strict=False, defaults_only=False, no_decay=False, quantize_all=False,
+                         own_attributes=False, touch_no_grad=False, step_from_one=False):
+    """A learner's MyAdam8bit with one plausible slip switched on."""
+    from adam8lib.adam import adam_step
+    from adam8lib.quant import dynamic_map as dmap
+
+    class Wrong(torch.optim.Optimizer):
+        def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                     blocksize=256, min_8bit_size=4096):
+            super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                          blocksize=blocksize, min_8bit_size=min_8bit_size))
+            self.defaults_seen = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+            self.q1, self.q2, self.mine = dmap(True), dmap(False), {}
+
+        def load_state_dict(self, sd):
+            super().load_state_dict(sd)
+            for st in self.state.values():
+                for k in ("state1", "state2"):
+                    if k in st:
+                        st[k] = st[k].to(torch.uint8)
+
+        @torch.no_grad()
+        def step(self):
+            for group in self.param_groups:
+                hp = self.defaults_seen if defaults_only else group
+                b1, b2 = hp["betas"]
+                wd = 0.0 if no_decay else hp["weight_decay"]
+                for p in group["params"]:
+                    if p.grad is None:
+                        if touch_no_grad:
+                            p.mul_(1 - hp["lr"] * 0.1)
+                        continue
+                    st = self.mine.setdefault(p, {}) if own_attributes else self.state[p]
+                    n = p.numel()
+                    big = quantize_all or (n > group["min_8bit_size"] if strict else n >= group["min_8bit_size"])
+                    if not st:
+                        st["step"] = 0
+                        if big:
+                            nb = -(-n // group["blocksize"])
+                            st.update(state1=torch.full((n,), 127, dtype=torch.uint8), state2=torch.zeros(n, dtype=torch.uint8),
+                                      absmax1=torch.zeros(nb), absmax2=torch.zeros(nb))
+                        else:
+                            st.update(exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+                    st["step"] = 1 if step_from_one else st["step"] + 1
+                    kw = dict(step=st["step"], lr=hp["lr"], eps=hp["eps"], weight_decay=wd)
+                    if "state1" in st:
+                        adam8bit_step(p.view(-1), p.grad.view(-1), st["state1"], st["state2"], st["absmax1"], st["absmax2"],
+                                      self.q1, self.q2, beta1=b1, beta2=b2, blocksize=group["blocksize"], **kw)
+                    else:
+                        adam_step(p, p.grad, st["exp_avg"], st["exp_avg_sq"], betas=(b1, b2), **kw)
+
+    return Wrong
+
+
+def test_adam8bit_optimizer_check_passes_the_solution_the_library_and_a_rewrite():
+    from adam8lib.optim import Adam8bit
+
+    checks.check_adam8bit_optimizer(solution("07", "MyAdam8bit"))
+    checks.check_adam8bit_optimizer(lambda params, **kw: Adam8bit(params, backend="torch", **kw))
+    checks.check_adam8bit_optimizer(make_optimizer_class())
+
+
+@pytest.mark.parametrize("fn, hint", [
+    (make_optimizer_class(strict=True), "min_8bit_size is inclusive"),
+    (make_optimizer_class(quantize_all=True), "fewer than min_8bit_size elements keep fp32 states"),
+    (make_optimizer_class(defaults_only=True), "from each param group"),
+    (make_optimizer_class(no_decay=True), "apply each group's weight_decay"),
+    (make_optimizer_class(step_from_one=True), "keep a step count per parameter"),
+    (make_optimizer_class(touch_no_grad=True), "skip parameters whose .grad is None"),
+    (make_optimizer_class(own_attributes=True), "no uint8 codes in its state"),
+    (stub, "not implemented yet"),
+])
+def test_adam8bit_optimizer_check_names_the_mistake(fn, hint):
+    fails_with(checks.check_adam8bit_optimizer, fn, hint)
+
+
+# ------------------------------------------------------------------ 07.3 · stable embedding
+def make_stable_embedding(*, xavier=True, norm=True, override=True):
+    import bitsandbytes as bnb
+
+    class Wrong(torch.nn.Module):
+        def __init__(self, num, dim):
+            super().__init__()
+            self.embedding = torch.nn.Embedding(num, dim)
+            if xavier:
+                torch.nn.init.xavier_uniform_(self.embedding.weight)
+            self.norm = torch.nn.LayerNorm(dim)
+            if override:
+                bnb.optim.GlobalOptimManager.get_instance().register_module_override(
+                    self.embedding, "weight", {"optim_bits": 32})
+
+        def forward(self, x):
+            return self.norm(self.embedding(x)) if norm else self.embedding(x)
+
+    return Wrong
+
+
+def test_stable_embedding_check_passes_the_solution():
+    checks.check_stable_embedding(solution("07", "StableEmbedding"))
+    checks.check_stable_embedding(make_stable_embedding())
+
+
+@pytest.mark.parametrize("fn, hint", [
+    (make_stable_embedding(xavier=False), "xavier_uniform_"),
+    (make_stable_embedding(norm=False), "apply self.norm"),
+    (make_stable_embedding(override=False), "register_module_override"),
+    (lambda num, dim: torch.nn.Embedding(num, dim), "self.embedding (an nn.Embedding)"),
+    (stub, "not implemented yet"),
+])
+def test_stable_embedding_check_names_the_mistake(fn, hint):
+    fails_with(checks.check_stable_embedding, fn, hint)

@@ -81,3 +81,60 @@ def test_distilbert_shapes_match_the_model():
     with torch.device("meta"):
         model = build_distilbert()
     assert sorted(tuple(p.shape) for p in model.parameters()) == sorted(distilbert_shapes())
+
+
+# ------------------------------------------------------------------ 09.3 · the seed's 131,566,188
+def test_adamw_state_elements_check_passes_the_solution():
+    checks.check_adamw_state_elements(solution("09", "adamw_state_elements"))
+
+
+@pytest.mark.parametrize("fn, hint", [
+    (lambda m: sum(2 * p.numel() for p in m.parameters() if p.requires_grad), "keeps a `step` counter"),
+    (lambda m: sum(2 * p.numel() + 1 for p in m.parameters()), "frozen parameters"),
+    (lambda m: sum(3 * p.numel() for p in m.parameters() if p.requires_grad), "one element per tensor"),
+    (lambda m: 2 * sum(p.numel() for p in m.parameters()), "keeps a `step` counter"),  # the first model has no frozen part
+    (stub, "not implemented yet"),
+])
+def test_adamw_state_elements_check_names_the_mistake(fn, hint):
+    fails_with(checks.check_adamw_state_elements, fn, hint)
+
+
+# ------------------------------------------------------------------ 09.4 · Adam8bit as the seed builds it
+def make_seed_adam8bit(*, betas=True, eps=True, lr=True, decay_all=False, wd=True, library=False):
+    def seed_adam8bit(model, args):
+        import bitsandbytes as bnb
+        from torch import nn
+        from transformers.trainer_pt_utils import get_parameter_names
+
+        from adam8lib.optim import Adam8bit
+
+        decay = [n for n in get_parameter_names(model, [nn.LayerNorm]) if decay_all or "bias" not in n]
+        if decay_all:
+            decay = [n for n, _ in model.named_parameters()]
+        groups = [{"params": [p for n, p in model.named_parameters() if n in decay],
+                   "weight_decay": args.weight_decay if wd else 0.0},
+                  {"params": [p for n, p in model.named_parameters() if n not in decay], "weight_decay": 0.0}]
+        groups = [g for g in groups if g["params"]]
+        kw = dict(betas=(args.adam_beta1, args.adam_beta2) if betas else (0.9, 0.999),
+                  eps=args.adam_epsilon if eps else 1e-8, lr=args.learning_rate if lr else 1e-3)
+        return Adam8bit(groups, **kw) if library else bnb.optim.Adam8bit(groups, **kw)
+
+    return seed_adam8bit
+
+
+def test_seed_adam8bit_check_passes_the_solution_and_a_rewrite():
+    checks.check_seed_adam8bit(solution("09", "seed_adam8bit"))
+    checks.check_seed_adam8bit(make_seed_adam8bit())
+
+
+@pytest.mark.parametrize("fn, hint", [
+    (make_seed_adam8bit(betas=False), "betas=(args.adam_beta1, args.adam_beta2)"),
+    (make_seed_adam8bit(eps=False), "eps=args.adam_epsilon"),
+    (make_seed_adam8bit(lr=False), "lr=args.learning_rate"),
+    (make_seed_adam8bit(decay_all=True), "0.0 for biases and LayerNorm"),
+    (make_seed_adam8bit(wd=False), "TrainingArguments' default is 0.0"),
+    (make_seed_adam8bit(library=True), "the seed builds bitsandbytes' optimizer"),
+    (stub, "not implemented yet"),
+])
+def test_seed_adam8bit_check_names_the_mistake(fn, hint):
+    fails_with(checks.check_seed_adam8bit, fn, hint)

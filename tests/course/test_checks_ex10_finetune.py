@@ -184,3 +184,122 @@ def test_step_check_passes_reference_and_solution(capsys):
 ])
 def test_step_check_fails_with_hint(wrong, hint):
     fails_with(ex10.check_training_step, wrong, hint)
+
+
+# ------------------------------------------------------------------ 10.3 · Trainer with 8-bit Adam
+def make_trainer_variant(*, pass_optimizer=True, scheduler=False, from_args=True, decay_all=False, library=True):
+    def make_trainer_8bit(model, args, train_dataset):
+        from transformers import Trainer
+
+        from adam8lib.optim import Adam8bit
+        from adam8lib.training import decay_parameter_names
+
+        decay = set(decay_parameter_names(model)) if not decay_all else {n for n, _ in model.named_parameters()}
+        groups = [{"params": [p for n, p in model.named_parameters() if n in decay], "weight_decay": args.weight_decay},
+                  {"params": [p for n, p in model.named_parameters() if n not in decay], "weight_decay": 0.0}]
+        groups = [g for g in groups if g["params"]]
+        kw = dict(lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon) if from_args else {}
+        opt = Adam8bit(groups, **kw) if library else torch.optim.AdamW(groups, **kw)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0) if scheduler else None
+        if not pass_optimizer:
+            return Trainer(model=model, args=args, train_dataset=train_dataset)
+        return Trainer(model=model, args=args, train_dataset=train_dataset, optimizers=(opt, sched))
+
+    return make_trainer_8bit
+
+
+def test_trainer_8bit_check_passes_the_solution():
+    ex10.check_trainer_8bit(solution("make_trainer_8bit"))
+
+
+@pytest.mark.parametrize("fn, hint", [
+    (make_trainer_variant(pass_optimizer=False), "optimizers=(optimizer, None)"),
+    (make_trainer_variant(scheduler=True), "pass None as the scheduler"),
+    (make_trainer_variant(from_args=False), "does not pass its arguments"),
+    (make_trainer_variant(decay_all=True), "names from get_decay_parameter_names"),
+    (make_trainer_variant(library=False), "build adam8lib.optim.Adam8bit"),
+    (stub, "not implemented yet"),
+])
+def test_trainer_8bit_check_names_the_mistake(fn, hint):
+    fails_with(ex10.check_trainer_8bit, fn, hint)
+
+
+# ------------------------------------------------------------------ 10.4 · the accelerate loop
+def make_epoch(*, train=True, acc_backward=True, clip=True, sched=True, zero=True, autocast=True, as_tensor=False):
+    import contextlib
+
+    def train_epoch(accelerator, model, optimizer, loader, scheduler, max_grad_norm=1.0):
+        if train:
+            model.train()
+        losses = []
+        for batch in loader:
+            with accelerator.autocast() if autocast else contextlib.nullcontext():
+                loss = model(**batch).loss
+            accelerator.backward(loss) if acc_backward else loss.backward()
+            if clip:
+                accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
+            optimizer.step()
+            if sched:
+                scheduler.step()
+            if zero:
+                optimizer.zero_grad()
+            losses.append(loss.detach() if as_tensor else loss.item())
+        return losses
+
+    return train_epoch
+
+
+def test_accelerate_epoch_check_passes_the_solution():
+    ex10.check_accelerate_epoch(solution("train_epoch"))
+    ex10.check_accelerate_epoch(make_epoch())
+
+
+@pytest.mark.parametrize("fn, hint", [
+    (make_epoch(train=False), "call model.train() first"),
+    (make_epoch(acc_backward=False), "call accelerator.backward(loss)"),
+    (make_epoch(clip=False), "clip after backward"),
+    (make_epoch(sched=False), "scheduler.step()"),
+    (make_epoch(zero=False), "zero the gradients"),
+    (make_epoch(autocast=False), "accelerator.autocast()"),
+    (make_epoch(as_tensor=True), "loss.item()"),
+    (stub, "not implemented yet"),
+])
+def test_accelerate_epoch_check_names_the_mistake(fn, hint):
+    fails_with(ex10.check_accelerate_epoch, fn, hint)
+
+
+# ------------------------------------------------------------------ 10.5 · fp16 + GradScaler
+def make_amp(*, scale=True, unscale=True, via_scaler=True, update=True, zero=True, dtype=torch.float16):
+    def amp_step(model, batch, optimizer, scaler, max_norm):
+        with torch.autocast("cpu", dtype=dtype):
+            loss = model(**batch).loss
+        (scaler.scale(loss) if scale else loss).backward()
+        if unscale:
+            scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(optimizer) if via_scaler else optimizer.step()
+        if update:
+            scaler.update()
+        if zero:
+            optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    return amp_step
+
+
+def test_amp_step_check_passes_the_solution():
+    ex10.check_amp_step(solution("amp_step"))
+    ex10.check_amp_step(make_amp())
+
+
+@pytest.mark.parametrize("fn, hint", [
+    (make_amp(via_scaler=False), "scaler.step(optimizer)"),
+    (make_amp(update=False), "call scaler.update()"),
+    (make_amp(unscale=False), "unscale before clipping"),
+    (make_amp(scale=False), "backward the SCALED loss"),
+    (make_amp(zero=False), "zero the gradients"),
+    (make_amp(dtype=torch.bfloat16), "dtype=torch.float16"),
+    (stub, "not implemented yet"),
+])
+def test_amp_step_check_names_the_mistake(fn, hint):
+    fails_with(ex10.check_amp_step, fn, hint)

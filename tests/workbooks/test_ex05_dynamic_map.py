@@ -64,3 +64,24 @@ def test_nearest_code_keeps_shape_and_handles_empty(workbook):
     assert out.shape == (2, 3, 4) and out.dtype == torch.uint8
     assert torch.equal(out, nearest_code(x, dynamic_map(True)))
     assert fn(torch.empty(0), dynamic_map(True)).numel() == 0
+
+
+def test_decode_code_rebuilds_both_maps_from_the_bits(workbook):
+    decode = workbook("05").decode_code
+    for signed in (True, False):
+        values = torch.tensor([decode(i, signed=signed)[3] for i in range(256)], dtype=torch.float64)
+        assert torch.allclose(values, dynamic_map(signed).double(), rtol=2e-6, atol=0)
+
+
+def test_decode_code_fields_follow_the_tree_layout(workbook):
+    decode = workbook("05").decode_code
+    assert decode(127) == (0, 0, 0, 0.0) and decode(0, signed=False) == (0, 0, 0, 0.0)
+    assert decode(255)[:3] == (1, 7, 0) and decode(255, signed=False)[:3] == (1, 7, 0)
+    assert decode(128)[:3] == (1, 0, 0) and decode(126)[:3] == (-1, 0, 0)  # decade 0: one value each side
+    decades = [decode(i)[1] for i in range(128, 255)]
+    assert [decades.count(d) for d in range(7)] == [1, 2, 4, 8, 16, 32, 64]
+    decades = [decode(i, signed=False)[1] for i in range(1, 255)]
+    assert [decades.count(d) for d in range(7)] == [2, 4, 8, 16, 32, 64, 128]
+    for i in range(127):  # negatives mirror positives
+        s, d, k, v = decode(i)
+        assert (s, d, k) == (-1, *decode(254 - i)[1:3]) and v == -decode(254 - i)[3]

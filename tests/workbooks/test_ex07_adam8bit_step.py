@@ -1,5 +1,7 @@
 """Workbook 07 · the 8-bit step: unit tests of the learner's function (run: -m ex07)."""
 
+import copy
+
 import pytest
 import torch
 
@@ -105,3 +107,45 @@ def test_zero_gradient_on_fresh_states_only_decays(workbook):
        blocksize=64)
     torch.testing.assert_close(p, before * (1 - 0.1 * 0.2))
     assert torch.equal(states[2], torch.zeros(5)) and torch.equal(states[3], torch.zeros(5))
+
+
+def test_my_adam8bit_matches_the_library_and_keeps_small_tensors_fp32(workbook):
+    from adam8lib.optim import Adam8bit
+
+    cls = workbook("07").MyAdam8bit
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 4))
+    twin = copy.deepcopy(model)
+    ours, ref = cls(model.parameters(), lr=3e-3, weight_decay=0.01), Adam8bit(twin.parameters(), lr=3e-3, weight_decay=0.01, backend="torch")
+    x, y = torch.randn(32, 64), torch.randint(0, 4, (32,))
+    for net, opt in ((model, ours), (twin, ref)):
+        for _ in range(5):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(net(x), y).backward()
+            opt.step()
+    for a, b in zip(model.parameters(), twin.parameters()):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+    w, b = model[0].weight, model[0].bias
+    assert ours.state[w]["state1"].dtype == torch.uint8 and ours.state[w]["absmax1"].numel() == 32
+    assert ours.state[b]["exp_avg"].dtype == torch.float32 and "state1" not in ours.state[b]
+    assert ours.state[w]["step"] == 5
+
+
+def test_my_adam8bit_min_8bit_size_and_blocksize_are_per_group(workbook):
+    cls = workbook("07").MyAdam8bit
+    a, b = torch.nn.Parameter(torch.randn(1024)), torch.nn.Parameter(torch.randn(1024))
+    opt = cls([dict(params=[a], min_8bit_size=1024, blocksize=64), dict(params=[b])])
+    a.grad, b.grad = torch.randn(1024), torch.randn(1024)
+    opt.step()
+    assert opt.state[a]["state1"].dtype == torch.uint8 and opt.state[a]["absmax1"].numel() == 16
+    assert "exp_avg" in opt.state[b]
+
+
+def test_stable_embedding_is_normalised_and_xavier(workbook):
+    cls = workbook("07").StableEmbedding
+    torch.manual_seed(0)
+    m = cls(500, 32)
+    out = m(torch.arange(10))
+    assert out.shape == (10, 32)
+    assert torch.allclose(out.mean(-1), torch.zeros(10), atol=1e-5)  # LayerNorm at init: zero mean, unit variance
+    assert m.embedding.weight.abs().max() <= (6 / 532) ** 0.5 + 1e-6

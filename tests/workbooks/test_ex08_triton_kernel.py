@@ -58,3 +58,40 @@ def test_dequantize_kernel_single_short_block(workbook):
     out = torch.empty(3, device=DEVICE)
     kernel[(1,)](codes.to(DEVICE), absmax.to(DEVICE), dynamic_map(True).to(DEVICE), out, 3, BLOCK=64)
     assert torch.equal(out.cpu(), dequantize_blockwise(codes, absmax, None, 64))
+
+
+@pytest.mark.parametrize("n, bs, signed", [(1, 64, True), (130, 64, False), (2049, 2048, True)])
+def test_quantize_kernel_equals_the_library(workbook, n, bs, signed):
+    kernel = workbook("08").quantize_kernel
+    qmap = dynamic_map(signed)
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n)) ** 3
+    x = x if signed else x.abs()
+    want, absmax = quantize_blockwise(x, qmap, bs)
+    out = torch.zeros(n, dtype=torch.uint8, device=DEVICE)
+    kernel[(absmax.numel(),)](x.to(DEVICE), absmax.to(DEVICE), qmap.to(DEVICE), out, n, BLOCK=bs)
+    assert torch.equal(out.cpu(), want)
+
+
+def test_quantize_kernel_round_trips_the_map_itself(workbook):
+    """Every map entry (absmax 1) must come back as its own code."""
+    kernel = workbook("08").quantize_kernel
+    for signed in (True, False):
+        qmap = dynamic_map(signed)
+        out = torch.zeros(256, dtype=torch.uint8, device=DEVICE)
+        kernel[(1,)](qmap.to(DEVICE), torch.ones(1, device=DEVICE), qmap.to(DEVICE), out, 256, BLOCK=256)
+        assert torch.equal(out.cpu().long(), torch.arange(256))
+
+
+def test_ema_requantize_kernel_tracks_the_fp32_ema(workbook):
+    """Ten fused 8-bit EMA steps stay within a few percent of the same EMA kept in fp32."""
+    kernel = workbook("08").ema_requantize_kernel
+    qmap, n, bs = dynamic_map(True), 700, 256
+    gen = torch.Generator().manual_seed(0)
+    codes, absmax = quantize_blockwise(torch.zeros(n), qmap, bs)
+    codes, absmax, m = codes.to(DEVICE), absmax.to(DEVICE), torch.zeros(n)
+    for _ in range(10):
+        g = torch.randn(n, generator=gen) * 0.1 + 0.05
+        m = 0.9 * m + 0.1 * g
+        kernel[(absmax.numel(),)](codes, absmax, g.to(DEVICE), qmap.to(DEVICE), n, 0.9, BLOCK=bs)
+    approx = dequantize_blockwise(codes.cpu(), absmax.cpu(), qmap, bs)
+    assert (approx - m).norm() / m.norm() < 0.05

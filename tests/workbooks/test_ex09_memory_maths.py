@@ -65,3 +65,33 @@ def test_training_memory_of_distilbert_on_the_meta_device(workbook):
     assert round(adamw["optimizer"] / 2**20, 1) == 501.9
     assert 125 < eight["optimizer"] / 2**20 < 128.5  # the small tensors keep fp32 states
     assert adamw["total"] / eight["total"] == pytest.approx(16 / (8 + 2 + 8 / 256), rel=0.01)
+
+
+def test_adamw_state_elements_is_the_seed_number_and_matches_a_real_adamw(workbook):
+    from adam8lib.course.checks.ex09_memory_maths import _ShapesModel, distilbert_shapes
+
+    fn = workbook("09").adamw_state_elements
+    assert fn(_ShapesModel(distilbert_shapes())) == 131_566_188 == 2 * DISTILBERT + 104
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 1))
+    model[2].bias.requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+    model(torch.randn(3, 5)).sum().backward()
+    opt.step()
+    assert fn(model) == sum(v.numel() for s in opt.state.values() for v in s.values())
+
+
+def test_seed_adam8bit_groups_and_hyperparameters(workbook):
+    from types import SimpleNamespace
+
+    import bitsandbytes as bnb
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 2))
+    args = SimpleNamespace(learning_rate=5e-5, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, weight_decay=0.0)
+    opt = workbook("09").seed_adam8bit(model, args)
+    assert isinstance(opt, bnb.optim.Adam8bit)
+    decayed = {id(p) for g in opt.param_groups if g["weight_decay"] == 0.0 for p in g["params"]}
+    assert len(decayed) == 6  # TrainingArguments' default weight_decay is 0.0: nothing decays at all
+    args.weight_decay = 0.01
+    opt = workbook("09").seed_adam8bit(model, args)
+    decays = [p for g in opt.param_groups if g["weight_decay"] == 0.01 for p in g["params"]]
+    assert {id(p) for p in decays} == {id(model[0].weight), id(model[2].weight)}

@@ -104,3 +104,38 @@ def test_training_step_advances_the_scheduler_once_per_call(workbook):
     for _ in range(3):
         step(model, batch(), opt, sched)
     assert sched.last_epoch == 3 and opt.param_groups[0]["lr"] == pytest.approx(0.1 / 4)
+
+
+def test_amp_step_skips_an_overflow_and_halves_the_scale(workbook):
+    from adam8lib.course.checks.ex10_finetune import _TinyClassifier, _batches
+
+    amp_step = workbook("10").amp_step
+    torch.manual_seed(0)
+    model = _TinyClassifier()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
+    batch = _batches(1)[0]
+    amp_step(model, batch, opt, scaler, 1.0)
+    before = [p.detach().clone() for p in model.parameters()]
+    loss = amp_step(model, {**batch, "overflow": True}, opt, scaler, 1.0)
+    assert loss == float("inf") and scaler.get_scale() == 128.0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(p.grad is None for p in model.parameters())  # zeroed for the next step
+
+
+def test_train_epoch_learns_a_separable_problem(workbook):
+    from adam8lib.course.checks.ex10_finetune import _TinyClassifier
+    from adam8lib.course.finetune import fresh_accelerator
+
+    train_epoch = workbook("10").train_epoch
+    torch.manual_seed(0)
+    model = _TinyClassifier()
+    x = torch.randn(64, 6)
+    batches = [{"x": x[i:i + 16], "labels": (x[i:i + 16, 0] > 0).long()} for i in range(0, 64, 16)]
+    opt = torch.optim.Adam(model.parameters(), lr=0.02)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    accelerator = fresh_accelerator(cpu=True)
+    first = train_epoch(accelerator, model, opt, batches, sched)
+    for _ in range(10):
+        last = train_epoch(accelerator, model, opt, batches, sched)
+    assert len(first) == 4 and sum(last) < 0.5 * sum(first)

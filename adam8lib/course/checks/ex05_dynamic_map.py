@@ -11,7 +11,7 @@ from ...quant import dynamic_map, linear_map, nearest_code
 from ._common import assert_equal, call, fail, passed, require_callable
 from ._variants import matches
 
-__all__ = ["check_dynamic_map", "check_nearest_code"]
+__all__ = ["check_dynamic_map", "check_nearest_code", "check_decode_code", "decode_fields"]
 
 
 def _bnb_map(signed: bool) -> torch.Tensor | None:
@@ -152,3 +152,76 @@ def check_nearest_code(nearest_code_fn) -> None:
                     break
             assert_equal(got, want, what=what, hint=hint)
     passed("Exercise 05.2 · Nearest-code lookup")
+
+
+# ---------------------------------------------------------------------------- 05.3
+def decode_fields(index: int, signed: bool = True, *, midpoints: bool = True, offset: int = 6,
+                  mirror: bool = True, unsigned_double: bool = True) -> tuple[int, int, int, float]:
+    """(sign, decade, fraction, value) of map entry ``index``, read from the index's bits.
+
+    Positive entries of the signed map sit at 128…254 (255 is 1.0, 127 is 0.0); with
+    ``j = index - 128`` the 7-bit number ``j + 1`` is the tree code: its leading 1 is at bit
+    ``decade`` (so ``6 - decade`` zeros before it) and the bits after it are the fraction ``k``.
+    Negative entries mirror the positive ones: ``index`` and ``254 - index``. The unsigned map
+    has no sign bit, so one more fraction bit: ``j = index - 1`` and ``j + 2`` is the code. The
+    value is ``sign * 10**(decade - 6) * (g_k + g_{k+1}) / 2`` on the grid ``g`` of lesson 05.
+    The keyword arguments build the usual wrong readings (for the check's hints).
+    """
+    last = 255
+    if index == last:
+        return 1, 7, 0, 1.0
+    if signed:
+        if index == 127:
+            return 0, 0, 0, 0.0
+        sign = 1 if index > 127 else -1
+        j = index - 128 if sign > 0 else ((126 - index) if mirror else (index))
+        code = j + 1
+    else:
+        if index == 0:
+            return 0, 0, 0, 0.0
+        sign, j = 1, index - 1
+        code = j + 2 if unsigned_double else j + 1
+    lead = code.bit_length() - 1
+    decade = lead - 1 if (not signed and unsigned_double) else lead
+    k = code - (1 << lead)
+    n = 1 << lead  # values in this decade
+    frac = (2 * k + 1) / (2 * n) if midpoints else k / max(n - 1, 1)
+    value = sign * 10.0 ** (decade - offset) * (0.1 + 0.9 * frac)
+    return sign, decade, k, value
+
+
+def check_decode_code(decode_code) -> None:
+    """``decode_code(index, signed=True)`` -> ``(sign, decade, fraction, value)`` for all 512 entries."""
+    require_callable(decode_code, "decode_code")
+    wrong = [
+        ("each value is the *midpoint* of two neighbouring grid points: 0.1 + 0.9 * (2k + 1) / (2n), "
+         "not the grid point 0.1 + 0.9 * k / (n - 1).", dict(midpoints=False)),
+        ("decade i is scaled by 10**(i - 6): decade 6 covers [0.1, 1], decade 0 is 5.5e-7.", dict(offset=7)),
+        ("decade i is scaled by 10**(i - 6): decade 6 covers [0.1, 1], decade 0 is 5.5e-7.", dict(offset=5)),
+        ("negative codes mirror the positive ones: index 126 is the *smallest* negative magnitude "
+         "(j = 126 - index), index 0 the largest.", dict(mirror=False)),
+        ("the unsigned map has no sign bit, so each decade has one more fraction bit: "
+         "j = index - 1 and the tree code is j + 2 (decade i holds 2**(i+1) values).", dict(unsigned_double=False)),
+    ]
+    for signed in (True, False):
+        table = dynamic_map(signed)
+        for index in range(256):
+            got = call(decode_code, index, signed=signed)
+            what = f"decode_code({index}, signed={signed})"
+            if not isinstance(got, tuple) or len(got) != 4:
+                fail(f"{what} returned {got!r}", "return a tuple (sign, decade, fraction, value).")
+            want = decode_fields(index, signed)
+            if matches(float(got[3]), float(table[index]), rtol=2e-6, atol=0) and tuple(got[:3]) == want[:3]:
+                continue
+            for hint, kwargs in wrong:
+                alt = decode_fields(index, signed, **kwargs)
+                if alt[3] != want[3] and matches(float(got[3]), alt[3], rtol=2e-6, atol=0):
+                    fail(f"{what}: value {got[3]!r}, expected {float(table[index])!r} (the map's entry)", hint)
+            if not matches(float(got[3]), float(table[index]), rtol=2e-6, atol=0):
+                fail(f"{what}: value {got[3]!r}, expected {float(table[index])!r} (the map's entry)",
+                     "read the fields first: sign, then the leading 1 of the tree code (its position is the "
+                     "decade), then the bits after it (the fraction k); compare with dynamic_map(signed)[index].")
+            fail(f"{what}: fields {tuple(got[:3])!r}, expected (sign, decade, fraction) = {want[:3]!r}",
+                 "sign is -1/0/+1 (0 only for the zero code), decade 0…6 (7 for the code of 1.0), fraction "
+                 "k = the bits after the leading 1 (0 for 0.0 and 1.0).")
+    passed("Exercise 05.3 · Decode a code")

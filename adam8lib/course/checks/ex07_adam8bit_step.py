@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 
 import torch
@@ -10,7 +11,7 @@ from ...kernels.reference import adam8bit_step
 from ...quant import dequantize_blocks, dynamic_map, nearest_code, num_blocks, quantize_blocks
 from ._common import assert_close, call, fail, passed, require_callable
 
-__all__ = ["check_adam8bit_step"]
+__all__ = ["check_adam8bit_step", "check_adam8bit_optimizer", "check_stable_embedding"]
 
 _FIELDS = ("p", "state1", "state2", "absmax1", "absmax2")
 
@@ -156,3 +157,146 @@ def check_adam8bit_step(adam8bit_step_fn) -> None:
             assert_close(a.float(), e.float(), what=f"{what}: {bad}", hint=hint, rtol=tol, atol=tol * 1e-2)
             fail(f"{what}: {bad} differs from the reference in more codes than rounding explains.", hint)
     passed("Exercise 07.1 · The 8-bit Adam step")
+
+
+# ---------------------------------------------------------------------------- 07.2
+def _optimizer_params(seed: int = 0) -> list[torch.nn.Parameter]:
+    """8192 (8-bit), exactly 4096 (8-bit: the threshold is inclusive), 4095 and 32 elements (fp32), one without grad."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(64, 128), (128, 32), (4095,), (32,), (16,)]
+    return [torch.nn.Parameter(torch.randn(s, generator=gen) * 0.1) for s in shapes]
+
+
+def _groups(params, **overrides):
+    first = dict(params=params[:2], lr=1e-2, weight_decay=0.1)
+    second = dict(params=params[2:], lr=5e-3, betas=(0.8, 0.99), weight_decay=0.0)
+    return [{**first, **overrides}, {**second, **overrides}] if overrides else [first, second]
+
+
+def _run(make, steps: int, params, *, grad_seed: int = 1, start: int = 0):
+    opt = make(params)
+    gen = torch.Generator().manual_seed(grad_seed)
+    for _ in range(start):
+        [torch.randn(p.shape, generator=gen) for p in params[:4]]
+    for _ in range(steps):
+        for p in params[:4]:  # the last parameter never gets a gradient
+            p.grad = torch.randn(p.shape, generator=gen) * 0.01
+        opt.step()
+    return opt
+
+
+def _reference(params, **overrides):
+    from ...optim import Adam8bit
+
+    return Adam8bit(_groups(params, **overrides), backend="torch")
+
+
+def _same(a, b) -> bool:
+    return all(torch.allclose(x.detach(), y.detach(), rtol=1e-4, atol=1e-6) for x, y in zip(a, b))
+
+
+def check_adam8bit_optimizer(optimizer_class) -> None:
+    """``optimizer_class(params_or_groups, lr, betas, eps, weight_decay, blocksize=256, min_8bit_size=4096)``."""
+    require_callable(optimizer_class, "the optimizer class")
+    name = getattr(optimizer_class, "__name__", "your optimizer")
+    params = _optimizer_params()
+    before = [p.detach().clone() for p in params]
+    opt = call(lambda: _run(lambda ps: optimizer_class(_groups(ps)), 3, params))
+    if not isinstance(opt, torch.optim.Optimizer):
+        fail(f"{name}(...) is a {type(opt).__name__}", "subclass torch.optim.Optimizer and call super().__init__(params, defaults).")
+    if not torch.equal(params[4], before[4]) or opt.state.get(params[4]):
+        fail(f"{name}: a parameter without a gradient changed or got a state", "skip parameters whose .grad is None.")
+    for p, kind in zip(params[:4], ("8-bit", "8-bit", "fp32", "fp32")):
+        tensors = [v for v in opt.state[p].values() if torch.is_tensor(v) and v.numel() > 1]
+        has_codes = any(v.dtype == torch.uint8 and v.numel() == p.numel() for v in tensors)
+        if kind == "8-bit" and not has_codes:
+            fail(f"{name}: the {p.numel()}-element parameter has no uint8 codes in its state",
+                 "min_8bit_size is inclusive: a tensor with n >= min_8bit_size elements (4096 too) gets 8-bit states"
+                 if p.numel() == 4096 else "keep the two states of a large tensor as uint8 codes (+ fp32 absmax per block) in self.state[p].")
+        if kind == "fp32" and (has_codes or not any(v.dtype == torch.float32 and v.shape == p.shape for v in tensors)):
+            fail(f"{name}: the {p.numel()}-element parameter should keep fp32 states exp_avg/exp_avg_sq",
+                 "tensors with fewer than min_8bit_size elements keep fp32 states (and the plain fp32 Adam update).")
+    ref_params = _optimizer_params()
+    _run(_reference, 3, ref_params)
+    if not _same(params, ref_params):
+        variants = [
+            ("read lr, betas, eps and weight_decay from each param group (group['lr'], group['betas'], …), not from the defaults.",
+             dict(lr=1e-3, betas=(0.9, 0.999), weight_decay=0.0)),
+            ("apply each group's weight_decay (decoupled: p *= 1 - lr * weight_decay, inside the step).", dict(weight_decay=0.0)),
+        ]
+        for hint, kw in variants:
+            alt = _optimizer_params()
+            _run(lambda ps, kw=kw: _reference(ps, **kw), 3, alt)
+            if _same(params, alt):
+                fail(f"{name}: parameters after 3 steps differ from adam8lib.optim.Adam8bit", hint)
+        fail(f"{name}: parameters after 3 steps differ from adam8lib.optim.Adam8bit (groups with different lr, "
+             "betas, weight_decay; 8-bit and fp32 tensors)",
+             "keep a step count per parameter in self.state[p] and increase it before each update (bias correction "
+             "uses it); call the 8-bit step on flat views p.view(-1), p.grad.view(-1) and write into the state in place.")
+    # state_dict round trip: two steps, save, load into a fresh optimizer, one more step on both
+    a_params, b_params = _optimizer_params(), _optimizer_params()
+    a = _run(lambda ps: optimizer_class(_groups(ps)), 2, a_params)
+    buffer = io.BytesIO()  # a checkpoint on disk, as in real life (and no tensor shared with `a`)
+    torch.save(a.state_dict(), buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+    for pa, pb in zip(a_params, b_params):
+        pb.data.copy_(pa.data)
+    b = optimizer_class(_groups(b_params))
+    call(b.load_state_dict, saved)
+    for opt_, ps in ((a, a_params), (b, b_params)):
+        gen = torch.Generator().manual_seed(7)
+        for p in ps[:4]:
+            p.grad = torch.randn(p.shape, generator=gen) * 0.01
+        opt_.step()
+    if not _same(a_params, b_params):
+        fail(f"{name}: after state_dict() / load_state_dict() the next step differs from the original optimizer's",
+             "keep every state (codes, absmax, fp32 moments, the step count) in self.state[p]: that is what "
+             "state_dict() saves; attributes of your own (self.codes = {...}) are lost.")
+    passed("Exercise 07.2 · The Adam8bit optimizer")
+
+
+# ---------------------------------------------------------------------------- 07.3
+def check_stable_embedding(stable_embedding_class) -> None:
+    """``StableEmbedding(num_embeddings, embedding_dim)``: xavier-uniform Embedding + LayerNorm, 32-bit optimizer states."""
+    require_callable(stable_embedding_class, "StableEmbedding")
+    torch.manual_seed(0)
+    module = call(stable_embedding_class, 1000, 64)
+    emb, norm = getattr(module, "embedding", None), getattr(module, "norm", None)
+    if not isinstance(emb, torch.nn.Embedding) or not isinstance(norm, torch.nn.LayerNorm):
+        fail(f"StableEmbedding has embedding={type(emb).__name__}, norm={type(norm).__name__}",
+             "keep the table in self.embedding (an nn.Embedding) and the LayerNorm in self.norm.")
+    w = emb.weight.detach()
+    bound = math.sqrt(6.0 / (1000 + 64))
+    if w.abs().max() > bound * 1.0001 or not (0.9 < w.std().item() * math.sqrt(3) / bound < 1.1):
+        fail(f"embedding weights: std {w.std().item():.4f}, max |w| {w.abs().max().item():.3f}; "
+             f"xavier-uniform gives std {bound / math.sqrt(3):.4f}, |w| <= {bound:.3f}",
+             "initialise the table with nn.init.xavier_uniform_(self.embedding.weight) (nn.Embedding's default is N(0, 1)).")
+    x = torch.tensor([[1, 5, 999], [0, 0, 42]])
+    out = call(module, x)
+    want = torch.nn.functional.layer_norm(w[x], (64,), norm.weight.detach(), norm.bias.detach(), norm.eps)
+    if isinstance(out, torch.Tensor) and out.shape == want.shape and torch.allclose(out, w[x]):
+        fail("StableEmbedding(x) returns the looked-up vectors unchanged", "apply self.norm to the looked-up vectors.")
+    assert_close(out, want, what="StableEmbedding(x)", hint="return self.norm(self.embedding(x)).")
+    try:
+        import contextlib as _cl
+        import io as _io
+
+        with _cl.redirect_stderr(_io.StringIO()), _cl.redirect_stdout(_io.StringIO()):
+            import bitsandbytes as bnb
+    except Exception:  # noqa: BLE001 - no bitsandbytes: the 32-bit override cannot be checked here
+        bnb = None
+    if bnb is not None:
+        # forget earlier registrations: they are keyed by id(parameter), and ids of dead modules get reused
+        bnb.optim.GlobalOptimManager.get_instance().initialize()
+        torch.manual_seed(0)
+        module = stable_embedding_class(1000, 64)
+        opt = bnb.optim.Adam8bit(module.parameters(), lr=1e-3)
+        module(x).pow(2).sum().backward()
+        opt.step()
+        state = opt.state[module.embedding.weight]
+        if state["state1"].dtype != torch.float32:
+            fail(f"bitsandbytes' Adam8bit keeps the embedding's state as {state['state1'].dtype}",
+                 "register the table for 32-bit optimizer states in __init__: bnb.optim.GlobalOptimManager.get_instance()"
+                 ".register_module_override(self.embedding, 'weight', {'optim_bits': 32}).")
+    passed("Exercise 07.3 · The stable embedding")

@@ -16,7 +16,7 @@ from ...quant import dequantize_blockwise, dynamic_map, num_blocks, quantize_blo
 from ._common import assert_close, call, fail, passed, require_callable
 from ._variants import diagnose
 
-__all__ = ["check_absmax_kernel", "check_dequantize_kernel"]
+__all__ = ["check_absmax_kernel", "check_dequantize_kernel", "check_quantize_kernel", "check_ema_requantize_kernel"]
 
 _PAD = 512  # sentinel elements after every buffer
 _SIZES = [(1000, 256), (256, 256), (5, 64), (4097, 512), (300, 128)]
@@ -124,3 +124,118 @@ def check_dequantize_kernel(dequantize_kernel) -> None:
                 rtol=0, atol=0)
             assert_close(out.cpu(), want, what=what, hint=hint, rtol=1e-6, atol=0)
     passed("Exercise 08.2 · A Triton blockwise dequantization kernel")
+
+
+def _codes_report(got: torch.Tensor, want: torch.Tensor, qmap: torch.Tensor, x: torch.Tensor) -> str:
+    bad = (got.long() != want.long()).nonzero().flatten()
+    i = int(bad[0])
+    return (f"{bad.numel()} of {want.numel()} codes differ; first at {i}: x/absmax = {float(x[i]):.6g}, "
+            f"got code {int(got[i])} (map value {float(qmap[int(got[i])]):.6g}), "
+            f"expected {int(want[i])} (map value {float(qmap[int(want[i])]):.6g})")
+
+
+# ---------------------------------------------------------------------------- 08.3
+def check_quantize_kernel(quantize_kernel) -> None:
+    """``quantize_kernel[(nb,)](x_ptr, absmax_ptr, qmap_ptr, codes_ptr, n, BLOCK=blocksize)``: nearest codes."""
+    require_callable(quantize_kernel, "quantize_kernel")
+    device = _device_for(quantize_kernel)
+    gen = torch.Generator().manual_seed(83)
+    for signed in (True, False):
+        qmap = dynamic_map(signed)
+        for n, bs in _SIZES[:4]:
+            x = torch.randn(n, generator=gen) * torch.rand(n, generator=gen) ** 4
+            x = x if signed else x.abs()
+            if n >= 2 * bs:
+                x[:bs] = 0.0  # an all-zero block: absmax 0
+            want, absmax = quantize_blockwise(x, qmap, bs)
+            nb = absmax.numel()
+            if n >= 3 * bs:  # exact ties between two map entries, in a block whose absmax is 1
+                x[bs: 2 * bs] = 0.0
+                x[bs] = 1.0
+                x[bs + 1: bs + 9] = (qmap[200:208] + qmap[201:209]) / 2
+                want, absmax = quantize_blockwise(x, qmap, bs)
+            _, x_view = _padded(x.to(device), 0.5)
+            _, absmax_view = _padded(absmax.to(device), 1e6)
+            out_buf, out = _padded(torch.zeros(n, dtype=torch.uint8, device=device), 77)
+            _launch(quantize_kernel, (nb,), x_view, absmax_view, qmap.to(device), out, n, BLOCK=bs)
+            what = f"quantize_kernel on {n} values, blocksize {bs} ({'signed' if signed else 'unsigned'} map)"
+            if bool((out_buf[n:] != 77).any()):
+                fail(f"{what} wrote past the end of the codes.", hint="mask the store: tl.store(codes_ptr + offs, codes, mask=offs < n).")
+            got = out.cpu()
+            if out.dtype != torch.uint8 or torch.equal(got, want):
+                continue
+            scaled = x / torch.where(absmax > 0, absmax, torch.ones(())).repeat_interleave(bs)[:n]
+            report = _codes_report(got, want, qmap, scaled)
+            zero_block = n >= 2 * bs and not torch.equal(got[:bs], want[:bs])
+            lo = torch.searchsorted(qmap, scaled.contiguous(), right=True).clamp(min=1) - 1  # last entry <= x
+            hint = diagnose(got.long(), [
+                ("an all-zero block has absmax 0: divide by tl.where(absmax > 0, absmax, 1.0), or 0/0 gives NaN codes.",
+                 lambda: want.long() if not zero_block else None),
+                ("on an exact tie between two map entries take the LOWER index: move up only when the upper entry is "
+                 "strictly closer (above - x < x - below).",
+                 lambda: torch.where((qmap[(lo + 1).clamp(max=255)] - scaled) <= (scaled - qmap[lo]), (lo + 1).clamp(max=255), lo)),
+                ("the binary search gives the last entry <= x; the nearest entry is that one or the next: compare both.",
+                 lambda: lo),
+            ], "normalise by the block's absmax, binary-search the sorted map (8 halvings: 128, 64, …, 1), then pick the "
+               "nearer of the two neighbours (ties: the lower index).", rtol=0, atol=0)
+            if zero_block:
+                hint = ("an all-zero block has absmax 0: divide by tl.where(absmax > 0, absmax, 1.0), or 0/0 gives "
+                        "NaN and a wrong code.")
+            fail(f"{what}: {report}", hint)
+        # a uint8 output, not int32 written into a uint8 buffer by accident
+    passed("Exercise 08.3 · A Triton nearest-code kernel (binary search)")
+
+
+# ---------------------------------------------------------------------------- 08.4
+def ema_requantize_reference(codes, absmax, g, qmap, beta, blocksize):
+    """The fused 8-bit EMA of one state: dequantize, m = beta m + (1 - beta) g in fp32, new absmax, requantize."""
+    m = dequantize_blockwise(codes, absmax, qmap, blocksize)
+    b = torch.tensor(beta, dtype=torch.float32)
+    m = b * m + (1 - b) * g
+    return quantize_blockwise(m, qmap, blocksize)
+
+
+def check_ema_requantize_kernel(ema_requantize_kernel) -> None:
+    """``ema_requantize_kernel[(nb,)](codes_ptr, absmax_ptr, g_ptr, qmap_ptr, n, beta, BLOCK=blocksize)``, in place."""
+    require_callable(ema_requantize_kernel, "ema_requantize_kernel")
+    device = _device_for(ema_requantize_kernel)
+    gen = torch.Generator().manual_seed(84)
+    qmap = dynamic_map(True)
+    for n, bs in _SIZES[:4]:
+        m0 = torch.randn(n, generator=gen) * 0.01
+        codes, absmax = quantize_blockwise(m0, qmap, bs)
+        g = torch.randn(n, generator=gen) * 0.02
+        if n >= 2 * bs:
+            codes[:bs], absmax[0], g[:bs] = 127, 0.0, 0.0  # a block that stays all zero
+        beta = 0.9
+        want_codes, want_absmax = ema_requantize_reference(codes, absmax, g, qmap, beta, bs)
+        nb = absmax.numel()
+        codes_buf, codes_view = _padded(codes.to(device), 0)
+        absmax_buf, absmax_view = _padded(absmax.to(device), 1e6)
+        _, g_view = _padded(g.to(device), 1e3)
+        _launch(ema_requantize_kernel, (nb,), codes_view, absmax_view, g_view, qmap.to(device), n, beta, BLOCK=bs)
+        what = f"ema_requantize_kernel on {n} values, blocksize {bs}"
+        if bool((codes_buf[n:] != 0).any()) or bool((absmax_buf[nb:] != 1e6).any()):
+            fail(f"{what} wrote past the end of the codes or of the absmax.",
+                 hint="mask the code store with offs < n, and store one absmax per program (absmax_ptr + pid).")
+        got_codes, got_absmax = codes_view.cpu(), absmax_view.cpu()
+        m_new = dequantize_blockwise(codes, absmax, qmap, bs) * beta + (1 - beta) * g
+        blocks = torch.nn.functional.pad(m_new, (0, nb * bs - n)).view(nb, bs)
+        tail = torch.cat([m_new, qmap[0] * absmax[-1] * beta + torch.zeros(nb * bs - n)]).view(nb, bs)
+        hint = diagnose(got_absmax, [
+            ("masked lanes must not count in the new absmax: set them to 0 (m = tl.where(mask, m, 0.0)) before "
+             "tl.max — a masked code load with other=0 reads map entry 0 = -0.99 * absmax.",
+             lambda: tail.abs().amax(1)),
+            ("the new absmax is the largest MAGNITUDE of the updated state: tl.max(tl.abs(m), axis=0).",
+             lambda: blocks.amax(1)),
+            ("the new absmax is taken AFTER the update (m = beta * m + (1 - beta) * g), not from the old state.",
+             lambda: absmax),
+        ], "absmax[pid] = max |beta * m + (1 - beta) * g| over the block's valid elements.", rtol=1e-6, atol=0)
+        assert_close(got_absmax, want_absmax, what=f"{what}: the new absmax", hint=hint, rtol=1e-6, atol=0)
+        if not torch.equal(got_codes, want_codes):
+            differ = (got_codes.long() - want_codes.long()).abs()
+            if differ.max() > 1 or (differ > 0).float().mean() > 0.002:
+                scaled = m_new / torch.where(want_absmax > 0, want_absmax, torch.ones(())).repeat_interleave(bs)[:n]
+                fail(f"{what}: {_codes_report(got_codes, want_codes, qmap, scaled)}",
+                     "requantize the updated state with the NEW absmax: nearest code of m / absmax_new (your 08.3 search).")
+    passed("Exercise 08.4 · A fused 8-bit EMA kernel")

@@ -11,7 +11,7 @@ from ..finetune import DISTILBERT_NUM_PARAMS
 from ._common import call, fail, passed, require_callable
 from ._variants import expect_close
 
-__all__ = ["check_state_megabytes", "check_training_memory", "distilbert_shapes"]
+__all__ = ["check_state_megabytes", "check_training_memory", "check_adamw_state_elements", "check_seed_adam8bit", "distilbert_shapes"]
 
 
 def distilbert_shapes(vocab_size: int = 28996, dim: int = 768, hidden: int = 3072, layers: int = 6,
@@ -116,3 +116,100 @@ def check_training_memory(training_memory) -> None:
         fail(f"training_memory(DistilBERT, 'adam8bit') with the defaults gives {mib:.1f} MiB of state.",
              hint="the defaults are blocksize=256 and min_8bit_size=4096, as in bitsandbytes.")
     passed("Exercise 09.2 · A full training memory budget")
+
+
+# ---------------------------------------------------------------------------- 09.3
+def _adamw_elements(model, *, steps=True, frozen=False, per_param_step=False) -> int:
+    params = [p for p in model.parameters() if frozen or p.requires_grad]
+    return sum(2 * p.numel() + ((p.numel() if per_param_step else 1) if steps else 0) for p in params)
+
+
+def _small_models():
+    mlp = torch.nn.Sequential(torch.nn.Linear(10, 20), torch.nn.LayerNorm(20), torch.nn.Linear(20, 3))
+    frozen = torch.nn.Sequential(torch.nn.Embedding(50, 8), torch.nn.Linear(8, 2))
+    frozen[0].weight.requires_grad_(False)  # a frozen embedding: AdamW never sees a gradient for it
+    return [("an MLP", mlp), ("a model with a frozen embedding", frozen)]
+
+
+def check_adamw_state_elements(adamw_state_elements) -> None:
+    """``adamw_state_elements(model)`` -> elements in torch AdamW's state after one step (the seed's 131,566,188)."""
+    require_callable(adamw_state_elements, "adamw_state_elements")
+    cases = [*_small_models(), ("DistilBERT (meta tensors)", _ShapesModel(distilbert_shapes()))]
+    for label, model in cases:
+        if label != "DistilBERT (meta tensors)":  # measure the truth on a real AdamW
+            opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+            for p in model.parameters():
+                if p.requires_grad:
+                    p.grad = torch.ones_like(p)
+            opt.step()
+            truth = sum(v.numel() for s in opt.state.values() for v in s.values() if torch.is_tensor(v))
+            assert truth == _adamw_elements(model), (label, truth)
+        got = call(adamw_state_elements, model)
+        expect_close(got, _adamw_elements(model), what=f"adamw_state_elements({label})", rtol=0, atol=0,
+                     default="per trainable parameter tensor: exp_avg and exp_avg_sq (numel each) + one 1-element step tensor.",
+                     variants=[
+                         ("torch's AdamW also keeps a `step` counter per parameter tensor, as a 1-element tensor: "
+                          "2 * numel + 1 per tensor (the seed's 131,566,188 = 2 * 65,783,042 + 104 tensors).",
+                          lambda: _adamw_elements(model, steps=False)),
+                         ("frozen parameters (requires_grad=False) get no gradient and no state.",
+                          lambda: _adamw_elements(model, frozen=True)),
+                         ("frozen parameters (requires_grad=False) get no gradient and no state.",
+                          lambda: _adamw_elements(model, frozen=True, steps=False)),
+                         ("the step counter is one element per tensor, not one per parameter.",
+                          lambda: _adamw_elements(model, per_param_step=True)),
+                     ])
+    passed("Exercise 09.3 · The seed's 131,566,188")
+
+
+# ---------------------------------------------------------------------------- 09.4
+def _seed_args(**overrides):
+    from types import SimpleNamespace
+
+    base = dict(learning_rate=3e-4, adam_beta1=0.85, adam_beta2=0.995, adam_epsilon=1e-7, weight_decay=0.05)
+    return SimpleNamespace(**{**base, **overrides})
+
+
+def check_seed_adam8bit(seed_adam8bit) -> None:
+    """``seed_adam8bit(model, args)`` -> bitsandbytes' Adam8bit built exactly as the seed builds it."""
+    require_callable(seed_adam8bit, "seed_adam8bit")
+    import contextlib
+    import io
+
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        import bitsandbytes as bnb
+    from torch import nn
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(30, 16)
+            self.ln = nn.LayerNorm(16)
+            self.lin = nn.Linear(16, 16)
+            self.head = nn.Linear(16, 2)
+
+    model = Tiny()
+    names = dict(model.named_parameters())
+    decay = {"emb.weight", "lin.weight", "head.weight"}
+    args = _seed_args()
+    opt = call(seed_adam8bit, model, args)
+    if not isinstance(opt, bnb.optim.Adam8bit):
+        fail(f"seed_adam8bit returned a {type(opt).__module__}.{type(opt).__name__}",
+             "the seed builds bitsandbytes' optimizer: bnb.optim.Adam8bit(groups, betas=..., eps=..., lr=...).")
+    by_param = {id(p): g for g in opt.param_groups for p in g["params"]}
+    if set(by_param) != {id(p) for p in names.values()}:
+        fail("the optimizer's groups do not hold every parameter exactly once", "two groups: decay and no-decay.")
+    for name, p in names.items():
+        g = by_param[id(p)]
+        want_wd = args.weight_decay if name in decay else 0.0
+        if g["weight_decay"] != want_wd:
+            fail(f"{name} has weight_decay {g['weight_decay']}, expected {want_wd}",
+                 "weight decay (args.weight_decay) for weights outside LayerNorm; 0.0 for biases and LayerNorm "
+                 "parameters (the seed's get_parameter_names(model, [nn.LayerNorm]) minus names with 'bias')."
+                 if not (name in decay and g["weight_decay"] == 0.0) else
+                 "the decay group takes args.weight_decay (TrainingArguments' default is 0.0, so the check sets it).")
+        for key, want, hint in [("lr", args.learning_rate, "lr=args.learning_rate"),
+                                ("betas", (args.adam_beta1, args.adam_beta2), "betas=(args.adam_beta1, args.adam_beta2)"),
+                                ("eps", args.adam_epsilon, "eps=args.adam_epsilon")]:
+            if tuple(g[key]) != want if key == "betas" else g[key] != want:
+                fail(f"{name}: {key} = {g[key]}, expected {want}", f"take the hyperparameters from TrainingArguments: {hint}.")
+    passed("Exercise 09.4 · Adam8bit as the seed builds it")

@@ -14,8 +14,9 @@ import torch
 from torch import nn
 
 from ._common import assert_equal, call, fail, passed, require_callable
+from ._variants import matches
 
-__all__ = ["check_decay_parameter_names", "check_training_step"]
+__all__ = ["check_decay_parameter_names", "check_training_step", "check_trainer_8bit", "check_accelerate_epoch", "check_amp_step"]
 
 
 # ---------------------------------------------------------------------- exercise 10.1
@@ -286,3 +287,279 @@ def _diagnose_step(training_step: Callable, dtype: torch.dtype, seed: int) -> st
     if not torch.allclose(model.hidden.weight, ref_model.hidden.weight, atol=1e-5):
         return "gradients add up across steps: call optimizer.zero_grad() every step"
     return "compare your step with: autocast forward → backward → optimizer.step() → scheduler.step() → zero_grad"
+
+
+# ---------------------------------------------------------------------- exercise 10.3
+def check_trainer_8bit(make_trainer_8bit: Callable) -> None:
+    """``make_trainer_8bit(model, args, train_dataset)`` -> ``Trainer(..., optimizers=(Adam8bit(groups), None))``."""
+    import tempfile
+
+    from ...optim import Adam8bit
+    from ...training import decay_parameter_names
+
+    require_callable(make_trainer_8bit, "make_trainer_8bit")
+    with _quiet():
+        from transformers import Trainer, TrainingArguments
+
+        from ..finetune import build_distilbert
+
+        model = build_distilbert(small=True)
+        args = TrainingArguments(output_dir=tempfile.mkdtemp(prefix="adam8-check-"), learning_rate=3e-4,
+                                 adam_beta1=0.85, adam_beta2=0.995, adam_epsilon=1e-7, weight_decay=0.05,
+                                 report_to=[], use_cpu=not torch.cuda.is_available(), max_steps=4)
+        data = [{"input_ids": torch.tensor([101, 7, 8, 102]), "attention_mask": torch.ones(4, dtype=torch.long),
+                 "labels": torch.tensor(i % 2)} for i in range(8)]
+        trainer = call(make_trainer_8bit, model, args, data)
+    if not isinstance(trainer, Trainer):
+        fail(f"make_trainer_8bit returned {type(trainer).__name__}", "return the transformers.Trainer you built.")
+    opt = trainer.optimizer
+    if opt is None:
+        fail("trainer.optimizer is None: the Trainer will build its own AdamW when training starts",
+             "pass your optimizer in: Trainer(..., optimizers=(optimizer, None)).")
+    if not isinstance(opt, Adam8bit):
+        fail(f"trainer.optimizer is a {type(opt).__name__}", "build adam8lib.optim.Adam8bit over the two decay groups.")
+    if trainer.lr_scheduler is not None:
+        fail("trainer.lr_scheduler is already set",
+             "pass None as the scheduler (optimizers=(optimizer, None)): the Trainer then builds its linear "
+             "schedule (warmup, decay) around your optimizer from the TrainingArguments.")
+    decay = set(decay_parameter_names(model))
+    by_param = {id(p): g for g in opt.param_groups for p in g["params"]}
+    for name, p in model.named_parameters():
+        g = by_param.get(id(p))
+        if g is None:
+            fail(f"{name} is in no optimizer group", "every parameter of trainer.model goes into one of the two groups.")
+        want = args.weight_decay if name in decay else 0.0
+        if g["weight_decay"] != want:
+            fail(f"{name}: weight_decay {g['weight_decay']}, expected {want}",
+                 "two groups: names from get_decay_parameter_names (10.1) get args.weight_decay, all others 0.0.")
+        for key, value, hint in [("lr", args.learning_rate, "lr=args.learning_rate"),
+                                 ("betas", (args.adam_beta1, args.adam_beta2), "betas=(args.adam_beta1, args.adam_beta2)"),
+                                 ("eps", args.adam_epsilon, "eps=args.adam_epsilon")]:
+            got = tuple(g[key]) if key == "betas" else g[key]
+            if got != value:
+                fail(f"{name}: {key} {got}, expected {value}",
+                     f"the Trainer does not pass its arguments to an optimizer you build: use {hint}.")
+    if trainer.model is not model:
+        fail("trainer.model is not the model you were given", "Trainer(model=model, args=args, train_dataset=...).")
+    with _quiet():
+        trainer.create_optimizer_and_scheduler(num_training_steps=args.max_steps)
+    if trainer.optimizer is not opt or getattr(trainer.lr_scheduler, "optimizer", None) is not opt:
+        fail("after create_optimizer_and_scheduler the Trainer's optimizer or schedule is not yours",
+             "optimizers=(optimizer, None): the first item is the optimizer itself, the second None.")
+    passed("Exercise 10.3 · Trainer with 8-bit Adam")
+
+
+# ---------------------------------------------------------------------- exercise 10.4
+class _TinyClassifier(nn.Module):
+    """Linear -> dropout -> Linear; ``forward(x, labels)`` returns an object with ``.loss`` (like HF models)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(6, 16)
+        self.drop = nn.Dropout(0.3)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x, labels, overflow=False):
+        logits = self.head(self.drop(torch.relu(self.body(x))))
+        loss = nn.functional.cross_entropy(logits.float(), labels)
+        if overflow:  # a fake fp16 overflow: every gradient becomes inf/nan
+            loss = loss * float("inf")
+        return SimpleNamespace(loss=loss, logits=logits)
+
+
+def _batches(n=5, seed=0, scale=3.0):
+    gen = torch.Generator().manual_seed(seed)
+    return [{"x": torch.randn(8, 6, generator=gen) * scale, "labels": torch.randint(0, 3, (8,), generator=gen)}
+            for _ in range(n)]
+
+
+class _SpyAccelerator:
+    """Delegates to a real Accelerator and counts what the loop calls."""
+
+    def __init__(self, real) -> None:
+        self.real, self.calls = real, {"backward": 0, "autocast": 0, "clip_grad_norm_": 0}
+
+    def backward(self, loss, **kw):
+        self.calls["backward"] += 1
+        return self.real.backward(loss, **kw)
+
+    def autocast(self, *a, **kw):
+        self.calls["autocast"] += 1
+        return self.real.autocast(*a, **kw)
+
+    def clip_grad_norm_(self, *a, **kw):
+        self.calls["clip_grad_norm_"] += 1
+        return self.real.clip_grad_norm_(*a, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+def _reference_epoch(model, optimizer, loader, scheduler, max_grad_norm, *, train=True, zero=True, clip=True,
+                     sched=True, autocast=True):
+    model.train(train)
+    losses = []
+    for batch in loader:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = model(**batch).loss
+        loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        optimizer.step()
+        if sched and scheduler is not None:
+            scheduler.step()
+        if zero:
+            optimizer.zero_grad()
+        losses.append(float(loss.detach()))
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+def _epoch_setup(seed=0):
+    torch.manual_seed(seed)
+    model = _TinyClassifier()
+    model.eval()  # as it comes back from an evaluation
+    opt = torch.optim.SGD(model.parameters(), lr=0.2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    return model, opt, sched
+
+
+def check_accelerate_epoch(train_epoch: Callable) -> None:
+    """``train_epoch(accelerator, model, optimizer, loader, scheduler, max_grad_norm=1.0)`` -> list of losses."""
+    from ..finetune import fresh_accelerator
+
+    require_callable(train_epoch, "train_epoch")
+    with _quiet():
+        spy = _SpyAccelerator(fresh_accelerator(cpu=True, mixed_precision="bf16"))
+    loader = _batches()
+    model, opt, sched = _epoch_setup()
+    torch.manual_seed(1)
+    got = call(train_epoch, spy, model, opt, loader, sched, max_grad_norm=0.5)
+    params = [p.detach().clone() for p in model.parameters()]
+    if not isinstance(got, list) or len(got) != len(loader):
+        fail(f"train_epoch returned {type(got).__name__} of length {len(got) if hasattr(got, '__len__') else '?'}",
+             f"return a list with one loss per batch ({len(loader)} batches).")
+    if not all(isinstance(v, float) for v in got):
+        fail("train_epoch's losses are not Python floats", "append loss.item() (a float), not the tensor: a tensor keeps the graph alive.")
+    if spy.calls["backward"] != len(loader):
+        fail(f"accelerator.backward was called {spy.calls['backward']} times for {len(loader)} batches",
+             "call accelerator.backward(loss), not loss.backward(): accelerate adds the gradient scaling "
+             "(fp16) and the distributed hooks there.")
+
+    def reference(**flags):
+        m, o, s = _epoch_setup()
+        torch.manual_seed(1)
+        return _reference_epoch(m, o, loader, s, 0.5, **flags)
+
+    want_losses, want_params = reference()
+    same = lambda a, b: all(torch.allclose(x, y, rtol=1e-4, atol=1e-6) for x, y in zip(a, b))  # noqa: E731
+    if matches(got, want_losses, rtol=1e-4, atol=1e-6) and same(params, want_params):
+        passed("Exercise 10.4 · The accelerate training loop")
+        return
+    for hint, flags in [
+        ("call model.train() first: the model may come back from evaluation, and dropout must be on while training.",
+         dict(train=False)),
+        ("zero the gradients after each step (optimizer.zero_grad()): otherwise they add up across batches.", dict(zero=False)),
+        ("clip after backward and before the step: accelerator.clip_grad_norm_(model.parameters(), max_grad_norm).",
+         dict(clip=False)),
+        ("advance the schedule after each optimizer step: scheduler.step().", dict(sched=False)),
+        ("run the forward under `with accelerator.autocast():` (the accelerator's mixed precision, bf16 here).",
+         dict(autocast=False)),
+    ]:
+        losses, ps = reference(**flags)
+        if matches(got, losses, rtol=1e-4, atol=1e-6) and same(params, ps):
+            fail("train_epoch's losses or final parameters differ from the reference loop", hint)
+    fail(f"train_epoch's losses {[round(v, 4) for v in got]} differ from the reference {[round(v, 4) for v in want_losses]}",
+         "per batch: autocast forward -> accelerator.backward -> clip -> optimizer.step -> scheduler.step -> zero_grad.")
+
+
+def _matches_list(a, b):
+    return isinstance(a, list) and len(a) == len(b) and all(math.isclose(x, y, rel_tol=1e-4, abs_tol=1e-6) for x, y in zip(a, b))
+
+
+# ---------------------------------------------------------------------- exercise 10.5
+def _amp_reference(model, batch, optimizer, scaler, max_norm, *, scale=True, unscale=True, via_scaler=True,
+                   update=True, zero=True, dtype=torch.float16):
+    with torch.autocast("cpu", dtype=dtype):
+        loss = model(**batch).loss
+    (scaler.scale(loss) if scale else loss).backward()
+    if unscale:
+        scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    if via_scaler:
+        scaler.step(optimizer)
+    else:
+        optimizer.step()
+    if update:
+        scaler.update()
+    if zero:
+        optimizer.zero_grad(set_to_none=True)
+    return float(loss.detach())
+
+
+def _amp_run(step, **flags):
+    torch.manual_seed(0)
+    model = _TinyClassifier().train()
+    model.drop.p = 0.0  # no dropout randomness: compare runs exactly
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    batches = _batches(4, seed=3, scale=5.0)
+    batches[2] = {**batches[2], "overflow": True}
+    losses, scales, params = [], [], []
+    for batch in batches:
+        losses.append(step(model, batch, opt, scaler, 0.5, **flags))
+        scales.append(scaler.get_scale())
+        params.append([p.detach().clone() for p in model.parameters()])
+    return losses, scales, params
+
+
+def check_amp_step(amp_step: Callable) -> None:
+    """``amp_step(model, batch, optimizer, scaler, max_norm)``: fp16 autocast + GradScaler + clipping, with a fake overflow."""
+    require_callable(amp_step, "amp_step")
+    try:
+        with _quiet():
+            got = call(_amp_run, amp_step)
+    except AssertionError as exc:  # torch's GradScaler asserts on a wrong order of calls
+        text = str(exc)
+        if "_scale is None" in text:
+            fail(f"the GradScaler refused: {text.splitlines()[-1][:160]}",
+                 "backward the SCALED loss: scaler.scale(loss).backward(); the scaler divides by the same scale later.")
+        if "after step()" in text or "already been called since the last update()" in text:
+            fail(f"the GradScaler refused: {text.splitlines()[-1][:160]}",
+                 "call scaler.update() after scaler.step(): it ends the iteration (and halves the scale after an overflow).")
+        raise
+    want = _amp_run(_amp_reference)
+    losses, scales, params = got
+    finite = lambda v: isinstance(v, float) and not math.isnan(v)  # noqa: E731
+
+    def same_params(a, b):
+        return all(torch.allclose(x, y, rtol=1e-4, atol=1e-6, equal_nan=True) for pa, pb in zip(a, b) for x, y in zip(pa, pb))
+
+    if not all(isinstance(v, float) for v in losses):
+        fail("amp_step should return the loss as a Python float", "return loss.item().")
+    if any(not bool(torch.isfinite(p).all()) for p in params[2]):
+        fail("after the step whose gradients overflowed (inf), the parameters are no longer finite",
+             "step through the scaler, scaler.step(optimizer): it skips optimizer.step() when the unscaled "
+             "gradients contain inf/NaN. Calling optimizer.step() directly applies them.")
+    if scales == [1024.0] * 4:
+        fail(f"the scale stayed at {scales[0]} through an overflow",
+             "call scaler.update() after scaler.step(): it halves the scale after an overflow.")
+    if same_params(params, want[2]) and scales == want[1] and [finite(v) for v in losses[:2]] == [True, True] \
+            and _matches_list([losses[i] for i in (0, 1, 3)], [want[0][i] for i in (0, 1, 3)]):
+        passed("Exercise 10.5 · An fp16 step with a GradScaler")
+        return
+    for hint, flags in [
+        ("unscale before clipping: scaler.unscale_(optimizer), then clip_grad_norm_ — otherwise you clip the "
+         "scaled gradients (1024 times too large) and the step is far too small.", dict(unscale=False)),
+        ("zero the gradients after each step (optimizer.zero_grad()).", dict(zero=False)),
+        ("autocast with dtype=torch.float16: fp16 is what overflows and needs the scaler (bf16 has fp32's range).",
+         dict(dtype=torch.bfloat16)),
+    ]:
+        try:
+            alt = _amp_run(_amp_reference, **flags)
+        except Exception:  # noqa: BLE001 - a variant that torch refuses cannot be what the learner did
+            continue
+        if same_params(params, alt[2]) and scales == alt[1]:
+            fail("amp_step's parameters differ from the reference fp16 step", hint)
+    fail(f"amp_step: scales {scales} (expected {want[1]}) or parameters differ from the reference",
+         "autocast(fp16) forward -> scaler.scale(loss).backward() -> scaler.unscale_(optimizer) -> clip -> "
+         "scaler.step(optimizer) -> scaler.update() -> zero_grad.")

@@ -5,8 +5,10 @@
 * each solution span (``### BEGIN SOLUTION`` … ``### END SOLUTION``) becomes
   ``raise NotImplementedError("Exercise NN.k: <function>")`` at the same indentation;
   the cell's outputs are cleared and it is tagged ``nbval-ignore-output`` and ``solution``;
-* check cells (and every other cell) are kept with their stored outputs, so nbval compares
-  the success line ``✔ <title>: all checks passed`` and a stub fails exactly there;
+* check cells keep their source but lose their stored outputs (a learner never sees
+  "all checks passed" under an unsolved exercise); their expected success line
+  ``✔ <title>: all checks passed`` is written to the manifest, and the grading plugin gives it
+  back to nbval when it runs the cell, so a stub fails exactly there; other cells are kept as they are;
 * Colab badges and links to ``…/solutions/…`` point to ``…/exercises/…``;
 
 and it writes ``exercises/.manifest.json`` (see :mod:`adam8lib.course.grading.conventions`).
@@ -221,6 +223,8 @@ def generate_notebook(nb, name: str, source_path: str | None = None) -> tuple[nb
                     expected_output=_stored_stdout(cell, where),
                 )
             )
+            cell.outputs = []
+            cell.execution_count = None
         code_index += 1
     if not solved_any or not checks:
         raise WorkbookError(

@@ -1,0 +1,125 @@
+"""Predict-then-check questions for the lessons.
+
+A lesson asks a question in a markdown cell, and the learner writes a prediction in the code cell
+below it and runs it::
+
+    from adam8lib.course.checks.questions import ask
+    prediction = None  # your answer: a number
+    ask("05.a", prediction)
+
+:func:`ask` prints one line: no prediction yet (nothing is revealed), right, or not quite (with
+the answer). It never raises for a wrong answer — a lesson keeps running — only for a question
+id that does not exist or an answer of the wrong kind. The explanation follows in the lesson,
+after the cell. Answers live here, in :data:`QUESTIONS`, so the lesson's source does not give
+them away; ``tests/course/test_questions.py`` checks each one against the library.
+
+Numeric answers are right within ``rel_tol`` (relative) of the value; multiple-choice answers
+are one letter, case-insensitive.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+__all__ = ["Question", "QUESTIONS", "ask", "verdict"]
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question: a number (with a relative tolerance) or a letter among ``choices``."""
+
+    answer: float | str
+    rel_tol: float = 0.01
+    choices: str = ""  # e.g. "abc" for multiple choice; empty for a number
+    shown: str = ""  # how the answer is printed (defaults to the answer itself)
+
+    def __post_init__(self) -> None:
+        if self.choices:
+            if not isinstance(self.answer, str) or self.answer not in self.choices:
+                raise ValueError(f"a multiple-choice answer must be one of {self.choices!r}, got {self.answer!r}")
+        elif isinstance(self.answer, bool) or not isinstance(self.answer, numbers.Real):
+            raise ValueError(f"a numeric question needs a number as its answer, got {self.answer!r}")
+
+    def display(self) -> str:
+        return self.shown or (f"({self.answer})" if self.choices else f"{self.answer:g}")
+
+    def is_right(self, prediction) -> bool:
+        if self.choices:
+            if not isinstance(prediction, str) or prediction.strip().lower() not in self.choices:
+                raise TypeError(f"answer with one letter of {', '.join(self.choices)} (a string), got {prediction!r}")
+            return prediction.strip().lower() == self.answer
+        if isinstance(prediction, bool) or not isinstance(prediction, numbers.Real):
+            raise TypeError(f"answer with a number, got {type(prediction).__name__} {prediction!r}")
+        return math.isclose(float(prediction), float(self.answer), rel_tol=self.rel_tol, abs_tol=1e-12)
+
+
+MiB = 2**20
+DISTILBERT = 65_783_042
+
+QUESTIONS: dict[str, Question] = {
+    # 00 · tour
+    "00.a": Question(8, rel_tol=0),
+    "00.b": Question("c", choices="abcd"),
+    "00.c": Question(2.0, rel_tol=0.05),
+    # 01 · optimizer memory
+    "01.a": Question(8 * DISTILBERT / MiB, rel_tol=0.005, shown="501.9 MiB"),
+    "01.b": Question("b", choices="ab"),
+    "01.c": Question(8 / (2 + 8 / 256), rel_tol=0.03, shown="≈ 3.9 (8 / 2.03)"),
+    # 02 · EMA
+    "02.a": Question(0.1, rel_tol=1e-6),
+    "02.b": Question(1.0, rel_tol=1e-6),
+    "02.c": Question(1000, rel_tol=0.01),
+    # 03 · the Adam rule
+    "03.a": Question(1.0, rel_tol=1e-3, shown="1 (the first step moves each weight by lr)"),
+    "03.b": Question(1 - 1e-3 * 0.01, rel_tol=1e-9, shown="0.99999"),
+    "03.c": Question("a", choices="ab"),
+    # 04 · linear quantization
+    "04.a": Question(0.01, rel_tol=1e-6),
+    "04.b": Question(0.0, rel_tol=0, shown="0.0"),
+    "04.c": Question("b", choices="abc"),
+    # 05 · dynamic map
+    "05.a": Question(127, rel_tol=0),
+    "05.b": Question(5.5e-7, rel_tol=1e-3),
+    "05.c": Question(128, rel_tol=0),
+    "05.d": Question("b", choices="abc"),
+    # 06 · blockwise
+    "06.a": Question(4, rel_tol=0),
+    "06.b": Question(4 / 256, rel_tol=1e-9, shown="0.015625 (4 / 256)"),
+    "06.c": Question("a", choices="abc"),
+    # 07 · the 8-bit step
+    "07.a": Question(127, rel_tol=0),
+    "07.b": Question("b", choices="abc"),
+    "07.c": Question(2 + 8 / 256, rel_tol=1e-6, shown="2.03125"),
+    # 08 · Triton
+    "08.a": Question(16, rel_tol=0),
+    "08.b": Question(391, rel_tol=0),
+    "08.c": Question(20, rel_tol=0.25, shown="≈ 20"),
+    # 09 · memory maths
+    "09.a": Question(2 * DISTILBERT + 104, rel_tol=0, shown="131,566,188"),
+    "09.b": Question(22_662_144 / DISTILBERT, rel_tol=0.02, shown="0.34 (34 %)"),
+    "09.c": Question(2 * DISTILBERT / MiB, rel_tol=0.005, shown="125.5 MiB"),
+    # 10 · mixed precision fine-tuning
+    "10.a": Question("b", choices="abc"),
+    "10.b": Question(0.78, rel_tol=0.05),
+    "10.c": Question(0.0, rel_tol=0, shown="0.0"),
+}
+
+
+def verdict(question_id: str, prediction) -> str:
+    """The one line :func:`ask` prints."""
+    if question_id not in QUESTIONS:
+        raise ValueError(f"unknown question {question_id!r}; known: {', '.join(QUESTIONS)}")
+    q = QUESTIONS[question_id]
+    if prediction is None:
+        kind = "a letter" if q.choices else "a number"
+        return f"✎ Question {question_id}: no prediction yet — set `prediction` to {kind} and run this cell again."
+    if q.is_right(prediction):
+        return f"✔ Question {question_id}: right — {q.display()}."
+    return f"✘ Question {question_id}: not quite — you said {prediction!r}; the answer is {q.display()}. See why below."
+
+
+def ask(question_id: str, prediction) -> None:
+    """Print whether ``prediction`` answers lesson question ``question_id`` (None: not answered yet)."""
+    print(verdict(question_id, prediction))

@@ -1,0 +1,76 @@
+"""Predict-then-check questions: the helper's behaviour, every answer against the library, 3-5 per lesson."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+from adam8lib.course.checks.questions import QUESTIONS, Question, ask, verdict
+from adam8lib.course.checks.ex09_memory_maths import _ShapesModel, distilbert_shapes
+from adam8lib.memory import MB, estimate_optimizer_memory
+from adam8lib.quant import dynamic_map, num_blocks
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_ask_prints_one_line_and_never_reveals_before_a_prediction(capsys):
+    ask("05.a", None)
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "127" not in out and "no prediction yet" in out
+    assert verdict("05.a", 127).startswith("✔") and verdict("05.a", 127.0).startswith("✔")
+    assert verdict("05.a", 128).startswith("✘") and "127" in verdict("05.a", 128)
+    assert verdict("05.d", "B").startswith("✔") and verdict("05.d", " a ").startswith("✘")
+    assert verdict("10.b", 0.8).startswith("✔") and verdict("10.b", 0.5).startswith("✘")  # within / outside 5 %
+
+
+@pytest.mark.parametrize("qid, bad, error", [
+    ("05.a", "127", TypeError), ("05.a", True, TypeError), ("05.d", 2, TypeError), ("05.d", "e", TypeError),
+    ("99.z", 1, ValueError),
+])
+def test_ask_rejects_the_wrong_kind_of_answer_clearly(qid, bad, error):
+    with pytest.raises(error):
+        verdict(qid, bad)
+
+
+def test_a_question_must_be_well_formed():
+    with pytest.raises(ValueError):
+        Question("d", choices="abc")
+    with pytest.raises(ValueError):
+        Question("3")
+
+
+def test_numeric_answers_agree_with_the_library():
+    n = 65_783_042
+    bert = _ShapesModel(distilbert_shapes())
+    signed, unsigned = dynamic_map(True), dynamic_map(False)
+    a = {k: q.answer for k, q in QUESTIONS.items()}
+    assert a["00.a"] == estimate_optimizer_memory(10**6, "adamw").total_bytes / 10**6
+    assert math.isclose(a["00.c"], estimate_optimizer_memory(2**20, "adam8bit", min_8bit_size=0).total_bytes / 2**20, rel_tol=0.02)
+    assert round(a["01.a"], 1) == round(estimate_optimizer_memory(n, "adamw").total_bytes / MB, 1) == 501.9
+    assert a["05.a"] == int((signed == 0).nonzero()) and a["05.c"] == int(((unsigned > 0.1) & (unsigned < 1)).sum())
+    assert math.isclose(a["05.b"], float(signed[signed != 0].abs().min()), rel_tol=1e-6)
+    assert a["06.a"] == num_blocks(1000, 256) and a["08.b"] == num_blocks(100_003, 256)
+    assert a["07.a"] == int((signed == 0).nonzero())
+    assert a["09.a"] == sum(2 * p.numel() + 1 for p in bert.parameters()) == 131_566_188
+    assert math.isclose(a["09.b"], (28996 + 512) * 768 / n, rel_tol=1e-9) and round(100 * a["09.b"]) == 34
+    assert math.isclose(a["09.c"], 2 * n / MB) and round(a["09.c"], 1) == 125.5
+    m0, g, b1 = 0.0, 1.0, 0.9
+    m1 = b1 * m0 + (1 - b1) * g
+    assert math.isclose(a["02.a"], m1) and math.isclose(a["02.b"], m1 / (1 - b1))
+    levels = torch.round(torch.tensor([0.001]) / (1.27 / 127)) * (1.27 / 127)
+    assert math.isclose(a["04.a"], 1.27 / 127) and float(levels) == a["04.b"]
+
+
+def test_every_lesson_asks_three_to_five_questions_that_exist():
+    asked = []
+    for path in sorted((REPO / "notebooks").glob("*.ipynb")):
+        ids = re.findall(r'ask\("(\d\d\.[a-z])"', "\n".join(c.source for c in nbformat.read(str(path), as_version=4).cells))
+        assert 3 <= len(ids) <= 5, (path.name, ids)
+        assert all(i.startswith(path.name[:2]) for i in ids), (path.name, ids)
+        asked += ids
+    assert sorted(asked) == sorted(QUESTIONS)
