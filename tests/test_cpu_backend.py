@@ -538,7 +538,9 @@ def test_unavailable_backend_says_why_without_a_compiler(tmp_path):
 
 def test_unavailable_backend_quotes_the_compiler_error(tmp_path):
     fake = tmp_path / "fake-cxx"
-    fake.write_text("#!/bin/sh\necho 'fake-cxx: error: this compiler always fails' >&2\nexit 1\n")
+    # answers torch's version probes like g++, fails on every compile
+    fake.write_text('#!/bin/sh\ncase "$1" in --version|-v|-dumpversion|-dumpfullversion) exec g++ "$@";; esac\n'
+                    "echo 'fake-cxx: error: this compiler always fails' >&2\nexit 1\n")
     fake.chmod(0o755)
     code = """
         import torch, warnings
