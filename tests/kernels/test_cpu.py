@@ -474,7 +474,7 @@ def test_stale_build_lock_is_removed_and_the_build_succeeds(tmp_path):
             cpu.load_extension()
         print("built", cpu.simd_level(), [str(w.message) for w in caught])
     """
-    done, seconds = _python(code, env, 300)
+    done, _ = _python(code, env, 300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "built" in done.stdout and "stale build lock" in done.stdout
     assert not (directory / "lock").exists()
@@ -497,22 +497,25 @@ def test_a_build_that_never_finishes_times_out_with_a_clear_error(tmp_path):
     try:
         assert holder.stdout.readline().strip() == "holding"
         code = """
-            import torch
+            import time, torch
             from adam8lib import kernels
             from adam8lib.kernels import cpu
+            start = time.monotonic()
             try:
                 cpu.load_extension()
             except RuntimeError as exc:
                 print("error:", exc)
+            print("waited:", time.monotonic() - start)
             print("supports:", cpu.supports(torch.device("cpu")), "reason:", cpu.unavailable_reason())
             print("auto:", kernels.get_backend("auto", "cpu").name)
         """
-        done, seconds = _python(code, env, 60)
+        done, _ = _python(code, env, 180)
     finally:
         holder.kill()
         holder.wait()
     assert done.returncode == 0, done.stderr[-2000:]
-    assert seconds < 30
+    waited = float(done.stdout.split("waited:")[1].split()[0])
+    assert 2 <= waited < 20, waited  # the 2 s timeout (plus polling), not forever
     assert "error: adam8lib cpu backend unavailable: building the kernel failed: TimeoutError" in done.stdout
     assert "ADAM8LIB_BUILD_LOCK_TIMEOUT" in done.stdout
     assert "supports: False" in done.stdout and "auto: torch" in done.stdout
@@ -535,7 +538,9 @@ def test_unavailable_backend_says_why_without_a_compiler(tmp_path):
 
 def test_unavailable_backend_quotes_the_compiler_error(tmp_path):
     fake = tmp_path / "fake-cxx"
-    fake.write_text("#!/bin/sh\necho 'fake-cxx: error: this compiler always fails' >&2\nexit 1\n")
+    # answers torch's version probes like g++, fails on every compile
+    fake.write_text('#!/bin/sh\ncase "$1" in --version|-v|-dumpversion|-dumpfullversion) exec g++ "$@";; esac\n'
+                    "echo 'fake-cxx: error: this compiler always fails' >&2\nexit 1\n")
     fake.chmod(0o755)
     code = """
         import torch, warnings
