@@ -1,5 +1,5 @@
 """Side-by-side CPU benchmark of one optimizer step (writes the "CPU: 8-bit step" section of
-bench/README.md and bench/cpu_step.png).
+bench/README.md and bench/results/cpu_step.png).
 
     python bench/bench_step.py            # full run: 1M, 16.8M and 100M parameters (several minutes)
     python bench/bench_step.py --quick    # smoke run: tiny sizes, prints the table, writes nothing
@@ -68,7 +68,7 @@ RACE = ("torch copy (16 bytes/param)", "torch AdamW (fused)", "adam8lib AdamW8bi
         "adam8lib AdamW8bit, backend cpu_fast (not bit-identical)")
 RACE_REPS = {1_000_000: 31, 16_777_216: 15, 100_000_000: 7}
 README = HERE / "README.md"
-PLOT = HERE / "cpu_step.png"
+PLOT = HERE / "results" / "cpu_step.png"
 RESULTS = HERE / "results" / "cpu_step.json"
 START, END = "<!-- cpu-step:start (bench/bench_step.py writes this) -->", "<!-- cpu-step:end -->"
 

@@ -1,5 +1,5 @@
 """Where the time of one 8-bit Adam step goes on the CPU (writes the "CPU: where the time goes"
-section of bench/README.md and bench/cpu_profile.png; lessons 07 and 08 can show both).
+section of bench/README.md and bench/results/cpu_profile.png; lessons 07 and 08 can show both).
 
     python bench/profile_step.py           # 4M parameters, 2 threads, about a minute
     python bench/profile_step.py --quick   # smaller, prints only
@@ -37,7 +37,7 @@ from adam8lib.quant import _as_blocks, dequantize_blocks, dynamic_map, nearest_c
 
 THREADS = 2
 README = HERE / "README.md"
-PLOT = HERE / "cpu_profile.png"
+PLOT = HERE / "results" / "cpu_profile.png"
 START, END = "<!-- cpu-profile:start (bench/profile_step.py writes this) -->", "<!-- cpu-profile:end -->"
 PHASES = ("dequantize", "update m, v", "update p", "absmax", "nearest code")
 HYPER = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, blocksize=256)
