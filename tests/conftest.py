@@ -1,4 +1,4 @@
-"""Without a GPU, Triton kernels run in Triton's interpreter (tests/test_kernels.py).
+"""Without a GPU, Triton kernels run in Triton's interpreter (tests/kernels/test_triton.py).
 
 TRITON_INTERPRET=1 has to be set before ``adam8lib.kernels.triton`` is first imported (its
 ``@triton.jit`` decorators read it), and conftest.py is imported before every test module.

@@ -372,7 +372,7 @@ def adam8bit_step(
     moments are computed identically), but the parameter update uses the IEEE square root and
     multiplies by ``1/sqrt(1 - beta2^t)`` (fused with ``+ eps``) instead of torch's MKL square
     root and a division; the parameters then differ from the reference by about an ulp of the
-    update (tests/test_cpu_backend.py states the tolerance).
+    update (tests/kernels/test_cpu.py states the tolerance).
 
     ``simd`` picks the kernel's loops: 0 scalar only, 1 AVX2, 2 AVX-512, None the best this
     build has (:func:`simd_level`). They all give the same result (tested).
