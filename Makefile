@@ -10,11 +10,25 @@ TORCH_INDEX ?=
 EXTRAS ?= course,test,gpu
 PYTEST := $(PY) -m pytest
 
-.PHONY: lab test unit setup exercises outputs grade bench clean help
+.PHONY: lab test unit setup exercises outputs grade bench clean help browser-test
 
 help:
 	@echo "make lab    - set up .venv (first time) and start JupyterLab on the course"
+	@echo "              (PORT=8888, LAB_ARGS='--ip=0.0.0.0' ... to override)"
 	@echo "make test   - set up .venv (first time) and run the whole test suite"
+	@echo "make browser-test - run every lesson in JupyterLab in a real Chromium (Playwright)"
+
+# ---- starting a server the same way for everyone ----
+# root (containers, cloud boxes): Jupyter refuses to start without --allow-root, so pass it only
+# when we ARE root. No display (headless server, CI, ssh): don't try to open a browser; the
+# server prints its URL with the token to click or paste. macOS opens browsers without $$DISPLAY.
+PORT ?= 8888
+LAB_ARGS ?=
+USER_ID ?= $(shell id -u)
+UNAME := $(shell uname -s)
+ROOT_FLAG = $(if $(filter 0,$(USER_ID)),--allow-root)
+BROWSER_FLAG = $(if $(or $(DISPLAY),$(WAYLAND_DISPLAY),$(filter Darwin,$(UNAME))),,--no-browser)
+SERVER_FLAGS = --ServerApp.port=$(PORT) $(ROOT_FLAG) $(BROWSER_FLAG)
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,7 +40,8 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 setup: $(VENV)/.installed
 
 lab: setup
-	$(VENV)/bin/jupyter lab notebooks/
+	@echo "Starting JupyterLab on port $(PORT) (open the http://127.0.0.1:...?token=... URL it prints; Ctrl-C stops it)"
+	$(PY) -m jupyterlab $(SERVER_FLAGS) --ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/notebooks $(LAB_ARGS)
 
 # The whole suite: unit tests, then notebooks through nbval (as they exist).
 test: setup
