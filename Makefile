@@ -55,6 +55,23 @@ unit: setup
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
 
+# JupyterLab in a real Chromium (Playwright for Python + the system's Chromium; Playwright's own
+# browser download is not used): every lesson through Run All Cells, one workbook typed by keyboard.
+# Screenshots land in browser-artifacts/. Installs Chromium with apt only when it is missing and we
+# are root; otherwise says what to install.
+browser-test: setup
+	@$(PY) -c "import playwright" 2>/dev/null || $(PY) -m pip install -q -c constraints.txt -e ".[browser]"
+	@if [ -z "$$CHROMIUM" ] && ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian's chromium (apt-get)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else \
+	    echo "make browser-test needs a system Chromium: 'sudo apt-get install chromium' (Debian/Ubuntu)," \
+	         "or CHROMIUM=/path/to/chrome make browser-test" >&2; exit 1; \
+	  fi; \
+	fi
+	ADAM8_BROWSER=1 $(PYTEST) tests/browser -p no:randomly -v --durations=0
+
 # ---- course tooling (each target's module is documented in README) ----
 # Re-execute lessons and solutions on the CPU and store their outputs (deterministic).
 outputs: setup
