@@ -19,11 +19,40 @@ import random
 import sys
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["setup", "Environment", "in_colab", "REPO_URL", "colab_url", "COLAB_BADGE", "SETUP_CELL"]
+__all__ = ["setup", "Environment", "in_colab", "repo_url", "REPO_URL", "colab_url", "COLAB_BADGE", "SETUP_CELL"]
+
+def repo_url() -> str:
+    """The repository's address: ``Repository`` in pyproject's ``[project.urls]``.
+
+    Read from the installed package's metadata (``Project-URL: Repository, ...``), so a pip or
+    Colab install knows it without the source tree. A source checkout whose installed metadata
+    predates that entry falls back to the ``pyproject.toml`` next to the package.
+    """
+    from importlib import metadata
+
+    try:
+        entries = metadata.metadata("adam8lib").get_all("Project-URL") or []
+    except metadata.PackageNotFoundError:
+        entries = []
+    for entry in entries:
+        label, _, url = entry.partition(",")
+        if label.strip().lower() == "repository":
+            return url.strip()
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    if pyproject.is_file():
+        import re
+
+        section = pyproject.read_text(encoding="utf-8").split("[project.urls]", 1)[-1].split("\n[", 1)[0]
+        found = re.search(r'^Repository\s*=\s*"([^"]+)"', section, re.M)
+        if found:
+            return found.group(1)
+    raise RuntimeError("adam8lib's metadata has no Project-URL 'Repository': reinstall the package (pip install -e .)")
+
 
 #: Where the course lives (used for Colab links and the Colab install line).
-REPO_URL = "https://github.com/adam8-course/adam8"
+REPO_URL = repo_url()
 
 #: The image of the "Open In Colab" badge in cell 0 of every notebook.
 COLAB_BADGE = "https://colab.research.google.com/assets/colab-badge.svg"
