@@ -28,6 +28,7 @@ What "agree" means, and why:
 import copy
 import importlib.util
 import json
+import re
 import os
 import subprocess
 import sys
@@ -359,7 +360,7 @@ def test_gpu_bench_cpu_smoke(capsys):
 
 # ------------------------------------------------------------------ the compiled GPU code, checked without a GPU
 AOT_COMPILE = """
-import json, sys
+import json, os, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -375,7 +376,7 @@ for dtype in sys.argv[3:]:
     aligned = {(names.index(name),): [["tt.divisibility", 16]] for name in names[:8] + ["n"]}
     source = ASTSource(fn=kt._adam8bit_kernel, signature=signature,
                        constexprs={"BLOCKSIZE": 256, "ROWS": rows}, attrs=aligned)
-    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+    kernel = triton.compile(source, target=GPUTarget("cuda", int(os.environ.get("AOT_ARCH", "90")), 32),
                             options={"num_warps": num_warps, "enable_fp_fusion": False})
     ptx[dtype] = kernel.asm["ptx"]
 print(json.dumps(ptx))
@@ -403,3 +404,28 @@ def test_step_kernel_compiles_for_gpu_with_exact_math():
         assert ptx.count("div.rn.f32") >= 2 * per_thread and ptx.count("sqrt.rn.f32") == per_thread, dtype
         assert ptx.count("fma.rn.f32") == 2 * per_thread, dtype  # m and v only: nothing else was fused
         assert "ld.global.v4.b32" in ptx, dtype  # p and g: 16-byte vector loads
+
+
+def test_step_kernel_compiles_for_colab_t4_sm75():
+    """Colab's free GPU is a T4 (sm_75: fp16 tensor cores, no bf16 ones). The fused step still
+    compiles there, for fp32, fp16 and bf16 parameters (bf16 loads/stores are converted in
+    software before sm_80), with the same exact division and square root as on sm_90."""
+    rows, num_warps = kt.launch_config(256, tile=kt.TILE_ELEMENTS)
+    per_thread = rows * 256 // (32 * num_warps)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["AOT_ARCH"] = "75"
+    done = subprocess.run([sys.executable, "-c", AOT_COMPILE, str(rows), str(num_warps), "fp32", "fp16", "bf16"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    compiled = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(compiled) == {"fp32", "fp16", "bf16"}
+    for dtype, ptx in compiled.items():
+        assert ".target sm_75" in ptx, dtype
+        for approximate in ("div.full", "div.approx", "sqrt.approx", "rsqrt", "ex2.approx"):
+            assert approximate not in ptx, (dtype, approximate)
+        assert ptx.count("div.rn.f32") >= 2 * per_thread and ptx.count("sqrt.rn.f32") == per_thread, dtype
+        assert ptx.count("fma.rn.f32") == 2 * per_thread, dtype
+    # sm_75 has hardware fp16 conversions but none for bf16 (cvt.*.bf16 is sm_80+): bit shifts
+    assert "cvt.f32.f16" in compiled["fp16"] and "cvt.rn.f16.f32" in compiled["fp16"]
+    assert "bf16" not in "".join(re.findall(r"cvt\.[a-z0-9.]+", compiled["bf16"]))
