@@ -28,8 +28,8 @@ What "agree" means, and why:
 import copy
 import importlib.util
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
