@@ -64,9 +64,10 @@ def browser():
 
 
 @pytest.fixture
-def page(browser):
+def page(browser, lab):
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = context.new_page()
     page.set_default_timeout(60_000)
     yield page
     context.close()
+    lab.shutdown_kernels()  # one lesson's kernel (and its memory) at a time

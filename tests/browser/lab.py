@@ -145,6 +145,17 @@ class LabServer:
         if getattr(self, "_out", None):
             self._out.close()
 
+    def shutdown_kernels(self) -> int:
+        """Shut down every session's kernel (the REST API Lab itself uses); how many there were."""
+        import urllib.request
+
+        with urllib.request.urlopen(f"{self.base}/api/sessions?token={self.token}", timeout=30) as r:
+            sessions = json.loads(r.read())
+        for session in sessions:
+            request = urllib.request.Request(f"{self.base}/api/sessions/{session['id']}?token={self.token}", method="DELETE")
+            urllib.request.urlopen(request, timeout=60).close()
+        return len(sessions)
+
     def url(self, rel: str) -> str:
         return f"{self.base}/lab/tree/{rel}?reset&token={self.token}"
 

@@ -27,8 +27,10 @@ TIMES: dict[str, float] = {}
 @pytest.mark.parametrize("lesson", LESSONS, ids=[p.stem for p in LESSONS])
 def test_lesson_runs_in_the_browser(lesson, lab, page, artifacts):
     rel = f"notebooks/{lesson.name}"
-    seen = run_notebook(page, lab, rel)
-    page.screenshot(path=str(artifacts / f"{lesson.stem}.png"))
+    try:
+        seen = run_notebook(page, lab, rel)
+    finally:
+        page.screenshot(path=str(artifacts / f"{lesson.stem}.png"))
     TIMES[lesson.stem] = seen.seconds
     with open(artifacts / "times.txt", "a") as f:
         f.write(f"{lesson.stem}\t{seen.seconds:.1f} s\n")
@@ -46,8 +48,10 @@ def test_a_lesson_with_an_error_fails(lab, page, artifacts):
     ])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
     nbformat.write(nb, lab.root / "notebooks" / "zz_broken.ipynb")
-    seen = run_notebook(page, lab, "notebooks/zz_broken.ipynb", timeout_s=120)
-    page.screenshot(path=str(artifacts / "zz_broken.png"))
+    try:
+        seen = run_notebook(page, lab, "notebooks/zz_broken.ipynb", timeout_s=120)
+    finally:
+        page.screenshot(path=str(artifacts / "zz_broken.png"))
     found = problems(seen, Counts(code_cells=3, plots=1, widgets=0))
     assert any("ZeroDivisionError" in p for p in found), found
     assert any("not executed: [3]" in p for p in found), found
