@@ -21,7 +21,7 @@ help:
 # ---- starting a server the same way for everyone ----
 # root (containers, cloud boxes): Jupyter refuses to start without --allow-root, so pass it only
 # when we ARE root. No display (headless server, CI, ssh): don't try to open a browser; the
-# server prints its URL with the token to click or paste. macOS opens browsers without $$DISPLAY.
+# server prints its URL with the token to click or paste. macOS opens browsers without $DISPLAY.
 PORT ?= 8888
 LAB_ARGS ?=
 USER_ID ?= $(shell id -u)
