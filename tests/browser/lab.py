@@ -276,7 +276,7 @@ def save(page, timeout_s: float = 60) -> None:
     page.wait_for_function(f"() => !{CURRENT}.context.model.dirty", timeout=timeout_s * 1000)
 
 
-def run_notebook(page, lab: LabServer, rel: str, timeout_s: float = 900) -> Seen:
+def run_notebook(page, lab: LabServer, rel: str, timeout_s: float = 1800) -> Seen:
     """Open ``rel``, Run ▸ Run All Cells, wait, save; what the page and the saved file show."""
     open_notebook(page, lab, rel)
     start = time.monotonic()

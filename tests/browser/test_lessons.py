@@ -23,7 +23,7 @@ LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 TIMES: dict[str, float] = {}
 
 
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(2400)
 @pytest.mark.parametrize("lesson", LESSONS, ids=[p.stem for p in LESSONS])
 def test_lesson_runs_in_the_browser(lesson, lab, page, artifacts):
     rel = f"notebooks/{lesson.name}"
