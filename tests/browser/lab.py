@@ -246,10 +246,10 @@ def open_notebook(page, lab: LabServer, rel: str, timeout_s: float = 120) -> Non
     page.goto(lab.url(rel))
     page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget", timeout=timeout_s * 1000)
     page.locator(".jp-NotebookPanel .jp-Cell").first.wait_for(timeout=timeout_s * 1000)
-    wait_idle(page, timeout_s, need_kernel=True)
+    wait_idle(page, timeout_s)
 
 
-def wait_idle(page, timeout_s: float, need_kernel: bool = False, settle_polls: int = 3) -> None:
+def wait_idle(page, timeout_s: float, settle_polls: int = 3) -> None:
     """Until the kernel is idle and no cell shows ``[*]``, for ``settle_polls`` polls in a row."""
     deadline, calm = time.monotonic() + timeout_s, 0
     while time.monotonic() < deadline:
