@@ -9,8 +9,6 @@ the page and in the saved file as the stored run has. A screenshot per lesson go
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
 
 import nbformat
 import pytest

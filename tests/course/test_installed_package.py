@@ -114,11 +114,12 @@ def images_of(cell) -> int:
 
 
 def test_lesson_00_runs_from_the_installed_package(installed, tmp_path):
-    shutil_copy = __import__("shutil").copytree
-    shutil_copy(ROOT / "notebooks", tmp_path / "notebooks")
+    import shutil
+
+    shutil.copytree(ROOT / "notebooks", tmp_path / "notebooks")
     lesson = nbformat.read(tmp_path / "notebooks" / "00_setup_and_tour.ipynb", as_version=4)
     path = tmp_path / "notebooks" / "00_audited.ipynb"
-    nbformat.write(audited([c for c in lesson.cells]), path)
+    nbformat.write(audited(lesson.cells), path)
     ran = run_in(installed, path)
     assert "adam8lib from" in stdout_of(ran.cells[-1])
 

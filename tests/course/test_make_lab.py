@@ -16,7 +16,6 @@ import signal
 import socket
 import subprocess
 import sys
-import sysconfig
 import time
 import urllib.request
 from pathlib import Path
