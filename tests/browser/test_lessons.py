@@ -18,7 +18,6 @@ from .conftest import ROOT
 from .lab import Counts, expected, problems, run_notebook
 
 LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-TIMES: dict[str, float] = {}
 
 
 @pytest.mark.timeout(2400)
@@ -29,7 +28,6 @@ def test_lesson_runs_in_the_browser(lesson, lab, page, artifacts):
         seen = run_notebook(page, lab, rel)
     finally:
         page.screenshot(path=str(artifacts / f"{lesson.stem}.png"))
-    TIMES[lesson.stem] = seen.seconds
     with open(artifacts / "times.txt", "a") as f:
         f.write(f"{lesson.stem}\t{seen.seconds:.1f} s\n")
     found = problems(seen, expected(lesson))
