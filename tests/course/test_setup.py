@@ -101,8 +101,9 @@ def test_environment_str_names_the_device():
 
 
 def test_colab_url():
+    owner_name = REPO_URL.removeprefix("https://github.com/")  # pyproject's [project.urls] Repository
     assert colab_url("notebooks/02_ema.ipynb") == (
-        "https://colab.research.google.com/github/adam8-course/adam8/blob/main/notebooks/02_ema.ipynb"
+        f"https://colab.research.google.com/github/{owner_name}/blob/main/notebooks/02_ema.ipynb"
     )
     assert colab_url("exercises/05_dynamic_map.ipynb", branch="dev").endswith("/blob/dev/exercises/05_dynamic_map.ipynb")
     assert REPO_URL.removeprefix("https://github.com/") in colab_url("x.ipynb")
