@@ -10,18 +10,32 @@ TORCH_INDEX ?=
 EXTRAS ?= course,test,gpu
 PYTEST := $(PY) -m pytest
 
-.PHONY: lab test unit setup exercises outputs grade bench clean help
+.PHONY: lab test unit setup exercises outputs grade bench clean help browser-test
 
 help:
 	@echo "make lab        - set up .venv (first time) and start JupyterLab on the course"
+	@echo "                  (PORT=8888, LAB_ARGS='--ip=0.0.0.0' ... to override; root and headless work)"
 	@echo "make test       - set up .venv (first time) and run the whole test suite (what CI runs)"
+	@echo "make browser-test - run every lesson in JupyterLab in a real Chromium (Playwright)"
 	@echo "make unit       - only the unit tests (pytest tests), no notebooks"
-	@echo "make setup      - create .venv and install torch $(TORCH_PIN) + the course (extras: $(EXTRAS))"
+	@echo "make setup      - create .venv and install $(TORCH_PIN) + the course (extras: $(EXTRAS))"
 	@echo "make outputs    - re-execute lessons and solutions on the CPU and store their outputs"
 	@echo "make exercises  - regenerate exercises/ (the learners' workbooks) from solutions/"
 	@echo "make grade      - grade a class: SUBMISSIONS=folder -> grades/gradebook.csv"
 	@echo "make bench      - side-by-side CPU benchmark of the 8-bit step (writes bench/README.md)"
 	@echo "make clean      - remove .venv and test caches"
+
+# ---- starting a server the same way for everyone ----
+# root (containers, cloud boxes): Jupyter refuses to start without --allow-root, so pass it only
+# when we ARE root. No display (headless server, CI, ssh): don't try to open a browser; the
+# server prints its URL with the token to click or paste. macOS opens browsers without $DISPLAY.
+PORT ?= 8888
+LAB_ARGS ?=
+USER_ID ?= $(shell id -u)
+UNAME := $(shell uname -s)
+ROOT_FLAG = $(if $(filter 0,$(USER_ID)),--allow-root)
+BROWSER_FLAG = $(if $(or $(DISPLAY),$(WAYLAND_DISPLAY),$(filter Darwin,$(UNAME))),,--no-browser)
+SERVER_FLAGS = --ServerApp.port=$(PORT) $(ROOT_FLAG) $(BROWSER_FLAG)
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,7 +47,8 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 setup: $(VENV)/.installed
 
 lab: setup
-	$(VENV)/bin/jupyter lab notebooks/
+	@echo "Starting JupyterLab on port $(PORT) (open the http://127.0.0.1:...?token=... URL it prints; Ctrl-C stops it)"
+	$(PY) -m jupyterlab $(SERVER_FLAGS) --ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/notebooks $(LAB_ARGS)
 
 # The whole suite: unit tests, then notebooks through nbval (as they exist).
 test: setup
@@ -46,6 +61,23 @@ unit: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
+
+# JupyterLab in a real Chromium (Playwright for Python + the system's Chromium; Playwright's own
+# browser download is not used): every lesson through Run All Cells, one workbook typed by keyboard.
+# Screenshots land in browser-artifacts/. Installs Chromium with apt only when it is missing and we
+# are root; otherwise says what to install.
+browser-test: setup
+	@$(PY) -c "import playwright" 2>/dev/null || $(PY) -m pip install -q -c constraints.txt -e ".[browser]"
+	@if [ -z "$$CHROMIUM" ] && ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian's chromium (apt-get)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else \
+	    echo "make browser-test needs a system Chromium: 'sudo apt-get install chromium' (Debian/Ubuntu)," \
+	         "or CHROMIUM=/path/to/chrome make browser-test" >&2; exit 1; \
+	  fi; \
+	fi
+	ADAM8_BROWSER=1 $(PYTEST) tests/browser -p no:randomly -v --durations=0
 
 # ---- course tooling (each target's module is documented in README) ----
 # Re-execute lessons and solutions on the CPU and store their outputs (deterministic).

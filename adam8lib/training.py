@@ -10,8 +10,9 @@ puts it). So the parameters are split into two groups::
 :func:`decay_parameter_names` gives the same names as
 ``transformers.Trainer.get_decay_parameter_names`` (tested on DistilBERT).
 
-Mixed precision: bf16 autocast on the CPU; on a GPU bf16 when it has it, else fp16 with a
-gradient scaler (fp16's narrow range would flush small gradients to zero without one).
+Mixed precision: bf16 autocast on the CPU; on a GPU bf16 when it has it natively (compute
+capability 8.0+: A100, RTX 30xx, H100), else fp16 with a gradient scaler (fp16's narrow range
+would flush small gradients to zero without one) — e.g. on Colab's free T4 (sm_75).
 Under autocast, matmuls (and on the CPU also GELU, attention and softmax) run in 16 bits;
 parameters, their gradients and the optimizer's update stay fp32 — 8-bit Adam only stores
 its two *states* as 8-bit codes.
@@ -93,10 +94,18 @@ _DTYPES = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def pick_precision(device: torch.device | str | None = None) -> str:
-    """``"bf16"`` on the CPU and on GPUs with bf16 (Ampere+); ``"fp16"`` on older GPUs."""
+    """``"bf16"`` on the CPU and on GPUs with native bf16; ``"fp16"`` on older GPUs.
+
+    Native bf16 means compute capability 8.0 or more (Ampere, Ada, Hopper). Older GPUs —
+    Colab's free T4 is sm_75, a V100 sm_70 — have fp16 tensor cores but no bf16 ones, so fp16
+    with a ``GradScaler`` is the mixed precision to use there. ``torch.cuda.is_bf16_supported()``
+    is not the test: it also answers True where bf16 is only emulated (a T4), and so does the
+    ``Trainer``'s check, which would then train in slow, emulated bf16.
+    """
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        return "fp16"
+    if device.type == "cuda":
+        major, _minor = torch.cuda.get_device_capability(device)
+        return "bf16" if major >= 8 else "fp16"
     return "bf16"
 
 

@@ -107,3 +107,31 @@ def test_training_step_fp16_with_grad_scaler_and_fp32(task):
         losses = [T.training_step(model, batch, opt, dtype=dtype, scaler=scaler) for _ in range(8)]
         assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
 
+
+
+# ---------------------------------------------------------------------- precision per GPU (faked on the CPU)
+@pytest.mark.parametrize("capability, gpu, expected", [
+    ((7, 5), "Tesla T4 (Colab's free GPU)", "fp16"),
+    ((7, 0), "Tesla V100", "fp16"),
+    ((8, 0), "A100", "bf16"),
+    ((8, 6), "RTX 3090", "bf16"),
+    ((9, 0), "H100/H200", "bf16"),
+])
+def test_pick_precision_by_compute_capability(monkeypatch, capability, gpu, expected):
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: asked.append(device) or capability)
+    # torch says True on a T4 too (bf16 emulated); that must not decide
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    assert T.pick_precision("cuda") == expected, gpu
+    assert T.pick_precision() == expected, gpu  # default device: the GPU when there is one
+    assert T.pick_precision(torch.device("cuda", 0)) == expected
+    assert asked and all(torch.device(d).type == "cuda" for d in asked)
+    assert T.pick_precision("cpu") == "bf16"
+
+
+def test_pick_precision_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: pytest.fail("asked a GPU"))
+    assert T.pick_precision() == "bf16"
+

@@ -1,6 +1,7 @@
 """What only the course needs — the library (:mod:`adam8lib`) never imports this package.
 
 * :mod:`~adam8lib.course.environment` — ``setup()``, cell 0 of every notebook (Colab, seeds, quiet logs)
+* :mod:`~adam8lib.course.links` — cells 0/1 and README badges from the repository URL (pyproject)
 * :mod:`~adam8lib.course.outputs` — runs notebooks on the CPU and stores their outputs (``make outputs``)
 * :mod:`~adam8lib.course.finetune` — DistilBERT, data loaders, metrics, ``Trainer``/``accelerate`` helpers
 * :mod:`~adam8lib.course.data` — the offline paraphrase data and tokenizer (GLUE MRPC when the hub answers)

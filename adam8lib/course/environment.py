@@ -19,22 +19,56 @@ import random
 import sys
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["setup", "Environment", "in_colab", "REPO_URL", "colab_url", "COLAB_BADGE", "SETUP_CELL"]
+__all__ = ["setup", "Environment", "in_colab", "repo_url", "REPO_URL", "colab_url", "COLAB_BADGE", "SETUP_CELL", "setup_cell"]
+
+def repo_url() -> str:
+    """The repository's address: ``Repository`` in pyproject's ``[project.urls]``.
+
+    Read from the installed package's metadata (``Project-URL: Repository, ...``), so a pip or
+    Colab install knows it without the source tree. A source checkout whose installed metadata
+    predates that entry falls back to the ``pyproject.toml`` next to the package.
+    """
+    from importlib import metadata
+
+    try:
+        entries = metadata.metadata("adam8lib").get_all("Project-URL") or []
+    except metadata.PackageNotFoundError:
+        entries = []
+    for entry in entries:
+        label, _, url = entry.partition(",")
+        if label.strip().lower() == "repository":
+            return url.strip()
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    if pyproject.is_file():
+        import re
+
+        section = pyproject.read_text(encoding="utf-8").split("[project.urls]", 1)[-1].split("\n[", 1)[0]
+        found = re.search(r'^Repository\s*=\s*"([^"]+)"', section, re.M)
+        if found:
+            return found.group(1)
+    raise RuntimeError("adam8lib's metadata has no Project-URL 'Repository': reinstall the package (pip install -e .)")
+
 
 #: Where the course lives (used for Colab links and the Colab install line).
-REPO_URL = "https://github.com/adam8-course/adam8"
+REPO_URL = repo_url()
 
 #: The image of the "Open In Colab" badge in cell 0 of every notebook.
 COLAB_BADGE = "https://colab.research.google.com/assets/colab-badge.svg"
 
-#: The source of cell 1 (code, tagged ``nbval-ignore-output``) of every notebook.
-SETUP_CELL = f"""# Setup: on Colab, install the course library (errors stay visible; Colab's torch/triton are kept)
+def setup_cell(repo_url: str | None = None) -> str:
+    """The source of cell 1 (code, tagged ``nbval-ignore-output``) of every notebook."""
+    return f"""# Setup: on Colab, install the course library (errors stay visible; Colab's torch/triton are kept)
 import sys
 if "google.colab" in sys.modules:
-    %pip install -q "adam8lib[course] @ git+{REPO_URL}"
+    %pip install -q "adam8lib[course] @ git+{repo_url or REPO_URL}"
 from adam8lib.course import setup
 env = setup()"""
+
+
+#: The source of cell 1 (code, tagged ``nbval-ignore-output``) of every notebook.
+SETUP_CELL = setup_cell()
 
 
 def in_colab() -> bool:
@@ -42,9 +76,10 @@ def in_colab() -> bool:
     return "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ
 
 
-def colab_url(path: str, branch: str = "main") -> str:
-    """The "Open in Colab" address of a notebook of this repository."""
-    return f"https://colab.research.google.com/github/{REPO_URL.split('github.com/')[1]}/blob/{branch}/{path}"
+def colab_url(path: str, branch: str = "main", repo_url: str | None = None) -> str:
+    """The "Open in Colab" address of a notebook of this repository (``repo_url``: :data:`REPO_URL`)."""
+    repo = (repo_url or REPO_URL).removesuffix(".git").split("github.com/")[1]
+    return f"https://colab.research.google.com/github/{repo}/blob/{branch}/{path}"
 
 
 @dataclass(frozen=True)

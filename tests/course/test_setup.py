@@ -101,8 +101,9 @@ def test_environment_str_names_the_device():
 
 
 def test_colab_url():
+    owner_name = REPO_URL.removeprefix("https://github.com/")  # pyproject's [project.urls] Repository
     assert colab_url("notebooks/02_ema.ipynb") == (
-        "https://colab.research.google.com/github/adam8-course/adam8/blob/main/notebooks/02_ema.ipynb"
+        f"https://colab.research.google.com/github/{owner_name}/blob/main/notebooks/02_ema.ipynb"
     )
     assert colab_url("exercises/05_dynamic_map.ipynb", branch="dev").endswith("/blob/dev/exercises/05_dynamic_map.ipynb")
     assert REPO_URL.removeprefix("https://github.com/") in colab_url("x.ipynb")
@@ -115,3 +116,41 @@ def test_setup_cell_installs_from_the_repository_only_on_colab():
     assert len(install) == 1 and install[0].startswith("    ") and f"git+{REPO_URL}" in install[0]
     assert lines[lines.index(install[0]) - 1] == 'if "google.colab" in sys.modules:'
     assert "%%capture" not in SETUP_CELL  # install errors must stay visible
+
+
+# ----------------------------------------------------------------------------------------
+# The repository URL lives in one place: pyproject's [project.urls]
+# ----------------------------------------------------------------------------------------
+def pyproject_repository() -> str:
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text(encoding="utf-8"))
+    return pyproject["project"]["urls"]["Repository"]
+
+
+def test_repo_url_comes_from_the_package_metadata():
+    from importlib import metadata
+
+    entries = metadata.metadata("adam8lib").get_all("Project-URL") or []
+    assert f"Repository, {pyproject_repository()}" in entries, (
+        f"installed metadata {entries} differs from pyproject.toml: reinstall (pip install -e .)"
+    )
+    assert REPO_URL == pyproject_repository()
+    assert f"git+{pyproject_repository()}" in SETUP_CELL
+    assert colab_url("a.ipynb").startswith(
+        "https://colab.research.google.com/github/" + pyproject_repository().removeprefix("https://github.com/")
+    )
+
+
+def test_repo_url_falls_back_to_pyproject_next_to_the_package(monkeypatch):
+    from importlib import metadata
+
+    from adam8lib.course import environment
+
+    class NoUrls:
+        def get_all(self, key):
+            return None
+
+    monkeypatch.setattr(metadata, "metadata", lambda name: NoUrls())
+    assert environment.repo_url() == pyproject_repository()

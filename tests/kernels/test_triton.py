@@ -28,6 +28,7 @@ What "agree" means, and why:
 import copy
 import importlib.util
 import json
+import re
 import os
 import subprocess
 import sys
@@ -451,3 +452,39 @@ def test_step_kernel_compiles_for_gpu_with_exact_math():
         assert res["instructions_per_element"] <= 132, (dtype, res["instructions_per_element"])
     assert out["fp32"]["instructions_per_element"] < 0.55 * search["instructions_per_element"]
     assert out["fp32"]["global_loads_per_element"] < search["global_loads_per_element"] / 3
+
+
+AOT_COMPILE_SM75 = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import gpu_sass
+out = {}
+for dtype in ("fp32", "fp16", "bf16"):
+    kernel, per_thread = gpu_sass.compile_step(75, dtype)
+    out[dtype] = dict(ptx=kernel.asm["ptx"], per_thread=per_thread, **gpu_sass.analyse(kernel, per_thread))
+print(json.dumps(out))
+"""
+
+
+def test_step_kernel_compiles_for_colab_t4_sm75():
+    """Colab's free GPU is a T4 (sm_75: fp16 tensor cores, no bf16 ones). The fused step still
+    compiles there for fp32, fp16 and bf16 parameters (bf16 loads/stores are converted with bit
+    shifts before sm_80), with the same exact division and square root as on sm_90 and no spills."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", AOT_COMPILE_SM75, str(REPO / "bench")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(out) == {"fp32", "fp16", "bf16"}
+    for dtype, res in out.items():
+        ptx, per_thread = res["ptx"], res["per_thread"]
+        assert ".target sm_75" in ptx, dtype
+        for approximate in ("div.full", "div.approx", "sqrt.approx", "rsqrt", "ex2.approx"):
+            assert approximate not in ptx, (dtype, approximate)
+        assert ptx.count("div.rn.f32") >= 2 * per_thread and ptx.count("sqrt.rn.f32") == per_thread, dtype
+        assert ptx.count("fma.rn.f32") == 2 * per_thread, dtype
+        assert res["spill_bytes"] == 0, dtype
+    # sm_75 converts fp16 in hardware but has no cvt for bf16 (sm_80+): no bf16 cvt in its PTX
+    assert "cvt.f32.f16" in out["fp16"]["ptx"] and "cvt.rn.f16.f32" in out["fp16"]["ptx"]
+    assert "bf16" not in "".join(re.findall(r"cvt\.[a-z0-9.]+", out["bf16"]["ptx"]))
