@@ -221,7 +221,7 @@ def _thin(record: dict[str, Any], every: int = 5) -> dict[str, Any]:
 
 
 def summarize(task: str, records: list[dict[str, Any]], optimizers: list[str], seeds: list[int],
-              noise_threads: int | None, cfg) -> dict[str, Any]:
+              noise_threads: int | None, cfg, noise_seeds: list[int] = ()) -> dict[str, Any]:
     import cls_task
     import lm_task
 
@@ -263,10 +263,11 @@ def summarize(task: str, records: list[dict[str, Any]], optimizers: list[str], s
         if task != "cls":
             m = per_opt["adamw"]["valid_loss"]
             result["noise_floor"]["seed_to_seed_relative_std"] = m["std"] / m["mean"]
-        if noise_threads:
-            other = [by[("adamw", s, noise_threads)] for s in seeds]
-            result["noise_floor"][f"adamw_threads{noise_threads}_vs_threads1"] = compare(base, other)
-            result["noise_floor"]["other_threads"] = noise_threads
+        if noise_threads and len(noise_seeds) > 1:
+            one = [by[("adamw", s, 1)] for s in noise_seeds]
+            other = [by[("adamw", s, noise_threads)] for s in noise_seeds]
+            result["noise_floor"]["threads"] = {"other_threads": noise_threads, "seeds": list(noise_seeds),
+                                                **compare(one, other)}
     result["environment"] = environment([r["threads"] for r in records])
     result["runs"] = [_thin(r) for r in records]
     return result
@@ -287,6 +288,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--nice", type=int, default=5)
     parser.add_argument("--noise-threads", type=int, default=2,
                         help="also run AdamW with this many threads (the noise floor; 0: skip)")
+    parser.add_argument("--noise-seeds", type=int, default=4, help="how many of the seeds the noise floor uses")
     parser.add_argument("--fresh", action="store_true", help="re-run runs that are already stored")
     parser.add_argument("--quick", action="store_true", help="tiny config, 2 seeds, in-process; writes nothing")
     args = parser.parse_args(argv)
@@ -304,7 +306,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         overrides.update({"steps": 20, "eval_windows": 8} if task != "cls" else {"train_pairs": 256, "epochs": 1})
         seeds = seeds[:2]
     cfg = task_config(task, overrides)
-    wanted = [(k, s, 1) for k in optimizers for s in seeds] + ([("adamw", s, noise) for s in seeds] if noise else [])
+    noise_seeds = seeds[: args.noise_seeds] if noise else []
+    wanted = [(k, s, 1) for k in optimizers for s in seeds] + [("adamw", s, noise) for s in noise_seeds]
     if args.quick:
         records = [run_one(task, k, s, t, cfg) for k, s, t in wanted]
     else:
@@ -316,7 +319,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         print(f"{task}: {len(wanted)} runs, {len(specs)} to do, {args.jobs} at once", flush=True)
         execute(specs, args.jobs, args.nice)
         records = [json.loads(run_path(task, k, s, t, cfg).read_text()) for k, s, t in wanted]
-    result = summarize(task, records, optimizers, seeds, noise, cfg)
+    result = summarize(task, records, optimizers, seeds, noise, cfg, noise_seeds)
     import report
 
     print(report.text_summary(result))

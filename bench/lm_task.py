@@ -70,8 +70,8 @@ class LMConfig:
     n_embd: int = 128
     n_head: int = 4
     context: int = 128
-    batch_size: int = 16
-    steps: int = 300
+    batch_size: int = 8
+    steps: int = 250
     lr: float = 2e-3
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.98)

@@ -45,9 +45,13 @@ def text_summary(result: dict[str, Any]) -> str:
         comp = result["adam8bit_vs_bnb8bit"]
         lines.append("  adam8bit - bnb8bit (paired, 95% CI): " + ", ".join(
             f"{m} {_ci(c, 100, '%' if c['relative'] else ' pt')}" for m, c in comp.items()))
-    for key, comp in result.get("noise_floor", {}).items():
-        if isinstance(comp, dict) and isinstance(comp.get("valid_loss"), dict):
-            lines.append(f"  noise floor {key}: valid loss {_ci(comp['valid_loss'], 100, '%')}")
+    floor = result.get("noise_floor", {})
+    if "threads" in floor:
+        t = floor["threads"]
+        lines.append(f"  noise floor: adamw {t['other_threads']} threads - 1 thread (seeds {t['seeds']}): "
+                     f"valid loss {_ci(t['valid_loss'], 100, '%')}")
+    if "seed_to_seed_relative_std" in floor:
+        lines.append(f"  noise floor: seed-to-seed std of adamw valid loss {100 * floor['seed_to_seed_relative_std']:.2f}%")
     return "\n".join(lines)
 
 
