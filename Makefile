@@ -43,16 +43,16 @@ clean:
 # ---- course tooling (each target's module is documented in README) ----
 # Re-execute lessons and solutions on the CPU and store their outputs (deterministic).
 outputs: setup
-	$(PY) -m adam8lib.notebooks execute notebooks solutions
+	$(PY) -m adam8lib.course.outputs execute notebooks solutions
 
 # Regenerate the learner workbooks from the solutions.
 exercises: setup
-	$(PY) -m adam8lib.grading.generate solutions exercises
+	$(PY) -m adam8lib.course.grading.generate solutions exercises
 
 # Grade a class: one subfolder of notebooks per learner -> grades/gradebook.csv
 SUBMISSIONS ?= submissions
 grade: setup
-	$(PY) -m adam8lib.grading.gradebook $(SUBMISSIONS) --out grades/gradebook.csv
+	$(PY) -m adam8lib.course.grading.gradebook $(SUBMISSIONS) --out grades/gradebook.csv
 
 # Side-by-side CPU benchmark of the 8-bit step (writes bench/README.md tables).
 bench: setup

@@ -23,10 +23,14 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 import torch
+from torch import nn
 
 from .quant import check_blocksize, num_blocks
 
-__all__ = ["MB", "OptimizerMemory", "estimate_optimizer_memory", "compute_optimizer_size", "KINDS"]
+__all__ = [
+    "MB", "OptimizerMemory", "estimate_optimizer_memory", "compute_optimizer_size", "KINDS",
+    "saved_activation_bytes", "materialize_state",
+]
 
 MB = 2**20
 KINDS = ("adamw", "adam8bit", "adafactor")
@@ -148,3 +152,64 @@ def compute_optimizer_size(optimizer_states: Iterable[Mapping[str, Any]]) -> tup
             nbytes += value.numel() * value.element_size()
             elements += value.numel()
     return nbytes / MB, elements
+
+
+# ---------------------------------------------------------------------- measuring memory
+def saved_activation_bytes(model: nn.Module, batch: dict[str, torch.Tensor], dtype: torch.dtype | None = None) -> int:
+    """Bytes of the tensors autograd saves for backward in one forward pass of ``model``.
+
+    These activations, not the weights, are what autocast shrinks: under bf16 autocast the
+    matmul inputs are saved as 2-byte copies. Each saved storage is counted once (weights are
+    parameters, not activations, and are skipped unless autocast made a 16-bit copy).
+    """
+    device_type = next(model.parameters()).device.type
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: set[int] = set()
+    total = 0
+
+    def pack(t: torch.Tensor):
+        nonlocal total
+        if t.layout == torch.strided and t.device.type != "meta":
+            key = t.untyped_storage().data_ptr()
+            if key not in params and key not in seen:
+                seen.add(key)
+                total += t.untyped_storage().nbytes()
+        return t
+
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast(device_type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = model(**batch).loss
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    return total
+
+
+def materialize_state(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Create every per-parameter state of an ``Adam8bit`` (or AdamW) now, without a step.
+
+    Optimizers create their states lazily, at the first ``step()``. To *measure* the state of
+    a big model (``compute_optimizer_size``) no update is needed: for :class:`Adam8bit` this
+    allocates exactly what the first step would (codes, absmax or fp32 moments); other
+    optimizers take one step on zero gradients with ``lr`` set to 0 for that step.
+    """
+    from .optim import Adam8bit
+
+    if isinstance(optimizer, Adam8bit):
+        optimizer.init_state()
+        return optimizer
+    saved = [(g["lr"], g.get("weight_decay")) for g in optimizer.param_groups]
+    grads = {}
+    for g in optimizer.param_groups:
+        g["lr"] = 0.0
+        for p in g["params"]:
+            grads[p] = p.grad
+            p.grad = torch.zeros_like(p)
+    try:
+        optimizer.step()
+    finally:
+        for g, (lr, _) in zip(optimizer.param_groups, saved):
+            g["lr"] = lr
+        for p, grad in grads.items():
+            p.grad = grad
+    return optimizer

@@ -122,6 +122,16 @@ class Adam8bit(torch.optim.Optimizer):
                 self._step_32bit(group, p, state)
         return loss
 
+    @torch.no_grad()
+    def init_state(self) -> None:
+        """Create the states of every parameter now (as the first ``step()`` would), without
+        updating anything: to measure or shard an optimizer before training."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                if not state:
+                    self._init_state(group, p, state)
+
     def _init_state(self, group: dict[str, Any], p: torch.Tensor, state: dict[str, Any]) -> None:
         state["step"] = 0
         n = p.numel()

@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from adam8lib import Adam8bit  # noqa: E402
-from adam8lib import data as D  # noqa: E402
+from adam8lib.course import data as D  # noqa: E402
 from adam8lib import training as T  # noqa: E402
 
 
@@ -38,8 +38,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     from transformers import get_linear_schedule_with_warmup
 
     data, tok, _ = D.load_task("offline")
-    train, valid = T.make_dataloaders(data, tok, batch_size=32, seed=args.seed)
-    ref = T.build_distilbert(small=True, seed=args.seed, vocab_size=len(tok), max_position_embeddings=64)
+    train, valid = F.make_dataloaders(data, tok, batch_size=32, seed=args.seed)
+    ref = F.build_distilbert(small=True, seed=args.seed, vocab_size=len(tok), max_position_embeddings=64)
     models = {"AdamW (fp32)": ref, "adam8lib Adam8bit": copy.deepcopy(ref), "bnb Adam8bit": copy.deepcopy(ref)}
     makers = [torch.optim.AdamW, Adam8bit, bnb.optim.Adam8bit]
     opts = {k: make(T.make_param_groups(m, 0.01), lr=args.lr) for (k, m), make in zip(models.items(), makers)}
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             for opt, sched in zip(opts.values(), scheds):
                 opt.step()
                 sched.step()
-        accuracy = {k: T.evaluate(m, valid, precision="bf16")["accuracy"] for k, m in models.items()}
+        accuracy = {k: F.evaluate(m, valid, precision="bf16")["accuracy"] for k, m in models.items()}
         print(f"epoch {epoch + 1}: " + "  ".join(f"{k} {100 * a:.1f}%" for k, a in accuracy.items()), flush=True)
     return accuracy
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from adam8lib.grading.workbook import find_workbook, load_workbook
+from adam8lib.course.grading.workbook import find_workbook, load_workbook
 
 SOLUTIONS = Path(__file__).resolve().parents[1] / "solutions"
 

@@ -7,7 +7,7 @@ from transformers.optimization import Adafactor
 
 from adam8lib import Adam8bit
 from adam8lib.memory import MB, compute_optimizer_size, estimate_optimizer_memory
-from adam8lib.training import DISTILBERT_NUM_PARAMS, build_distilbert
+from adam8lib.course.finetune import DISTILBERT_NUM_PARAMS, build_distilbert
 from tests._bnb import bnb
 
 

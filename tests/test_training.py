@@ -10,8 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from adam8lib import data as D
+from adam8lib.course import data as D
 from adam8lib import training as T
+from adam8lib.course import finetune as F
+from adam8lib import memory as M
 from adam8lib.memory import compute_optimizer_size
 from adam8lib.optim import Adam8bit
 
@@ -29,7 +31,7 @@ def full_model():
     """The full model without its random init (slow on 2 cores): built on the meta device,
     then given real, uninitialized CPU storage. Names, shapes and optimizer states are what matter."""
     with torch.device("meta"):
-        model = T.build_distilbert(small=False)
+        model = F.build_distilbert(small=False)
     return model.to_empty(device="cpu")
 
 
@@ -40,7 +42,7 @@ def task():
 
 
 def tiny_model(vocab_size: int, seed: int = 0):
-    return T.build_distilbert(small=True, seed=seed, vocab_size=vocab_size, max_position_embeddings=64)
+    return F.build_distilbert(small=True, seed=seed, vocab_size=vocab_size, max_position_embeddings=64)
 
 
 def trainer_decay_names(model):
@@ -52,7 +54,7 @@ def trainer_decay_names(model):
 # ---------------------------------------------------------------------- decay groups
 @pytest.mark.parametrize("small", [False, True])
 def test_decay_names_equal_trainer(small, full_model):
-    model = full_model if not small else T.build_distilbert(small=True)
+    model = full_model if not small else F.build_distilbert(small=True)
     ours = T.decay_parameter_names(model)
     theirs = trainer_decay_names(model)
     assert sorted(ours) == sorted(theirs)
@@ -64,7 +66,7 @@ def test_decay_names_equal_trainer(small, full_model):
 
 
 def test_distilbert_has_exactly_the_chapters_parameter_count(full_model):
-    assert sum(p.numel() for p in full_model.parameters()) == T.DISTILBERT_NUM_PARAMS == 65_783_042
+    assert sum(p.numel() for p in full_model.parameters()) == F.DISTILBERT_NUM_PARAMS == 65_783_042
 
 
 def test_make_param_groups_counts_and_decays(full_model):
@@ -80,7 +82,7 @@ def test_make_param_groups_counts_and_decays(full_model):
 
 
 def test_make_param_groups_skips_frozen_and_checks_decay():
-    model = T.build_distilbert(small=True)
+    model = F.build_distilbert(small=True)
     for p in model.distilbert.embeddings.parameters():
         p.requires_grad_(False)
     groups = T.make_param_groups(model, 0.01)
@@ -136,12 +138,12 @@ def test_offline_task_tokenized_for_distilbert(task):
 
 def test_hub_is_skipped_offline(monkeypatch):
     assert D.hub_available() is False  # HF_HUB_OFFLINE=1 (fixture): no connection attempted
-    model = T.load_distilbert(small=True, source="auto")
+    model = F.load_distilbert(small=True, source="auto")
     assert sum(p.numel() for p in model.parameters()) == sum(
-        p.numel() for p in T.build_distilbert(small=True).parameters())
+        p.numel() for p in F.build_distilbert(small=True).parameters())
     for bad in ("online", ""):
         with pytest.raises(ValueError, match="source"):
-            T.load_distilbert(source=bad)
+            F.load_distilbert(source=bad)
         with pytest.raises(ValueError, match="source"):
             D.load_pairs(bad)
 
@@ -153,13 +155,13 @@ def test_accuracy_f1_matches_sklearn():
     g = torch.Generator().manual_seed(0)
     for _ in range(5):
         pred, gold = torch.randint(0, 2, (97,), generator=g), torch.randint(0, 2, (97,), generator=g)
-        m = T.accuracy_f1(pred, gold)
+        m = F.accuracy_f1(pred, gold)
         assert m["accuracy"] == pytest.approx(accuracy_score(gold, pred))
         assert m["f1"] == pytest.approx(f1_score(gold, pred))
     logits = torch.tensor([[2.0, -1.0], [0.0, 3.0], [1.0, 0.5]])
-    assert T.compute_metrics((logits.numpy(), [0, 1, 1])) == pytest.approx({"accuracy": 2 / 3, "f1": 2 / 3})
+    assert F.compute_metrics((logits.numpy(), [0, 1, 1])) == pytest.approx({"accuracy": 2 / 3, "f1": 2 / 3})
     with pytest.raises(ValueError):
-        T.accuracy_f1([0, 1], [1])
+        F.accuracy_f1([0, 1], [1])
 
 
 def test_make_optimizer_kinds():
@@ -220,8 +222,8 @@ def test_training_step_fp16_with_grad_scaler_and_fp32(task):
 def test_autocast_bf16_shrinks_saved_activations(task):
     model = tiny_model(len(task[1]))
     batch = _batch(task)
-    fp32 = T.saved_activation_bytes(model, batch)
-    bf16 = T.saved_activation_bytes(model, batch, torch.bfloat16)
+    fp32 = M.saved_activation_bytes(model, batch)
+    bf16 = M.saved_activation_bytes(model, batch, torch.bfloat16)
     assert 0.3 * fp32 < bf16 < 0.85 * fp32
 
 
@@ -234,9 +236,9 @@ def test_accelerate_loop_bf16_trains_with_schedule(task):
     loader = DataLoader(train.with_format("torch"), batch_size=8, shuffle=True, collate_fn=collate,
                         generator=torch.Generator().manual_seed(0))
     model = tiny_model(len(tok))
-    before = T.evaluate(model, loader)["loss"]
+    before = F.evaluate(model, loader)["loss"]
     opt = T.make_optimizer(model, "adam8bit", lr=2e-3)
-    hist = T.train_with_accelerate(model, opt, loader, loader, epochs=15, precision="bf16", progress=False,
+    hist = F.train_with_accelerate(model, opt, loader, loader, epochs=15, precision="bf16", progress=False,
                                    warmup_ratio=0.1)
     assert hist["precision"] == "bf16" and len(hist["loss"]) == 30 and len(hist["eval"]) == 15
     lrs = hist["lr"]
@@ -244,13 +246,13 @@ def test_accelerate_loop_bf16_trains_with_schedule(task):
     assert hist["eval"][-1]["loss"] < 0.7 * before, (before, hist["eval"])  # it memorizes 16 pairs
     assert hist["model"] is model
     with pytest.raises(ValueError, match="fp16"):
-        T.train_with_accelerate(model, opt, loader, precision="fp16", progress=False)
+        F.train_with_accelerate(model, opt, loader, precision="fp16", progress=False)
 
 
 def test_trainer_with_adam8bit_learns_and_reports_accuracy_f1(task, tmp_path):
     train, tok = _overfit_set(task)
     model = tiny_model(len(tok))
-    trainer = T.make_trainer(model, tok, train, train, lr=2e-3, epochs=15, batch_size=8, precision="bf16",
+    trainer = F.make_trainer(model, tok, train, train, lr=2e-3, epochs=15, batch_size=8, precision="bf16",
                              output_dir=str(tmp_path), progress=False, warmup_ratio=0.1)
     before = trainer.evaluate()
     trainer.train()
@@ -267,9 +269,9 @@ def test_trainer_with_adam8bit_learns_and_reports_accuracy_f1(task, tmp_path):
 def test_adam8bit_state_of_full_distilbert_is_a_quarter_of_adamw(full_model):
     # the lesson's numbers; a real 8-bit step on 65M parameters is slow on 2 cores, so the states
     # are created as the first step would (that equivalence is checked on the small model below)
-    opt8 = T.materialize_state(T.make_optimizer(full_model, "adam8bit", lr=1e-3))
+    opt8 = M.materialize_state(T.make_optimizer(full_model, "adam8bit", lr=1e-3))
     mb8, _ = compute_optimizer_size(opt8.state.values())
-    opt32 = T.materialize_state(torch.optim.AdamW(T.make_param_groups(full_model, 0.0), lr=1e-3))
+    opt32 = M.materialize_state(torch.optim.AdamW(T.make_param_groups(full_model, 0.0), lr=1e-3))
     mb32, _ = compute_optimizer_size(opt32.state.values())
     assert round(mb8) == 128 and round(mb32) == 502
     assert opt32.param_groups[0]["lr"] == 1e-3 and all(p.grad is None for p in full_model.parameters())
@@ -278,7 +280,7 @@ def test_adam8bit_state_of_full_distilbert_is_a_quarter_of_adamw(full_model):
 @pytest.mark.parametrize("kind", ["adam8bit", "adamw"])
 def test_materialize_state_equals_the_first_steps_state(kind):
     model = tiny_model(100)
-    a = T.materialize_state(T.make_optimizer(model, kind, lr=1e-3))
+    a = M.materialize_state(T.make_optimizer(model, kind, lr=1e-3))
     b = T.make_optimizer(model, kind, lr=1e-3)
     for p in model.parameters():
         p.grad = torch.randn_like(p)

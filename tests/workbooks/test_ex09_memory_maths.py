@@ -54,7 +54,7 @@ def test_training_memory_equals_what_a_real_step_allocates(workbook, kind, dtype
 
 
 def test_training_memory_of_distilbert_on_the_meta_device(workbook):
-    from adam8lib.checks.ex09_memory_maths import distilbert_shapes
+    from adam8lib.course.checks.ex09_memory_maths import distilbert_shapes
 
     params = [torch.nn.Parameter(torch.empty(s, device="meta")) for s in distilbert_shapes()]
     model = torch.nn.Module()

@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from adam8lib import Adam8bit
-from adam8lib.training import build_distilbert, decay_parameter_names
+from adam8lib.training import decay_parameter_names
+from adam8lib.course.finetune import build_distilbert
 
 pytestmark = pytest.mark.ex10
 

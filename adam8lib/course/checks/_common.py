@@ -1,0 +1,259 @@
+"""Shared helpers for the workbook checks (``adam8lib/course/checks/exNN_*.py``).
+
+A check takes the learner's function, compares it with the library's reference on several
+inputs, raises :class:`AssertionError` with a *hint* naming the likely mistake, and on
+success prints exactly one line (stored as the check cell's output and compared by nbval)::
+
+    from adam8lib.course.checks._common import assert_close, assert_equal, call, passed
+
+    def check_ema_update(ema_update):
+        for beta in (0.0, 0.9, 0.999):
+            got = call(ema_update, avg, x, beta)               # stub -> "not implemented yet"
+            assert_close(got, reference(avg, x, beta),
+                         hint="avg = beta*avg + (1-beta)*x: is beta on the old average?",
+                         what=f"ema_update(beta={beta})")
+        passed("Exercise 02.1 · EMA update")                   # ✔ Exercise 02.1 · EMA update: all checks passed
+
+Helpers
+-------
+``call(fn, *args, **kwargs)``
+    Call the learner's function. ``NotImplementedError`` (the stub) becomes an AssertionError
+    "<name> is not implemented yet"; any other exception becomes an AssertionError that names
+    the function, the exception and the inputs (chained, so the traceback stays visible).
+``assert_close(actual, expected, *, hint, rtol, atol, what, dtype, check_dtype)``
+    Tensors / arrays / numbers / (nested) tuples and lists: checks ``None`` (forgotten
+    ``return``), type, shape, optionally dtype, non-finite values, then closeness; the message
+    gives the worst element, its index and the hint.
+``assert_equal(actual, expected, *, hint, what)``
+    Exact equality (codes, counts, shapes, strings, sets of names), same reporting.
+``fail(message, hint=None)``
+    Raise the AssertionError in the common format (for checks of your own).
+``require_callable(fn, name)``
+    TypeError when the check was given something that is not a function.
+``passed(title)``
+    Print ``✔ <title>: all checks passed`` (the one fixed success line).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NoReturn
+
+__all__ = [
+    "SUCCESS_MARK",
+    "success_line",
+    "passed",
+    "fail",
+    "call",
+    "require_callable",
+    "assert_close",
+    "assert_equal",
+]
+
+SUCCESS_MARK = "✔"
+
+
+def success_line(title: str) -> str:
+    """The fixed success line of a check: ``✔ <title>: all checks passed``."""
+    if not isinstance(title, str) or not title.strip():
+        raise ValueError("a check's title must be a non-empty string")
+    return f"{SUCCESS_MARK} {title.strip()}: all checks passed"
+
+
+def passed(title: str) -> None:
+    """Print the one success line of a check (nbval compares it with the stored output)."""
+    print(success_line(title))
+
+
+def fail(message: str, hint: str | None = None) -> NoReturn:
+    """Raise an AssertionError ``message`` followed by ``Hint: hint``."""
+    text = message.rstrip()
+    if hint:
+        text += f"\nHint: {hint}"
+    raise AssertionError(text)
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def require_callable(fn: Any, name: str = "your function") -> Callable:
+    """Return ``fn`` if it is callable, else raise TypeError (the check got a wrong argument)."""
+    if not callable(fn):
+        raise TypeError(f"pass {name} itself (a function) to the check, got {type(fn).__name__}: {fn!r:.80}")
+    return fn
+
+
+def _short(value: Any) -> str:
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return f"tensor(shape={tuple(value.shape)}, dtype={value.dtype})"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def call(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """Call the learner's ``fn``; turn its exceptions into AssertionErrors that say what happened."""
+    require_callable(fn)
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError as exc:
+        raise AssertionError(
+            f"{_name(fn)} is not implemented yet: replace the `raise NotImplementedError(...)` line "
+            "in the exercise cell with your code, run that cell, then run this check again."
+        ) from exc
+    except AssertionError:
+        raise
+    except Exception as exc:
+        inputs = ", ".join([_short(a) for a in args] + [f"{k}={_short(v)}" for k, v in kwargs.items()])
+        raise AssertionError(f"{_name(fn)}({inputs}) raised {type(exc).__name__}: {exc}") from exc
+
+
+def _to_tensor(value: Any):
+    """``value`` as a torch tensor if it is a tensor or a NumPy array, else None."""
+    torch = sys.modules.get("torch")  # not imported yet -> value cannot be a tensor
+    if torch is not None and isinstance(value, torch.Tensor):
+        return value
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(value, np.ndarray):
+        import torch
+
+        return torch.from_numpy(value)
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Number) and not isinstance(value, bool)
+
+
+def assert_close(
+    actual: Any,
+    expected: Any,
+    *,
+    hint: str | None = None,
+    rtol: float = 1e-5,
+    atol: float = 1e-6,
+    what: str = "your result",
+    dtype: Any = None,
+    check_dtype: bool = False,
+) -> None:
+    """Assert ``actual`` ≈ ``expected`` (``|a-e| <= atol + rtol*|e|``, NaNs must match).
+
+    ``expected`` may be a tensor, a NumPy array, a number, or a tuple/list/dict of those
+    (compared item by item). ``dtype`` requires that dtype of a tensor result;
+    ``check_dtype=True`` requires the dtype of ``expected``.
+    """
+    if actual is None and expected is not None:
+        fail(f"{what} is None.", hint="did you forget to `return` the result?")
+    if isinstance(expected, Mapping):
+        if not isinstance(actual, Mapping):
+            fail(f"{what} should be a dict, got {type(actual).__name__}.", hint)
+        if set(actual) != set(expected):
+            fail(f"{what} has keys {sorted(map(str, actual))}, expected {sorted(map(str, expected))}.", hint)
+        for key in expected:
+            assert_close(actual[key], expected[key], hint=hint, rtol=rtol, atol=atol, what=f"{what}[{key!r}]",
+                         dtype=dtype, check_dtype=check_dtype)
+        return
+    if isinstance(expected, (tuple, list)):
+        if not isinstance(actual, (tuple, list)):
+            fail(f"{what} should be a {type(expected).__name__} of {len(expected)} items, "
+                 f"got {type(actual).__name__}.", hint)
+        if len(actual) != len(expected):
+            fail(f"{what} has {len(actual)} items, expected {len(expected)}.", hint)
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            assert_close(a, e, hint=hint, rtol=rtol, atol=atol, what=f"{what}[{i}]", dtype=dtype,
+                         check_dtype=check_dtype)
+        return
+
+    exp_t = _to_tensor(expected)
+    if exp_t is None:
+        if not _is_number(expected):
+            raise TypeError(f"assert_close cannot compare with {type(expected).__name__}; use assert_equal")
+        act_t = _to_tensor(actual)
+        if act_t is not None and act_t.numel() == 1:
+            actual = act_t.item()
+        if not _is_number(actual):
+            fail(f"{what} should be a number, got {type(actual).__name__}: {_short(actual)}.", hint)
+        a, e = complex(actual), complex(expected)
+        if a.imag or e.imag:
+            ok = abs(a - e) <= atol + rtol * abs(e)
+        else:
+            a, e = a.real, e.real
+            ok = (math.isnan(a) and math.isnan(e)) or a == e or abs(a - e) <= atol + rtol * abs(e)
+        if not ok:
+            fail(f"{what} = {actual!r}, expected {expected!r} (difference {abs(a - e):.3g}).", hint)
+        return
+
+    import torch
+
+    act_t = _to_tensor(actual)
+    if act_t is None:
+        fail(f"{what} should be a tensor, got {type(actual).__name__}: {_short(actual)}.", hint)
+    if tuple(act_t.shape) != tuple(exp_t.shape):
+        fail(f"{what} has shape {tuple(act_t.shape)}, expected {tuple(exp_t.shape)}.", hint)
+    want_dtype = exp_t.dtype if check_dtype else dtype
+    if want_dtype is not None and act_t.dtype != want_dtype:
+        fail(f"{what} has dtype {act_t.dtype}, expected {want_dtype}.", hint)
+    if exp_t.numel() == 0:
+        return
+    a = act_t.detach().cpu()
+    e = exp_t.detach().cpu()
+    if a.is_complex() or e.is_complex():
+        a, e = a.to(torch.complex128), e.to(torch.complex128)
+    else:
+        a, e = a.to(torch.float64), e.to(torch.float64)
+    nan_a, nan_e = torch.isnan(a), torch.isnan(e)
+    if not torch.equal(nan_a, nan_e):
+        idx = torch.nonzero(nan_a != nan_e)[0].tolist()
+        fail(f"{what} is {a[tuple(idx)].item()} at index {tuple(idx)}, expected {e[tuple(idx)].item()} "
+             "(NaN where there should be none, or the other way round).", hint)
+    a = torch.where(nan_a, torch.zeros_like(a), a)
+    e = torch.where(nan_e, torch.zeros_like(e), e)
+    same = a == e  # equal infinities are fine
+    diff = torch.where(same, torch.zeros_like(a.real if a.is_complex() else a), (a - e).abs())
+    bound = atol + rtol * e.abs()
+    bad = diff > bound
+    if bool(bad.any()):
+        excess = torch.where(bad, diff - bound, torch.full_like(diff, -1.0))
+        flat = int(torch.argmax(excess.reshape(-1)))
+        idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(e.shape))) if e.dim() else ()
+        n_bad, n = int(bad.sum()), bad.numel()
+        fail(
+            f"{what} differs from the reference at {n_bad} of {n} elements; worst at index {idx}: "
+            f"got {a[idx].item():.6g}, expected {e[idx].item():.6g} (tolerance rtol={rtol:g}, atol={atol:g}).",
+            hint,
+        )
+
+
+def assert_equal(actual: Any, expected: Any, *, hint: str | None = None, what: str = "your result") -> None:
+    """Assert exact equality; tensors/arrays element by element (shape and values, dtype-agnostic)."""
+    if actual is None and expected is not None:
+        fail(f"{what} is None.", hint="did you forget to `return` the result?")
+    exp_t = _to_tensor(expected)
+    if exp_t is not None:
+        act_t = _to_tensor(actual)
+        if act_t is None:
+            fail(f"{what} should be a tensor, got {type(actual).__name__}: {_short(actual)}.", hint)
+        if tuple(act_t.shape) != tuple(exp_t.shape):
+            fail(f"{what} has shape {tuple(act_t.shape)}, expected {tuple(exp_t.shape)}.", hint)
+        import torch
+
+        a, e = act_t.detach().cpu(), exp_t.detach().cpu()
+        if a.dtype != e.dtype:
+            a, e = a.to(torch.float64), e.to(torch.float64)
+        neq = a != e
+        if bool(neq.any()):
+            idx = tuple(int(i) for i in torch.nonzero(neq)[0]) if neq.dim() else ()
+            fail(f"{what} differs at {int(neq.sum())} of {neq.numel()} elements; first at index {idx}: "
+                 f"got {a[idx].item()!r}, expected {e[idx].item()!r}.", hint)
+        return
+    if isinstance(expected, Sequence) and not isinstance(expected, str) and isinstance(actual, Sequence) \
+            and not isinstance(actual, str) and len(actual) == len(expected):
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            assert_equal(a, e, hint=hint, what=f"{what}[{i}]")
+        return
+    if actual != expected:
+        fail(f"{what} = {_short(actual)}, expected {_short(expected)}.", hint)

@@ -1,0 +1,83 @@
+"""Check cells of workbook 09 (ex09_memory_maths): pass on the solution, fail with a named hint on each plausible wrong answer."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # before any @triton.jit below: Triton's interpreter on the CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from adam8lib.course import checks  # noqa: E402
+from adam8lib.kernels.reference import adam8bit_step  # noqa: E402
+from adam8lib.quant import dequantize_blocks, nearest_code, num_blocks  # noqa: E402
+
+from tests._check_helpers import SOLUTIONS, fails_with, solution, stub  # noqa: E402,F401
+
+
+
+# ------------------------------------------------------------------ 09 · memory maths
+def make_megabytes(*, divisor=2**20, absmax=8, ceil=True):
+    def state_megabytes(num_params, kind="adam8bit", blocksize=256):
+        if kind == "adamw":
+            return 8 * num_params / divisor
+        blocks = -(-num_params // blocksize) if ceil else num_params // blocksize
+        return (2 * num_params + absmax * blocks) / divisor
+
+    return state_megabytes
+
+
+@pytest.mark.parametrize("fn, hint", [
+    (make_megabytes(divisor=1e6), "divide by 2**20, not 10**6"),
+    (make_megabytes(absmax=0), "you forgot the absmax"),
+    (make_megabytes(ceil=False), "the ragged tail is a block too"),
+    (stub, "not implemented yet"),
+])
+def test_state_megabytes_fails(fn, hint):
+    fails_with(checks.check_state_megabytes, fn, hint)
+
+
+def make_budget(*, grads=True, itemsize=None, small_rule=True):
+    def training_memory(model, optimizer="adamw", blocksize=256, min_8bit_size=4096):
+        w = g = s = 0
+        for p in model.parameters():
+            n = p.numel()
+            w += n * (itemsize or p.element_size())
+            g += n * (itemsize or p.element_size()) if grads else 0
+            big = n >= min_8bit_size or not small_rule
+            s += 2 * n + 8 * (-(-n // blocksize)) if optimizer == "adam8bit" and big else 8 * n
+        return {"weights": w, "gradients": g, "optimizer": s, "total": w + g + s}
+
+    return training_memory
+
+
+@pytest.mark.parametrize("fn, hint", [
+    (make_budget(grads=False), "gradients take as much memory as the weights"),
+    (make_budget(itemsize=4), "bf16/fp16 weights and gradients take 2 bytes"),
+    (make_budget(small_rule=False), "small-tensor rule"),
+    (stub, "not implemented yet"),
+])
+def test_training_memory_fails(fn, hint):
+    fails_with(checks.check_training_memory, fn, hint)
+
+
+def test_ex09_checks_pass_on_the_solution(capsys):
+    checks.check_state_megabytes(solution("09", "state_megabytes"))
+    checks.check_training_memory(solution("09", "training_memory"))
+    assert capsys.readouterr().out.count("all checks passed") == 2
+
+
+def test_distilbert_shapes_match_the_model():
+    """The check's DistilBERT shapes are those of the transformers model (built on the meta device)."""
+    from adam8lib.course.checks.ex09_memory_maths import distilbert_shapes
+    from adam8lib.course.finetune import build_distilbert
+
+    with torch.device("meta"):
+        model = build_distilbert()
+    assert sorted(tuple(p.shape) for p in model.parameters()) == sorted(distilbert_shapes())

@@ -1,0 +1,405 @@
+"""Triton kernels (lesson 08) against the reference backend and ``adam8lib.quant``.
+
+Without a GPU the kernels run in Triton's interpreter: TRITON_INTERPRET=1 is set here and in
+tests/conftest.py before ``adam8lib.kernels.triton`` is imported. Every GPU test is the
+``device="cuda"`` case of a CPU test (``@pytest.mark.gpu``, skipped only without CUDA); the
+``"cpu"`` case needs the interpreter, i.e. runs wherever there is no GPU (and in
+``TRITON_INTERPRET=1 pytest -m "not gpu"`` on a GPU machine).
+
+What "agree" means, and why:
+
+* quantize / dequantize: identical codes, absmax and values. Both sides do an IEEE division
+  ``1/absmax``, one fp32 multiply and the same search-and-compare rule.
+* fused step, the states (codes and absmax): identical on the CPU. They depend only on the
+  moments, which the kernel computes with the reference's fp32 operations in the same order
+  (a fused multiply-add exactly where torch's CPU kernels use one). On a GPU they are expected
+  identical too, but torch's CUDA kernels are compiled separately and may fuse differently:
+  an ulp of difference in m or v can move a value sitting on the boundary between two codes.
+  So GPU runs require >= 99.9% identical codes, any other one code away, absmax within 1e-6
+  relative — compared step by step from identical inputs, so a difference cannot snowball.
+* fused step, the parameters: within 1e-6 (fp32). Not bit-identical even on the CPU: torch
+  computes ``v.sqrt()`` with MKL's vectorized sqrt, which is not correctly rounded (one ulp off on
+  ~20% of inputs, measured on this machine), while the kernel's ``sqrt_rn`` is. A bf16/fp16
+  parameter is the rounding of those fp32 values, which are an ulp apart at most, so it is
+  identical unless the two straddle a rounding boundary; then they are neighbours: we allow one
+  ulp of bf16/fp16 on at most 1% of the elements (a rounding bug, such as truncating, fails this).
+"""
+
+import copy
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # before adam8lib.kernels.triton is imported (conftest does it too)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from torch import nn  # noqa: E402
+
+from adam8lib import AdamW8bit, kernels  # noqa: E402
+from adam8lib.kernels import reference  # noqa: E402
+from adam8lib.kernels import triton as kt  # noqa: E402
+from adam8lib.quant import (  # noqa: E402
+    dequantize_blockwise,
+    dynamic_map,
+    linear_map,
+    num_blocks,
+    quantize_blockwise,
+    quantize_blocks,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+SIZES = [1, 255, 256, 257, 4095, 10_003]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+BLOCKSIZES = [256, 2048]
+DEVICES = [
+    pytest.param("cpu", marks=pytest.mark.skipif(
+        not kt.INTERPRETED, reason="the CPU twin needs TRITON_INTERPRET=1 (set automatically without a GPU)")),
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA GPU")]),
+]
+MAPS = {"dynamic signed": dynamic_map(True), "dynamic unsigned": dynamic_map(False), "linear": linear_map(True)}
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    return torch.device(request.param)
+
+
+def heavy_tailed(n, seed, device, scale=1.0):
+    """Values spread over many decades (like Adam's moments), a zero block, both signs."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=gen) * torch.exp(2 * torch.randn(n, generator=gen)) * scale
+    x[256:512] = 0.0  # an all-zero block (absmax 0) when n is large enough
+    return x.to(device)
+
+
+# ------------------------------------------------------------------ quantize / dequantize
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("blocksize", BLOCKSIZES)
+@pytest.mark.parametrize("map_name", list(MAPS))
+def test_quantize_matches_quant(device, n, blocksize, map_name):
+    code = MAPS[map_name].to(device)
+    x = heavy_tailed(n, seed=n, device=device)
+    codes, absmax = kt.quantize_blockwise_triton(x, code, blocksize)
+    ref_codes, ref_absmax = quantize_blockwise(x, code, blocksize)
+    assert codes.dtype == torch.uint8 and codes.shape == x.shape
+    assert torch.equal(absmax, ref_absmax)
+    assert torch.equal(codes, ref_codes)
+
+
+@pytest.mark.parametrize("n", [257, 10_003])
+def test_quantize_keep_sign_matches_quant(device, n):
+    code = dynamic_map(True).to(device)
+    x = heavy_tailed(n, seed=5, device=device, scale=1e-3)
+    x[-200:-100] = -1e-9 * (1 + torch.rand(100, device=device))  # tiny values whose nearest entry is 0.0
+    x[-100:] = 1e-9 * (1 + torch.rand(100, device=device))
+    codes, absmax = kt.quantize_blockwise_triton(x, code, 256, keep_sign=True)
+    ref_codes, ref_absmax = quantize_blocks(x, code, 256, keep_sign=True)
+    assert torch.equal(absmax, ref_absmax) and torch.equal(codes, ref_codes)
+    assert (code[codes[-200:-100].long()] < 0).all() and (code[codes[-100:].long()] > 0).all()  # signs kept
+
+
+@pytest.mark.parametrize("map_name", list(MAPS))
+def test_quantize_exact_values_and_ties(device, map_name):
+    """Map entries get their own code; exact midpoints (ties) get the lower index."""
+    code = MAPS[map_name].to(device)
+    mid = (code[:-1] + code[1:]) / 2  # fp32 midpoints; some are exact ties, some not
+    x = torch.cat([torch.ones(1, device=device), code, mid])  # absmax 1, so x/absmax == x
+    codes, absmax = kt.quantize_blockwise_triton(x, code, 2048)
+    assert torch.equal(codes, quantize_blockwise(x, code, 2048)[0]) and absmax.item() == 1.0
+    own = codes[1:257].long()
+    assert torch.equal(code[own], code)  # each entry maps to itself (or its equal twin)
+    lower = torch.arange(255, device=device)
+    tie = (code[1:] - mid) == (mid - code[:-1])
+    assert tie.sum() > 50, "expected many exact ties"
+    assert torch.equal(codes[257:][tie].long(), lower[tie])
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("blocksize", BLOCKSIZES)
+def test_dequantize_matches_quant(device, n, dtype, blocksize):
+    gen = torch.Generator().manual_seed(n)
+    codes = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=gen).to(device)
+    absmax = (torch.rand(num_blocks(n, blocksize), generator=gen) * 10).to(device)
+    absmax[0] = 0.0
+    code = dynamic_map(True).to(device)
+    out = kt.dequantize_blockwise_triton(codes, absmax, code, blocksize, dtype)
+    assert out.dtype == dtype
+    assert torch.equal(out, dequantize_blockwise(codes, absmax, code, blocksize, dtype))
+
+
+def test_quantize_roundtrip_shapes_and_empty(device):
+    x = torch.randn(3, 5, 7, device=device)
+    codes, absmax = kt.quantize_blockwise_triton(x.transpose(0, 2), blocksize=64)  # non-contiguous input
+    assert codes.shape == (7, 5, 3) and absmax.shape == (2,)
+    back = kt.dequantize_blockwise_triton(codes, absmax, blocksize=64)
+    assert torch.allclose(back, x.transpose(0, 2), atol=0.02 * x.abs().max().item())
+    empty_codes, empty_absmax = kt.quantize_blockwise_triton(torch.empty(0, device=device))
+    assert empty_codes.numel() == 0 and empty_absmax.numel() == 0
+
+
+# ------------------------------------------------------------------ the fused step
+def fresh_state(n, blocksize, device):
+    blocks = num_blocks(n, blocksize)
+    return [torch.full((n,), 127, dtype=torch.uint8, device=device), torch.zeros(n, dtype=torch.uint8, device=device),
+            torch.zeros(blocks, device=device), torch.zeros(blocks, device=device)]
+
+
+def gradient(n, step, dtype, device, blocksize):
+    gen = torch.Generator().manual_seed(1000 * step + n)
+    g = torch.randn(n, generator=gen) * torch.exp(torch.randn(n, generator=gen)) * 1e-2
+    if step == 1 and n >= 2 * blocksize:
+        g[:blocksize] = 0.0  # a block whose new states are all zero (absmax 0)
+    if step == 2:
+        g[(7 * step) % n] = float("nan")
+    if step == 3:
+        g[(11 * step) % n] = float("inf")
+        g[(13 * step) % n] = -float("inf")
+    return g.to(device=device, dtype=dtype)
+
+
+def assert_params_agree(ours, ref):
+    """fp32: within 1e-6. bf16/fp16: identical, or one ulp apart on <= 1% (see module docstring)."""
+    if ours.dtype == torch.float32:
+        torch.testing.assert_close(ours, ref, rtol=0, atol=1e-6)
+        return
+    diff = (ours.float() - ref.float()).abs()
+    one_ulp = torch.finfo(ours.dtype).eps * ref.float().abs()  # >= one ulp at |ref|
+    assert (diff <= torch.maximum(one_ulp, torch.full_like(diff, 1e-6))).all(), diff.max()
+    assert (diff > 1e-6).float().mean() <= 0.01
+
+
+def assert_states_agree(ours, ref, exact):
+    names = ("state1", "state2", "absmax1", "absmax2")
+    for name, a, b in zip(names, ours, ref):
+        if exact:
+            assert torch.equal(a, b), f"{name}: {(a != b).sum().item()} of {a.numel()} differ"
+        elif a.dtype == torch.float32:
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=0, msg=name)
+        else:
+            steps = (a.long() - b.long()).abs()
+            assert steps.max() <= 1 and (steps > 0).float().mean() <= 1e-3, f"{name}: {(steps > 0).sum().item()} differ"
+
+
+def run_steps(device, n, dtype, blocksize, weight_decay, steps=3, **launch):
+    """Several steps of kernel and reference from the same inputs; compare after each."""
+    hyper = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=weight_decay, blocksize=blocksize)
+    qmap1, qmap2 = dynamic_map(True).to(device), dynamic_map(False).to(device)
+    p_ref = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(device=device, dtype=dtype)
+    s_ref = fresh_state(n, blocksize, device)
+    for step in range(1, steps + 1):
+        g = gradient(n, step, dtype, device, blocksize)
+        p, s = p_ref.clone(), [t.clone() for t in s_ref]  # identical inputs for both
+        kt.adam8bit_step_triton(p, g, *s, qmap1, qmap2, step=step, **hyper, **launch)
+        reference.adam8bit_step(p_ref, g, *s_ref, qmap1, qmap2, step=step, **hyper)
+        assert_states_agree(s, s_ref, exact=device.type == "cpu")
+        assert_params_agree(p, p_ref)
+        bad = ~torch.isfinite(g)
+        if bad.any():  # non-finite gradient: states restart at 0, parameter untouched
+            assert torch.equal(p[bad], p_ref[bad]) and (s[0][bad] == 127).all() and (s[1][bad] == 0).all()
+    return p_ref, s_ref
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("blocksize", BLOCKSIZES)
+def test_fused_step_matches_reference(device, n, dtype, blocksize):
+    # AdamW-style decay with blocksize 256, plain Adam with 2048: both paths, every size and dtype
+    run_steps(device, n, dtype, blocksize, weight_decay=0.1 if blocksize == 256 else 0.0)
+
+
+@pytest.mark.parametrize("blocksize", [64, 4096])
+@pytest.mark.parametrize("tile,num_warps", [(None, None), (256, 2), (8192, 4)])
+def test_fused_step_any_blocksize_and_tiling(device, blocksize, tile, num_warps):
+    """Other supported blocksizes, and tiles of one block or many: the result never changes."""
+    n = 1_000 if blocksize == 64 else 10_003  # 16 or 3 blocks
+    run_steps(device, n, torch.float32, blocksize, weight_decay=0.01, steps=2, tile=tile, num_warps=num_warps)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf * 0 = nan, on purpose
+def test_fused_step_extreme_gradients_keep_states_identical():
+    """g = 1e25 overflows v to inf (absmax inf), 1e-30 underflows: the kernel still follows the reference."""
+    if not kt.INTERPRETED:
+        pytest.skip("runs in the interpreter (TRITON_INTERPRET=1)")
+    n, device = 1000, torch.device("cpu")
+    qmap1, qmap2 = dynamic_map(True), dynamic_map(False)
+    g = torch.randn(n) * 1e-3
+    g[:5], g[300:305] = 1e25, 1e-30
+    p_ref, s_ref = torch.randn(n), fresh_state(n, 256, device)
+    p, s = p_ref.clone(), [t.clone() for t in s_ref]
+    hyper = dict(step=1, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, blocksize=256)
+    kt.adam8bit_step_triton(p, g, *s, qmap1, qmap2, **hyper)
+    reference.adam8bit_step(p_ref, g, *s_ref, qmap1, qmap2, **hyper)
+    assert s_ref[3][0] == float("inf")  # the case is the one described
+    assert_states_agree(s, s_ref, exact=True)
+    assert_params_agree(p, p_ref)
+
+
+# ------------------------------------------------------------------ the optimizer with backend="triton"
+def test_adamw8bit_triton_backend_matches_torch_backend(device):
+    """A tiny model, 4 steps: 8-bit states and parameters agree after every step (rules above)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 256), nn.Tanh(), nn.Linear(256, 20)).to(device)  # 8192, 5120: 8-bit
+    twin = copy.deepcopy(model)
+    ours = AdamW8bit(model.parameters(), lr=1e-2, weight_decay=0.1, backend="triton")
+    ref = AdamW8bit(twin.parameters(), lr=1e-2, weight_decay=0.1, backend="torch")
+    keys = ("state1", "state2", "absmax1", "absmax2")
+    for step in range(1, 5):
+        loss = model(torch.randn(16, 32, device=device)).square().mean()
+        ours.zero_grad()
+        loss.backward()
+        for p, q in zip(model.parameters(), twin.parameters()):  # the same gradients for both
+            q.grad = p.grad.clone()
+        ours.step()
+        ref.step()
+        eight_bit = 0
+        for p, q in zip(model.parameters(), twin.parameters()):
+            a, b = ours.state[p], ref.state[q]
+            assert a.keys() == b.keys() and a["step"] == b["step"] == step
+            if "state1" in a:
+                eight_bit += 1
+                assert_states_agree([a[k] for k in keys], [b[k] for k in keys], exact=device.type == "cpu")
+                for k in keys:  # next step from identical states (a no-op on the CPU, where they are equal)
+                    a[k].copy_(b[k])
+            torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
+            p.data.copy_(q)
+        assert eight_bit == 2
+
+
+# ------------------------------------------------------------------ registry, dispatch, errors
+def test_registered_as_triton_backend(monkeypatch):
+    backend = kernels.get_backend("triton", "cuda")
+    assert backend.step is kt.adam8bit_step_triton and backend.supports is kt.supports
+    assert kernels.get_backend("auto", "cuda").name == "triton"
+    assert kernels.get_backend("auto", "cpu").name != "triton"  # the interpreter is never picked by "auto"
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert kt.supports("cpu") and "triton" in kernels.available_backends("cpu")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert not kt.supports("cpu") and kt.supports(torch.device("cuda", 0))
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        kernels.get_backend("triton", "cpu")
+    assert not kt.supports("meta")
+    monkeypatch.setattr(kt, "INTERPRETED", False)  # as if imported before TRITON_INTERPRET=1 was set
+    args, kwargs = step_args()
+    with pytest.raises(RuntimeError, match="imported without TRITON_INTERPRET=1"):
+        kt.adam8bit_step_triton(*args, **kwargs)
+
+
+def test_launch_config():
+    for blocksize in (64, 128, 256, 512, 1024, 2048, 4096):
+        rows, warps = kt.launch_config(blocksize, tile=2048)
+        assert rows * blocksize == max(2048, blocksize) and warps == rows * blocksize // 256
+    assert kt.launch_config(256, tile=8192, num_warps=4) == (32, 4)
+    with pytest.raises(ValueError, match="power of two"):
+        kt.launch_config(256, tile=3000)
+
+
+def step_args(n=300, blocksize=256):
+    return ([torch.zeros(n), torch.zeros(n)] + fresh_state(n, blocksize, "cpu") + [dynamic_map(True), dynamic_map(False)],
+            dict(step=1, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, blocksize=blocksize))
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (lambda a, k: a.__setitem__(2, a[2].float()), TypeError, "state1"),
+    (lambda a, k: a.__setitem__(4, a[4][:1]), ValueError, "absmax1"),
+    (lambda a, k: a.__setitem__(1, a[1][:-1]), ValueError, "g must have"),
+    (lambda a, k: a.__setitem__(0, torch.zeros(600)[::2]), ValueError, "contiguous"),
+    (lambda a, k: a.__setitem__(0, torch.zeros(300, dtype=torch.float64)), TypeError, "p must"),
+    (lambda a, k: a.__setitem__(6, torch.zeros(255)), ValueError, "qmap1"),
+    (lambda a, k: k.update(blocksize=300), ValueError, "blocksize"),
+    (lambda a, k: k.update(step=0), ValueError, "step"),
+    (lambda a, k: a.__setitem__(3, [0] * 300), TypeError, "state2"),
+])
+def test_fused_step_rejects_bad_input(change, error, match):
+    args, kwargs = step_args()
+    change(args, kwargs)
+    with pytest.raises(error, match=match):
+        kt.adam8bit_step_triton(*args, **kwargs)
+
+
+def test_quantize_functions_reject_bad_input():
+    with pytest.raises(TypeError, match="floating-point"):
+        kt.quantize_blockwise_triton(torch.arange(10))
+    with pytest.raises(ValueError, match="blocksize"):
+        kt.quantize_blockwise_triton(torch.randn(10), blocksize=100)
+    with pytest.raises(ValueError, match="256-entry"):
+        kt.quantize_blockwise_triton(torch.randn(10), torch.zeros(10))
+    with pytest.raises(TypeError, match="uint8"):
+        kt.dequantize_blockwise_triton(torch.zeros(10), torch.zeros(1))
+    with pytest.raises(ValueError, match="absmax has 2 entries"):
+        kt.dequantize_blockwise_triton(torch.zeros(10, dtype=torch.uint8), torch.zeros(2))
+    with pytest.raises(TypeError, match="dtype"):
+        kt.dequantize_blockwise_triton(torch.zeros(10, dtype=torch.uint8), torch.zeros(1), dtype=torch.int32)
+
+
+# ------------------------------------------------------------------ the GPU benchmark script
+def test_gpu_bench_cpu_smoke(capsys):
+    """bench/gpu_bench.py --cpu-smoke: every path of the GPU benchmark runs (tiny, interpreter)."""
+    if not kt.INTERPRETED:
+        pytest.skip("the smoke run uses the interpreter (TRITON_INTERPRET=1)")
+    spec = importlib.util.spec_from_file_location("gpu_bench", REPO / "bench" / "gpu_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    info = bench.main(["--cpu-smoke", "--sizes", "4096", "--iters", "1", "--warmup", "0"])
+    (row,) = info["results"]
+    for key in ("copy_s", "triton_s", "bnb_s", "adamw_s"):
+        assert row[key] > 0
+    assert row["vs_bnb"] == pytest.approx(row["bnb_s"] / row["triton_s"])
+    assert row["triton_gbps"] == pytest.approx(16 * 4096 / row["triton_s"] / 1e9)
+    out = capsys.readouterr().out
+    assert "N = 4,096 fp32 parameters" in out and "bitsandbytes AdamW8bit" in out and "of copy" in out
+
+
+# ------------------------------------------------------------------ the compiled GPU code, checked without a GPU
+AOT_COMPILE = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from adam8lib.kernels import triton as kt
+
+assert not kt.INTERPRETED
+rows, num_warps, ptx = int(sys.argv[1]), int(sys.argv[2]), {}
+names = list(kt._adam8bit_kernel.arg_names)
+for dtype in sys.argv[3:]:
+    types = {"p_ptr": "*" + dtype, "g_ptr": "*" + dtype, "state1_ptr": "*u8", "state2_ptr": "*u8",
+             "n": "i32", "n_blocks": "i32", "BLOCKSIZE": "constexpr", "ROWS": "constexpr"}
+    signature = {name: types.get(name, "*fp32" if name.endswith("_ptr") else "fp32") for name in names}
+    aligned = {(names.index(name),): [["tt.divisibility", 16]] for name in names[:8] + ["n"]}
+    source = ASTSource(fn=kt._adam8bit_kernel, signature=signature,
+                       constexprs={"BLOCKSIZE": 256, "ROWS": rows}, attrs=aligned)
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": num_warps, "enable_fp_fusion": False})
+    ptx[dtype] = kernel.asm["ptx"]
+print(json.dumps(ptx))
+"""
+
+
+def test_step_kernel_compiles_for_gpu_with_exact_math():
+    """Compile the fused step for an H100/H200 (sm_90) ahead of time, on the CPU, and read its PTX.
+
+    Checks what the interpreter cannot: the kernel compiles; division and square root are the
+    correctly rounded ``div.rn``/``sqrt.rn`` (no ``div.full``/``sqrt.approx``); the only fused
+    multiply-adds are the two written in the kernel (``enable_fp_fusion=False``); p and g move
+    as 16-byte vectors. Runs in a fresh process: the interpreter, once used, patches triton.
+    """
+    rows, num_warps = kt.launch_config(256, tile=kt.TILE_ELEMENTS)
+    per_thread = rows * 256 // (32 * num_warps)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", AOT_COMPILE, str(rows), str(num_warps), "fp32", "bf16"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for dtype, ptx in json.loads(done.stdout.strip().splitlines()[-1]).items():
+        for approximate in ("div.full", "div.approx", "sqrt.approx", "rsqrt", "ex2.approx"):
+            assert approximate not in ptx, (dtype, approximate)
+        assert ptx.count("div.rn.f32") >= 2 * per_thread and ptx.count("sqrt.rn.f32") == per_thread, dtype
+        assert ptx.count("fma.rn.f32") == 2 * per_thread, dtype  # m and v only: nothing else was fused
+        assert "ld.global.v4.b32" in ptx, dtype  # p and g: 16-byte vector loads
