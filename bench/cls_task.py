@@ -2,7 +2,7 @@
 
 The course's lesson-10 scenario, made reproducible and small enough for many seeds:
 
-* data: the offline paraphrase task synpara (``adam8lib.data.load_task("offline")``), the
+* data: the offline paraphrase task synpara (``adam8lib.course.data.load_task("offline")``), the
   first ``train_pairs`` training pairs and all 1,000 validation pairs;
 * model: ``build_distilbert(small=True)`` (2 layers, width 128) with the task's vocabulary,
   initialised from the seed (no download);
@@ -40,7 +40,7 @@ class ClsConfig:
 
 @lru_cache(maxsize=None)
 def load(train_pairs: int):
-    from adam8lib import data as D
+    from adam8lib.course import data as D
 
     data, tok, name = D.load_task("offline")
     data = dict(data)
@@ -52,14 +52,15 @@ def load(train_pairs: int):
 def run(make_optimizer: Callable[[list[dict[str, Any]], ClsConfig], torch.optim.Optimizer], seed: int,
         cfg: ClsConfig = ClsConfig(), *, threads: int = 1) -> dict[str, Any]:
     """Fine-tune once with ``make_optimizer(param_groups, cfg)``; return metrics and the loss curve."""
-    from adam8lib import training as T
+    from adam8lib.course import finetune as F
+    from adam8lib.training import make_param_groups
 
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True)
     data, tok, _ = load(cfg.train_pairs)
-    model = T.build_distilbert(small=True, seed=seed, vocab_size=len(tok), max_position_embeddings=64)
-    train, valid = T.make_dataloaders(data, tok, batch_size=cfg.batch_size, seed=seed)
-    opt = make_optimizer(T.make_param_groups(model, cfg.weight_decay), cfg)
+    model = F.build_distilbert(small=True, seed=seed, vocab_size=len(tok), max_position_embeddings=64)
+    train, valid = F.make_dataloaders(data, tok, batch_size=cfg.batch_size, seed=seed)
+    opt = make_optimizer(make_param_groups(model, cfg.weight_decay), cfg)
     total = cfg.epochs * len(train)
     warm = max(1, math.ceil(cfg.warmup * total))
     peak = [g["lr"] for g in opt.param_groups]
@@ -81,16 +82,16 @@ def run(make_optimizer: Callable[[list[dict[str, Any]], ClsConfig], torch.optim.
             losses.append(float(loss.detach()))
             step += 1
     seconds = time.perf_counter() - start
-    metrics = T.evaluate(model, valid)
+    metrics = F.evaluate(model, valid)
     return {"seed": seed, "threads": threads, "accuracy": metrics["accuracy"], "f1": metrics["f1"],
             "valid_loss": metrics["loss"], "seconds": seconds, "loss": losses}
 
 
 def describe(cfg: ClsConfig) -> dict[str, Any]:
-    from adam8lib import training as T
+    from adam8lib.course import finetune as F
 
     data, tok, name = load(cfg.train_pairs)
-    model = T.build_distilbert(small=True, seed=0, vocab_size=len(tok), max_position_embeddings=64)
+    model = F.build_distilbert(small=True, seed=0, vocab_size=len(tok), max_position_embeddings=64)
     return {"task": f"{name} paraphrase classification, small DistilBERT from scratch", "config": asdict(cfg),
             "parameters": sum(p.numel() for p in model.parameters()),
             "train_pairs": len(data["train"]), "validation_pairs": len(data["validation"])}

@@ -81,10 +81,9 @@ def make_optimizer(kind: str, groups: list[dict[str, Any]], lr: float, betas: tu
         return torch.optim.AdamW(groups, lr=lr, betas=betas)
     if kind in ("adam8bit", "adamw8bit", "dynamic_block"):
         from adam8lib import Adam8bit, AdamW8bit
-        from adam8lib.training import default_backend
 
         cls = AdamW8bit if kind == "adamw8bit" else Adam8bit
-        return cls(groups, lr=lr, betas=betas, backend=default_backend("cpu"))
+        return cls(groups, lr=lr, betas=betas)  # backend "auto": the compiled CPU kernel where it builds
     if kind in ("linear_tensor", "dynamic_tensor"):
         from adam8lib.variants import Adam8bitVariant
 
