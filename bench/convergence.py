@@ -212,6 +212,19 @@ def _metrics(task: str) -> list[tuple[str, bool]]:
     return [("valid_loss", True)]
 
 
+def _curve_band(rs: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Validation loss per evaluation step: mean over seeds and its 95 % t-interval
+    (only the steps every seed reached; a diverged run stops its curve)."""
+    curves = [dict((int(s), v) for s, v in r["valid_curve"]) for r in rs]
+    steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+    band: dict[str, list[float]] = {"steps": steps, "mean": [], "ci_low": [], "ci_high": []}
+    for step in steps:
+        ci = stats.mean_ci([c[step] for c in curves]) if len(curves) > 1 else None
+        for key in ("mean", "ci_low", "ci_high"):
+            band[key].append(ci[key] if ci else curves[0][step])
+    return band
+
+
 def _thin(record: dict[str, Any], every: int = 5) -> dict[str, Any]:
     out = dict(record)
     out["loss"] = [round(x, 5) for x in record["loss"][::every]]
@@ -237,6 +250,7 @@ def summarize(task: str, records: list[dict[str, Any]], optimizers: list[str], s
         if task != "cls":
             entry["spikes"] = [r["spikes"] for r in rs]
             entry["diverged"] = sum(bool(r["diverged"]) for r in rs)
+            entry["curve"] = _curve_band(rs)
         per_opt[kind] = entry
 
     def compare(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, Any]:

@@ -60,12 +60,88 @@ def load(name: str) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _env_line(result: dict[str, Any]) -> str:
+    e = result["environment"]
+    return (f"{e['cpu']}, {e['cores']} cores shared with other jobs (load average {e['load_average_1min_at_end']:.1f} "
+            f"at the end), torch threads per run {e['threads_per_run']}, python {e['python']}, torch {e['torch']}, "
+            f"transformers {e['transformers']}, bitsandbytes {e['bitsandbytes']}, torchao {e['torchao']}, {e['date']}")
+
+
+def section(results: dict[str, dict[str, Any]]) -> str:
+    """The README section: one table per experiment, with the noise floor and the environment."""
+    from adam8lib.course import evidence
+
+    out = []
+    lm = results.get("convergence_lm")
+    if lm:
+        d, c = lm["description"], lm["description"]["config"]
+        floor = lm.get("noise_floor", {})
+        out += [f"**Language model** ({d['parameters']:,} parameters, {c['n_layer']} layers, width {c['n_embd']}, "
+                f"context {c['context']}; {c['steps']} steps of {c['batch_size']} windows, lr {c['lr']:g}, "
+                f"{d['tokens_seen']:,} training bytes seen; corpus: {len(d['corpus']['files']['train'])} train / "
+                f"{len(d['corpus']['files']['valid'])} validation stdlib files, "
+                f"{d['corpus']['bytes']['train']:,} / {d['corpus']['bytes']['valid']:,} bytes, "
+                f"sha256 `{d['corpus']['sha256'][:16]}…`). Seeds {lm['seeds']}.", "",
+                evidence.markdown_table(lm), ""]
+        if "adam8bit_vs_bnb8bit" in lm:
+            out.append(f"- adam8lib minus bitsandbytes (paired): valid loss "
+                       f"{_ci(lm['adam8bit_vs_bnb8bit']['valid_loss'], 100, '%')}.")
+        if "threads" in floor:
+            t = floor["threads"]
+            out.append(f"- Noise floor: AdamW with {t['other_threads']} threads minus AdamW with 1 thread "
+                       f"(seeds {t['seeds']}): {_ci(t['valid_loss'], 100, '%')}; seed-to-seed standard deviation "
+                       f"of AdamW's validation loss: {100 * floor['seed_to_seed_relative_std']:.2f} %.")
+        out += [f"- Measured on: {_env_line(lm)}.", "", "![LM convergence](results/convergence_lm.png)", ""]
+    cls = results.get("convergence_cls")
+    if cls:
+        d, c = cls["description"], cls["description"]["config"]
+        out += [f"**Classification** (synpara, small DistilBERT from scratch, {d['parameters']:,} parameters; "
+                f"{d['train_pairs']:,} training / {d['validation_pairs']:,} validation pairs, {c['epochs']} epochs, "
+                f"batch {c['batch_size']}, lr {c['lr']:g}, fp32). Seeds {cls['seeds']}.", "",
+                evidence.markdown_table(cls), ""]
+        if "adam8bit_vs_bnb8bit" in cls:
+            comp = cls["adam8bit_vs_bnb8bit"]
+            out.append(f"- adam8lib minus bitsandbytes (paired): accuracy {_ci(comp['accuracy'], 100, ' points')}, "
+                       f"valid loss {_ci(comp['valid_loss'], 100, '%')}.")
+        sd = cls["noise_floor"]["seed_to_seed_std"]
+        out.append(f"- Seed-to-seed standard deviation of AdamW: accuracy {100 * sd['accuracy']:.1f} points, "
+                   f"validation loss {sd['valid_loss']:.4f}.")
+        out += [f"- Measured on: {_env_line(cls)}.", "", "![classification](results/convergence_cls.png)", ""]
+    ab = results.get("ablation")
+    if ab:
+        c = ab["description"]["config"]
+        out += [f"**Ablation** (the LM above at lr {c['lr']:g}, otherwise the same; seeds {ab['seeds']}; "
+                "a loss spike is a step whose training loss exceeds 1.5x the median of the previous 20; "
+                "diverged: a non-finite loss or a final validation loss above ln 256).", "",
+                evidence.markdown_table(ab), "", f"- Measured on: {_env_line(ab)}.", "",
+                "![ablation](results/ablation.png)", ""]
+    return "\n".join(out).rstrip()
+
+
 def main() -> None:
-    for name in ("convergence_lm.json", "convergence_cls.json", "ablation.json"):
-        result = load(name)
-        if result is not None:
-            print(f"== {name}")
-            print(text_summary(result))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from adam8lib.course import evidence
+    from readme_section import write_section
+
+    results = {}
+    for name in evidence.EXPERIMENTS:
+        result = evidence.load(name)
+        if result is None:
+            continue
+        results[name] = result
+        print(f"== {name}")
+        print(text_summary(result))
+        fig = evidence.plot(result)
+        PLOTS.mkdir(parents=True, exist_ok=True)
+        fig.savefig(PLOTS / f"{name}.png", dpi=110)
+        plt.close(fig)
+    write_section("<!-- convergence:start (bench/convergence.py report writes this) -->", "<!-- convergence:end -->",
+                  section(results), "Convergence")
+    print("wrote bench/README.md and the plots in bench/results/")
 
 
 if __name__ == "__main__":
