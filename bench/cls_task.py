@@ -28,7 +28,7 @@ import torch
 
 @dataclass(frozen=True)
 class ClsConfig:
-    train_pairs: int = 4000
+    train_pairs: int = 2000
     epochs: int = 3
     batch_size: int = 32
     lr: float = 1e-3

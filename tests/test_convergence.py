@@ -64,6 +64,15 @@ def test_paired_difference_by_hand():
 
 
 # ------------------------------------------------------------------ reproducibility
+@pytest.fixture(autouse=True)
+def _restore_torch_globals():
+    """The runs set the thread count and deterministic mode for the process: put them back."""
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    yield
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(deterministic)
+
+
 def _tiny_lm():
     import lm_task
 
@@ -79,22 +88,25 @@ def _lm_run(make, seed=0):
 
 
 def test_lm_run_is_reproducible_and_paired():
-    threads = torch.get_num_threads()
-    try:
-        first = _lm_run(Adam8bit)
-        again = _lm_run(Adam8bit)
-        assert first["loss"] == again["loss"] and first["valid_loss"] == again["valid_loss"]
-        # the same seed gives every optimizer the same start: the first loss is the same number
-        ref = _lm_run(torch.optim.AdamW)
-        assert ref["loss"][0] == first["loss"][0]
-        assert ref["loss"][1:] != first["loss"][1:]  # ...and then the optimizers differ
-        other_seed = _lm_run(Adam8bit, seed=1)
-        assert other_seed["loss"][0] != first["loss"][0]
-        # AdamW8bit is Adam8bit with a different default weight decay: the groups set it, so equal
-        assert _lm_run(AdamW8bit)["loss"] == first["loss"]
-        assert math.isfinite(first["valid_loss"]) and first["valid_loss"] < math.log(256)
-    finally:
-        torch.set_num_threads(threads)
+    import lm_task
+
+    first = _lm_run(Adam8bit)
+    again = _lm_run(Adam8bit)
+    assert first["loss"] == again["loss"] and first["valid_loss"] == again["valid_loss"]
+    assert first["threads"] == 1 and torch.get_num_threads() == 1 and torch.are_deterministic_algorithms_enabled()
+    # the same seed gives every optimizer the same start: the first loss is the same number
+    ref = _lm_run(torch.optim.AdamW)
+    assert ref["loss"][0] == first["loss"][0]
+    assert ref["loss"][1:] != first["loss"][1:]  # ...and then the optimizers differ
+    # the seed sets the initial weights and the batches
+    cfg, corpus = _tiny_lm(), lm_task.load_corpus()
+    w0, w1 = (lm_task.build_model(cfg, s).transformer.wte.weight for s in (0, 1))
+    assert not torch.equal(w0, w1) and torch.equal(w0, lm_task.build_model(cfg, 0).transformer.wte.weight)
+    b0, b1 = (next(lm_task.batches(corpus["train"], cfg, s)) for s in (0, 1))
+    assert not torch.equal(b0, b1) and torch.equal(b0, next(lm_task.batches(corpus["train"], cfg, 0)))
+    # AdamW8bit is Adam8bit with a different default weight decay: the groups set it, so equal
+    assert _lm_run(AdamW8bit)["loss"] == first["loss"]
+    assert math.isfinite(first["valid_loss"]) and first["valid_loss"] < math.log(256)
 
 
 def test_lm_corpus_is_split_by_file_and_hashed():
@@ -110,11 +122,7 @@ def test_cls_run_is_reproducible():
     import cls_task
 
     cfg = replace(cls_task.ClsConfig(), train_pairs=64, epochs=1)
-    threads = torch.get_num_threads()
-    try:
-        runs = [cls_task.run(lambda g, c: torch.optim.AdamW(g, lr=c.lr), 0, cfg) for _ in range(2)]
-    finally:
-        torch.set_num_threads(threads)
+    runs = [cls_task.run(lambda g, c: torch.optim.AdamW(g, lr=c.lr), 0, cfg) for _ in range(2)]
     assert runs[0]["loss"] == runs[1]["loss"] and runs[0]["accuracy"] == runs[1]["accuracy"]
     assert len(runs[0]["loss"]) == 2
 
