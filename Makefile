@@ -13,8 +13,15 @@ PYTEST := $(PY) -m pytest
 .PHONY: lab test unit setup exercises outputs grade bench clean help
 
 help:
-	@echo "make lab    - set up .venv (first time) and start JupyterLab on the course"
-	@echo "make test   - set up .venv (first time) and run the whole test suite"
+	@echo "make lab        - set up .venv (first time) and start JupyterLab on the course"
+	@echo "make test       - set up .venv (first time) and run the whole test suite (what CI runs)"
+	@echo "make unit       - only the unit tests (pytest tests), no notebooks"
+	@echo "make setup      - create .venv and install torch $(TORCH_PIN) + the course (extras: $(EXTRAS))"
+	@echo "make outputs    - re-execute lessons and solutions on the CPU and store their outputs"
+	@echo "make exercises  - regenerate exercises/ (the learners' workbooks) from solutions/"
+	@echo "make grade      - grade a class: SUBMISSIONS=folder -> grades/gradebook.csv"
+	@echo "make bench      - side-by-side CPU benchmark of the 8-bit step (writes bench/README.md)"
+	@echo "make clean      - remove .venv and test caches"
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)

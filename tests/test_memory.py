@@ -9,6 +9,10 @@ from adam8lib import Adam8bit
 from adam8lib.memory import MB, compute_optimizer_size, estimate_optimizer_memory
 from adam8lib.course.finetune import DISTILBERT_NUM_PARAMS, build_distilbert
 from tests._bnb import bnb
+from adam8lib import memory as M
+from adam8lib import training as T
+from adam8lib.course import finetune as F
+from tests._finetune import _batch, _offline, task, tiny_model  # noqa: F401
 
 
 def one_step(model, opt):
@@ -84,3 +88,31 @@ def test_bad_input():
         estimate_optimizer_memory(10, blocksize=100)
     with pytest.raises(TypeError, match="state dicts"):
         compute_optimizer_size([torch.zeros(3)])
+
+
+# ---------------------------------------------------------------------- measuring: activations, materialized states
+def test_autocast_bf16_shrinks_saved_activations(task):
+    model = tiny_model(len(task[1]))
+    batch = _batch(task)
+    fp32 = M.saved_activation_bytes(model, batch)
+    bf16 = M.saved_activation_bytes(model, batch, torch.bfloat16)
+    assert 0.3 * fp32 < bf16 < 0.85 * fp32
+
+
+@pytest.mark.parametrize("kind", ["adam8bit", "adamw"])
+def test_materialize_state_equals_the_first_steps_state(kind):
+    model = tiny_model(100)
+    a = M.materialize_state(T.make_optimizer(model, kind, lr=1e-3))
+    b = T.make_optimizer(model, kind, lr=1e-3)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    before = [p.detach().clone() for p in model.parameters()]
+    b.step()
+    for p, p0 in zip(model.parameters(), before):
+        p.data.copy_(p0)
+    sa, sb = compute_optimizer_size(a.state.values()), compute_optimizer_size(b.state.values())
+    assert sa == sb and sa[0] > 0
+    for p in model.parameters():
+        assert {k: (v.dtype, v.shape) for k, v in a.state[p].items() if torch.is_tensor(v)} == \
+               {k: (v.dtype, v.shape) for k, v in b.state[p].items() if torch.is_tensor(v)}
+

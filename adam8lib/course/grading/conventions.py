@@ -1,4 +1,4 @@
-"""The workbook conventions (notes/workbooks.md) as code: one place for every rule.
+"""The workbook conventions as code (the README's "Checking your work and grading" explains them to people): one place for every rule.
 
 * **Solution cell** — a code cell with a span between a line ``### BEGIN SOLUTION`` and a line
   ``### END SOLUTION``. In exercises/ the span becomes
