@@ -83,9 +83,7 @@ def section(results: dict[str, dict[str, Any]]) -> str:
                 f"{d['corpus']['bytes']['train']:,} / {d['corpus']['bytes']['valid']:,} bytes, "
                 f"sha256 `{d['corpus']['sha256'][:16]}…`). Seeds {lm['seeds']}.", "",
                 evidence.markdown_table(lm), ""]
-        if "adam8bit_vs_bnb8bit" in lm:
-            out.append(f"- adam8lib minus bitsandbytes (paired): valid loss "
-                       f"{_ci(lm['adam8bit_vs_bnb8bit']['valid_loss'], 100, '%')}.")
+        out += [f"- {line}." for line in evidence.verdict(lm).split("\n")]
         if "threads" in floor:
             t = floor["threads"]
             out.append(f"- Noise floor: AdamW with {t['other_threads']} threads minus AdamW with 1 thread "
@@ -99,10 +97,7 @@ def section(results: dict[str, dict[str, Any]]) -> str:
                 f"{d['train_pairs']:,} training / {d['validation_pairs']:,} validation pairs, {c['epochs']} epochs, "
                 f"batch {c['batch_size']}, lr {c['lr']:g}, fp32). Seeds {cls['seeds']}.", "",
                 evidence.markdown_table(cls), ""]
-        if "adam8bit_vs_bnb8bit" in cls:
-            comp = cls["adam8bit_vs_bnb8bit"]
-            out.append(f"- adam8lib minus bitsandbytes (paired): accuracy {_ci(comp['accuracy'], 100, ' points')}, "
-                       f"valid loss {_ci(comp['valid_loss'], 100, '%')}.")
+        out += [f"- {line}." for line in evidence.verdict(cls).split("\n")]
         sd = cls["noise_floor"]["seed_to_seed_std"]
         out.append(f"- Seed-to-seed standard deviation of AdamW: accuracy {100 * sd['accuracy']:.1f} points, "
                    f"validation loss {sd['valid_loss']:.4f}.")

@@ -24,10 +24,13 @@ import json
 from importlib import resources
 from typing import Any
 
-__all__ = ["EXPERIMENTS", "load", "rows", "table", "markdown_table", "plot"]
+__all__ = ["EXPERIMENTS", "LOSS_TARGET", "load", "rows", "table", "markdown_table", "verdict", "plot"]
 
 #: The stored experiments (file ``results/<name>.json``).
 EXPERIMENTS = ("convergence_lm", "convergence_cls", "ablation")
+#: The course's target for the LM: 8-bit's validation loss within ±1 % (relative) of AdamW's,
+#: with the whole 95 % confidence interval inside that band.
+LOSS_TARGET = 0.01
 
 
 def load(name: str) -> dict[str, Any] | None:
@@ -85,6 +88,31 @@ def markdown_table(result: dict[str, Any]) -> str:
     keys = list(rs[0])
     lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     lines += ["| " + " | ".join(r[k] for k in keys) + " |" for r in rs]
+    return "\n".join(lines)
+
+
+def verdict(result: dict[str, Any]) -> str:
+    """What the paired comparisons resolve, one sentence per 8-bit optimizer, from the numbers."""
+    lines = []
+    cls = result["experiment"] == "cls"
+    metric, scale, unit = ("accuracy", 100, " points") if cls else ("valid_loss", 100, " %")
+    comps = [(result["optimizers"][k]["label"] + " vs AdamW", c[metric])
+             for k, c in result.get("paired_vs_adamw", {}).items() if metric in c]
+    if metric in result.get("adam8bit_vs_bnb8bit", {}):
+        comps.append(("adam8lib vs bitsandbytes", result["adam8bit_vs_bnb8bit"][metric]))
+    for name, d in comps:
+        lo, hi = scale * d["ci_low"], scale * d["ci_high"]
+        text = f"{name}: {scale * d['mean']:+.2f}{unit}, 95% CI [{lo:+.2f}, {hi:+.2f}]{unit} (n={d['n']})"
+        if lo <= 0 <= hi:
+            text += "; contains 0: no difference resolved"
+        else:
+            text += "; excludes 0: a " + ("gain" if (d["mean"] > 0) == cls else "loss") + " resolved"
+        if not cls:
+            inside = -LOSS_TARGET <= d["ci_low"] and d["ci_high"] <= LOSS_TARGET
+            text += f"; {'inside' if inside else 'not inside'} ±{100 * LOSS_TARGET:g} %"
+        else:
+            text += f"; rules out differences beyond {max(abs(lo), abs(hi)):.1f} points"
+        lines.append(text)
     return "\n".join(lines)
 
 

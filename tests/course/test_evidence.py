@@ -49,6 +49,10 @@ def test_summary_is_paired_by_seed(monkeypatch):
     assert rows[0]["Δ valid loss vs AdamW, % [95% CI]"] == "–"  # AdamW is the baseline
     assert "adam8lib Adam8bit" in evidence.table(result)
     assert evidence.markdown_table(result).count("\n") == 3
+    # CI [+0.96, +1.14] %: excludes 0 (a loss, since lower loss is better) and is not inside ±1 %
+    assert evidence.verdict(result) == (
+        "adam8lib Adam8bit vs AdamW: +1.05 %, 95% CI [+0.96, +1.14] % (n=4); excludes 0: a loss resolved; "
+        "not inside ±1 %")
 
 
 def test_plot_draws_bands_and_intervals(monkeypatch):
