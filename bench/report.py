@@ -46,10 +46,9 @@ def text_summary(result: dict[str, Any]) -> str:
         lines.append("  adam8bit - bnb8bit (paired, 95% CI): " + ", ".join(
             f"{m} {_ci(c, 100, '%' if c['relative'] else ' pt')}" for m, c in comp.items()))
     floor = result.get("noise_floor", {})
-    if "threads" in floor:
-        t = floor["threads"]
-        lines.append(f"  noise floor: adamw {t['other_threads']} threads - 1 thread (seeds {t['seeds']}): "
-                     f"valid loss {_ci(t['valid_loss'], 100, '%')}")
+    if "rerun" in floor:
+        t = floor["rerun"]
+        lines.append(f"  noise floor: {t['label']} - adamw (seeds {t['seeds']}): valid loss {_ci(t['valid_loss'], 100, '%')}")
     if "seed_to_seed_relative_std" in floor:
         lines.append(f"  noise floor: seed-to-seed std of adamw valid loss {100 * floor['seed_to_seed_relative_std']:.2f}%")
     return "\n".join(lines)
@@ -84,11 +83,12 @@ def section(results: dict[str, dict[str, Any]]) -> str:
                 f"sha256 `{d['corpus']['sha256'][:16]}…`). Seeds {lm['seeds']}.", "",
                 evidence.markdown_table(lm), ""]
         out += [f"- {line}." for line in evidence.verdict(lm).split("\n")]
-        if "threads" in floor:
-            t = floor["threads"]
-            out.append(f"- Noise floor: AdamW with {t['other_threads']} threads minus AdamW with 1 thread "
-                       f"(seeds {t['seeds']}): {_ci(t['valid_loss'], 100, '%')}; seed-to-seed standard deviation "
-                       f"of AdamW's validation loss: {100 * floor['seed_to_seed_relative_std']:.2f} %.")
+        if "rerun" in floor:
+            t = floor["rerun"]
+            diffs = ", ".join(f"{100 * x:+.2f}" for x in t["valid_loss"]["diffs"])
+            out.append(f"- Noise floor: {t['label']} minus AdamW (seeds {t['seeds']}; per seed {diffs} %): "
+                       f"{_ci(t['valid_loss'], 100, '%')}; seed-to-seed standard deviation of AdamW's validation "
+                       f"loss: {100 * floor['seed_to_seed_relative_std']:.2f} %.")
         out += [f"- Measured on: {_env_line(lm)}.", "", "![LM convergence](results/convergence_lm.png)", ""]
     cls = results.get("convergence_cls")
     if cls:

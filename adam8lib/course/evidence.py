@@ -15,7 +15,8 @@ Each optimizer is compared with 32-bit AdamW *per seed* (same initial weights, s
 order): the mean of the per-seed differences and its 95 % Student-t confidence interval.
 Loss differences are relative (``(loss - loss_AdamW) / loss_AdamW``), accuracy differences
 in percentage points. The noise floor is what the same comparison gives between two runs
-that should be equal (AdamW with another thread count) and the seed-to-seed spread.
+that should be equal (AdamW and AdamW with ``fused=True``: the same maths, rounded
+differently in a few last bits) and the seed-to-seed spread.
 """
 
 from __future__ import annotations
@@ -119,8 +120,8 @@ def verdict(result: dict[str, Any]) -> str:
 def plot(result: dict[str, Any], fig=None):
     """Left: validation loss over training, mean of seeds with its 95 % band (LM runs) or
     accuracy per seed (classification). Right: each optimizer minus AdamW, per-seed paired
-    mean with its 95 % CI; the grey band is the noise floor (AdamW vs AdamW with another
-    thread count) where it was measured. Returns the figure."""
+    mean with its 95 % CI; the grey band is the noise floor (AdamW vs AdamW with
+    ``fused=True``: the same maths, other last bits) where it was measured. Returns the figure."""
     import matplotlib.pyplot as plt
 
     if fig is None:
@@ -152,10 +153,10 @@ def plot(result: dict[str, Any], fig=None):
         d = paired[kind][metric]
         bx.errorbar(scale * d["mean"], y, xerr=[[scale * (d["mean"] - d["ci_low"])], [scale * (d["ci_high"] - d["mean"])]],
                     fmt="o", color=f"C{kinds.index(kind)}", capsize=5)
-    floor = result.get("noise_floor", {}).get("threads", {}).get(metric)
+    floor = result.get("noise_floor", {}).get("rerun", {}).get(metric)
     if floor:
         bx.axvspan(scale * floor["ci_low"], scale * floor["ci_high"], color="grey", alpha=0.25,
-                   label=f"AdamW vs AdamW ({result['noise_floor']['threads']['other_threads']} threads)")
+                   label="AdamW vs AdamW fused (noise floor)")
         bx.legend(fontsize=8, loc="lower right")
     bx.axvline(0, color="k", lw=0.8)
     bx.set_yticks(range(len(names)), [result["optimizers"][k]["label"].replace(" (", "\n(") for k in names], fontsize=8)

@@ -33,7 +33,7 @@ def test_summary_is_paired_by_seed(monkeypatch):
     import convergence
 
     monkeypatch.setattr("lm_task.describe", lambda cfg: {"stub": True})
-    result = convergence.summarize("lm", _fake_lm_records(), ["adamw", "adam8bit"], [0, 1, 2, 3], 0,
+    result = convergence.summarize("lm", _fake_lm_records(), ["adamw", "adam8bit"], [0, 1, 2, 3],
                                    convergence.task_config("lm"))
     comp = result["paired_vs_adamw"]["adam8bit"]["valid_loss"]
     # per-seed relative differences are exactly 1.0 %, 1.1 %, 1.0 %, 1.1 %
@@ -62,7 +62,7 @@ def test_plot_draws_bands_and_intervals(monkeypatch):
     import convergence
 
     monkeypatch.setattr("lm_task.describe", lambda cfg: {"stub": True})
-    result = convergence.summarize("lm", _fake_lm_records(), ["adamw", "adam8bit"], [0, 1, 2, 3], 0,
+    result = convergence.summarize("lm", _fake_lm_records(), ["adamw", "adam8bit"], [0, 1, 2, 3],
                                    convergence.task_config("lm"))
     fig = evidence.plot(result)
     left, right = fig.axes[:2]
