@@ -260,7 +260,7 @@ def summarize(task: str, records: list[dict[str, Any]], optimizers: list[str], s
         out = {}
         for metric, relative in _metrics(task):
             x, y = [r[metric] for r in a], [r[metric] for r in b]
-            if all(math.isfinite(v) for v in x + y):
+            if len(x) > 1 and all(math.isfinite(v) for v in x + y):  # a CI needs two seeds
                 out[metric] = stats.paired(x, y, relative=relative)
         return out
 
