@@ -274,7 +274,7 @@ def summarize(task: str, records: list[dict[str, Any]], optimizers: list[str], s
     if "adam8bit" in optimizers and "bnb8bit" in optimizers:
         result["adam8bit_vs_bnb8bit"] = compare([by[("bnb8bit", s, 1)] for s in seeds],
                                                 [by[("adam8bit", s, 1)] for s in seeds])
-    if base:
+    if base and len(seeds) > 1:
         result["noise_floor"] = {"seed_to_seed_std": {m: per_opt["adamw"][m]["std"] for m, _ in _metrics(task)}}
         if task != "cls":
             m = per_opt["adamw"]["valid_loss"]

@@ -40,7 +40,8 @@ def text_summary(result: dict[str, Any]) -> str:
             parts.append(f"valid loss {_ci(comp['valid_loss'], 100, '%')}")
         if "accuracy" in comp:
             parts.append(f"accuracy {_ci(comp['accuracy'], 100, ' pt')}")
-        lines.append(f"  {kind} - adamw (paired, 95% CI): " + ", ".join(parts))
+        if parts:
+            lines.append(f"  {kind} - adamw (paired, 95% CI): " + ", ".join(parts))
     if "adam8bit_vs_bnb8bit" in result:
         comp = result["adam8bit_vs_bnb8bit"]
         lines.append("  adam8bit - bnb8bit (paired, 95% CI): " + ", ".join(
