@@ -19,8 +19,9 @@ PACKAGED = ROOT / "adam8lib" / "course" / "results"
 PLOTS = ROOT / "bench" / "results"
 
 
-def _ci(d: dict[str, Any], scale: float = 1.0, unit: str = "") -> str:
-    return (f"{scale * d['mean']:+.2f}{unit} [{scale * d['ci_low']:+.2f}, {scale * d['ci_high']:+.2f}]")
+def _ci(d: dict[str, Any], scale: float = 1.0, unit: str = "", digits: int = 2) -> str:
+    f = f"+.{digits}f"
+    return f"{scale * d['mean']:{f}}{unit} [{scale * d['ci_low']:{f}}, {scale * d['ci_high']:{f}}]"
 
 
 def text_summary(result: dict[str, Any]) -> str:
@@ -86,9 +87,9 @@ def section(results: dict[str, dict[str, Any]]) -> str:
         out += [f"- {line}." for line in evidence.verdict(lm).split("\n")]
         if "rerun" in floor:
             t = floor["rerun"]
-            diffs = ", ".join(f"{100 * x:+.2f}" for x in t["valid_loss"]["diffs"])
+            diffs = ", ".join(f"{100 * x:+.4f}" for x in t["valid_loss"]["diffs"])
             out.append(f"- Noise floor: {t['label']} minus AdamW (seeds {t['seeds']}; per seed {diffs} %): "
-                       f"{_ci(t['valid_loss'], 100, '%')}; seed-to-seed standard deviation of AdamW's validation "
+                       f"{_ci(t['valid_loss'], 100, '%', 4)}; seed-to-seed standard deviation of AdamW's validation "
                        f"loss: {100 * floor['seed_to_seed_relative_std']:.2f} %.")
         out += [f"- Measured on: {_env_line(lm)}.", "", "![LM convergence](results/convergence_lm.png)", ""]
     cls = results.get("convergence_cls")
