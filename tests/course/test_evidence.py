@@ -86,6 +86,9 @@ def test_packaged_results_agree_with_their_runs(name):
     metric = "accuracy" if name == "convergence_cls" else "valid_loss"
     base = [runs[("adamw", s, 1)][metric] for s in seeds]
     for kind, comp in result["paired_vs_adamw"].items():
+        if len(seeds) < 2:
+            assert comp == {}  # one seed: no interval is claimed
+            continue
         other = [runs[(kind, s, 1)][metric] for s in seeds]
         again = stats.paired(base, other, relative=metric == "valid_loss")
         assert comp[metric]["mean"] == pytest.approx(again["mean"])
