@@ -1,166 +1,350 @@
-"""Convergence evidence: does 8-bit Adam train as well as 32-bit AdamW? (the paper's Table 1, in miniature)
+"""Convergence evidence: does 8-bit Adam train as well as 32-bit AdamW? (the paper's Tables 1 and 3, in miniature)
 
-Fine-tunes the same small DistilBERT on the offline paraphrase task (``adam8lib.course.data``,
-synpara) with three optimizers — ``torch.optim.AdamW`` (32-bit states), adam8lib's
-``Adam8bit`` and bitsandbytes' ``Adam8bit`` — for several seeds each, with identical data
-order, schedule, weight-decay groups and precision. Writes
+Three experiments, each a set of runs paired by seed (the seed fixes the initial weights and
+the data order, the same for every optimizer):
 
-* ``bench/results/convergence.json`` — every run (loss curve, eval metrics, time) and the
-  mean ± std per optimizer (read by lesson 10);
-* ``bench/convergence.png`` — loss curves (mean over seeds) and final accuracy.
+* ``lm``: a byte-level GPT-2-style LM trained from scratch on the Python standard library's
+  source (``bench/lm_task.py``), validation loss; optimizers ``torch.optim.AdamW``, adam8lib
+  ``Adam8bit``, bitsandbytes ``Adam8bit`` and torchao ``AdamW8bit``; plus the noise floor
+  (AdamW again with another thread count).
+* ``cls``: the lesson-10 fine-tune (synpara, small DistilBERT, ``bench/cls_task.py``),
+  validation accuracy / F1 / loss; AdamW, adam8lib and bitsandbytes.
+* ``ablation``: the LM at a higher learning rate with adam8lib's teaching variants
+  (``adam8lib.variants.Adam8bitVariant``): linear map with one scale per tensor, dynamic map
+  with one scale per tensor, blockwise dynamic (= ``Adam8bit``), and 32-bit AdamW.
 
-Run: ``python bench/convergence.py`` (≈10 min on 2 CPU cores; ``--quick`` for a smoke run).
+Each run is cached as JSON under ``bench/results/runs/`` (re-running skips finished runs;
+``--fresh`` re-runs them); the summaries, with paired mean differences and 95 % confidence
+intervals (``bench/stats.py``), are written to ``adam8lib/course/results/`` (shipped in the
+package, read by lesson 10), plots to ``bench/results/``, tables to ``bench/README.md``.
+
+Run (one torch thread per run, ``--jobs`` runs at once, under ``nice``)::
+
+    python bench/convergence.py lm          # ~8 seeds x 4 optimizers + noise floor
+    python bench/convergence.py cls         # 10 seeds x 3 optimizers
+    python bench/convergence.py ablation    # 4 variants x seeds at a high lr
+    python bench/convergence.py report      # tables + plots from the stored results
+    python bench/convergence.py lm --quick  # smoke run: tiny config, 2 seeds, writes nothing
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, replace
 from pathlib import Path
-
-import torch
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(ROOT))
 
-from adam8lib.course import data as D  # noqa: E402
-from adam8lib import training as T  # noqa: E402
+import stats  # noqa: E402
 
-OPTIMIZERS = {"adamw": "torch AdamW (32-bit)", "adam8bit": "adam8lib Adam8bit", "bnb8bit": "bitsandbytes Adam8bit"}
-TARGET_POINTS = 0.5  # adam8lib 8-bit within this many accuracy points of AdamW
+RUNS = BENCH / "results" / "runs"
+PACKAGED = ROOT / "adam8lib" / "course" / "results"
+FILES = {"lm": "convergence_lm.json", "cls": "convergence_cls.json", "ablation": "ablation.json"}
+
+#: name -> label. Factories are in :func:`make_optimizer`.
+LABELS = {
+    "adamw": "torch AdamW (32-bit)",
+    "adamw_fused": "torch AdamW, fused=True (32-bit; other rounding)",
+    "adam8bit": "adam8lib Adam8bit",
+    "adamw8bit": "adam8lib AdamW8bit",
+    "bnb8bit": "bitsandbytes Adam8bit",
+    "torchao8bit": "torchao AdamW8bit",
+    "linear_tensor": "8-bit, linear map, one scale per tensor",
+    "dynamic_tensor": "8-bit, dynamic map, one scale per tensor",
+    "dynamic_block": "8-bit, dynamic map, blockwise (adam8lib Adam8bit)",
+}
+DEFAULTS = {
+    "lm": {"optimizers": ["adamw", "adam8bit", "bnb8bit", "torchao8bit"], "seeds": list(range(8))},
+    "cls": {"optimizers": ["adamw", "adam8bit", "bnb8bit"], "seeds": list(range(10))},
+    "ablation": {"optimizers": ["adamw", "dynamic_block", "dynamic_tensor", "linear_tensor"], "seeds": list(range(4))},
+}
 
 
-def run_one(kind: str, seed: int, data, tok, args) -> dict:
-    model = F.build_distilbert(small=True, seed=seed, vocab_size=len(tok), max_position_embeddings=64)
-    train, valid = F.make_dataloaders(data, tok, batch_size=args.batch_size, seed=seed)
-    opt = T.make_optimizer(model, kind, lr=args.lr, weight_decay=args.weight_decay)
-    start = time.perf_counter()
-    hist = F.train_with_accelerate(model, opt, train, valid, epochs=args.epochs, precision=args.precision,
-                                   warmup_ratio=args.warmup, progress=not args.no_progress)
-    seconds = time.perf_counter() - start
-    last = hist["eval"][-1]
+# ---------------------------------------------------------------------- optimizers
+def make_optimizer(kind: str, groups: list[dict[str, Any]], lr: float, betas: tuple[float, float]):
+    """The optimizer ``kind`` over ``groups`` (each group carries its weight decay)."""
+    import torch
+
+    if kind == "adamw":
+        return torch.optim.AdamW(groups, lr=lr, betas=betas)
+    if kind == "adamw_fused":  # the same maths in one fused kernel: a few last-bit differences per step
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=True)
+    if kind in ("adam8bit", "adamw8bit", "dynamic_block"):
+        from adam8lib import Adam8bit, AdamW8bit
+
+        cls = AdamW8bit if kind == "adamw8bit" else Adam8bit
+        return cls(groups, lr=lr, betas=betas)  # backend "auto": the compiled CPU kernel where it builds
+    if kind in ("linear_tensor", "dynamic_tensor"):
+        from adam8lib.variants import Adam8bitVariant
+
+        return Adam8bitVariant(groups, lr=lr, betas=betas, quantization=kind.split("_")[0], blockwise=False)
+    if kind == "bnb8bit":
+        import bitsandbytes as bnb
+
+        return bnb.optim.Adam8bit(groups, lr=lr, betas=betas)
+    if kind == "torchao8bit":
+        from torchao.optim import AdamW8bit
+
+        return AdamW8bit(groups, lr=lr, betas=betas)
+    raise ValueError(f"unknown optimizer {kind!r}; choose from {list(LABELS)}")
+
+
+# ---------------------------------------------------------------------- one run / a shard of runs
+def task_config(task: str, overrides: dict[str, Any] | None = None):
+    import cls_task
+    import lm_task
+
+    cfg = lm_task.LMConfig() if task in ("lm", "ablation") else cls_task.ClsConfig()
+    if task == "ablation":
+        cfg = replace(cfg, lr=ABLATION_LR)
+    return replace(cfg, **(overrides or {}))
+
+
+#: The ablation's learning rate: high enough that how the states are quantized matters.
+ABLATION_LR = 1e-2
+
+
+def run_path(task: str, kind: str, seed: int, threads: int, cfg) -> Path:
+    tag = "quick-" if getattr(cfg, "steps", 0) and cfg.steps < 50 else ""
+    return RUNS / task / f"{tag}{kind}-lr{cfg.lr:g}-t{threads}-s{seed}.json"
+
+
+def run_one(task: str, kind: str, seed: int, threads: int, cfg) -> dict[str, Any]:
+    import cls_task
+    import lm_task
+
+    def factory(groups, c):
+        return make_optimizer(kind, groups, c.lr, tuple(c.betas))
+
+    if task in ("lm", "ablation"):
+        record = lm_task.run(factory, seed, cfg, threads=threads, eval_every=50)
+    else:
+        record = cls_task.run(factory, seed, cfg, threads=threads)
+    record.update(optimizer=kind, task=task, config=asdict(cfg))
+    return record
+
+
+def _shard(spec_file: str) -> None:
+    """Worker process: run every spec in the file, writing each record to its path."""
+    specs = json.loads(Path(spec_file).read_text())
+    for spec in specs:
+        cfg = task_config(spec["task"], spec["overrides"])
+        start = time.perf_counter()
+        record = run_one(spec["task"], spec["kind"], spec["seed"], spec["threads"], cfg)
+        path = Path(spec["path"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record) + "\n")
+        metric = (f"valid loss {record['valid_loss']:.4f}" if "accuracy" not in record
+                  else f"accuracy {100 * record['accuracy']:.1f}  loss {record['valid_loss']:.4f}")
+        print(f"{spec['task']:8s} {spec['kind']:14s} seed {spec['seed']} threads {spec['threads']}: {metric}"
+              f"  ({time.perf_counter() - start:.0f} s)", flush=True)
+
+
+def execute(specs: list[dict[str, Any]], jobs: int, nice: int) -> None:
+    """Run the specs in ``jobs`` worker processes (each a shard, under ``nice``)."""
+    if not specs:
+        return
+    tmp = RUNS / "_specs"
+    tmp.mkdir(parents=True, exist_ok=True)
+    # a thread-count-2 run occupies both cores: keep those in one shard of their own
+    single = [s for s in specs if s["threads"] == 1]
+    multi = [s for s in specs if s["threads"] > 1]
+    shards = [single[i::jobs] for i in range(jobs)] if single else []
+    files = []
+    for i, shard in enumerate(s for s in shards if s):
+        f = tmp / f"shard{os.getpid()}-{i}.json"
+        f.write_text(json.dumps(shard))
+        files.append(f)
+
+    def launch(f: Path) -> int:
+        cmd = ["nice", "-n", str(nice), sys.executable, str(Path(__file__).resolve()), "_shard", str(f)]
+        return subprocess.run(cmd, env={**os.environ, "PYTHONWARNINGS": "ignore"}).returncode
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        codes = list(pool.map(launch, files))
+    if multi:
+        f = tmp / f"shard{os.getpid()}-multi.json"
+        f.write_text(json.dumps(multi))
+        codes.append(launch(f))
+    if any(codes):
+        raise SystemExit(f"a worker failed (exit codes {codes})")
+
+
+# ---------------------------------------------------------------------- summaries
+def environment(threads: list[int]) -> dict[str, Any]:
+    from importlib import metadata
+
+    import torch
+
+    def version(name):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    cpu = "unknown"
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
     return {
-        "optimizer": kind, "seed": seed, "accuracy": last["accuracy"], "f1": last["f1"], "eval_loss": last["loss"],
-        "eval_per_epoch": hist["eval"], "loss": hist["loss"], "seconds": seconds,
+        "python": platform.python_version(), "torch": torch.__version__, "transformers": version("transformers"),
+        "bitsandbytes": version("bitsandbytes"), "torchao": version("torchao"), "adam8lib": version("adam8lib"),
+        "threads_per_run": sorted(set(threads)), "cpu": cpu, "cores": os.cpu_count(), "machine": platform.machine(),
+        "date": time.strftime("%Y-%m-%d"), "load_average_1min_at_end": os.getloadavg()[0],
     }
 
 
-def summarize(runs: list[dict]) -> dict:
-    out = {}
-    for kind in OPTIMIZERS:
-        rs = [r for r in runs if r["optimizer"] == kind]
-        if not rs:
-            continue
-        entry = {"label": OPTIMIZERS[kind], "seeds": [r["seed"] for r in rs]}
-        for key in ("accuracy", "f1", "eval_loss", "seconds"):
-            vals = [r[key] for r in rs]
-            entry[f"{key}_mean"] = statistics.fmean(vals)
-            entry[f"{key}_std"] = statistics.stdev(vals) if len(vals) > 1 else 0.0
-        out[kind] = entry
+def _metrics(task: str) -> list[tuple[str, bool]]:
+    """(metric, compare relatively?) per task."""
+    if task == "cls":
+        return [("accuracy", False), ("f1", False), ("valid_loss", True)]
+    return [("valid_loss", True)]
+
+
+def _curve_band(rs: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Validation loss per evaluation step: mean over seeds and its 95 % t-interval
+    (only the steps every seed reached; a diverged run stops its curve)."""
+    curves = [dict((int(s), v) for s, v in r["valid_curve"]) for r in rs]
+    steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+    band: dict[str, list[float]] = {"steps": steps, "mean": [], "ci_low": [], "ci_high": []}
+    for step in steps:
+        ci = stats.mean_ci([c[step] for c in curves]) if len(curves) > 1 else None
+        for key in ("mean", "ci_low", "ci_high"):
+            band[key].append(ci[key] if ci else curves[0][step])
+    return band
+
+
+def _thin(record: dict[str, Any], every: int = 5) -> dict[str, Any]:
+    out = dict(record)
+    out["loss"] = [round(x, 5) for x in record["loss"][::every]]
+    out["loss_every"] = every
     return out
 
 
-def plot(result: dict, path: Path) -> None:
-    import matplotlib
+def summarize(task: str, records: list[dict[str, Any]], optimizers: list[str], seeds: list[int],
+              cfg, noise_seeds: list[int] = ()) -> dict[str, Any]:
+    import cls_task
+    import lm_task
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    by = {(r["optimizer"], r["seed"], r["threads"]): r for r in records}
+    per_opt: dict[str, Any] = {}
+    for kind in optimizers:
+        rs = [by[(kind, s, 1)] for s in seeds]
+        entry: dict[str, Any] = {"label": LABELS[kind], "n": len(rs), "seconds_mean": statistics.fmean(r["seconds"] for r in rs)}
+        for metric, _ in _metrics(task):
+            vals = [r[metric] for r in rs]
+            finite = [v for v in vals if math.isfinite(v)]
+            entry[metric] = {"per_seed": vals, "mean": statistics.fmean(finite) if finite else float("nan"),
+                             "std": statistics.stdev(finite) if len(finite) > 1 else 0.0}
+        if task != "cls":
+            entry["spikes"] = [r["spikes"] for r in rs]
+            entry["diverged"] = sum(bool(r["diverged"]) for r in rs)
+            entry["curve"] = _curve_band(rs)
+        per_opt[kind] = entry
 
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [2, 1]})
-    window = 20
-    for kind, entry in result["summary"].items():
-        curves = torch.tensor([r["loss"] for r in result["runs"] if r["optimizer"] == kind])
-        mean = curves.mean(0)
-        smooth = torch.nn.functional.avg_pool1d(mean[None, None], window, 1).flatten()
-        steps = torch.arange(len(smooth)) + window
-        ax.plot(steps, smooth, label=entry["label"])
-    ax.set(xlabel="step", ylabel=f"training loss (mean of seeds, {window}-step average)",
-           title=f"synpara, small DistilBERT, {result['settings']['precision']} autocast")
-    ax.legend()
-    labels = [e["label"].replace(" ", "\n", 1) for e in result["summary"].values()]
-    means = [100 * e["accuracy_mean"] for e in result["summary"].values()]
-    stds = [100 * e["accuracy_std"] for e in result["summary"].values()]
-    bx.bar(labels, means, yerr=stds, capsize=6, color=["C0", "C1", "C2"][: len(means)])
-    lo = min(m - s for m, s in zip(means, stds))
-    bx.set(ylim=(max(0, lo - 5), 100), ylabel="validation accuracy (%)", title=f"mean ± std, {len(result['settings']['seeds'])} seeds")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    def compare(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, Any]:
+        out = {}
+        for metric, relative in _metrics(task):
+            x, y = [r[metric] for r in a], [r[metric] for r in b]
+            if len(x) > 1 and all(math.isfinite(v) for v in x + y):  # a CI needs two seeds
+                out[metric] = stats.paired(x, y, relative=relative)
+        return out
 
-
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS), choices=list(OPTIMIZERS))
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--lr", type=float, default=5e-4)
-    parser.add_argument("--weight-decay", type=float, default=0.01)
-    parser.add_argument("--warmup", type=float, default=0.1)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--precision", default="bf16", choices=T.PRECISIONS)
-    parser.add_argument("--train-size", type=int, default=None, help="use the first N training pairs")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "convergence.json")
-    parser.add_argument("--plot", type=Path, default=ROOT / "bench" / "convergence.png")
-    parser.add_argument("--quick", action="store_true", help="1 seed, 1 epoch, 512 pairs: a smoke run (writes nothing)")
-    parser.add_argument("--no-progress", action="store_true")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.seeds, args.epochs, args.train_size = [0], 1, 512
-
-    data, tok, name = D.load_task("offline")
-    if args.train_size:
-        data["train"] = data["train"].select(range(args.train_size))
-    runs = []
-    for kind in args.optimizers:
-        for seed in args.seeds:
-            r = run_one(kind, seed, data, tok, args)
-            print(f"{kind:9s} seed {seed}: accuracy {100 * r['accuracy']:.2f}  F1 {100 * r['f1']:.2f}  "
-                  f"eval loss {r['eval_loss']:.4f}  ({r['seconds']:.0f} s)", flush=True)
-            runs.append(r)
-    summary = summarize(runs)
-    result = {
-        "task": name, "train_pairs": len(data["train"]), "validation_pairs": len(data["validation"]),
-        "model": {"config": "build_distilbert(small=True, vocab_size=len(tokenizer), max_position_embeddings=64)",
-                  "parameters": sum(p.numel() for p in F.build_distilbert(small=True, vocab_size=len(tok),
-                                                                         max_position_embeddings=64).parameters())},
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-                     if k not in ("out", "plot", "no_progress")},
-        "environment": {"torch": torch.__version__, "python": platform.python_version(),
-                        "bitsandbytes": _version("bitsandbytes"), "threads": torch.get_num_threads(),
-                        "machine": platform.machine()},
-        "summary": summary,
-        "runs": runs,
+    base = [by[("adamw", s, 1)] for s in seeds] if "adamw" in optimizers else None
+    paired_vs_adamw = {k: compare(base, [by[(k, s, 1)] for s in seeds]) for k in optimizers if k != "adamw" and base}
+    result: dict[str, Any] = {
+        "experiment": task,
+        "description": (lm_task.describe(cfg) if task != "cls" else cls_task.describe(cfg)),
+        "seeds": seeds, "optimizers": per_opt, "paired_vs_adamw": paired_vs_adamw,
     }
-    if "adamw" in summary and "adam8bit" in summary:
-        gap = 100 * (summary["adam8bit"]["accuracy_mean"] - summary["adamw"]["accuracy_mean"])
-        result["adam8bit_minus_adamw_accuracy_points"] = gap
-        result["target_points"] = TARGET_POINTS
-        result["target_met"] = abs(gap) <= TARGET_POINTS or gap > 0
-    for kind, e in summary.items():
-        print(f"{e['label']:24s} accuracy {100 * e['accuracy_mean']:.2f} ± {100 * e['accuracy_std']:.2f}   "
-              f"F1 {100 * e['f1_mean']:.2f} ± {100 * e['f1_std']:.2f}   {e['seconds_mean']:.0f} s/run")
-    if "adam8bit_minus_adamw_accuracy_points" in result:
-        print(f"adam8lib Adam8bit - AdamW: {result['adam8bit_minus_adamw_accuracy_points']:+.2f} accuracy points "
-              f"(target: within {TARGET_POINTS})")
-    if not args.quick:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
-        plot(result, args.plot)
-        print(f"wrote {args.out.relative_to(ROOT)} and {args.plot.relative_to(ROOT)}")
+    if "adam8bit" in optimizers and "bnb8bit" in optimizers:
+        result["adam8bit_vs_bnb8bit"] = compare([by[("bnb8bit", s, 1)] for s in seeds],
+                                                [by[("adam8bit", s, 1)] for s in seeds])
+    if base and len(seeds) > 1:
+        result["noise_floor"] = {"seed_to_seed_std": {m: per_opt["adamw"][m]["std"] for m, _ in _metrics(task)}}
+        if task != "cls":
+            m = per_opt["adamw"]["valid_loss"]
+            result["noise_floor"]["seed_to_seed_relative_std"] = m["std"] / m["mean"]
+        if len(noise_seeds) > 1:
+            one = [by[("adamw", s, 1)] for s in noise_seeds]
+            other = [by[("adamw_fused", s, 1)] for s in noise_seeds]
+            result["noise_floor"]["rerun"] = {"label": LABELS["adamw_fused"], "seeds": list(noise_seeds),
+                                              **compare(one, other)}
+    result["environment"] = environment([r["threads"] for r in records])
+    result["runs"] = [_thin(r) for r in records]
     return result
 
 
-def _version(name: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
+# ---------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["_shard"]:
+        _shard(argv[1])
         return None
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("experiment", choices=["lm", "cls", "ablation", "report"])
+    parser.add_argument("--seeds", type=int, nargs="+")
+    parser.add_argument("--optimizers", nargs="+", choices=list(LABELS))
+    parser.add_argument("--lr", type=float, help="override the task's learning rate")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at once (each one torch thread)")
+    parser.add_argument("--nice", type=int, default=5)
+    parser.add_argument("--noise-seeds", type=int, default=4,
+                        help="the noise floor: AdamW again with fused=True (last-bit differences) on this many seeds")
+    parser.add_argument("--fresh", action="store_true", help="re-run runs that are already stored")
+    parser.add_argument("--quick", action="store_true", help="tiny config, 2 seeds, in-process; writes nothing")
+    args = parser.parse_args(argv)
+    if args.experiment == "report":
+        import report
+
+        report.main()
+        return None
+    task = args.experiment
+    optimizers = args.optimizers or DEFAULTS[task]["optimizers"]
+    seeds = args.seeds or DEFAULTS[task]["seeds"]
+    overrides: dict[str, Any] = {} if args.lr is None else {"lr": args.lr}
+    noise = task == "lm" and "adamw" in optimizers and args.noise_seeds > 1
+    if args.quick:
+        overrides.update({"steps": 20, "eval_windows": 8} if task != "cls" else {"train_pairs": 256, "epochs": 1})
+        seeds = seeds[:2]
+    cfg = task_config(task, overrides)
+    noise_seeds = seeds[: args.noise_seeds] if noise else []
+    # seed by seed, so that an interrupted experiment leaves complete pairs behind
+    wanted = [(k, s, 1) for s in seeds for k in optimizers] + [("adamw_fused", s, 1) for s in noise_seeds]
+    if args.quick:
+        records = [run_one(task, k, s, t, cfg) for k, s, t in wanted]
+    else:
+        specs = []
+        for k, s, t in wanted:
+            path = run_path(task, k, s, t, cfg)
+            if args.fresh or not path.exists():
+                specs.append({"task": task, "kind": k, "seed": s, "threads": t, "overrides": overrides, "path": str(path)})
+        print(f"{task}: {len(wanted)} runs, {len(specs)} to do, {args.jobs} at once", flush=True)
+        execute(specs, args.jobs, args.nice)
+        records = [json.loads(run_path(task, k, s, t, cfg).read_text()) for k, s, t in wanted]
+    result = summarize(task, records, optimizers, seeds, cfg, noise_seeds)
+    import report
+
+    print(report.text_summary(result))
+    if not args.quick:
+        PACKAGED.mkdir(parents=True, exist_ok=True)
+        out = PACKAGED / FILES[task]
+        out.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {out.relative_to(ROOT)}")
+    return result
 
 
 if __name__ == "__main__":

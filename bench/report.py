@@ -1,0 +1,145 @@
+"""Tables and plots of the convergence results (``bench/convergence.py report``).
+
+Reads the packaged summaries in ``adam8lib/course/results/`` and writes the plots to
+``bench/results/`` and the tables into ``bench/README.md`` (between the
+``convergence:start``/``convergence:end`` markers).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+PACKAGED = ROOT / "adam8lib" / "course" / "results"
+PLOTS = ROOT / "bench" / "results"
+
+
+def _ci(d: dict[str, Any], scale: float = 1.0, unit: str = "", digits: int = 2) -> str:
+    f = f"+.{digits}f"
+    return f"{scale * d['mean']:{f}}{unit} [{scale * d['ci_low']:{f}}, {scale * d['ci_high']:{f}}]"
+
+
+def text_summary(result: dict[str, Any]) -> str:
+    """A few lines for the terminal: per optimizer mean, paired differences vs AdamW."""
+    lines = []
+    task = result["experiment"]
+    for kind, e in result["optimizers"].items():
+        if task == "cls":
+            lines.append(f"{e['label']:48s} accuracy {100 * e['accuracy']['mean']:.2f} ± {100 * e['accuracy']['std']:.2f}"
+                         f"  F1 {100 * e['f1']['mean']:.2f}  loss {e['valid_loss']['mean']:.4f}  (n={e['n']})")
+        else:
+            lines.append(f"{e['label']:48s} valid loss {e['valid_loss']['mean']:.4f} ± {e['valid_loss']['std']:.4f}"
+                         f"  spikes {sum(e['spikes'])}  diverged {e['diverged']}/{e['n']}  (n={e['n']})")
+    for kind, comp in result.get("paired_vs_adamw", {}).items():
+        parts = []
+        if "valid_loss" in comp:
+            parts.append(f"valid loss {_ci(comp['valid_loss'], 100, '%')}")
+        if "accuracy" in comp:
+            parts.append(f"accuracy {_ci(comp['accuracy'], 100, ' pt')}")
+        if parts:
+            lines.append(f"  {kind} - adamw (paired, 95% CI): " + ", ".join(parts))
+    if "adam8bit_vs_bnb8bit" in result:
+        comp = result["adam8bit_vs_bnb8bit"]
+        lines.append("  adam8bit - bnb8bit (paired, 95% CI): " + ", ".join(
+            f"{m} {_ci(c, 100, '%' if c['relative'] else ' pt')}" for m, c in comp.items()))
+    floor = result.get("noise_floor", {})
+    if "rerun" in floor:
+        t = floor["rerun"]
+        lines.append(f"  noise floor: {t['label']} - adamw (seeds {t['seeds']}): valid loss {_ci(t['valid_loss'], 100, '%')}")
+    if "seed_to_seed_relative_std" in floor:
+        lines.append(f"  noise floor: seed-to-seed std of adamw valid loss {100 * floor['seed_to_seed_relative_std']:.2f}%")
+    return "\n".join(lines)
+
+
+def load(name: str) -> dict[str, Any] | None:
+    path = PACKAGED / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _env_line(result: dict[str, Any]) -> str:
+    e = result["environment"]
+    return (f"{e['cpu']}, {e['cores']} cores shared with other jobs (load average {e['load_average_1min_at_end']:.1f} "
+            f"at the end), torch threads per run {e['threads_per_run']}, python {e['python']}, torch {e['torch']}, "
+            f"transformers {e['transformers']}, bitsandbytes {e['bitsandbytes']}, torchao {e['torchao']}, {e['date']}")
+
+
+def section(results: dict[str, dict[str, Any]]) -> str:
+    """The README section: one table per experiment, with the noise floor and the environment."""
+    from adam8lib.course import evidence
+
+    out = []
+    lm = results.get("convergence_lm")
+    if lm:
+        d, c = lm["description"], lm["description"]["config"]
+        floor = lm.get("noise_floor", {})
+        out += [f"**Language model** ({d['parameters']:,} parameters, {c['n_layer']} layers, width {c['n_embd']}, "
+                f"context {c['context']}; {c['steps']} steps of {c['batch_size']} windows, lr {c['lr']:g}, "
+                f"{d['tokens_seen']:,} training bytes seen; corpus: {len(d['corpus']['files']['train'])} train / "
+                f"{len(d['corpus']['files']['valid'])} validation stdlib files, "
+                f"{d['corpus']['bytes']['train']:,} / {d['corpus']['bytes']['valid']:,} bytes, "
+                f"sha256 `{d['corpus']['sha256'][:16]}…`). Seeds {lm['seeds']}.", "",
+                evidence.markdown_table(lm), ""]
+        out += [f"- {line}." for line in evidence.verdict(lm).split("\n")]
+        if "rerun" in floor:
+            t = floor["rerun"]
+            diffs = ", ".join(f"{100 * x:+.4f}" for x in t["valid_loss"]["diffs"])
+            out.append(f"- Noise floor: {t['label']} minus AdamW (seeds {t['seeds']}; per seed {diffs} %): "
+                       f"{_ci(t['valid_loss'], 100, '%', 4)}; seed-to-seed standard deviation of AdamW's validation "
+                       f"loss: {100 * floor['seed_to_seed_relative_std']:.2f} %.")
+        out += [f"- Measured on: {_env_line(lm)}.", "", "![LM convergence](results/convergence_lm.png)", ""]
+    cls = results.get("convergence_cls")
+    if cls:
+        d, c = cls["description"], cls["description"]["config"]
+        out += [f"**Classification** (synpara, small DistilBERT from scratch, {d['parameters']:,} parameters; "
+                f"{d['train_pairs']:,} training / {d['validation_pairs']:,} validation pairs, {c['epochs']} epochs, "
+                f"batch {c['batch_size']}, lr {c['lr']:g}, fp32). Seeds {cls['seeds']}.", "",
+                evidence.markdown_table(cls), ""]
+        out += [f"- {line}." for line in evidence.verdict(cls).split("\n")]
+        sd = cls["noise_floor"]["seed_to_seed_std"]
+        out.append(f"- Seed-to-seed standard deviation of AdamW: accuracy {100 * sd['accuracy']:.1f} points, "
+                   f"validation loss {sd['valid_loss']:.4f}.")
+        out += [f"- Measured on: {_env_line(cls)}.", "", "![classification](results/convergence_cls.png)", ""]
+    ab = results.get("ablation")
+    if ab:
+        c = ab["description"]["config"]
+        out += [f"**Ablation** (the LM above at lr {c['lr']:g}, otherwise the same; seeds {ab['seeds']}; "
+                "a loss spike is a step whose training loss exceeds 1.5x the median of the previous 20; "
+                "diverged: a non-finite loss or a final validation loss above ln 256).", "",
+                evidence.markdown_table(ab), "", f"- Measured on: {_env_line(ab)}.", "",
+                "![ablation](results/ablation.png)", ""]
+    return "\n".join(out).rstrip()
+
+
+def main() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from adam8lib.course import evidence
+    from readme_section import write_section
+
+    results = {}
+    for name in evidence.EXPERIMENTS:
+        result = evidence.load(name)
+        if result is None:
+            continue
+        results[name] = result
+        print(f"== {name}")
+        print(text_summary(result))
+        fig = evidence.plot(result)
+        PLOTS.mkdir(parents=True, exist_ok=True)
+        fig.savefig(PLOTS / f"{name}.png", dpi=110)
+        plt.close(fig)
+    write_section("<!-- convergence:start (bench/convergence.py report writes this) -->", "<!-- convergence:end -->",
+                  section(results), "Convergence")
+    print("wrote bench/README.md and the plots in bench/results/")
+
+
+if __name__ == "__main__":
+    main()

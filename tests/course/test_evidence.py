@@ -1,0 +1,97 @@
+"""adam8lib.course.evidence: the packaged convergence results load, agree with their own runs,
+and tabulate/plot; bench/convergence.py's summary computes paired statistics per seed."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import stats  # noqa: E402
+
+from adam8lib.course import evidence  # noqa: E402
+
+
+def _fake_lm_records():
+    """AdamW and an 'adam8bit' whose loss is AdamW's + 1 % + a per-seed wobble."""
+    records = []
+    for seed in range(4):
+        base = 2.3 + 0.01 * seed
+        for kind, loss in (("adamw", base), ("adam8bit", base * (1.01 + 0.001 * (seed % 2)))):
+            records.append({"optimizer": kind, "seed": seed, "threads": 1, "valid_loss": loss,
+                            "valid_ppl": math.exp(loss), "spikes": seed % 2, "diverged": False, "seconds": 1.0,
+                            "loss": [3.0, 2.5, loss], "valid_curve": [[50, loss + 0.2], [100, loss]]})
+    return records
+
+
+def test_summary_is_paired_by_seed(monkeypatch):
+    import convergence
+
+    monkeypatch.setattr("lm_task.describe", lambda cfg: {"stub": True})
+    result = convergence.summarize("lm", _fake_lm_records(), ["adamw", "adam8bit"], [0, 1, 2, 3],
+                                   convergence.task_config("lm"))
+    comp = result["paired_vs_adamw"]["adam8bit"]["valid_loss"]
+    # per-seed relative differences are exactly 1.0 %, 1.1 %, 1.0 %, 1.1 %
+    assert comp["diffs"] == pytest.approx([0.010, 0.011, 0.010, 0.011])
+    assert comp["mean"] == pytest.approx(0.0105)
+    half = stats.t_quantile(0.975, 3) * comp["std"] / 2
+    assert comp["ci_high"] - comp["mean"] == pytest.approx(half)
+    entry = result["optimizers"]["adam8bit"]
+    assert entry["spikes"] == [0, 1, 0, 1] and entry["curve"]["steps"] == [50, 100]
+    assert entry["curve"]["ci_low"][1] < entry["curve"]["mean"][1] < entry["curve"]["ci_high"][1]
+    rows = evidence.rows(result)
+    assert rows[1]["Δ valid loss vs AdamW, % [95% CI]"].startswith("+1.05 [+0.9")
+    assert rows[0]["Δ valid loss vs AdamW, % [95% CI]"] == "–"  # AdamW is the baseline
+    assert "adam8lib Adam8bit" in evidence.table(result)
+    assert evidence.markdown_table(result).count("\n") == 3
+    # CI [+0.96, +1.14] %: excludes 0 (a loss, since lower loss is better) and is not inside ±1 %
+    assert evidence.verdict(result) == (
+        "adam8lib Adam8bit vs AdamW: +1.05 %, 95% CI [+0.96, +1.14] % (n=4); excludes 0: a loss resolved; "
+        "not inside ±1 %")
+
+
+def test_plot_draws_bands_and_intervals(monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import convergence
+
+    monkeypatch.setattr("lm_task.describe", lambda cfg: {"stub": True})
+    result = convergence.summarize("lm", _fake_lm_records(), ["adamw", "adam8bit"], [0, 1, 2, 3],
+                                   convergence.task_config("lm"))
+    fig = evidence.plot(result)
+    left, right = fig.axes[:2]
+    assert len(left.collections) == 2  # one 95 % band per optimizer
+    assert len(right.lines) >= 1 and right.get_yticklabels()[0].get_text().startswith("adam8lib")
+
+
+def test_unknown_experiment_is_rejected():
+    with pytest.raises(ValueError, match="unknown experiment"):
+        evidence.load("convergence")
+
+
+@pytest.mark.parametrize("name", evidence.EXPERIMENTS)
+def test_packaged_results_agree_with_their_runs(name):
+    result = evidence.load(name)
+    if result is None:
+        pytest.skip(f"{name}.json not produced yet")
+    seeds = result["seeds"]
+    assert len(seeds) >= {"convergence_lm": 8, "convergence_cls": 10, "ablation": 1}[name]
+    runs = {(r["optimizer"], r["seed"], r["threads"]): r for r in result["runs"]}
+    metric = "accuracy" if name == "convergence_cls" else "valid_loss"
+    base = [runs[("adamw", s, 1)][metric] for s in seeds]
+    for kind, comp in result["paired_vs_adamw"].items():
+        if len(seeds) < 2:
+            assert comp == {}  # one seed: no interval is claimed
+            continue
+        other = [runs[(kind, s, 1)][metric] for s in seeds]
+        again = stats.paired(base, other, relative=metric == "valid_loss")
+        assert comp[metric]["mean"] == pytest.approx(again["mean"])
+        assert comp[metric]["ci_low"] == pytest.approx(again["ci_low"])
+    env = result["environment"]
+    assert env["threads_per_run"] and env["torch"] and env["python"]
