@@ -194,3 +194,64 @@ def test_stable_embedding_check_passes_the_solution():
 ])
 def test_stable_embedding_check_names_the_mistake(fn, hint):
     fails_with(checks.check_stable_embedding, fn, hint)
+
+
+# ------------------------------------------------------------------ 07.4 · training with the learner's optimizer
+def make_training_optimizer(*, sign=1.0, update=True, bias=True):
+    """An Adam-like optimizer with fp32 states and one slip: the update's sign, no update, no bias correction."""
+
+    class Wrong(torch.optim.Optimizer):
+        def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8):
+            super().__init__(params, dict(lr=lr, betas=betas, eps=eps))
+
+        @torch.no_grad()
+        def step(self):
+            for group in self.param_groups:
+                b1, b2 = group["betas"]
+                for p in group["params"]:
+                    st = self.state[p]
+                    if not st:
+                        st.update(step=0, m=torch.zeros_like(p), v=torch.zeros_like(p))
+                    st["step"] += 1
+                    st["m"].mul_(b1).add_(p.grad, alpha=1 - b1)
+                    st["v"].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                    c1, c2 = (1 - b1 ** st["step"], 1 - b2 ** st["step"]) if bias else (1.0, 1.0)
+                    new = p - sign * group["lr"] / c1 * st["m"] / ((st["v"] / c2).sqrt() + group["eps"])
+                    if update:
+                        p.copy_(new)
+                    else:
+                        p = new  # a fresh tensor: the parameter never changes
+
+    return Wrong
+
+
+def test_training_check_passes_the_solution_and_the_library(capsys):
+    from adam8lib.optim import Adam8bit
+
+    checks.check_trains_like_adam(solution("07", "MyAdam8bit"))
+    checks.check_trains_like_adam(lambda params, **kw: Adam8bit(params, backend="torch", **kw))
+    checks.check_trains_like_adam(make_training_optimizer())  # plain fp32 Adam: the same curve as torch's
+    assert capsys.readouterr().out.count("✔ Exercise 07.4 · Training with your optimizer: all checks passed") == 3
+
+
+def test_training_curves_start_equal_and_the_library_tracks_torch():
+    from adam8lib.optim import Adam8bit
+
+    curves = checks.ex07_adam8bit_step.train_side_by_side(lambda params, **kw: Adam8bit(params, backend="torch", **kw))
+    (_, ours), (_, ref) = curves.items()
+    assert len(ours) == len(ref) == 200 and ours[0] == ref[0]  # same data, same initial weights
+    assert ref[-1] < 0.01 * ref[0] and ours[-1] < 2 * ref[-1] + 1e-3
+
+
+@pytest.mark.parametrize("fn, hint", [
+    (make_training_optimizer(update=False), "does not learn"),
+    (make_training_optimizer(sign=-1.0), "subtract the update"),
+    (stub, "not implemented yet"),
+])
+def test_training_check_names_the_mistake(fn, hint):
+    fails_with(checks.check_trains_like_adam, fn, hint)
+
+
+def test_training_check_catches_an_optimizer_that_learns_too_slowly():
+    # SGD-like steps of lr * grad: it learns (the loss falls) but ends far above Adam's
+    fails_with(checks.check_trains_like_adam, lambda params, lr: torch.optim.SGD(params, lr=lr), "more slowly than Adam")
