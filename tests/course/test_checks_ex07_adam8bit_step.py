@@ -225,12 +225,16 @@ def make_training_optimizer(*, sign=1.0, update=True, bias=True):
     return Wrong
 
 
+def reference_train(optimizer_class, steps=200, lr=1e-2):
+    return checks.ex07_adam8bit_step._train(lambda ps: optimizer_class(ps, lr=lr), steps)
+
+
 def test_training_check_passes_the_solution_and_the_library(capsys):
     from adam8lib.optim import Adam8bit
 
-    checks.check_trains_like_adam(solution("07", "MyAdam8bit"))
-    checks.check_trains_like_adam(lambda params, **kw: Adam8bit(params, backend="torch", **kw))
-    checks.check_trains_like_adam(make_training_optimizer())  # plain fp32 Adam: the same curve as torch's
+    checks.check_trains_like_adam(solution("07", "train"), solution("07", "MyAdam8bit"))
+    checks.check_trains_like_adam(reference_train, lambda params, **kw: Adam8bit(params, backend="torch", **kw))
+    checks.check_trains_like_adam(reference_train, make_training_optimizer())  # plain fp32 Adam: torch's curve
     assert capsys.readouterr().out.count("✔ Exercise 07.4 · Training with your optimizer: all checks passed") == 3
 
 
@@ -246,12 +250,30 @@ def test_training_curves_start_equal_and_the_library_tracks_torch():
 @pytest.mark.parametrize("fn, hint", [
     (make_training_optimizer(update=False), "does not learn"),
     (make_training_optimizer(sign=-1.0), "subtract the update"),
+    (lambda params, lr: torch.optim.SGD(params, lr=lr), "more slowly than Adam"),  # learns, far above Adam
     (stub, "not implemented yet"),
 ])
-def test_training_check_names_the_mistake(fn, hint):
-    fails_with(checks.check_trains_like_adam, fn, hint)
+def test_training_check_names_the_optimizers_mistake(fn, hint):
+    fails_with(lambda opt: checks.check_trains_like_adam(reference_train, opt), fn, hint)
 
 
-def test_training_check_catches_an_optimizer_that_learns_too_slowly():
-    # SGD-like steps of lr * grad: it learns (the loss falls) but ends far above Adam's
-    fails_with(checks.check_trains_like_adam, lambda params, lr: torch.optim.SGD(params, lr=lr), "more slowly than Adam")
+def _loss_after_step(optimizer_class, steps=200, lr=1e-2):
+    x, y, model = checks.ex07_adam8bit_step.mlp_task()
+    opt, losses = optimizer_class(model.parameters(), lr=lr), []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(torch.nn.functional.mse_loss(model(x), y).item())
+    return losses
+
+
+@pytest.mark.parametrize("train_fn, hint", [
+    (_loss_after_step, "record loss.item() (before the step)"),
+    (lambda optimizer_class, steps=200, lr=1e-2: reference_train(optimizer_class, steps, 1e-3), "record loss.item()"),
+    (lambda optimizer_class, steps=200, lr=1e-2: None, "return the list of losses"),
+    (stub, "not implemented yet"),
+])
+def test_training_check_names_the_loops_mistake(train_fn, hint):
+    fails_with(lambda fn: checks.check_trains_like_adam(fn, make_training_optimizer()), train_fn, hint)

@@ -12,7 +12,7 @@ from ...quant import dequantize_blocks, dynamic_map, nearest_code, num_blocks, q
 from ._common import assert_close, call, fail, passed, require_callable
 
 __all__ = ["check_adam8bit_step", "check_adam8bit_optimizer", "check_stable_embedding", "check_trains_like_adam",
-           "train_side_by_side"]
+           "mlp_task", "train_side_by_side"]
 
 _FIELDS = ("p", "state1", "state2", "absmax1", "absmax2")
 
@@ -304,9 +304,10 @@ def check_stable_embedding(stable_embedding_class) -> None:
 
 
 # ---------------------------------------------------------------------------- 07.4
-def _mlp_task(seed: int = 0):
-    """A fixed regression task (256 points) and an MLP 16 -> 64 -> 64 -> 1 (tanh): the 64x64 weight
-    (4,096 elements) gets 8-bit states, the 16x64 one (1,024) and the biases fp32 states."""
+def mlp_task(seed: int = 0):
+    """``(x, y, model)``: a fixed regression task (256 points, ``y = sum(sin(x @ W))``) and an MLP
+    16 -> 64 -> 64 -> 1 (tanh), the same initial weights on every call. The 64x64 weight (4,096
+    elements) gets 8-bit states, the 16x64 one (1,024) and the biases fp32 states."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(256, 16, generator=gen)
     teacher = torch.randn(16, 8, generator=gen) / 4
@@ -317,10 +318,9 @@ def _mlp_task(seed: int = 0):
     return x, y, model
 
 
-def _train(make_optimizer, steps: int, seed: int = 0, step_fn=None) -> list[float]:
-    """Full-batch training of :func:`_mlp_task`'s MLP (same data, same init for every optimizer):
-    the mean squared error before each step."""
-    x, y, model = _mlp_task(seed)
+def _train(make_optimizer, steps: int = 200, step_fn=None) -> list[float]:
+    """Full-batch training of :func:`mlp_task`'s MLP: the mean squared error before each step."""
+    x, y, model = mlp_task()
     opt = make_optimizer(model.parameters())
     losses = []
     for _ in range(steps):
@@ -333,7 +333,7 @@ def _train(make_optimizer, steps: int, seed: int = 0, step_fn=None) -> list[floa
 
 
 def train_side_by_side(optimizer_class, steps: int = 200, lr: float = 1e-2) -> dict[str, list[float]]:
-    """Losses of the same MLP trained with ``optimizer_class(params, lr=lr)`` and with
+    """Losses of :func:`mlp_task`'s MLP trained with ``optimizer_class(params, lr=lr)`` and with
     ``torch.optim.Adam(params, lr=lr)`` (same data, same initial weights, full batch)."""
     require_callable(optimizer_class, "the optimizer class")
     name = getattr(optimizer_class, "__name__", "your optimizer")
@@ -342,10 +342,25 @@ def train_side_by_side(optimizer_class, steps: int = 200, lr: float = 1e-2) -> d
     return {name: yours, "torch.optim.Adam": _train(lambda ps: torch.optim.Adam(ps, lr=lr), steps)}
 
 
-def check_trains_like_adam(optimizer_class) -> None:
-    """Trains :func:`_mlp_task`'s MLP 200 steps with ``optimizer_class(params, lr=1e-2)`` and with
-    torch.optim.Adam: the learner's final loss must be at most 2x torch's + 0.001."""
+def check_trains_like_adam(train_fn, optimizer_class) -> None:
+    """``train_fn(optimizer_class, steps=200, lr=1e-2)`` must give the reference loop's losses with
+    torch.optim.Adam; trained 200 steps, ``optimizer_class``'s final loss must be at most 2x that of
+    torch.optim.Adam + 0.001."""
+    require_callable(train_fn, "train")
     require_callable(optimizer_class, "the optimizer class")
+    want_curve = _train(lambda ps: torch.optim.Adam(ps, lr=1e-2), 20)
+    got_curve = call(train_fn, torch.optim.Adam, steps=20, lr=1e-2)
+    if got_curve is None:
+        fail("train(torch.optim.Adam, steps=20) returned None", "return the list of losses.")
+    try:
+        got_curve = [float(v) for v in got_curve]
+    except (TypeError, ValueError):
+        fail(f"train(torch.optim.Adam, steps=20) returned {type(got_curve).__name__}", "return a list of floats (loss.item()).")
+    if len(got_curve) != 20 or not all(math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-7) for a, b in zip(got_curve, want_curve)):
+        fail(f"train(torch.optim.Adam, steps=20) gave {len(got_curve)} losses {got_curve[:3]}...; the reference loop "
+             f"gives 20: {[round(v, 6) for v in want_curve[:3]]}...",
+             "one full-batch step per iteration: opt.zero_grad(), loss = mse_loss(model(x), y), loss.backward(), "
+             "record loss.item() (before the step), opt.step(); build the optimizer with optimizer_class(model.parameters(), lr=lr).")
     curves = train_side_by_side(optimizer_class)
     (name, yours), (_, ref) = curves.items()
     first, last, want = yours[0], yours[-1], ref[-1]
