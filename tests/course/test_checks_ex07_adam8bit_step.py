@@ -194,3 +194,86 @@ def test_stable_embedding_check_passes_the_solution():
 ])
 def test_stable_embedding_check_names_the_mistake(fn, hint):
     fails_with(checks.check_stable_embedding, fn, hint)
+
+
+# ------------------------------------------------------------------ 07.4 · training with the learner's optimizer
+def make_training_optimizer(*, sign=1.0, update=True, bias=True):
+    """An Adam-like optimizer with fp32 states and one slip: the update's sign, no update, no bias correction."""
+
+    class Wrong(torch.optim.Optimizer):
+        def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8):
+            super().__init__(params, dict(lr=lr, betas=betas, eps=eps))
+
+        @torch.no_grad()
+        def step(self):
+            for group in self.param_groups:
+                b1, b2 = group["betas"]
+                for p in group["params"]:
+                    st = self.state[p]
+                    if not st:
+                        st.update(step=0, m=torch.zeros_like(p), v=torch.zeros_like(p))
+                    st["step"] += 1
+                    st["m"].mul_(b1).add_(p.grad, alpha=1 - b1)
+                    st["v"].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                    c1, c2 = (1 - b1 ** st["step"], 1 - b2 ** st["step"]) if bias else (1.0, 1.0)
+                    new = p - sign * group["lr"] / c1 * st["m"] / ((st["v"] / c2).sqrt() + group["eps"])
+                    if update:
+                        p.copy_(new)
+                    else:
+                        p = new  # a fresh tensor: the parameter never changes
+
+    return Wrong
+
+
+def reference_train(optimizer_class, steps=200, lr=1e-2):
+    return checks.ex07_adam8bit_step._train(lambda ps: optimizer_class(ps, lr=lr), steps)
+
+
+def test_training_check_passes_the_solution_and_the_library(capsys):
+    from adam8lib.optim import Adam8bit
+
+    checks.check_trains_like_adam(solution("07", "train"), solution("07", "MyAdam8bit"))
+    checks.check_trains_like_adam(reference_train, lambda params, **kw: Adam8bit(params, backend="torch", **kw))
+    checks.check_trains_like_adam(reference_train, make_training_optimizer())  # plain fp32 Adam: torch's curve
+    assert capsys.readouterr().out.count("✔ Exercise 07.4 · Training with your optimizer: all checks passed") == 3
+
+
+def test_training_curves_start_equal_and_the_library_tracks_torch():
+    from adam8lib.optim import Adam8bit
+
+    curves = checks.ex07_adam8bit_step.train_side_by_side(lambda params, **kw: Adam8bit(params, backend="torch", **kw))
+    (_, ours), (_, ref) = curves.items()
+    assert len(ours) == len(ref) == 200 and ours[0] == ref[0]  # same data, same initial weights
+    assert ref[-1] < 0.01 * ref[0] and ours[-1] < 2 * ref[-1] + 1e-3
+
+
+@pytest.mark.parametrize("fn, hint", [
+    (make_training_optimizer(update=False), "does not learn"),
+    (make_training_optimizer(sign=-1.0), "subtract the update"),
+    (lambda params, lr: torch.optim.SGD(params, lr=lr), "more slowly than Adam"),  # learns, far above Adam
+    (stub, "not implemented yet"),
+])
+def test_training_check_names_the_optimizers_mistake(fn, hint):
+    fails_with(lambda opt: checks.check_trains_like_adam(reference_train, opt), fn, hint)
+
+
+def _loss_after_step(optimizer_class, steps=200, lr=1e-2):
+    x, y, model = checks.ex07_adam8bit_step.mlp_task()
+    opt, losses = optimizer_class(model.parameters(), lr=lr), []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(torch.nn.functional.mse_loss(model(x), y).item())
+    return losses
+
+
+@pytest.mark.parametrize("train_fn, hint", [
+    (_loss_after_step, "record loss.item() (before the step)"),
+    (lambda optimizer_class, steps=200, lr=1e-2: reference_train(optimizer_class, steps, 1e-3), "record loss.item()"),
+    (lambda optimizer_class, steps=200, lr=1e-2: None, "return the list of losses"),
+    (stub, "not implemented yet"),
+])
+def test_training_check_names_the_loops_mistake(train_fn, hint):
+    fails_with(lambda fn: checks.check_trains_like_adam(fn, make_training_optimizer()), train_fn, hint)

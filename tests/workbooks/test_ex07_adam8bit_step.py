@@ -149,3 +149,14 @@ def test_stable_embedding_is_normalised_and_xavier(workbook):
     assert out.shape == (10, 32)
     assert torch.allclose(out.mean(-1), torch.zeros(10), atol=1e-5)  # LayerNorm at init: zero mean, unit variance
     assert m.embedding.weight.abs().max() <= (6 / 532) ** 0.5 + 1e-6
+
+
+def test_train_loop_and_optimizer_learn_the_task_like_torch_adam(workbook):
+    """07.4: the learner's train() with torch.optim.Adam is the reference loop; with MyAdam8bit it ends near Adam."""
+    from adam8lib.course.checks.ex07_adam8bit_step import _train
+
+    wb = workbook("07")
+    ref = _train(lambda ps: torch.optim.Adam(ps, lr=1e-2), 200)
+    assert wb.train(torch.optim.Adam, steps=200, lr=1e-2) == pytest.approx(ref, rel=1e-4, abs=1e-7)
+    mine = wb.train(wb.MyAdam8bit, steps=200, lr=1e-2)
+    assert mine[0] == ref[0] and mine[-1] < 0.01 * mine[0] and mine[-1] < 2 * ref[-1] + 1e-3

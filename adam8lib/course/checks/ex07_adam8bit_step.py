@@ -11,7 +11,8 @@ from ...kernels.reference import adam8bit_step
 from ...quant import dequantize_blocks, dynamic_map, nearest_code, num_blocks, quantize_blocks
 from ._common import assert_close, call, fail, passed, require_callable
 
-__all__ = ["check_adam8bit_step", "check_adam8bit_optimizer", "check_stable_embedding"]
+__all__ = ["check_adam8bit_step", "check_adam8bit_optimizer", "check_stable_embedding", "check_trains_like_adam",
+           "mlp_task", "train_side_by_side"]
 
 _FIELDS = ("p", "state1", "state2", "absmax1", "absmax2")
 
@@ -300,3 +301,83 @@ def check_stable_embedding(stable_embedding_class) -> None:
                  "register the table for 32-bit optimizer states in __init__: bnb.optim.GlobalOptimManager.get_instance()"
                  ".register_module_override(self.embedding, 'weight', {'optim_bits': 32}).")
     passed("Exercise 07.3 · The stable embedding")
+
+
+# ---------------------------------------------------------------------------- 07.4
+def mlp_task(seed: int = 0):
+    """``(x, y, model)``: a fixed regression task (256 points, ``y = sum(sin(x @ W))``) and an MLP
+    16 -> 64 -> 64 -> 1 (tanh), the same initial weights on every call. The 64x64 weight (4,096
+    elements) gets 8-bit states, the 16x64 one (1,024) and the biases fp32 states."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(256, 16, generator=gen)
+    teacher = torch.randn(16, 8, generator=gen) / 4
+    y = torch.sin(x @ teacher).sum(dim=1, keepdim=True)
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64),
+                                torch.nn.Tanh(), torch.nn.Linear(64, 1))
+    return x, y, model
+
+
+def _train(make_optimizer, steps: int = 200, step_fn=None) -> list[float]:
+    """Full-batch training of :func:`mlp_task`'s MLP: the mean squared error before each step."""
+    x, y, model = mlp_task()
+    opt = make_optimizer(model.parameters())
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        losses.append(loss.item())
+        opt.step() if step_fn is None else step_fn(opt)
+    return losses
+
+
+def train_side_by_side(optimizer_class, steps: int = 200, lr: float = 1e-2) -> dict[str, list[float]]:
+    """Losses of :func:`mlp_task`'s MLP trained with ``optimizer_class(params, lr=lr)`` and with
+    ``torch.optim.Adam(params, lr=lr)`` (same data, same initial weights, full batch)."""
+    require_callable(optimizer_class, "the optimizer class")
+    name = getattr(optimizer_class, "__name__", "your optimizer")
+    yours = call(lambda: _train(lambda ps: call(optimizer_class, list(ps), lr=lr), steps,
+                                step_fn=lambda opt: call(opt.step)))
+    return {name: yours, "torch.optim.Adam": _train(lambda ps: torch.optim.Adam(ps, lr=lr), steps)}
+
+
+def check_trains_like_adam(train_fn, optimizer_class) -> None:
+    """``train_fn(optimizer_class, steps=200, lr=1e-2)`` must give the reference loop's losses with
+    torch.optim.Adam; trained 200 steps, ``optimizer_class``'s final loss must be at most 2x that of
+    torch.optim.Adam + 0.001."""
+    require_callable(train_fn, "train")
+    require_callable(optimizer_class, "the optimizer class")
+    want_curve = _train(lambda ps: torch.optim.Adam(ps, lr=1e-2), 20)
+    got_curve = call(train_fn, torch.optim.Adam, steps=20, lr=1e-2)
+    if got_curve is None:
+        fail("train(torch.optim.Adam, steps=20) returned None", "return the list of losses.")
+    try:
+        got_curve = [float(v) for v in got_curve]
+    except (TypeError, ValueError):
+        fail(f"train(torch.optim.Adam, steps=20) returned {type(got_curve).__name__}", "return a list of floats (loss.item()).")
+    if len(got_curve) != 20 or not all(math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-7) for a, b in zip(got_curve, want_curve)):
+        fail(f"train(torch.optim.Adam, steps=20) gave {len(got_curve)} losses {got_curve[:3]}...; the reference loop "
+             f"gives 20: {[round(v, 6) for v in want_curve[:3]]}...",
+             "one full-batch step per iteration: opt.zero_grad(), loss = mse_loss(model(x), y), loss.backward(), "
+             "record loss.item() (before the step), opt.step(); build the optimizer with optimizer_class(model.parameters(), lr=lr).")
+    curves = train_side_by_side(optimizer_class)
+    (name, yours), (_, ref) = curves.items()
+    first, last, want = yours[0], yours[-1], ref[-1]
+    if not all(math.isfinite(v) for v in yours):
+        bad = next(v for v in yours if not math.isfinite(v))
+        fail(f"{name}: the loss became {bad} (not finite) during training (torch.optim.Adam: {want:.3g})",
+             "a v that rounds to 0 makes the update m / eps (keep_sign=True for both states); check eps is added "
+             "after the square root and the bias correction divides (not multiplies) m and v.")
+    if last > 0.9 * first:
+        fail(f"{name}: the loss went from {first:.3g} to {last:.3g} in 200 steps; torch.optim.Adam reached {want:.3g}",
+             "the optimizer does not learn: does step() write into the parameters in place (p.copy_, p.view(-1) "
+             "shares p's storage) and subtract the update (p -= lr * m / ...), not add it? Do parameters with a "
+             "gradient get a state and a step?")
+    if last > 2 * want + 0.001:
+        fail(f"{name}: final loss {last:.3g} after 200 steps, torch.optim.Adam {want:.3g} (allowed: up to "
+             f"{2 * want + 0.001:.3g})",
+             "it learns, but more slowly than Adam: the bias correction (1 - beta**step, step counted per parameter "
+             "from 1), lr read from the param group, sqrt(v) in the denominator, and requantizing with a fresh "
+             "absmax every step.")
+    passed("Exercise 07.4 · Training with your optimizer")

@@ -104,6 +104,11 @@ QUESTIONS: dict[str, Question] = {
     "10.a": Question("b", choices="abc"),
     "10.b": Question(0.78, rel_tol=0.05),
     "10.c": Question(0.0, rel_tol=0, shown="0.0"),
+    # 11 · at scale
+    "11.a": Question((2 * 2**20 + 8 * 2**20 // 256) / MiB, rel_tol=0.01, shown="2.03125 MiB"),
+    "11.b": Question(8, rel_tol=0),
+    "11.c": Question("b", choices="abc"),
+    "11.d": Question(8, rel_tol=0),
 }
 
 
