@@ -10,7 +10,7 @@ own step (:mod:`adam8lib.kernels`) unchanged:
   (256 evenly spaced values; signed ``[-1, 1]`` for ``m``, unsigned ``[0, 1]`` for ``v``),
   i.e. absmax int8-style quantization of the states;
 * ``blockwise=False``: one block per tensor (a single ``absmax`` for the whole state, as
-  in lesson 04), by running the reference step with ``blocksize = numel``.
+  in lesson 04), by running the reference step's phases with ``blocksize = numel``.
 
 ``Adam8bitVariant(params, quantization="dynamic", blockwise=True)`` is exactly ``Adam8bit``.
 The variant is for experiments only: its per-tensor states cannot be loaded back with
@@ -31,7 +31,8 @@ from typing import Any
 import torch
 
 from .optim import Adam8bit
-from .quant import linear_map
+from .kernels.reference import adam_update_fp32
+from .quant import dequantize_blocks, linear_map, quantize_blocks
 
 __all__ = ["Adam8bitVariant", "QUANTIZATIONS"]
 
@@ -64,22 +65,32 @@ class Adam8bitVariant(Adam8bit):
         if quantization == "linear":
             self.qmap1, self.qmap2 = linear_map(signed=True), linear_map(signed=False)
 
-    def _init_state(self, group: dict[str, Any], p: torch.Tensor, state: dict[str, Any]) -> None:
-        super()._init_state(group, p, state)
+    def _new_state(self, group: dict[str, Any], p: torch.Tensor) -> dict[str, Any]:
+        state = super()._new_state(group, p)
         if not self.blockwise and "state1" in state:
             state["absmax1"] = state["absmax1"][:1].clone()  # one scale for the whole tensor
             state["absmax2"] = state["absmax2"][:1].clone()
+        return state
 
-    def _step_8bit(self, group: dict[str, Any], p: torch.Tensor, state: dict[str, Any]) -> None:
+    def _step_8bit(self, group: dict[str, Any], p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any]) -> None:
         if self.blockwise:
-            super()._step_8bit(group, p, state)
+            super()._step_8bit(group, p, grad, state)
             return
-        blocksize = group["blocksize"]
-        group["blocksize"] = p.numel()  # the reference step takes any block length
-        try:
-            super()._step_8bit(group, p, state)
-        finally:
-            group["blocksize"] = blocksize
+        # One block = the whole tensor: the reference step's phases (dequantize, fp32 update with
+        # the non-finite rule, requantize) from the library's own pieces, with blocksize = numel.
+        n = p.numel()
+        if n == 0:
+            return
+        beta1, beta2 = group["betas"]
+        qmap1, qmap2 = self._maps(p.device)
+        m = dequantize_blocks(state["state1"], state["absmax1"], qmap1, n)
+        v = dequantize_blocks(state["state2"], state["absmax2"], qmap2, n)
+        new = adam_update_fp32(p.reshape(-1).float(), grad.reshape(-1).float(), m, v, step=state["step"],
+                               lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                               weight_decay=group["weight_decay"])
+        p.copy_(new.view(p.shape))
+        state["state1"], state["absmax1"] = quantize_blocks(m, qmap1, n, keep_sign=True)
+        state["state2"], state["absmax2"] = quantize_blocks(v, qmap2, n, keep_sign=True)
 
     def __repr__(self) -> str:
         scales = "blockwise" if self.blockwise else "per-tensor"
