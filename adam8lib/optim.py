@@ -166,10 +166,6 @@ class Adam8bit(torch.optim.Optimizer):
             "exp_avg_sq": torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format),
         }
 
-    def _init_state(self, group: dict[str, Any], p: torch.Tensor, state: dict[str, Any]) -> None:
-        """Old private spelling of :meth:`init_state` for one parameter (kept for callers)."""
-        state.update(self._new_state(group, p))
-
     def _maps(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The two quantization maps on ``device`` (one copy per device, made on first use)."""
         maps = self._device_maps.get(device)
