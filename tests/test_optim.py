@@ -710,3 +710,19 @@ def test_init_state_creates_first_step_states_and_changes_no_result():
     train(model, opt, steps=3)
     train(twin, twin_opt, steps=3)
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters()))
+
+
+def test_pickles_without_backend_or_maps_load_with_the_defaults():
+    """An optimizer pickled by an older adam8lib (torch's __getstate__: defaults, state, groups only)."""
+    model = mlp()
+    opt = Adam8bit(model.parameters(), backend="torch")
+    train(model, opt, steps=1)
+    old_style = torch.optim.Optimizer.__getstate__(opt)
+    restored = Adam8bit.__new__(Adam8bit)
+    restored.__setstate__(dict(old_style))
+    assert restored.backend == "auto" and torch.equal(restored.qmap1, dynamic_map(True))
+    assert torch.equal(restored.qmap2, dynamic_map(False)) and "differentiable" not in restored.defaults
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    restored.step()
+    assert all(s["step"] == 2 for s in restored.state.values())

@@ -220,3 +220,19 @@ def test_bad_input_errors():
         quantize_blockwise(torch.ones(10), code=torch.linspace(-1, 1, 16))
     with pytest.raises(TypeError, match="int8"):
         absmax_dequantize(torch.ones(3), torch.tensor(1.0))
+
+
+def test_shared_validation_helpers_are_public_and_old_names_still_work():
+    from adam8lib import quant
+
+    assert quant._check_code is quant.check_code and quant._require_float is quant.require_float
+    assert quant._check_dequantize_inputs is quant.check_dequantize_inputs
+    assert torch.equal(quant.check_code(None, torch.device("cpu")), dynamic_map(True))
+    with pytest.raises(ValueError, match="sorted ascending"):
+        quant.check_code(dynamic_map(True).flip(0), torch.device("cpu"))
+    with pytest.raises(TypeError, match="codes must be a floating-point tensor"):
+        quant.require_float(torch.ones(3, dtype=torch.int32), "codes")
+    valid = quant.check_dequantize_inputs(torch.zeros(300, dtype=torch.uint8), torch.zeros(2), None, 256)
+    assert torch.equal(valid, dynamic_map(True))
+    with pytest.raises(ValueError, match="absmax has 3 entries but 300 codes in blocks of 256 need 2"):
+        quant.check_dequantize_inputs(torch.zeros(300, dtype=torch.uint8), torch.zeros(3), None, 256)

@@ -17,7 +17,9 @@ It is resolved again at every call, so a model moved to another device after the
 was built gets that device's backend.
 
 An optional backend whose module fails to import is recorded with the reason
-(:func:`unavailable_reason`), and asking for it by name says why it is missing.
+(:func:`unavailable_reason`), and asking for it by name says why it is missing. A backend
+module that imports but cannot run (e.g. its build failed) may define
+``unavailable_reason() -> str | None``; its answer goes into the error message.
 
 torch.compile: :func:`adam8bit_step` always runs eagerly (``torch.compiler.disable``): inside a
 compiled function it is a graph break, and the backend sees real tensors that live until it

@@ -51,14 +51,14 @@ def check_plain_tensor(t: object, name: str) -> None:
     parallel: pass the local shard), other tensor subclasses, sparse/other layouts,
     quantized and nested tensors, and meta tensors (no memory behind them).
     """
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if _is_dtensor(t):
-        raise TypeError(
-            f"{name} is a DTensor (FSDP2 / tensor parallel); adam8lib's 8-bit step needs plain tensors: "
-            "pass the local shard (dtensor.to_local()), sharded optimizers are not supported yet"
-        )
     if type(t) not in _PLAIN_TYPES:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if _is_dtensor(t):
+            raise TypeError(
+                f"{name} is a DTensor (FSDP2 / tensor parallel); adam8lib's 8-bit step needs plain tensors: "
+                "pass the local shard (dtensor.to_local()), sharded optimizers are not supported yet"
+            )
         raise TypeError(
             f"{name} is a tensor subclass ({type(t).__module__}.{type(t).__qualname__}); adam8lib's 8-bit step "
             "needs plain torch.Tensor / nn.Parameter objects that own their memory"
