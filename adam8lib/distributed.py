@@ -37,6 +37,7 @@ documented reshard tolerance, see :func:`reshard_tolerance`).
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import torch
@@ -55,12 +56,10 @@ _FP32 = ("exp_avg", "exp_avg_sq")
 
 # ---------------------------------------------------------------------- local views
 def is_dtensor(t: Any) -> bool:
-    """True for a ``torch.distributed.tensor.DTensor`` (False where torch.distributed is absent)."""
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover - builds without torch.distributed
-        return False
-    return isinstance(t, DTensor)
+    """True for a ``torch.distributed.tensor.DTensor``. No DTensor can exist before that module is
+    imported, so this never imports it (single-process steps pay nothing)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
