@@ -37,6 +37,7 @@ documented reshard tolerance, see :func:`reshard_tolerance`).
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import torch
@@ -55,12 +56,10 @@ _FP32 = ("exp_avg", "exp_avg_sq")
 
 # ---------------------------------------------------------------------- local views
 def is_dtensor(t: Any) -> bool:
-    """True for a ``torch.distributed.tensor.DTensor`` (False where torch.distributed is absent)."""
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover - builds without torch.distributed
-        return False
-    return isinstance(t, DTensor)
+    """True for a ``torch.distributed.tensor.DTensor``. No DTensor can exist before that module is
+    imported, so this never imports it (single-process steps pay nothing)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -230,25 +229,23 @@ def _reblock(codes, absmax, p, local, blocksize, qmap, key):
     qmap = qmap.to(codes.device)
     start, stop = local
     n = stop - start
-    values = torch.empty(n, dtype=torch.float32, device=codes.device)
-    same = torch.zeros(num_blocks(n, blocksize), dtype=torch.bool)
-    kept = torch.zeros(num_blocks(n, blocksize), dtype=torch.float32)
+    device = codes.device
+    values = torch.empty(n, dtype=torch.float32, device=device)
     for s, (a, b) in enumerate(ranges):
         lo, hi = max(a, start), min(b, stop)
-        if lo >= hi:
-            continue
-        idx = torch.arange(lo, hi, device=codes.device)
-        values[lo - start: hi - start] = qmap[codes[lo:hi].long()] * table[s][(idx - a) // blocksize]
-        # local blocks starting inside this saved shard, on one of its block boundaries, and
-        # ending where that saved block ends, are the same block
-        for j in range(-(-(lo - start) // blocksize), num_blocks(n, blocksize)):
-            g0 = start + j * blocksize
-            if g0 >= hi:
-                break
-            g1 = min(g0 + blocksize, stop)
-            if (g0 - a) % blocksize == 0 and g1 == min(g0 + blocksize, b):
-                same[j] = True
-                kept[j] = table[s][(g0 - a) // blocksize]
+        if lo < hi:
+            idx = torch.arange(lo, hi, device=device)
+            values[lo - start: hi - start] = qmap[codes[lo:hi].long()] * table[s][(idx - a) // blocksize]
+    # local block j covers [g0, g1); it is a saved block if it starts on a saved block boundary
+    # of the saved shard holding g0 and ends where that saved block ends
+    g0 = start + torch.arange(num_blocks(n, blocksize), device=device) * blocksize
+    g1 = (g0 + blocksize).clamp(max=stop)
+    starts = torch.tensor([a for a, _ in ranges], device=device)
+    stops = torch.tensor([b for _, b in ranges], device=device)
+    shard = torch.searchsorted(stops, g0, right=True).clamp(max=len(ranges) - 1)
+    offset = g0 - starts[shard]
+    same = (offset % blocksize == 0) & (g1 == (g0 + blocksize).minimum(stops[shard]))
+    kept = table[shard, (offset // blocksize).clamp(max=table.shape[1] - 1)]
     new_codes, new_absmax = quantize_blocks(values, qmap, blocksize, keep_sign=True)
     if bool(same.any()):
         mask = same.repeat_interleave(blocksize)[:n]
