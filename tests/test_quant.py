@@ -222,11 +222,9 @@ def test_bad_input_errors():
         absmax_dequantize(torch.ones(3), torch.tensor(1.0))
 
 
-def test_shared_validation_helpers_are_public_and_old_names_still_work():
+def test_shared_validation_helpers_are_public():
     from adam8lib import quant
 
-    assert quant._check_code is quant.check_code and quant._require_float is quant.require_float
-    assert quant._check_dequantize_inputs is quant.check_dequantize_inputs
     assert torch.equal(quant.check_code(None, torch.device("cpu")), dynamic_map(True))
     with pytest.raises(ValueError, match="sorted ascending"):
         quant.check_code(dynamic_map(True).flip(0), torch.device("cpu"))

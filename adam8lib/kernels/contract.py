@@ -57,7 +57,7 @@ def check_plain_tensor(t: object, name: str) -> None:
         if _is_dtensor(t):
             raise TypeError(
                 f"{name} is a DTensor (FSDP2 / tensor parallel); adam8lib's 8-bit step needs plain tensors: "
-                "pass the local shard (dtensor.to_local()), sharded optimizers are not supported yet"
+                "pass the local shard (dtensor.to_local()); Adam8bit/AdamW8bit do that for DTensor parameters themselves"
             )
         raise TypeError(
             f"{name} is a tensor subclass ({type(t).__module__}.{type(t).__qualname__}); adam8lib's 8-bit step "
