@@ -13,6 +13,15 @@ key, ``where``), packed as ``lo | hi << 8 | where << 16``::
 exactly the reference's answer, ties, NaN and the keep-sign rule included (a map whose code
 changes twice inside one bucket is refused with ValueError; the dynamic and linear maps are
 fine). Both fast backends use it: the C++ kernel (``cpu``) and the Triton kernel (``triton``).
+
+The same table can be indexed by the float's *raw* bits, which saves the key arithmetic
+(``CodeTable.raw_steps``, used by the C++ kernel). A raw bucket (the top 16 bits of the
+bits) holds the same floats as one sortable bucket, in the same order for ``x >= 0`` and in
+reverse order for negative ``x``, so each entry re-packs as ``B | A << 8 | (T - 1) << 16``::
+
+    code(x) = A if (bits(x) << 16) > entry else B        (unsigned 32-bit compare)
+
+i.e. ``A`` from the low 16 bits ``T`` on: one shift and one compare, no sign handling.
 Building a table takes a second or two; it is cached on disk (under ``cache_root()``) keyed
 by the map, the rule and the source of ``nearest_code``.
 """
@@ -23,7 +32,7 @@ import functools
 import hashlib
 import inspect
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -65,6 +74,32 @@ class CodeTable:
     qmap: torch.Tensor  # (256,) fp32
     steps: torch.Tensor  # (65536,) int32 per bucket: code below | code from `where` on << 8 | where << 16
     nan_code: int  # the reference's code for NaN
+    #: the same table indexed by raw bits: B | A << 8 | (T - 1) << 16 (see the module docstring)
+    raw_steps: torch.Tensor = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "raw_steps", _raw_layout(self.steps))
+
+
+def _raw_layout(steps: torch.Tensor) -> torch.Tensor:
+    """Re-pack a sortable-key table for lookups by raw bits (exact: a pure re-indexing).
+
+    Raw bucket ``r`` (bits ``r << 16 ...``) is sortable bucket ``r + 0x8000`` for ``x >= 0``;
+    for negative ``x`` (``r >= 0x8000``) the key flips the 31 low bits, so it is bucket
+    ``((r - 0x10000) ^ 0x7FFF) + 0x8000`` and the low 16 bits run backwards: the sortable
+    rule "hi from key ``where`` on" becomes "lo from raw ``0x10000 - where`` on"."""
+    entry = steps.long() & 0xFFFFFFFF
+    raw = torch.arange(1 << BUCKET_BITS, dtype=torch.int64)
+    negative = raw >= 0x8000
+    bucket = torch.where(negative, ((raw - 0x10000) ^ 0x7FFF) + 0x8000, raw + 0x8000)
+    e = entry[bucket]
+    lo, hi, where = e & 0xFF, (e >> 8) & 0xFF, e >> 16
+    at = torch.where(negative, 0x10000 - where, where)  # T: A from raw low bits T on
+    a = torch.where(negative, lo, hi)
+    b = torch.where(negative, hi, lo)
+    b = torch.where(at == 0, a, b)  # A everywhere: the compare's answer does not matter
+    packed = b | (a << 8) | (((at - 1) & 0xFFFF) << 16)
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
 
 
 def code_table(qmap: torch.Tensor, keep_sign: bool) -> CodeTable:

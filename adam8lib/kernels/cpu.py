@@ -397,7 +397,7 @@ def adam8bit_step(
     status = lib.adam8bit_step_cpu(
         p.data_ptr(), g.data_ptr(), _DTYPE_CODES[p.dtype], _DTYPE_CODES[g.dtype],
         state1.data_ptr(), state2.data_ptr(), absmax1.data_ptr(), absmax2.data_ptr(), p.numel(), blocksize,
-        t1.qmap.data_ptr(), t1.steps.data_ptr(), t1.nan_code, t2.qmap.data_ptr(), t2.steps.data_ptr(), t2.nan_code,
+        t1.qmap.data_ptr(), t1.raw_steps.data_ptr(), t1.nan_code, t2.qmap.data_ptr(), t2.raw_steps.data_ptr(), t2.nan_code,
         beta1, 1.0 - beta1, beta2, 1.0 - beta2, decay, bias_correction2_sqrt, eps, -step_size,
         1.0 / bias_correction2_sqrt,
         torch_uses_fma(), bool(exact), torch_sqrt()[0] if exact else None, MKL_VML_MODE,

@@ -166,6 +166,13 @@ def _table_code(x, table):
     return torch.where((key & 0xFFFF) >= where, hi, lo)
 
 
+def _raw_table_code(x, table):
+    """The C++ kernel's lookup by raw bits: bits 8-15 if (bits << 16) > entry (unsigned), else bits 0-7."""
+    bits = x.view(torch.int32).long() & 0xFFFFFFFF
+    entry = table.raw_steps.long()[bits >> 16] & 0xFFFFFFFF
+    return torch.where(((bits << 16) & 0xFFFFFFFF) > entry, (entry >> 8) & 0xFF, entry & 0xFF)
+
+
 def _probe_values():
     """fp32 values where a lookup could go wrong: every bucket's first and last value and
     their neighbours, every map entry and midpoint (and the floats next to them), zeros,
@@ -192,9 +199,11 @@ def _probe_values():
 def test_code_table_gives_the_exact_nearest_code(name, qmap, keep_sign):
     x = _probe_values()
     expected = nearest_code(x, qmap, keep_sign=keep_sign).long()
-    got = _table_code(x, cpu.code_table(qmap, keep_sign))
-    bad = (got != expected).nonzero().flatten()
-    assert bad.numel() == 0, f"{name}: {bad.numel()} wrong codes, e.g. x={x[bad[:3]].tolist()}"
+    table = cpu.code_table(qmap, keep_sign)
+    for layout, lookup in (("sortable key", _table_code), ("raw bits", _raw_table_code)):
+        got = lookup(x, table)
+        bad = (got != expected).nonzero().flatten()
+        assert bad.numel() == 0, f"{name}, {layout}: {bad.numel()} wrong codes, e.g. x={x[bad[:3]].tolist()}"
 
 
 def test_code_table_rejects_a_map_it_cannot_represent():
