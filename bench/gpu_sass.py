@@ -45,6 +45,7 @@ if str(HERE.parent) not in sys.path:
 TARGETS = (75, 80, 90)
 DTYPES = ("fp32", "bf16")
 BLOCKSIZE = 256
+FLAGS = {}
 
 
 def compile_step(arch: int, dtype: str, *, use_table: bool = True, tile: int | None = None,
@@ -65,7 +66,9 @@ def compile_step(arch: int, dtype: str, *, use_table: bool = True, tile: int | N
     types = {"p_ptr": "*" + dtype, "g_ptr": "*" + dtype, "state1_ptr": "*u8", "state2_ptr": "*u8",
              "steps1_ptr": "*i32", "steps2_ptr": "*i32",
              "n": "i32", "n_blocks": "i32", "nan_code1": "i32", "nan_code2": "i32"}
-    constexprs = {"BLOCKSIZE": BLOCKSIZE, "ROWS": rows, "USE_TABLE": use_table}
+    constexprs = {"BLOCKSIZE": BLOCKSIZE, "ROWS": rows, "USE_TABLE": use_table,
+                  "DECAY": True, "RESET_KEEPS_P": True, "INT64": False}
+    constexprs.update(FLAGS)
     signature = {}
     for name in names:
         if name in constexprs:

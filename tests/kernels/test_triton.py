@@ -49,6 +49,7 @@ from adam8lib.quant import (  # noqa: E402
     dequantize_blockwise,
     dynamic_map,
     linear_map,
+    nearest_code,
     num_blocks,
     quantize_blockwise,
     quantize_blocks,
@@ -120,6 +121,33 @@ def test_quantize_exact_values_and_ties(device, map_name):
     tie = (code[1:] - mid) == (mid - code[:-1])
     assert tie.sum() > 50, "expected many exact ties"
     assert torch.equal(codes[257:][tie].long(), lower[tie])
+
+
+@pytest.mark.parametrize("map_name", list(MAPS))
+@pytest.mark.parametrize("keep_sign", [False, True])
+def test_bits_indexed_table_gives_nearest_code(map_name, keep_sign):
+    """The kernels' lookup (``_table_code``: entry = table[top 16 bits + 0x8000], then
+    ``hi if (low 16 bits << 16 | 0xFFFF) >= entry (unsigned) else lo``), written out here with
+    integer tensor ops, returns ``nearest_code`` for every kind of fp32: 2**20 random bit
+    patterns (both signs, subnormals, NaNs, infinities), +-0, +-inf, the map's entries and
+    the floats on and next to each midpoint between neighbours, on both sides of zero."""
+    code = MAPS[map_name]
+    steps, use_table = kt.nearest_code_table(code, keep_sign=keep_sign)
+    assert use_table and steps.dtype == torch.int32 and steps.shape == (65536,)
+    gen = torch.Generator().manual_seed(1)
+    random_bits = torch.randint(-2**31, 2**31, (1 << 20,), generator=gen, dtype=torch.int64).to(torch.int32)
+    mid = (code[:-1] + code[1:]) / 2
+    inf = torch.tensor([float("inf")])
+    near = torch.cat([code, mid, torch.nextafter(mid, inf), torch.nextafter(mid, -inf), code * 1e-3])
+    special = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e-45, -1e-45, 3.4e38, -3.4e38])
+    x = torch.cat([random_bits.view(torch.float32), special, near, -near])
+    bits = x.view(torch.int32).to(torch.int64)
+    entry = steps.to(torch.int64)[(bits >> 16) + 0x8000] & 0xFFFFFFFF
+    pick_hi = (((bits << 16) & 0xFFFFFFFF) | 0xFFFF) >= entry
+    got = torch.where(pick_hi, entry >> 8, entry) & 0xFF
+    expected = nearest_code(x, code, keep_sign=keep_sign).long()
+    assert (x.isnan().sum() > 1000) and ((x < 0).sum() > 100_000)  # the sample covers both signs and NaNs
+    assert torch.equal(got, expected), (x[got != expected][:5], got[got != expected][:5], expected[got != expected][:5])
 
 
 @pytest.mark.parametrize("n", SIZES)
