@@ -90,6 +90,17 @@ FLT_MAX = tl.constexpr(3.4028234663852886e38)
 NEG_INF = tl.constexpr(float("-inf"))
 
 
+@triton.jit
+def _probe():
+    pass
+
+
+#: True when the kernels below are built by Triton's interpreter (TRITON_INTERPRET=1 at import).
+INTERPRETED = not isinstance(_probe, triton.runtime.JITFunction)
+#: The interpreter truncates fp32 -> bf16; there :func:`_to_dtype` rounds by hand.
+BF16_BY_HAND = tl.constexpr(INTERPRETED)
+
+
 # ----------------------------------------------------------------------------------------
 # Helpers (inlined into each kernel)
 # ----------------------------------------------------------------------------------------
@@ -170,10 +181,12 @@ def _codes(x, qmap_ptr, steps_ptr, KEEP_SIGN: tl.constexpr, USE_TABLE: tl.conste
 def _to_dtype(x, DTYPE: tl.constexpr):
     """fp32 -> DTYPE, rounding to nearest even like torch's ``.to()``.
 
-    For bf16 the rounding is done by hand on the bits (Triton's interpreter truncates
-    fp32 -> bf16; a GPU rounds to nearest even; this way both agree with torch).
+    A GPU converts fp32 -> bf16 to nearest even (``cvt.rn.bf16x2.f32``, one instruction for
+    two values; before sm_80 Triton emulates the same rounding with integer operations).
+    Triton's interpreter truncates instead, so there (only) the rounding is done by hand on
+    the bits; both agree with torch.
     """
-    if DTYPE == tl.bfloat16:
+    if DTYPE == tl.bfloat16 and BF16_BY_HAND:
         bits = x.to(tl.uint32, bitcast=True)
         bits = bits + 0x7FFF + ((bits >> 16) & 1)  # round half to even on the 16 dropped bits
         rounded = (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
@@ -276,8 +289,6 @@ def _adam8bit_kernel(p_ptr, g_ptr, state1_ptr, state2_ptr, absmax1_ptr, absmax2_
 # ----------------------------------------------------------------------------------------
 # Python side: checks, launch configuration, the backend entry point
 # ----------------------------------------------------------------------------------------
-#: True when the kernels above were built by Triton's interpreter (TRITON_INTERPRET=1 at import).
-INTERPRETED = not isinstance(_adam8bit_kernel, triton.runtime.JITFunction)
 
 _PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
