@@ -3,7 +3,9 @@
 On a CUDA GPU the kernels are compiled; on a CPU they run in Triton's *interpreter*
 (``TRITON_INTERPRET=1``, set before this module is imported; ``adam8lib.course.setup()``
 does it), which runs every program with NumPy: slow, but the same code, so the course can
-test it anywhere. ``backend="auto"`` never picks the interpreter.
+test it anywhere (one difference: the interpreter truncates fp32 -> bf16, so there the
+rounding to nearest even that a GPU does in hardware is done by hand, see :func:`_to_dtype`).
+``backend="auto"`` never picks the interpreter.
 
 Three kernels:
 
@@ -15,13 +17,15 @@ Three kernels:
 Work split (the "tile"). A program owns ``ROWS`` whole quantization blocks, seen as a
 ``[ROWS, BLOCKSIZE]`` tile, so a block's new absmax is a row maximum and no other program is
 involved. On a GPU a tile has 2048 elements (8 x 256 or 1 x 2048) and 8 warps, eight elements
-per thread: p and g move as 16-byte vectors, the codes 8 bytes at a time. Offsets are int64.
+per thread: p and g move as 16-byte vectors, the codes 8 bytes at a time. Offsets are int32
+while the tensor (rounded up to whole tiles) has fewer than 2**31 elements, int64 beyond.
 
 Nearest code, the only part that is not elementwise. Two ways, same answer:
 
 * ``_table_code`` (used whenever the map allows, i.e. the dynamic and linear maps): one load
-  from an exact table of the reference's ``nearest_code``, indexed by the top 16 bits of a
-  sortable integer key of the float, and one compare (:mod:`adam8lib.kernels.code_table`);
+  from an exact table of the reference's ``nearest_code``, indexed by the top 16 bits of the
+  float's bit pattern, and one compare on the low 16 bits (:mod:`adam8lib.kernels.code_table`,
+  re-indexed by :func:`bits_indexed_table`);
 * ``_nearest_code`` (the readable version lesson 08 shows, and the fallback): the map is
   sorted, so a branch-free binary search finds ``pos = #(map entries < x)`` in 8 halving
   steps, one ``tl.load`` from the 1 KiB map per step; it keeps the last probe below x and the
@@ -33,6 +37,11 @@ Nearest code, the only part that is not elementwise. Two ways, same answer:
 The non-finite rule (as in the reference): an element whose new m or v is not finite (a
 NaN/Inf gradient, or one so large that g*g overflows) restarts from m = v = 0 and keeps its
 parameter; absmax is taken after that, so one bad element never spoils its block.
+
+The step kernel is specialized (constexpr flags, one compiled variant each; see
+:func:`step_specialization`): no multiply when fp32(1 - lr*wd) == 1; "keeps its parameter"
+without a final select when the reset element's update is exactly -0.0 (lr > 0, eps > 0);
+int32 or int64 offsets.
 
 Same numbers as the reference backend (:mod:`adam8lib.kernels.reference`). Every fp32
 operation follows the reference's order, division and square root are correctly rounded
