@@ -40,7 +40,7 @@ parameter; absmax is taken after that, so one bad element never spoils its block
 
 The step kernel is specialized (constexpr flags, one compiled variant each; see
 :func:`step_specialization`): no multiply when fp32(1 - lr*wd) == 1; "keeps its parameter"
-without a final select when the reset element's update is exactly -0.0 (lr > 0, eps > 0);
+without a final select when the reset element's update is exactly -0.0 (lr >= 0, eps > 0);
 int32 or int64 offsets.
 
 Same numbers as the reference backend (:mod:`adam8lib.kernels.reference`). Every fp32
@@ -364,6 +364,8 @@ def bits_indexed_table(steps: torch.Tensor) -> torch.Tensor:
     needs no sign fix-up: ``code = hi if low >= where else lo`` for every float, -0.0 and
     NaNs included.
     """
+    if steps.shape != (65536,) or steps.dtype != torch.int32:
+        raise ValueError(f"expected code_table's (65536,) int32 table, got {tuple(steps.shape)} {steps.dtype}")
     entries = steps.to(torch.int64) & 0xFFFFFFFF
     lo, hi, where = entries & 0xFF, (entries >> 8) & 0xFF, entries >> 16
     neg = torch.arange(0x7FFF, -1, -1)  # sortable bucket of raw bucket r = 0 .. 0x7FFF
@@ -379,8 +381,9 @@ def bits_indexed_table(steps: torch.Tensor) -> torch.Tensor:
 
 def nearest_code_table(qmap: torch.Tensor, keep_sign: bool) -> tuple[torch.Tensor, bool]:
     """``(steps, use_table)`` for the kernels: the exact nearest-code table of ``qmap`` on its
-    device (:mod:`adam8lib.kernels.code_table`), or, for a map the table cannot represent,
-    ``(qmap, False)``: the kernels then fall back to the binary search.
+    device (:mod:`adam8lib.kernels.code_table`, re-indexed by :func:`bits_indexed_table`), or,
+    for a map the table cannot represent, ``(qmap, False)``: the kernels then fall back to the
+    binary search.
 
     Cached per map tensor (held, so its address cannot be reused) and its version counter
     (an in-place edit of the map makes a new table)."""

@@ -148,6 +148,8 @@ def test_bits_indexed_table_gives_nearest_code(map_name, keep_sign):
     expected = nearest_code(x, code, keep_sign=keep_sign).long()
     assert (x.isnan().sum() > 1000) and ((x < 0).sum() > 100_000)  # the sample covers both signs and NaNs
     assert torch.equal(got, expected), (x[got != expected][:5], got[got != expected][:5], expected[got != expected][:5])
+    with pytest.raises(ValueError, match="65536"):
+        kt.bits_indexed_table(steps[:100])
 
 
 @pytest.mark.parametrize("n", SIZES)
