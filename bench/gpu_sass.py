@@ -3,11 +3,14 @@
     python bench/gpu_sass.py                 # sm_75, sm_80, sm_90; fp32 and bf16; prints a table
     python bench/gpu_sass.py --json out.json # also save the numbers
     python bench/gpu_sass.py --search        # the same for the old binary-search kernel (for comparison)
+    python bench/gpu_sass.py --variants      # sm_90 also for the other specializations (Adam, int64, ...)
 
 Triton compiles ahead of time for any target (``triton.compile`` with a ``GPUTarget``; its
 bundled ``ptxas`` makes the cubin and ``cuobjdump`` disassembles it), so this runs on a CPU.
 For each target it reports, for ``_adam8bit_kernel`` at blocksize 256 with the launch
-configuration the backend uses on a GPU (2048-element tiles, 8 warps: 8 elements per thread):
+configuration the backend uses on a GPU (2048-element tiles, 8 warps: 8 elements per thread)
+and the variant it compiles for ``bench/gpu_bench.py``'s step (AdamW: lr 1e-3, weight decay
+1e-2, eps 1e-8; 1e8 parameters, so int32 offsets; see ``step_specialization``):
 
 * **registers** per thread and **spills** (bytes of local memory: should be 0);
 * **SASS instructions per element**: the kernel's straight-line instruction count (there are
@@ -45,12 +48,35 @@ if str(HERE.parent) not in sys.path:
 TARGETS = (75, 80, 90)
 DTYPES = ("fp32", "bf16")
 BLOCKSIZE = 256
+#: gpu_bench.py's step: AdamW, 1e8 fp32 parameters, first step.
+BENCH = dict(n=10**8, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=1e-2, step=1)
+#: Other specializations of the step kernel (``--variants``): (label, changes to BENCH).
+VARIANTS = (
+    ("AdamW (bench)", {}),
+    ("Adam, weight_decay=0", {"weight_decay": 0.0}),
+    ("AdamW, n >= 2^31 (int64 offsets)", {"n": 2**31}),
+    ("AdamW, eps=0 (reset by select)", {"eps": 0.0}),
+)
+
+
+def step_flags(n: int, tile: int, *, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
+               step: int) -> dict:
+    """The constexpr flags ``adam8bit_step_triton`` passes for these hyperparameters."""
+    import math
+
+    from adam8lib.kernels import triton as kt
+
+    n_blocks = -(-n // BLOCKSIZE)
+    return kt.step_specialization(n_blocks * BLOCKSIZE, tile, decay=1.0 - lr * weight_decay,
+                                  neg_step_size=-lr / (1.0 - beta1**step),
+                                  bias_correction2_sqrt=math.sqrt(1.0 - beta2**step), eps=eps)
 
 
 def compile_step(arch: int, dtype: str, *, use_table: bool = True, tile: int | None = None,
-                 num_warps: int | None = None):
+                 num_warps: int | None = None, hyper: dict | None = None):
     """Compile ``_adam8bit_kernel`` for ``sm_<arch>`` with the backend's launch configuration
-    (or ``tile``/``num_warps``); returns (triton's compiled kernel, elements per thread)."""
+    (or ``tile``/``num_warps``) and its specialization for ``hyper`` (default :data:`BENCH`);
+    returns (triton's compiled kernel, elements per thread)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("unset TRITON_INTERPRET: the interpreter cannot compile for a GPU")
     import triton
@@ -65,7 +91,8 @@ def compile_step(arch: int, dtype: str, *, use_table: bool = True, tile: int | N
     types = {"p_ptr": "*" + dtype, "g_ptr": "*" + dtype, "state1_ptr": "*u8", "state2_ptr": "*u8",
              "steps1_ptr": "*i32", "steps2_ptr": "*i32",
              "n": "i32", "n_blocks": "i32", "nan_code1": "i32", "nan_code2": "i32"}
-    constexprs = {"BLOCKSIZE": BLOCKSIZE, "ROWS": rows, "USE_TABLE": use_table}
+    constexprs = {"BLOCKSIZE": BLOCKSIZE, "ROWS": rows, "USE_TABLE": use_table,
+                  **step_flags(tile=rows * BLOCKSIZE, **(hyper or BENCH))}
     signature = {}
     for name in names:
         if name in constexprs:
@@ -116,21 +143,32 @@ def analyse(kernel, per_thread: int) -> dict:
     }
 
 
-def measure(targets=TARGETS, dtypes=DTYPES, use_table: bool = True) -> list[dict]:
+def measure(targets=TARGETS, dtypes=DTYPES, use_table: bool = True, variants=VARIANTS[:1]) -> list[dict]:
     rows = []
-    for arch in targets:
-        for dtype in dtypes:
-            kernel, per_thread = compile_step(arch, dtype, use_table=use_table)
-            rows.append({"arch": f"sm_{arch}", "dtype": dtype, "use_table": use_table, **analyse(kernel, per_thread)})
+    for label, change in variants:
+        hyper = {**BENCH, **change}
+        for arch in targets:
+            for dtype in dtypes:
+                kernel, per_thread = compile_step(arch, dtype, use_table=use_table, hyper=hyper)
+                rows.append({"arch": f"sm_{arch}", "dtype": dtype, "use_table": use_table, "variant": label,
+                             "flags": step_flags(tile=kernel_tile(), **hyper), **analyse(kernel, per_thread)})
     return rows
 
 
+def kernel_tile() -> int:
+    from adam8lib.kernels import triton as kt
+
+    rows, _ = kt.launch_config(BLOCKSIZE, tile=kt.TILE_ELEMENTS)
+    return rows * BLOCKSIZE
+
+
 def render(rows: list[dict]) -> str:
-    lines = ["| target | dtype | nearest code | registers | spills (bytes) | SASS instr. / element (main path) "
-             "| incl. slow-path subroutines | LDG / element |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| target | dtype | nearest code | step variant | registers | spills (bytes) "
+             "| SASS instr. / element (main path) | incl. slow-path subroutines | LDG / element |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['arch']} | {r['dtype']} | {'table, 1 probe' if r['use_table'] else 'binary search'} | "
+                     f"{r['variant']} | "
                      f"{r['registers']} | {r['spill_bytes']} | {r['instructions_per_element']:.0f} | "
                      f"{r['instructions_with_slow_paths'] / r['per_thread_elements']:.0f} | "
                      f"{r['global_loads_per_element']:.1f} |")
@@ -141,12 +179,16 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     parser.add_argument("--search", action="store_true", help="also compile the binary-search variant")
+    parser.add_argument("--variants", action="store_true",
+                        help="also compile the step's other specializations (sm_90, table path)")
     parser.add_argument("--targets", type=int, nargs="+", default=list(TARGETS))
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES))
     args = parser.parse_args(argv)
     rows = measure(args.targets, args.dtypes, use_table=True)
     if args.search:
         rows += measure(args.targets, args.dtypes, use_table=False)
+    if args.variants:
+        rows += measure([90], args.dtypes, use_table=True, variants=VARIANTS[1:])
     print(render(rows))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")

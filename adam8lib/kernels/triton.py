@@ -3,7 +3,9 @@
 On a CUDA GPU the kernels are compiled; on a CPU they run in Triton's *interpreter*
 (``TRITON_INTERPRET=1``, set before this module is imported; ``adam8lib.course.setup()``
 does it), which runs every program with NumPy: slow, but the same code, so the course can
-test it anywhere. ``backend="auto"`` never picks the interpreter.
+test it anywhere (one difference: the interpreter truncates fp32 -> bf16, so there the
+rounding to nearest even that a GPU does in hardware is done by hand, see :func:`_to_dtype`).
+``backend="auto"`` never picks the interpreter.
 
 Three kernels:
 
@@ -15,13 +17,15 @@ Three kernels:
 Work split (the "tile"). A program owns ``ROWS`` whole quantization blocks, seen as a
 ``[ROWS, BLOCKSIZE]`` tile, so a block's new absmax is a row maximum and no other program is
 involved. On a GPU a tile has 2048 elements (8 x 256 or 1 x 2048) and 8 warps, eight elements
-per thread: p and g move as 16-byte vectors, the codes 8 bytes at a time. Offsets are int64.
+per thread: p and g move as 16-byte vectors, the codes 8 bytes at a time. Offsets are int32
+while the tensor (rounded up to whole tiles) has fewer than 2**31 elements, int64 beyond.
 
 Nearest code, the only part that is not elementwise. Two ways, same answer:
 
 * ``_table_code`` (used whenever the map allows, i.e. the dynamic and linear maps): one load
-  from an exact table of the reference's ``nearest_code``, indexed by the top 16 bits of a
-  sortable integer key of the float, and one compare (:mod:`adam8lib.kernels.code_table`);
+  from an exact table of the reference's ``nearest_code``, indexed by the top 16 bits of the
+  float's bit pattern, and one compare on the low 16 bits (:mod:`adam8lib.kernels.code_table`,
+  re-indexed by :func:`bits_indexed_table`);
 * ``_nearest_code`` (the readable version lesson 08 shows, and the fallback): the map is
   sorted, so a branch-free binary search finds ``pos = #(map entries < x)`` in 8 halving
   steps, one ``tl.load`` from the 1 KiB map per step; it keeps the last probe below x and the
@@ -33,6 +37,11 @@ Nearest code, the only part that is not elementwise. Two ways, same answer:
 The non-finite rule (as in the reference): an element whose new m or v is not finite (a
 NaN/Inf gradient, or one so large that g*g overflows) restarts from m = v = 0 and keeps its
 parameter; absmax is taken after that, so one bad element never spoils its block.
+
+The step kernel is specialized (constexpr flags, one compiled variant each; see
+:func:`step_specialization`): no multiply when fp32(1 - lr*wd) == 1; "keeps its parameter"
+without a final select when the reset element's update is exactly -0.0 (lr >= 0, eps > 0);
+int32 or int64 offsets.
 
 Same numbers as the reference backend (:mod:`adam8lib.kernels.reference`). Every fp32
 operation follows the reference's order, division and square root are correctly rounded
@@ -56,6 +65,7 @@ bench/README.md (``bench/gpu_sass.py`` compiles for sm_75/80/90 without a GPU).
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 
@@ -89,13 +99,27 @@ FLT_MAX = tl.constexpr(3.4028234663852886e38)
 NEG_INF = tl.constexpr(float("-inf"))
 
 
+@triton.jit
+def _probe():
+    pass
+
+
+#: True when the kernels below are built by Triton's interpreter (TRITON_INTERPRET=1 at import).
+INTERPRETED = not isinstance(_probe, triton.runtime.JITFunction)
+#: The interpreter truncates fp32 -> bf16; there :func:`_to_dtype` rounds by hand.
+BF16_BY_HAND = tl.constexpr(INTERPRETED)
+
+
 # ----------------------------------------------------------------------------------------
 # Helpers (inlined into each kernel)
 # ----------------------------------------------------------------------------------------
 @triton.jit
-def _tile(n, BLOCKSIZE: tl.constexpr, ROWS: tl.constexpr):
+def _tile(n, BLOCKSIZE: tl.constexpr, ROWS: tl.constexpr, INT64: tl.constexpr = True):
     """This program's ROWS blocks: block indices [ROWS], element offsets [ROWS, BLOCKSIZE], mask."""
-    blocks = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    if INT64:
+        blocks = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    else:
+        blocks = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     offsets = blocks[:, None] * BLOCKSIZE + tl.arange(0, BLOCKSIZE)[None, :]
     return blocks, offsets, offsets < n
 
@@ -136,22 +160,21 @@ def _nearest_code(x, qmap_ptr, KEEP_SIGN: tl.constexpr):
 def _table_code(x, steps_ptr):
     """The same code as :func:`_nearest_code`, from the float's bits and one table probe.
 
-    ``steps`` is :func:`adam8lib.kernels.code_table.code_table`'s exact table for the map
-    (and rule): the fp32 values are ordered by a sortable integer ``key``; for each of the
-    65,536 buckets of keys sharing their top 16 bits it holds the code at the bucket's start
-    (bits 0-7), the one other code inside the bucket (bits 8-15) and the low 16 bits of the
-    key where that one starts (bits 16-31), NaN included. So::
+    ``steps`` is :func:`bits_indexed_table` of :func:`adam8lib.kernels.code_table.code_table`'s
+    exact table for the map (and rule): for each of the 65,536 values of the top 16 bits of
+    x's fp32 bit pattern it holds a code ``lo`` (bits 0-7), a code ``hi`` (bits 8-15) and the
+    low 16 bits ``where`` (bits 16-31) from which on ``hi`` applies, NaN and -0.0 included::
 
-        code = bits 8-15 if (low 16 bits of key) >= where else bits 0-7
+        code = hi if (low 16 bits of x) >= where else lo
 
-    one load (from a 256 KiB table whose hot part, the buckets of |x| <= 1, is a few KiB)
-    and one compare, instead of 8 dependent probes.
+    one load (from a 256 KiB table whose hot part, |x| <= 1, is a few KiB) and one compare,
+    instead of 8 dependent probes. The compare is done on whole words:
+    ``(low 16 bits << 16) | 0xFFFF >= entry`` (unsigned) holds exactly when ``low >= where``.
     """
     bits = x.to(tl.int32, bitcast=True)
-    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: flip the magnitude bits
-    entry = tl.load(steps_ptr + ((key >> 16) + 0x8000))
-    shift = tl.where((key & 0xFFFF) >= ((entry >> 16) & 0xFFFF), 8, 0)
-    return (entry >> shift) & 0xFF
+    entry = tl.load(steps_ptr + ((bits >> 16) + 0x8000))
+    pick_hi = ((bits << 16) | 0xFFFF).to(tl.uint32, bitcast=True) >= entry.to(tl.uint32, bitcast=True)
+    return tl.where(pick_hi, entry >> 8, entry) & 0xFF
 
 
 @triton.jit
@@ -167,10 +190,12 @@ def _codes(x, qmap_ptr, steps_ptr, KEEP_SIGN: tl.constexpr, USE_TABLE: tl.conste
 def _to_dtype(x, DTYPE: tl.constexpr):
     """fp32 -> DTYPE, rounding to nearest even like torch's ``.to()``.
 
-    For bf16 the rounding is done by hand on the bits (Triton's interpreter truncates
-    fp32 -> bf16; a GPU rounds to nearest even; this way both agree with torch).
+    A GPU converts fp32 -> bf16 to nearest even (``cvt.rn.bf16x2.f32``, one instruction for
+    two values; before sm_80 Triton emulates the same rounding with integer operations).
+    Triton's interpreter truncates instead, so there (only) the rounding is done by hand on
+    the bits; both agree with torch.
     """
-    if DTYPE == tl.bfloat16:
+    if DTYPE == tl.bfloat16 and BF16_BY_HAND:
         bits = x.to(tl.uint32, bitcast=True)
         bits = bits + 0x7FFF + ((bits >> 16) & 1)  # round half to even on the 16 dropped bits
         rounded = (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
@@ -180,9 +205,11 @@ def _to_dtype(x, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _quantize_tile(x, mask, qmap_ptr, steps_ptr, KEEP_SIGN: tl.constexpr, USE_TABLE: tl.constexpr):
-    """Blockwise quantization of a [ROWS, BLOCKSIZE] fp32 tile: (codes int32, absmax [ROWS])."""
-    absmax = tl.max(tl.where(mask, tl.abs(x), 0.0), axis=1)  # absmax[b] = max_i |x_bi|
+def _quantize_tile(x, qmap_ptr, steps_ptr, KEEP_SIGN: tl.constexpr, USE_TABLE: tl.constexpr):
+    """Blockwise quantization of a [ROWS, BLOCKSIZE] fp32 tile: (codes int32, absmax [ROWS]).
+
+    The tile's elements past the end of the tensor must be 0 (so they leave absmax alone)."""
+    absmax = tl.max(tl.abs(x), axis=1)  # absmax[b] = max_i |x_bi|
     # inv = 1/absmax, or 0 for an all-zero block (so its codes are the code of 0.0)
     safe = tl.where(absmax > 0, absmax, 1.0)
     inv = tl.where(absmax > 0, tl.math.div_rn(1.0, safe), 0.0)
@@ -199,7 +226,7 @@ def _quantize_kernel(x_ptr, codes_ptr, absmax_ptr, qmap_ptr, steps_ptr, n, n_blo
                      USE_TABLE: tl.constexpr):
     blocks, offsets, mask = _tile(n, BLOCKSIZE, ROWS)
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    codes, absmax = _quantize_tile(x, mask, qmap_ptr, steps_ptr, KEEP_SIGN, USE_TABLE)
+    codes, absmax = _quantize_tile(x, qmap_ptr, steps_ptr, KEEP_SIGN, USE_TABLE)
     tl.store(codes_ptr + offsets, codes.to(tl.uint8), mask=mask)
     tl.store(absmax_ptr + blocks, absmax, mask=blocks < n_blocks)
 
@@ -219,8 +246,10 @@ def _adam8bit_kernel(p_ptr, g_ptr, state1_ptr, state2_ptr, absmax1_ptr, absmax2_
                      steps1_ptr, steps2_ptr, n, n_blocks,
                      beta1, one_minus_beta1, beta2, one_minus_beta2, eps,
                      decay, neg_step_size, bias_correction2_sqrt,
-                     BLOCKSIZE: tl.constexpr, ROWS: tl.constexpr, USE_TABLE: tl.constexpr):
-    blocks, offsets, mask = _tile(n, BLOCKSIZE, ROWS)
+                     BLOCKSIZE: tl.constexpr, ROWS: tl.constexpr, USE_TABLE: tl.constexpr,
+                     DECAY: tl.constexpr, RESET_KEEPS_P: tl.constexpr,
+                     INT64: tl.constexpr):
+    blocks, offsets, mask = _tile(n, BLOCKSIZE, ROWS, INT64)
     block_mask = blocks < n_blocks
 
     # 1. load and dequantize the states: m = qmap1[state1] * absmax1, v = qmap2[state2] * absmax2
@@ -236,21 +265,30 @@ def _adam8bit_kernel(p_ptr, g_ptr, state1_ptr, state2_ptr, absmax1_ptr, absmax2_
     m = tl.math.fma(g, one_minus_beta1, m * beta1)
     v = tl.math.fma(g * one_minus_beta2, g, v * beta2)
     # the non-finite rule: an element whose new m or v is not finite (a NaN/Inf gradient, or
-    # one so large that g*g overflows) restarts from m = v = 0 and keeps its parameter
-    finite = (tl.abs(m) <= FLT_MAX) & (tl.abs(v) <= FLT_MAX)  # false for NaN and +-Inf
+    # one so large that g*g overflows) restarts from m = v = 0 and keeps its parameter.
+    # Elements past the end get m = v = 0 too, so they leave the blocks' absmax alone.
+    finite = mask & (tl.abs(m) <= FLT_MAX) & (tl.abs(v) <= FLT_MAX)  # false for NaN and +-Inf
     m = tl.where(finite, m, 0.0)
     v = tl.where(finite, v, 0.0)
 
     # 3. parameter in fp32: p = p*(1 - lr*wd) - lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
     p = tl.load(p_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    if DECAY:
+        if RESET_KEEPS_P:
+            p_decayed = p * tl.where(finite, decay, 1.0)  # a reset element is not decayed ...
+        else:
+            p_decayed = p * decay
+    else:
+        p_decayed = p  # decay == 1.0 in fp32: p * 1 == p exactly
     denom = tl.math.div_rn(tl.math.sqrt_rn(v), bias_correction2_sqrt) + eps
-    new_p = p * decay + tl.math.div_rn(neg_step_size * m, denom)
-    new_p = tl.where(finite, new_p, p)  # a reset element leaves its parameter alone
+    new_p = p_decayed + tl.math.div_rn(neg_step_size * m, denom)  # ... and its update is -0.0
+    if not RESET_KEEPS_P:
+        new_p = tl.where(finite, new_p, p)  # a reset element leaves its parameter alone
     tl.store(p_ptr + offsets, _to_dtype(new_p, p_ptr.dtype.element_ty), mask=mask)
 
     # 4. requantize with fresh per-block absmax; a non-zero m or v never rounds to 0 or flips sign
-    code1, absmax1 = _quantize_tile(m, mask, qmap1_ptr, steps1_ptr, True, USE_TABLE)
-    code2, absmax2 = _quantize_tile(v, mask, qmap2_ptr, steps2_ptr, True, USE_TABLE)
+    code1, absmax1 = _quantize_tile(m, qmap1_ptr, steps1_ptr, True, USE_TABLE)
+    code2, absmax2 = _quantize_tile(v, qmap2_ptr, steps2_ptr, True, USE_TABLE)
     tl.store(state1_ptr + offsets, code1.to(tl.uint8), mask=mask)
     tl.store(state2_ptr + offsets, code2.to(tl.uint8), mask=mask)
     tl.store(absmax1_ptr + blocks, absmax1, mask=block_mask)
@@ -260,8 +298,6 @@ def _adam8bit_kernel(p_ptr, g_ptr, state1_ptr, state2_ptr, absmax1_ptr, absmax2_
 # ----------------------------------------------------------------------------------------
 # Python side: checks, launch configuration, the backend entry point
 # ----------------------------------------------------------------------------------------
-#: True when the kernels above were built by Triton's interpreter (TRITON_INTERPRET=1 at import).
-INTERPRETED = not isinstance(_adam8bit_kernel, triton.runtime.JITFunction)
 
 _PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -315,10 +351,39 @@ def _check_runnable(device: torch.device) -> None:
 _TABLES: OrderedDict = OrderedDict()
 
 
+def bits_indexed_table(steps: torch.Tensor) -> torch.Tensor:
+    """Re-index :func:`~adam8lib.kernels.code_table.code_table`'s table by the raw fp32 bits.
+
+    ``code_table`` indexes by the top 16 bits of a *sortable* key (a negative float's
+    magnitude bits flipped) and compares the key's low 16 bits. For a negative float the key's
+    top half is its bits' top half flipped and its low half ``0xFFFF - low``, so the same
+    table indexed by the bits themselves has, for the negative half (raw bucket ``r`` below
+    0x8000, sortable bucket ``0x7FFF - r``), ``lo`` and ``hi`` swapped and ``where`` replaced
+    by ``0x10000 - where`` (``key_low >= where`` iff ``low < 0x10000 - where``); a bucket
+    with one code (``where == 0``) keeps it. The positive half is unchanged. The kernel then
+    needs no sign fix-up: ``code = hi if low >= where else lo`` for every float, -0.0 and
+    NaNs included.
+    """
+    if steps.shape != (65536,) or steps.dtype != torch.int32:
+        raise ValueError(f"expected code_table's (65536,) int32 table, got {tuple(steps.shape)} {steps.dtype}")
+    entries = steps.to(torch.int64) & 0xFFFFFFFF
+    lo, hi, where = entries & 0xFF, (entries >> 8) & 0xFF, entries >> 16
+    neg = torch.arange(0x7FFF, -1, -1)  # sortable bucket of raw bucket r = 0 .. 0x7FFF
+    lo_n, hi_n, where_n = lo[neg], hi[neg], where[neg]
+    one_code = where_n == 0
+    new_lo = hi_n
+    new_hi = torch.where(one_code, hi_n, lo_n)
+    new_where = torch.where(one_code, 0, 0x10000 - where_n)
+    negative = new_lo | (new_hi << 8) | (new_where << 16)
+    table = torch.cat([negative, entries[0x8000:]])
+    return torch.where(table >= 2**31, table - 2**32, table).to(torch.int32)
+
+
 def nearest_code_table(qmap: torch.Tensor, keep_sign: bool) -> tuple[torch.Tensor, bool]:
     """``(steps, use_table)`` for the kernels: the exact nearest-code table of ``qmap`` on its
-    device (:mod:`adam8lib.kernels.code_table`), or, for a map the table cannot represent,
-    ``(qmap, False)``: the kernels then fall back to the binary search.
+    device (:mod:`adam8lib.kernels.code_table`, re-indexed by :func:`bits_indexed_table`), or,
+    for a map the table cannot represent, ``(qmap, False)``: the kernels then fall back to the
+    binary search.
 
     Cached per map tensor (held, so its address cannot be reused) and its version counter
     (an in-place edit of the map makes a new table)."""
@@ -329,7 +394,7 @@ def nearest_code_table(qmap: torch.Tensor, keep_sign: bool) -> tuple[torch.Tenso
         return hit[1]
     try:
         table = code_table(qmap, keep_sign=keep_sign)
-        value = (table.steps.to(qmap.device), True)
+        value = (bits_indexed_table(table.steps).to(qmap.device), True)
     except ValueError:
         value = (qmap, False)
     _TABLES[key] = (qmap, value)
@@ -384,14 +449,46 @@ def adam8bit_step_triton(
     steps2, table2 = nearest_code_table(qmap2, keep_sign=True)
     if not (table1 and table2):
         steps1, steps2 = qmap1, qmap2
+    # scalars in double precision here, rounded once to fp32 by the launch (as torch does)
+    decay, neg_step_size = 1.0 - lr * weight_decay, -lr / (1.0 - beta1**step)
+    bias_correction2_sqrt = math.sqrt(1.0 - beta2**step)
     _launch(
         _adam8bit_kernel, n_blocks, rows, warps,
         p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, steps1, steps2, n, n_blocks,
-        # scalars in double precision here, rounded once to fp32 by the launch (as torch does)
-        beta1, 1.0 - beta1, beta2, 1.0 - beta2, eps,
-        1.0 - lr * weight_decay, -lr / (1.0 - beta1**step), math.sqrt(1.0 - beta2**step),
+        beta1, 1.0 - beta1, beta2, 1.0 - beta2, eps, decay, neg_step_size, bias_correction2_sqrt,
         BLOCKSIZE=blocksize, USE_TABLE=table1 and table2,
+        **step_specialization(n_blocks * blocksize, rows * blocksize, decay=decay, neg_step_size=neg_step_size,
+                              bias_correction2_sqrt=bias_correction2_sqrt, eps=eps),
     )
+
+
+def _fp32(x: float) -> float:
+    """``x`` rounded to fp32 as a launch passes it (C's double -> float: nearest, overflow to inf)."""
+    return ctypes.c_float(x).value
+
+
+def step_specialization(padded_n: int, tile: int, *, decay: float, neg_step_size: float,
+                        bias_correction2_sqrt: float, eps: float) -> dict:
+    """The step kernel's constexpr flags for these hyperparameters (one compiled variant each).
+
+    * ``DECAY``: fp32(1 - lr*wd) != 1. Otherwise ``p * decay == p`` exactly and the multiply
+      is left out (Adam, or a weight decay too small to change an fp32 factor).
+    * ``RESET_KEEPS_P``: the non-finite rule's "keep the parameter" holds without a final
+      select. A reset element has m = v = +0, so its update is ``fp32(-step_size) * (+0) /
+      (0 / bc2 + eps)``, which is -0.0 exactly when -step_size is finite with its sign bit set,
+      bc2 > 0 and eps > 0 (all in fp32); ``p * 1 + (-0.0) == p`` for every p, -0.0 included,
+      and the decay factor of a reset element is then replaced by 1. Otherwise (lr <= 0, eps
+      <= 0, ...) the kernel selects ``p`` back at the end.
+    * ``INT64``: 64-bit element offsets, needed once ``padded_n`` (blocks x blocksize, rounded
+      up to whole tiles) reaches 2**31; int32 offsets below that save address arithmetic.
+    """
+    neg32 = _fp32(neg_step_size)
+    return {
+        "DECAY": _fp32(decay) != 1.0,
+        "RESET_KEEPS_P": (_fp32(eps) > 0 and _fp32(bias_correction2_sqrt) > 0
+                          and math.isfinite(neg32) and math.copysign(1.0, neg32) < 0),
+        "INT64": padded_n + tile >= 2**31,
+    }
 
 
 def quantize_blockwise_triton(
