@@ -25,7 +25,7 @@ Nearest code, the only part that is not elementwise. Two ways, same answer:
 * ``_table_code`` (used whenever the map allows, i.e. the dynamic and linear maps): one load
   from an exact table of the reference's ``nearest_code``, indexed by the top 16 bits of the
   float's bit pattern, and one compare on the low 16 bits (:mod:`adam8lib.kernels.code_table`,
-  re-indexed by :func:`bits_indexed_table`);
+  ``CodeTable.raw_steps``, the layout the C++ kernel uses too);
 * ``_nearest_code`` (the readable version lesson 08 shows, and the fallback): the map is
   sorted, so a branch-free binary search finds ``pos = #(map entries < x)`` in 8 halving
   steps, one ``tl.load`` from the 1 KiB map per step; it keeps the last probe below x and the
@@ -160,21 +160,21 @@ def _nearest_code(x, qmap_ptr, KEEP_SIGN: tl.constexpr):
 def _table_code(x, steps_ptr):
     """The same code as :func:`_nearest_code`, from the float's bits and one table probe.
 
-    ``steps`` is :func:`bits_indexed_table` of :func:`adam8lib.kernels.code_table.code_table`'s
+    ``steps`` is ``CodeTable.raw_steps`` of :func:`adam8lib.kernels.code_table.code_table`'s
     exact table for the map (and rule): for each of the 65,536 values of the top 16 bits of
-    x's fp32 bit pattern it holds a code ``lo`` (bits 0-7), a code ``hi`` (bits 8-15) and the
-    low 16 bits ``where`` (bits 16-31) from which on ``hi`` applies, NaN and -0.0 included::
+    x's fp32 bit pattern it holds a code ``B`` (bits 0-7), a code ``A`` (bits 8-15) and the
+    low 16 bits ``T`` from which on ``A`` applies, stored as ``T - 1`` (bits 16-31), NaN and
+    -0.0 included (negative floats: the bucket's codes in reverse order, absorbed by the table)::
 
-        code = hi if (low 16 bits of x) >= where else lo
+        code = A if (bits(x) << 16) > entry else B        (unsigned 32-bit compare)
 
     one load (from a 256 KiB table whose hot part, |x| <= 1, is a few KiB) and one compare,
-    instead of 8 dependent probes. The compare is done on whole words:
-    ``(low 16 bits << 16) | 0xFFFF >= entry`` (unsigned) holds exactly when ``low >= where``.
+    instead of 8 dependent probes.
     """
-    bits = x.to(tl.int32, bitcast=True)
-    entry = tl.load(steps_ptr + ((bits >> 16) + 0x8000))
-    pick_hi = ((bits << 16) | 0xFFFF).to(tl.uint32, bitcast=True) >= entry.to(tl.uint32, bitcast=True)
-    return tl.where(pick_hi, entry >> 8, entry) & 0xFF
+    bits = x.to(tl.uint32, bitcast=True)
+    entry = tl.load(steps_ptr + (bits >> 16))
+    pick_a = (bits << 16) > entry.to(tl.uint32, bitcast=True)
+    return tl.where(pick_a, entry >> 8, entry) & 0xFF
 
 
 @triton.jit
@@ -351,37 +351,9 @@ def _check_runnable(device: torch.device) -> None:
 _TABLES: OrderedDict = OrderedDict()
 
 
-def bits_indexed_table(steps: torch.Tensor) -> torch.Tensor:
-    """Re-index :func:`~adam8lib.kernels.code_table.code_table`'s table by the raw fp32 bits.
-
-    ``code_table`` indexes by the top 16 bits of a *sortable* key (a negative float's
-    magnitude bits flipped) and compares the key's low 16 bits. For a negative float the key's
-    top half is its bits' top half flipped and its low half ``0xFFFF - low``, so the same
-    table indexed by the bits themselves has, for the negative half (raw bucket ``r`` below
-    0x8000, sortable bucket ``0x7FFF - r``), ``lo`` and ``hi`` swapped and ``where`` replaced
-    by ``0x10000 - where`` (``key_low >= where`` iff ``low < 0x10000 - where``); a bucket
-    with one code (``where == 0``) keeps it. The positive half is unchanged. The kernel then
-    needs no sign fix-up: ``code = hi if low >= where else lo`` for every float, -0.0 and
-    NaNs included.
-    """
-    if steps.shape != (65536,) or steps.dtype != torch.int32:
-        raise ValueError(f"expected code_table's (65536,) int32 table, got {tuple(steps.shape)} {steps.dtype}")
-    entries = steps.to(torch.int64) & 0xFFFFFFFF
-    lo, hi, where = entries & 0xFF, (entries >> 8) & 0xFF, entries >> 16
-    neg = torch.arange(0x7FFF, -1, -1)  # sortable bucket of raw bucket r = 0 .. 0x7FFF
-    lo_n, hi_n, where_n = lo[neg], hi[neg], where[neg]
-    one_code = where_n == 0
-    new_lo = hi_n
-    new_hi = torch.where(one_code, hi_n, lo_n)
-    new_where = torch.where(one_code, 0, 0x10000 - where_n)
-    negative = new_lo | (new_hi << 8) | (new_where << 16)
-    table = torch.cat([negative, entries[0x8000:]])
-    return torch.where(table >= 2**31, table - 2**32, table).to(torch.int32)
-
-
 def nearest_code_table(qmap: torch.Tensor, keep_sign: bool) -> tuple[torch.Tensor, bool]:
     """``(steps, use_table)`` for the kernels: the exact nearest-code table of ``qmap`` on its
-    device (:mod:`adam8lib.kernels.code_table`, re-indexed by :func:`bits_indexed_table`), or,
+    device (:mod:`adam8lib.kernels.code_table`, indexed by raw bits: ``CodeTable.raw_steps``), or,
     for a map the table cannot represent, ``(qmap, False)``: the kernels then fall back to the
     binary search.
 
@@ -394,7 +366,7 @@ def nearest_code_table(qmap: torch.Tensor, keep_sign: bool) -> tuple[torch.Tenso
         return hit[1]
     try:
         table = code_table(qmap, keep_sign=keep_sign)
-        value = (bits_indexed_table(table.steps).to(qmap.device), True)
+        value = (table.raw_steps.to(qmap.device), True)
     except ValueError:
         value = (qmap, False)
     _TABLES[key] = (qmap, value)
