@@ -235,7 +235,7 @@ def load_extension() -> ctypes.CDLL:
         fn.argtypes = [ptr, ptr, i32, i32, ptr, ptr, ptr, ptr, i64, i64,
                        ptr, ptr, i32, ptr, ptr, i32,
                        f32, f32, f32, f32, f32, f32, f32, f32, f32,
-                       i32, i32, ptr, i64, i32, i32]
+                       i32, i32, ptr, i64, i32, i32, i32]
         fn.restype = i32
         _extension = lib
         return lib
@@ -325,6 +325,28 @@ def torch_sqrt() -> tuple[int | None, str]:
     raise ImportError("torch.sqrt is neither IEEE sqrt nor MKL's vmsSqrt here; cpu backend disabled")
 
 
+@functools.lru_cache(maxsize=None)
+def mkl_sqrt_inline() -> bool:
+    """Whether the kernel may compute MKL's square root inline (its AVX-512 algorithm: a
+    ``vrsqrt14ps`` estimate and one fused correction) instead of calling ``vmsSqrt`` per tile:
+    True only if torch uses MKL's sqrt, the build has AVX-512, and the inline version equals
+    ``torch.sqrt`` bit for bit on a million non-negative probes (random bit patterns, denormals,
+    the range below 2^-78 where MKL rescales, powers of two and their neighbours, zeros)."""
+    if torch_sqrt()[1] != "mkl" or simd_level() < 2:
+        return False
+    gen = torch.Generator().manual_seed(2)
+    bits = torch.randint(0, 0x7F800001, (1 << 20,), generator=gen, dtype=torch.int64).to(torch.int32)
+    powers = torch.tensor([2.0**k for k in range(-149, 128)], dtype=torch.float32)
+    x = torch.cat([bits.view(torch.float32), powers, torch.nextafter(powers, torch.tensor(0.0)),
+                   torch.nextafter(powers, torch.tensor(float("inf"))), torch.rand(4096, generator=gen) * 2.0**-70,
+                   torch.tensor([0.0, -0.0, 1e-45, float("inf")])])
+    out = torch.empty_like(x)
+    if load_extension().adam8bit_cpu_mkl_sqrt_inline(ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(out.data_ptr()),
+                                                      ctypes.c_int64(x.numel())) != 0:
+        return False
+    return bool(torch.equal(out.view(torch.int32), torch.sqrt(x).view(torch.int32)))
+
+
 # ---------------------------------------------------------------------------------------
 # The step
 # ---------------------------------------------------------------------------------------
@@ -401,6 +423,7 @@ def adam8bit_step(
         beta1, 1.0 - beta1, beta2, 1.0 - beta2, decay, bias_correction2_sqrt, eps, -step_size,
         1.0 / bias_correction2_sqrt,
         torch_uses_fma(), bool(exact), torch_sqrt()[0] if exact else None, MKL_VML_MODE,
+        bool(exact) and mkl_sqrt_inline() and bool((qmap2 >= 0).all()),  # v >= 0: no NaN from a negative v
         simd_level() if simd is None else simd,
         torch.get_num_threads(),
     )

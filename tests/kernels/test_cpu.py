@@ -270,6 +270,48 @@ def test_sqrt_probe_reproduces_torch_sqrt_on_new_data():
         assert torch.equal(out, torch.sqrt(x))
 
 
+def test_inline_mkl_sqrt_equals_torch_sqrt_on_new_data():
+    """Where torch.sqrt is MKL's and the kernel has AVX-512, the step computes MKL's root
+    inline (cpu.mkl_sqrt_inline() checked that at first use); it must also hold on values the
+    check never saw: fresh random magnitudes, the range below 2^-78 where MKL rescales its
+    residual, and denormals."""
+    if not cpu.mkl_sqrt_inline():
+        assert cpu.torch_sqrt()[1] != "mkl" or cpu.simd_level() < 2, "MKL sqrt with AVX-512 but no inline version"
+        pytest.skip("torch.sqrt is not MKL's here, or no AVX-512: the kernel calls the library")
+    gen = torch.Generator().manual_seed(11)
+    x = torch.cat([torch.rand(200_003, generator=gen) * 10.0 ** torch.randint(-45, 30, (200_003,), generator=gen),
+                   torch.rand(10_000, generator=gen) * 2.0**-78, torch.rand(10_000, generator=gen) * 1e-40])
+    out = torch.empty_like(x)
+    assert cpu.load_extension().adam8bit_cpu_mkl_sqrt_inline(ctypes.c_void_p(x.data_ptr()),
+                                                             ctypes.c_void_p(out.data_ptr()), ctypes.c_int64(x.numel())) == 0
+    assert torch.equal(out.view(torch.int32), torch.sqrt(x).view(torch.int32))
+    ieee = x.double().sqrt().float()
+    assert not torch.equal(out, ieee)  # the inline version is MKL's, not IEEE's
+
+
+@pytest.mark.parametrize("flush", [False, True], ids=["denormals", "flush_denormal"])
+def test_step_identical_to_reference_with_tiny_second_moments(flush):
+    """Tiny gradients make v denormal or below 2^-78 (where MKL's sqrt rescales): still
+    bit-identical. With torch.set_flush_denormal(True) (no denormal v can arise then) the kernel
+    calls MKL instead of its inline root, as a precaution: MKL turns flushing off inside its
+    call, the inline code would not. A tiny eps, so that sqrt(v) of a denormal v shows in the
+    parameters."""
+    n, blocksize = 4096, 256
+    gen = torch.Generator().manual_seed(5)
+    p0 = torch.randn(n, generator=gen)
+    ref, got = [p0.clone(), *_fresh_states(n, blocksize)], [p0.clone(), *_fresh_states(n, blocksize)]
+    previous = torch.set_flush_denormal(flush)
+    try:
+        for t in range(1, 4):
+            g = torch.randn(n, generator=gen) * 10.0 ** torch.randint(-30, -2, (n,), generator=gen)
+            kw = {**KW, "step": t, "weight_decay": 0.01, "eps": 1e-30}  # eps must not hide a tiny root
+            reference.adam8bit_step(ref[0], g, *ref[1:], QMAP1, QMAP2, **kw)
+            cpu.adam8bit_step(got[0], g, *got[1:], QMAP1, QMAP2, **kw)
+            _assert_same(ref, got, f"tiny moments, step {t}, flush_denormal={flush}")
+    finally:
+        torch.set_flush_denormal(False)
+
+
 # ------------------------------------------------------------------------------ the non-finite rule
 @pytest.mark.parametrize("simd", SIMD_LEVELS)
 @pytest.mark.parametrize("exact", [True, False], ids=["cpu", "cpu_fast"])

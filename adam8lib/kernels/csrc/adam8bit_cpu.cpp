@@ -125,12 +125,47 @@ struct Hyper {
   float inv_bc2_sqrt;   // 1 / sqrt(1 - beta2^t), used by the fast mode only
 };
 
-// sqrt of n floats as torch.sqrt computes it here: IEEE sqrt, or MKL's vmsSqrt
+#if ADAM8_AVX512
+// What MKL's AVX-512 vmsSqrt (high accuracy) returns, bit for bit, computed inline: an
+// estimate r ~ 1/sqrt(x) (vrsqrt14ps), s = x*r, then one correction s + (x - s*s) * r/2 with
+// fused multiply-adds; below 2^-78 the residual is computed scaled by 2^78 so it does not
+// underflow. +-0, +-inf and negative finite x are returned as they are (MKL turns a negative
+// one into NaN afterwards: cpu.py only uses this when v cannot be negative). Within one ulp
+// of the correctly rounded root, and not always equal to it: that is why torch.sqrt on x86
+// Linux differs from IEEE sqrt. cpu.py checks on each machine that this matches torch.sqrt
+// before using it (mkl_sqrt_inline()); calling MKL per tile instead costs far more with 2
+// threads (its mode switch and call overhead per 2048 elements).
+inline __m512 mkl_sqrt16(__m512 x) {
+  const __m512 r = _mm512_rsqrt14_ps(x);
+  const __mmask16 as_is = _mm512_fpclass_ps_mask(x, 0x5e);  // +-0, +-inf, negative finite
+  const __mmask16 tiny = _mm512_cmp_ps_mask(_mm512_set1_ps(0x1p39f), r, _CMP_LT_OS);  // x < 2^-78
+  const __m512 h = _mm512_mul_ps(r, _mm512_set1_ps(0.5f));
+  const __m512 s = _mm512_mul_ps(x, r);
+  const __m512 xs = _mm512_mask_mul_ps(x, tiny, x, _mm512_set1_ps(0x1p78f));
+  const __m512 ss = _mm512_mask_mul_ps(s, tiny, s, _mm512_set1_ps(0x1p39f));
+  const __m512 hs = _mm512_mask_mul_ps(h, tiny, h, _mm512_set1_ps(0x1p-78f));
+  const __m512 e = _mm512_fnmadd_ps(ss, ss, xs);  // x - s*s (scaled), exact
+  return _mm512_mask_mov_ps(_mm512_fmadd_ps(e, hs, s), as_is, x);
+}
+#endif
+
+// sqrt of n floats as torch.sqrt computes it here: IEEE sqrt, or MKL's vmsSqrt (called, or
+// computed inline by mkl_sqrt16 when cpu.py found that to match and denormals are not flushed)
 struct Sqrt {
   using VmsSqrt = void (*)(int n, const float* in, float* out, int64_t mode);
-  VmsSqrt mkl;   // nullptr: IEEE sqrt
-  int64_t mode;  // the VML mode torch passes (VML_HA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE)
+  VmsSqrt mkl;       // nullptr: IEEE sqrt
+  int64_t mode;      // the VML mode torch passes (VML_HA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE)
+  bool mkl_inline;   // compute MKL's result with mkl_sqrt16 instead of calling it
   void operator()(const float* in, float* out, int64_t n) const {
+#if ADAM8_AVX512
+    if (mkl_inline) {
+      for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(out + i, k, mkl_sqrt16(_mm512_maskz_loadu_ps(k, in + i)));
+      }
+      return;
+    }
+#endif
     if (mkl != nullptr) {
       mkl(static_cast<int>(n), in, out, mode);
       return;
@@ -648,6 +683,18 @@ enum : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 
 // the widest SIMD loops in this build: 0 none (scalar only), 1 AVX2, 2 AVX-512
 extern "C" int adam8bit_cpu_simd_level() { return kBestSimd; }
+// MKL's AVX-512 sqrt computed inline (mkl_sqrt16) on n floats; -1 if this build has no AVX-512
+extern "C" int adam8bit_cpu_mkl_sqrt_inline(const float* in, float* out, int64_t n) {
+#if ADAM8_AVX512
+  const Sqrt sqrt_of{nullptr, 0, true};
+  sqrt_of(in, out, n);
+  return 0;
+#else
+  (void)in, (void)out, (void)n;
+  return -1;
+#endif
+}
+
 // 1 if the AVX-512 loops dequantize with byte shuffles (AVX-512 VBMI), 0 if with gathers
 extern "C" int adam8bit_cpu_byte_planes() {
 #if ADAM8_AVX512
@@ -670,7 +717,7 @@ extern "C" int adam8bit_step_cpu(void* p, const void* g, int p_dtype, int g_dtyp
                                  const int32_t* steps2, int nan_code2, float beta1, float one_minus_beta1,
                                  float beta2, float one_minus_beta2, float decay, float bc2_sqrt, float eps,
                                  float neg_step_size, float inv_bc2_sqrt, int fused, int exact, void* mkl_sqrt,
-                                 int64_t mkl_sqrt_mode, int simd, int threads) {
+                                 int64_t mkl_sqrt_mode, int mkl_sqrt_inline, int simd, int threads) {
   if (blocksize <= 0 || blocksize > kMaxBlocksize || (g_dtype != p_dtype && g_dtype != kFloat32)) return -1;
   Maps maps{CodeTable{qmap1, steps1, nan_code1}, CodeTable{qmap2, steps2, nan_code2}
 #if ADAM8_AVX512
@@ -683,7 +730,14 @@ extern "C" int adam8bit_step_cpu(void* p, const void* g, int p_dtype, int g_dtyp
   maps.planes2 = &planes2;
 #endif
   const Hyper h{beta1, one_minus_beta1, beta2, one_minus_beta2, decay, bc2_sqrt, eps, neg_step_size, inv_bc2_sqrt};
-  const Sqrt sqrt_of{reinterpret_cast<Sqrt::VmsSqrt>(mkl_sqrt), mkl_sqrt_mode};
+  // inline only with the AVX-512 loops and denormals not flushed (MKL runs with FTZ/DAZ off)
+  bool inline_ok = false;
+#if ADAM8_AVX512
+  inline_ok = mkl_sqrt != nullptr && mkl_sqrt_inline != 0 && simd >= kAvx512 && (_mm_getcsr() & 0x8040u) == 0;
+#else
+  (void)mkl_sqrt_inline;
+#endif
+  const Sqrt sqrt_of{reinterpret_cast<Sqrt::VmsSqrt>(mkl_sqrt), mkl_sqrt_mode, inline_ok};
   const bool same = g_dtype == p_dtype;
   StepFn fn = nullptr;
   switch (p_dtype) {
