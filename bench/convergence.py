@@ -62,14 +62,22 @@ LABELS = {
     "adamw8bit": "adam8lib AdamW8bit",
     "bnb8bit": "bitsandbytes Adam8bit",
     "torchao8bit": "torchao AdamW8bit",
+    "adam8bit_bnbround": "adam8lib Adam8bit, requantized by bitsandbytes' CPU quantizer",
+    "adam8bit_nokeep": "adam8lib Adam8bit, plain nearest code (signs not kept)",
     "linear_tensor": "8-bit, linear map, one scale per tensor",
+    "linear_tensor_nokeep": "8-bit, linear map, one scale per tensor, signs not kept (the paper's)",
+    "linear_block_nokeep": "8-bit, linear map, blockwise, signs not kept",
     "dynamic_tensor": "8-bit, dynamic map, one scale per tensor",
     "dynamic_block": "8-bit, dynamic map, blockwise (adam8lib Adam8bit)",
 }
+#: The root-cause rows: adam8lib's step with another rounding rule, compared with both libraries.
+ROOT_CAUSE = ("adam8bit_bnbround", "adam8bit_nokeep")
 DEFAULTS = {
-    "lm": {"optimizers": ["adamw", "adam8bit", "bnb8bit", "torchao8bit"], "seeds": list(range(8))},
+    "lm": {"optimizers": ["adamw", "adam8bit", "adamw8bit", "bnb8bit", "torchao8bit", *ROOT_CAUSE],
+           "seeds": list(range(8))},
     "cls": {"optimizers": ["adamw", "adam8bit", "bnb8bit"], "seeds": list(range(10))},
-    "ablation": {"optimizers": ["adamw", "dynamic_block", "dynamic_tensor", "linear_tensor"], "seeds": list(range(4))},
+    "ablation": {"optimizers": ["adamw", "dynamic_block", "dynamic_tensor", "linear_tensor", "linear_tensor_nokeep",
+                              "linear_block_nokeep"], "seeds": list(range(8))},
 }
 
 
@@ -87,10 +95,16 @@ def make_optimizer(kind: str, groups: list[dict[str, Any]], lr: float, betas: tu
 
         cls = AdamW8bit if kind == "adamw8bit" else Adam8bit
         return cls(groups, lr=lr, betas=betas)  # backend "auto": the compiled CPU kernel where it builds
-    if kind in ("linear_tensor", "dynamic_tensor"):
+    if kind in ("linear_tensor", "dynamic_tensor", "linear_tensor_nokeep", "linear_block_nokeep", "adam8bit_nokeep"):
         from adam8lib.variants import Adam8bitVariant
 
-        return Adam8bitVariant(groups, lr=lr, betas=betas, quantization=kind.split("_")[0], blockwise=False)
+        quantization = "dynamic" if kind == "adam8bit_nokeep" else kind.split("_")[0]
+        return Adam8bitVariant(groups, lr=lr, betas=betas, quantization=quantization,
+                               blockwise="tensor" not in kind, keep_sign="nokeep" not in kind)
+    if kind == "adam8bit_bnbround":
+        from bnb_rounding import Adam8bitBnbRounding
+
+        return Adam8bitBnbRounding(groups, lr=lr, betas=betas)
     if kind == "bnb8bit":
         import bitsandbytes as bnb
 
@@ -171,7 +185,10 @@ def execute(specs: list[dict[str, Any]], jobs: int, nice: int) -> None:
 
     def launch(f: Path) -> int:
         cmd = ["nice", "-n", str(nice), sys.executable, str(Path(__file__).resolve()), "_shard", str(f)]
-        return subprocess.run(cmd, env={**os.environ, "PYTHONWARNINGS": "ignore"}).returncode
+        # OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep instead of spinning (a 2-thread run on
+        # a shared or single core is otherwise many times slower); it changes no number
+        env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_WAIT_POLICY": "PASSIVE"}
+        return subprocess.run(cmd, env=env).returncode
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         codes = list(pool.map(launch, files))
@@ -236,7 +253,7 @@ def _thin(record: dict[str, Any], every: int = 5) -> dict[str, Any]:
 
 
 def summarize(task: str, records: list[dict[str, Any]], optimizers: list[str], seeds: list[int],
-              cfg, noise_seeds: list[int] = ()) -> dict[str, Any]:
+              cfg, noise_seeds: list[int] = (), noise_threads: dict[str, Any] | None = None) -> dict[str, Any]:
     import cls_task
     import lm_task
 
@@ -284,6 +301,28 @@ def summarize(task: str, records: list[dict[str, Any]], optimizers: list[str], s
             other = [by[("adamw_fused", s, 1)] for s in noise_seeds]
             result["noise_floor"]["rerun"] = {"label": LABELS["adamw_fused"], "seeds": list(noise_seeds),
                                               **compare(one, other)}
+        if noise_threads and len(noise_threads["seeds"]) > 1:
+            t, ns = noise_threads["threads"], noise_threads["seeds"]
+            one = [by[("adamw", s, 1)] for s in ns]
+            other = [by[("adamw", s, t)] for s in ns]
+            result["noise_floor"]["threads"] = {
+                "label": f"torch AdamW with {t} torch threads", "threads": t, "seeds": list(ns),
+                "bit_identical": [a["valid_loss"] == b["valid_loss"] and a["loss"] == b["loss"] for a, b in zip(one, other)],
+                **compare(one, other)}
+    if task == "lm":
+        root = {}
+        for kind in ROOT_CAUSE:
+            if kind in optimizers and "bnb8bit" in optimizers and "adam8bit" in optimizers:
+                runs = [by[(kind, s, 1)] for s in seeds]
+                root[kind] = {"label": LABELS[kind]}
+                for other in ("bnb8bit", "adam8bit"):
+                    ref = [by[(other, s, 1)] for s in seeds]
+                    root[kind][f"vs_{other}"] = compare(ref, runs)
+                    # the same run to the bit: same final loss and the same training-loss curve
+                    root[kind][f"identical_to_{other}"] = [a["valid_loss"] == b["valid_loss"] and a["loss"] == b["loss"]
+                                                           for a, b in zip(ref, runs)]
+        if root:
+            result["root_cause"] = root
     result["environment"] = environment([r["threads"] for r in records])
     result["runs"] = [_thin(r) for r in records]
     return result
@@ -304,6 +343,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--nice", type=int, default=5)
     parser.add_argument("--noise-seeds", type=int, default=4,
                         help="the noise floor: AdamW again with fused=True (last-bit differences) on this many seeds")
+    parser.add_argument("--noise-threads", type=int, nargs=2, metavar=("THREADS", "SEEDS"), default=(2, 4),
+                        help="the noise floor: AdamW again with THREADS torch threads on the first SEEDS seeds "
+                             "(SEEDS 0: skip)")
     parser.add_argument("--fresh", action="store_true", help="re-run runs that are already stored")
     parser.add_argument("--quick", action="store_true", help="tiny config, 2 seeds, in-process; writes nothing")
     args = parser.parse_args(argv)
@@ -322,8 +364,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         seeds = seeds[:2]
     cfg = task_config(task, overrides)
     noise_seeds = seeds[: args.noise_seeds] if noise else []
+    threads_n, threads_seeds = args.noise_threads
+    noise_threads = ({"threads": threads_n, "seeds": seeds[:threads_seeds]}
+                     if task == "lm" and "adamw" in optimizers and threads_seeds > 1 and threads_n != 1 else None)
     # seed by seed, so that an interrupted experiment leaves complete pairs behind
     wanted = [(k, s, 1) for s in seeds for k in optimizers] + [("adamw_fused", s, 1) for s in noise_seeds]
+    if noise_threads:
+        wanted += [("adamw", s, threads_n) for s in noise_threads["seeds"]]
     if args.quick:
         records = [run_one(task, k, s, t, cfg) for k, s, t in wanted]
     else:
@@ -335,7 +382,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         print(f"{task}: {len(wanted)} runs, {len(specs)} to do, {args.jobs} at once", flush=True)
         execute(specs, args.jobs, args.nice)
         records = [json.loads(run_path(task, k, s, t, cfg).read_text()) for k, s, t in wanted]
-    result = summarize(task, records, optimizers, seeds, cfg, noise_seeds)
+    result = summarize(task, records, optimizers, seeds, cfg, noise_seeds, noise_threads)
     import report
 
     print(report.text_summary(result))

@@ -47,7 +47,17 @@ def text_summary(result: dict[str, Any]) -> str:
         comp = result["adam8bit_vs_bnb8bit"]
         lines.append("  adam8bit - bnb8bit (paired, 95% CI): " + ", ".join(
             f"{m} {_ci(c, 100, '%' if c['relative'] else ' pt')}" for m, c in comp.items()))
+    for kind, rc in result.get("root_cause", {}).items():
+        for other in ("bnb8bit", "adam8bit"):
+            if "valid_loss" in rc.get(f"vs_{other}", {}):
+                same = sum(rc[f"identical_to_{other}"])
+                lines.append(f"  {kind} - {other} (paired, 95% CI): valid loss {_ci(rc[f'vs_{other}']['valid_loss'], 100, '%', 3)}"
+                             f"  (bit-identical runs: {same}/{len(rc[f'identical_to_{other}'])})")
     floor = result.get("noise_floor", {})
+    if "threads" in floor:
+        t = floor["threads"]
+        lines.append(f"  noise floor: {t['label']} - 1 thread (seeds {t['seeds']}): valid loss {_ci(t['valid_loss'], 100, '%', 4)}"
+                     f"  (bit-identical: {sum(t['bit_identical'])}/{len(t['bit_identical'])})")
     if "rerun" in floor:
         t = floor["rerun"]
         lines.append(f"  noise floor: {t['label']} - adamw (seeds {t['seeds']}): valid loss {_ci(t['valid_loss'], 100, '%')}")
@@ -85,6 +95,22 @@ def section(results: dict[str, dict[str, Any]]) -> str:
                 f"sha256 `{d['corpus']['sha256'][:16]}…`). Seeds {lm['seeds']}.", "",
                 evidence.markdown_table(lm), ""]
         out += [f"- {line}." for line in evidence.verdict(lm).split("\n")]
+        for kind, rc in lm.get("root_cause", {}).items():
+            parts = []
+            for other, name in (("bnb8bit", "bitsandbytes Adam8bit"), ("adam8bit", "adam8lib Adam8bit")):
+                d = rc[f"vs_{other}"].get("valid_loss")
+                if d:
+                    same = sum(rc[f"identical_to_{other}"])
+                    parts.append(f"minus {name} {_ci(d, 100, ' %', 3)} (the same run to the bit on {same} of "
+                                 f"{len(rc[f'identical_to_{other}'])} seeds)")
+            if parts:
+                out.append(f"- Root cause: {rc['label']} " + "; ".join(parts) + ".")
+        if "threads" in floor:
+            t = floor["threads"]
+            diffs = ", ".join(f"{100 * x:+.4f}" for x in t["valid_loss"]["diffs"])
+            out.append(f"- Noise floor, thread count: {t['label']} minus the same seed with 1 thread (seeds {t['seeds']}; "
+                       f"per seed {diffs} %): {_ci(t['valid_loss'], 100, '%', 4)}; bit-identical on "
+                       f"{sum(t['bit_identical'])} of {len(t['bit_identical'])} seeds.")
         if "rerun" in floor:
             t = floor["rerun"]
             diffs = ", ".join(f"{100 * x:+.4f}" for x in t["valid_loss"]["diffs"])

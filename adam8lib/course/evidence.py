@@ -16,7 +16,10 @@ order): the mean of the per-seed differences and its 95 % Student-t confidence i
 Loss differences are relative (``(loss - loss_AdamW) / loss_AdamW``), accuracy differences
 in percentage points. The noise floor is what the same comparison gives between two runs
 that should be equal (AdamW and AdamW with ``fused=True``: the same maths, rounded
-differently in a few last bits) and the seed-to-seed spread.
+differently in a few last bits; AdamW with 2 torch threads instead of 1) and the seed-to-seed
+spread. The LM summary also has ``root_cause``: adam8lib's step requantized by
+bitsandbytes' CPU quantizer, and with plain nearest rounding, each compared per seed with
+both libraries.
 """
 
 from __future__ import annotations
@@ -101,6 +104,9 @@ def verdict(result: dict[str, Any]) -> str:
              for k, c in result.get("paired_vs_adamw", {}).items() if metric in c]
     if metric in result.get("adam8bit_vs_bnb8bit", {}):
         comps.append(("adam8lib vs bitsandbytes", result["adam8bit_vs_bnb8bit"][metric]))
+    for rc in result.get("root_cause", {}).values():  # adam8lib's step with another rounding rule
+        if metric in rc.get("vs_bnb8bit", {}):
+            comps.append((rc["label"] + " vs bitsandbytes", rc["vs_bnb8bit"][metric]))
     for name, d in comps:
         lo, hi = scale * d["ci_low"], scale * d["ci_high"]
         text = f"{name}: {scale * d['mean']:+.2f}{unit}, 95% CI [{lo:+.2f}, {hi:+.2f}]{unit} (n={d['n']})"

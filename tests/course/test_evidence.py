@@ -55,6 +55,39 @@ def test_summary_is_paired_by_seed(monkeypatch):
         "not inside ±1 %")
 
 
+def test_summary_root_cause_and_thread_noise_floor(monkeypatch):
+    import convergence
+
+    monkeypatch.setattr("lm_task.describe", lambda cfg: {"stub": True})
+    records = _fake_lm_records()
+    for r in [r for r in records if r["optimizer"] == "adam8bit"]:
+        bnb = dict(r, optimizer="bnb8bit", valid_loss=r["valid_loss"] * 0.995, loss=[3.0, 2.5, 2.2])
+        same = dict(bnb, optimizer="adam8bit_bnbround")                   # the same run to the bit as bnb
+        near = dict(bnb, optimizer="adam8bit_nokeep", valid_loss=r["valid_loss"])  # equal loss to adam8bit,
+        records += [bnb, same, near]                                          # but another curve
+    for r in [r for r in records if r["optimizer"] == "adamw" and r["seed"] < 2]:
+        records.append(dict(r, threads=2, valid_loss=r["valid_loss"] + (1e-6 if r["seed"] else 0.0)))
+    kinds = ["adamw", "adam8bit", "bnb8bit", "adam8bit_bnbround", "adam8bit_nokeep"]
+    result = convergence.summarize("lm", records, kinds, [0, 1, 2, 3], convergence.task_config("lm"),
+                                   noise_threads={"threads": 2, "seeds": [0, 1]})
+    rc = result["root_cause"]
+    assert rc["adam8bit_bnbround"]["identical_to_bnb8bit"] == [True] * 4
+    assert rc["adam8bit_bnbround"]["vs_bnb8bit"]["valid_loss"]["mean"] == 0.0
+    assert rc["adam8bit_bnbround"]["vs_adam8bit"]["valid_loss"]["mean"] == pytest.approx(-0.005)
+    assert rc["adam8bit_nokeep"]["identical_to_adam8bit"] == [False] * 4  # same final loss, other curve
+    assert rc["adam8bit_nokeep"]["vs_adam8bit"]["valid_loss"]["mean"] == 0.0
+    floor = result["noise_floor"]["threads"]
+    assert floor["bit_identical"] == [True, False] and floor["seeds"] == [0, 1]
+    assert floor["valid_loss"]["diffs"][0] == 0.0 and floor["valid_loss"]["diffs"][1] > 0
+    verdict = evidence.verdict(result)
+    assert "requantized by bitsandbytes' CPU quantizer vs bitsandbytes: +0.00 %" in verdict
+    import report
+
+    text = report.text_summary(result)
+    assert "adam8bit_bnbround - bnb8bit" in text and "bit-identical runs: 4/4" in text
+    assert "bit-identical: 1/2" in text
+
+
 def test_plot_draws_bands_and_intervals(monkeypatch):
     import matplotlib
 
