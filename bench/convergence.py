@@ -158,6 +158,7 @@ def _shard(spec_file: str) -> None:
         cfg = task_config(spec["task"], spec["overrides"])
         start = time.perf_counter()
         record = run_one(spec["task"], spec["kind"], spec["seed"], spec["threads"], cfg)
+        record["environment"] = environment([spec["threads"]])  # versions, CPU, load: with each run
         path = Path(spec["path"])
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record) + "\n")
@@ -222,6 +223,7 @@ def environment(threads: list[int]) -> dict[str, Any]:
         "bitsandbytes": version("bitsandbytes"), "torchao": version("torchao"), "adam8lib": version("adam8lib"),
         "threads_per_run": sorted(set(threads)), "cpu": cpu, "cores": os.cpu_count(), "machine": platform.machine(),
         "date": time.strftime("%Y-%m-%d"), "load_average_1min_at_end": os.getloadavg()[0],
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
     }
 
 
