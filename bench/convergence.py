@@ -223,7 +223,7 @@ def environment(threads: list[int]) -> dict[str, Any]:
         "bitsandbytes": version("bitsandbytes"), "torchao": version("torchao"), "adam8lib": version("adam8lib"),
         "threads_per_run": sorted(set(threads)), "cpu": cpu, "cores": os.cpu_count(), "machine": platform.machine(),
         "date": time.strftime("%Y-%m-%d"), "load_average_1min_at_end": os.getloadavg()[0],
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "cpus_allowed": sorted(os.sched_getaffinity(0)),
     }
 
 
