@@ -132,7 +132,11 @@ ABLATION_LR = 1e-2
 
 
 def run_path(task: str, kind: str, seed: int, threads: int, cfg) -> Path:
+    """Where a run is stored. An ablation run at the LM's own configuration *is* an LM run
+    (``dynamic_block`` is ``Adam8bit``: the ``adam8bit`` run), so it is stored with those."""
     tag = "quick-" if getattr(cfg, "steps", 0) and cfg.steps < 50 else ""
+    if task == "ablation" and cfg == task_config("lm"):
+        task, kind = "lm", {"dynamic_block": "adam8bit"}.get(kind, kind)
     return RUNS / task / f"{tag}{kind}-lr{cfg.lr:g}-t{threads}-s{seed}.json"
 
 
@@ -266,21 +270,25 @@ def summarize(task: str, records: list[dict[str, Any]], optimizers: list[str], s
         entry: dict[str, Any] = {"label": LABELS[kind], "n": len(rs), "seconds_mean": statistics.fmean(r["seconds"] for r in rs)}
         for metric, _ in _metrics(task):
             vals = [r[metric] for r in rs]
-            finite = [v for v in vals if math.isfinite(v)]
+            # a diverged run's loss (non-finite, or finite but above ln 256) is counted, not averaged
+            finite = [v for v, r in zip(vals, rs) if math.isfinite(v) and not r.get("diverged")]
             entry[metric] = {"per_seed": vals, "mean": statistics.fmean(finite) if finite else float("nan"),
                              "std": statistics.stdev(finite) if len(finite) > 1 else 0.0}
         if task != "cls":
             entry["spikes"] = [r["spikes"] for r in rs]
             entry["diverged"] = sum(bool(r["diverged"]) for r in rs)
-            entry["curve"] = _curve_band(rs)
+            entry["curve"] = _curve_band([r for r in rs if not r["diverged"]])  # diverged runs: no curve
         per_opt[kind] = entry
 
     def compare(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, Any]:
+        """Paired differences over the seeds where neither run diverged (a CI needs two)."""
         out = {}
+        pairs = [(ra, rb) for ra, rb in zip(a, b) if not ra.get("diverged") and not rb.get("diverged")]
         for metric, relative in _metrics(task):
-            x, y = [r[metric] for r in a], [r[metric] for r in b]
-            if len(x) > 1 and all(math.isfinite(v) for v in x + y):  # a CI needs two seeds
+            x, y = [ra[metric] for ra, _ in pairs], [rb[metric] for _, rb in pairs]
+            if len(x) > 1 and all(math.isfinite(v) for v in x + y):
                 out[metric] = stats.paired(x, y, relative=relative)
+                out[metric]["excluded_diverged"] = len(a) - len(pairs)
         return out
 
     base = [by[("adamw", s, 1)] for s in seeds] if "adamw" in optimizers else None
@@ -383,7 +391,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                 specs.append({"task": task, "kind": k, "seed": s, "threads": t, "overrides": overrides, "path": str(path)})
         print(f"{task}: {len(wanted)} runs, {len(specs)} to do, {args.jobs} at once", flush=True)
         execute(specs, args.jobs, args.nice)
-        records = [json.loads(run_path(task, k, s, t, cfg).read_text()) for k, s, t in wanted]
+        # (named as asked: an ablation's dynamic_block run may be stored as the LM's adam8bit run)
+        records = [{**json.loads(run_path(task, k, s, t, cfg).read_text()), "optimizer": k, "threads": t}
+                   for k, s, t in wanted]
     result = summarize(task, records, optimizers, seeds, cfg, noise_seeds, noise_threads)
     import report
 

@@ -67,8 +67,9 @@ def rows(result: dict[str, Any]) -> list[dict[str, str]]:
             row["Δ F1, points [95% CI]"] = _ci(comp.get("f1"), 100, "")
             row["Δ valid loss, % [95% CI]"] = _ci(comp.get("valid_loss"), 100, "")
         else:
-            loss = e["valid_loss"]
-            row["valid loss (nats/byte)"] = f"{loss['mean']:.4f} ± {loss['std']:.4f}"
+            loss = e["valid_loss"]  # mean over the runs that did not diverge
+            row["valid loss (nats/byte)"] = ("– (all diverged)" if e["diverged"] == e["n"]
+                                             else f"{loss['mean']:.4f} ± {loss['std']:.4f}")
             row["Δ valid loss vs AdamW, % [95% CI]"] = _ci(comp.get("valid_loss"), 100, "")
             row["loss spikes"] = str(sum(e["spikes"]))
             row["diverged"] = f"{e['diverged']}/{e['n']}"

@@ -88,6 +88,39 @@ def test_summary_root_cause_and_thread_noise_floor(monkeypatch):
     assert "bit-identical: 1/2" in text
 
 
+def test_diverged_runs_are_counted_not_averaged(monkeypatch):
+    import convergence
+
+    monkeypatch.setattr("lm_task.describe", lambda cfg: {"stub": True})
+    records = _fake_lm_records()
+    for r in [r for r in records if r["optimizer"] == "adam8bit"]:
+        blown = r["seed"] in (0, 1)  # two seeds blow up (finite but far above ln 256), two train
+        records.append(dict(r, optimizer="linear_tensor_nokeep", diverged=blown,
+                            valid_loss=850.0 if blown else r["valid_loss"]))
+    result = convergence.summarize("ablation", records, ["adamw", "linear_tensor_nokeep"], [0, 1, 2, 3],
+                                   convergence.task_config("ablation"))
+    e = result["optimizers"]["linear_tensor_nokeep"]
+    assert e["diverged"] == 2 and e["valid_loss"]["per_seed"][0] == 850.0
+    assert e["valid_loss"]["mean"] == pytest.approx((2.32 * 1.01 + 2.33 * 1.011) / 2)  # seeds 2 and 3 only
+    comp = result["paired_vs_adamw"]["linear_tensor_nokeep"]["valid_loss"]
+    assert comp["n"] == 2 and comp["excluded_diverged"] == 2
+    assert comp["diffs"] == pytest.approx([0.010, 0.011])
+    assert e["curve"]["steps"] == [50, 100]  # the band is drawn from the runs that trained
+    row = evidence.rows(result)[1]
+    assert row["diverged"] == "2/4" and row["valid loss (nats/byte)"].startswith("2.34")
+
+
+def test_ablation_at_the_lm_configuration_reuses_the_lm_runs():
+    import convergence
+
+    cfg = convergence.task_config("ablation", {"lr": convergence.task_config("lm").lr})
+    assert convergence.run_path("ablation", "dynamic_block", 3, 1, cfg) == \
+        convergence.run_path("lm", "adam8bit", 3, 1, convergence.task_config("lm"))
+    assert convergence.run_path("ablation", "linear_tensor", 3, 1, cfg).parent.name == "lm"
+    high = convergence.task_config("ablation")
+    assert convergence.run_path("ablation", "dynamic_block", 3, 1, high).name == "dynamic_block-lr0.01-t1-s3.json"
+
+
 def test_plot_draws_bands_and_intervals(monkeypatch):
     import matplotlib
 
