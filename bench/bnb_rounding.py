@@ -17,7 +17,10 @@ adam8lib takes the exact nearest code and keeps signs.
 maps, i.e. ``Adam8bit``'s maths) with only the requantization swapped for bitsandbytes' CPU
 op. If it tracks bitsandbytes run for run, the rounding is the whole difference between the
 two libraries. ``tests/test_convergence.py`` checks that, fed the same gradients, it equals
-``bnb.optim.Adam8bit`` on the CPU to the bit.
+``bnb.optim.Adam8bit`` on the CPU to the bit for 8-bit states. Tensors below
+``min_8bit_size`` (biases, norms: fp32 states in both libraries) differ in the last bits:
+bitsandbytes' 32-bit CPU update folds the bias corrections into ``lr * sqrt(1 - beta2^t) /
+(1 - beta1^t)`` and ``eps * sqrt(1 - beta2^t)``, the same maths rounded differently.
 """
 
 from __future__ import annotations
