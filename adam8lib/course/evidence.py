@@ -8,8 +8,8 @@ package, so a pip or Colab install has it too:
   standard library's source; validation loss (nats per byte);
 * ``convergence_cls`` — the lesson's paraphrase fine-tune (synpara, small DistilBERT);
   validation accuracy, F1 and loss;
-* ``ablation`` — the LM at a higher learning rate with linear vs dynamic maps and
-  per-tensor vs blockwise scales (the paper's Table 3, in miniature).
+* ``ablation`` — the LM with linear vs dynamic maps, per-tensor vs blockwise scales, and
+  with or without the keep-sign rule (the paper's Table 3, in miniature).
 
 Each optimizer is compared with 32-bit AdamW *per seed* (same initial weights, same data
 order): the mean of the per-seed differences and its 95 % Student-t confidence interval.

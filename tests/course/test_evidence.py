@@ -117,7 +117,7 @@ def test_ablation_at_the_lm_configuration_reuses_the_lm_runs():
     assert convergence.run_path("ablation", "dynamic_block", 3, 1, cfg) == \
         convergence.run_path("lm", "adam8bit", 3, 1, convergence.task_config("lm"))
     assert convergence.run_path("ablation", "linear_tensor", 3, 1, cfg).parent.name == "lm"
-    high = convergence.task_config("ablation")
+    high = convergence.task_config("ablation", {"lr": 0.01})
     assert convergence.run_path("ablation", "dynamic_block", 3, 1, high).name == "dynamic_block-lr0.01-t1-s3.json"
 
 
