@@ -33,7 +33,9 @@ def text_summary(result: dict[str, Any]) -> str:
             lines.append(f"{e['label']:48s} accuracy {100 * e['accuracy']['mean']:.2f} ± {100 * e['accuracy']['std']:.2f}"
                          f"  F1 {100 * e['f1']['mean']:.2f}  loss {e['valid_loss']['mean']:.4f}  (n={e['n']})")
         else:
-            lines.append(f"{e['label']:48s} valid loss {e['valid_loss']['mean']:.4f} ± {e['valid_loss']['std']:.4f}"
+            loss = ("all diverged" if e["diverged"] == e["n"]
+                    else f"{e['valid_loss']['mean']:.4f} ± {e['valid_loss']['std']:.4f}")
+            lines.append(f"{e['label']:48s} valid loss {loss}"
                          f"  spikes {sum(e['spikes'])}  diverged {e['diverged']}/{e['n']}  (n={e['n']})")
     for kind, comp in result.get("paired_vs_adamw", {}).items():
         parts = []
