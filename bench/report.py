@@ -75,7 +75,8 @@ def load(name: str) -> dict[str, Any] | None:
 
 def _env_line(result: dict[str, Any]) -> str:
     e = result["environment"]
-    return (f"{e['cpu']}, {e['cores']} cores shared with other jobs (load average {e['load_average_1min_at_end']:.1f} "
+    pinned = f", runs pinned to CPU {e['cpus_allowed']}" if e.get("cpus_allowed") and len(e["cpus_allowed"]) < e["cores"] else ""
+    return (f"{e['cpu']}, {e['cores']} cores shared with other jobs{pinned} (load average {e['load_average_1min_at_end']:.1f} "
             f"at the end), torch threads per run {e['threads_per_run']}, python {e['python']}, torch {e['torch']}, "
             f"transformers {e['transformers']}, bitsandbytes {e['bitsandbytes']}, torchao {e['torchao']}, {e['date']}")
 
@@ -135,9 +136,13 @@ def section(results: dict[str, dict[str, Any]]) -> str:
     ab = results.get("ablation")
     if ab:
         c = ab["description"]["config"]
-        out += [f"**Ablation** (the LM above at lr {c['lr']:g}, otherwise the same; seeds {ab['seeds']}; "
+        same = lm is not None and lm["description"]["config"] == c
+        where = (f"the LM above, at its own lr {c['lr']:g}: the AdamW and blockwise rows are its runs" if same
+                 else f"the LM above at lr {c['lr']:g}, otherwise the same")
+        out += [f"**Ablation** ({where}; seeds {ab['seeds']}; "
                 "a loss spike is a step whose training loss exceeds 1.5x the median of the previous 20; "
-                "diverged: a non-finite loss or a final validation loss above ln 256).", "",
+                "diverged: a non-finite loss or a final validation loss above ln 256; a diverged run is "
+                "counted, and left out of the mean and of the paired interval).", "",
                 evidence.markdown_table(ab), "", f"- Measured on: {_env_line(ab)}.", "",
                 "![ablation](results/ablation.png)", ""]
     return "\n".join(out).rstrip()
