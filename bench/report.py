@@ -75,8 +75,7 @@ def load(name: str) -> dict[str, Any] | None:
 
 def _env_line(result: dict[str, Any]) -> str:
     e = result["environment"]
-    pinned = f", runs pinned to CPU {e['cpus_allowed']}" if e.get("cpus_allowed") and len(e["cpus_allowed"]) < e["cores"] else ""
-    return (f"{e['cpu']}, {e['cores']} cores shared with other jobs{pinned} (load average {e['load_average_1min_at_end']:.1f} "
+    return (f"{e['cpu']}, {e['cores']} cores shared with other jobs (load average {e['load_average_1min_at_end']:.1f} "
             f"at the end), torch threads per run {e['threads_per_run']}, python {e['python']}, torch {e['torch']}, "
             f"transformers {e['transformers']}, bitsandbytes {e['bitsandbytes']}, torchao {e['torchao']}, {e['date']}")
 
