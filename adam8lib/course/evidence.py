@@ -142,8 +142,10 @@ def plot(result: dict[str, Any], fig=None):
             acc = [100 * a for a in e["accuracy"]["per_seed"]]
             ax.plot(range(len(acc)), acc, "o-", color=f"C{i}", label=e["label"], alpha=0.8)
         else:
-            c = e["curve"]
-            ax.plot(c["steps"], c["mean"], color=f"C{i}", label=e["label"])
+            c = e["curve"]  # from the runs that did not diverge
+            label = e["label"] + (f" (diverged {e['diverged']}/{e['n']}: no curve)" if e["diverged"] == e["n"]
+                                  else f" (diverged {e['diverged']}/{e['n']})" if e["diverged"] else "")
+            ax.plot(c["steps"], c["mean"], color=f"C{i}", label=label)
             ax.fill_between(c["steps"], c["ci_low"], c["ci_high"], color=f"C{i}", alpha=0.2)
     if cls:
         ax.set(xlabel="seed", ylabel="validation accuracy (%)", title="same seeds, every optimizer")
