@@ -21,7 +21,7 @@ package, read by lesson 10), plots to ``bench/results/``, tables to ``bench/READ
 Run (one torch thread per run, ``--jobs`` runs at once, under ``nice``)::
 
     python bench/convergence.py lm          # ~8 seeds x 4 optimizers + noise floor
-    python bench/convergence.py cls         # 10 seeds x 3 optimizers
+    python bench/convergence.py cls         # 10 seeds x 4 optimizers
     python bench/convergence.py ablation    # 6 variants x 8 seeds
     python bench/convergence.py report      # tables + plots from the stored results
     python bench/convergence.py lm --quick  # smoke run: tiny config, 2 seeds, writes nothing
@@ -75,7 +75,7 @@ ROOT_CAUSE = ("adam8bit_bnbround", "adam8bit_nokeep")
 DEFAULTS = {
     "lm": {"optimizers": ["adamw", "adam8bit", "adamw8bit", "bnb8bit", "torchao8bit", *ROOT_CAUSE],
            "seeds": list(range(8))},
-    "cls": {"optimizers": ["adamw", "adam8bit", "bnb8bit"], "seeds": list(range(10))},
+    "cls": {"optimizers": ["adamw", "adam8bit", "adamw8bit", "bnb8bit"], "seeds": list(range(10))},
     "ablation": {"optimizers": ["adamw", "dynamic_block", "dynamic_tensor", "linear_tensor", "linear_tensor_nokeep",
                               "linear_block_nokeep"], "seeds": list(range(8))},
 }
