@@ -23,7 +23,9 @@ never rounds to 0; with the linear map it rounds up to ``absmax / 255`` instead.
 safeguard the paper's linear baseline did not have. ``keep_sign=False`` switches it off
 (plain nearest code, as lessons 04-06 quantize): then a state smaller than half the first
 step of its map rounds to exactly 0, and an element whose ``v`` became 0 while its ``m`` did
-not takes the step ``lr * m_hat / eps`` next time -- the paper's failure mode of the linear map.
+not takes the step ``lr * m_hat / eps`` next time. With the linear map (first step 1/255 of
+the absmax) that happens to every ``v`` below 1/510 of its absmax, and the LM in
+``bench/convergence.py ablation`` diverges on every seed (bench/README.md, "Convergence").
 
 Every variant other than the default one runs the reference step's phases (dequantize, the fp32
 update :func:`~adam8lib.kernels.reference.adam_update_fp32` with its non-finite rule,
