@@ -9,7 +9,7 @@ the data order, the same for every optimizer):
   (AdamW again with another thread count).
 * ``cls``: the lesson-10 fine-tune (synpara, small DistilBERT, ``bench/cls_task.py``),
   validation accuracy / F1 / loss; AdamW, adam8lib and bitsandbytes.
-* ``ablation``: the LM at a higher learning rate with adam8lib's teaching variants
+* ``ablation``: the LM (at its own learning rate) with adam8lib's teaching variants
   (``adam8lib.variants.Adam8bitVariant``): linear map with one scale per tensor, dynamic map
   with one scale per tensor, blockwise dynamic (= ``Adam8bit``), and 32-bit AdamW.
 
@@ -21,8 +21,8 @@ package, read by lesson 10), plots to ``bench/results/``, tables to ``bench/READ
 Run (one torch thread per run, ``--jobs`` runs at once, under ``nice``)::
 
     python bench/convergence.py lm          # ~8 seeds x 4 optimizers + noise floor
-    python bench/convergence.py cls         # 10 seeds x 3 optimizers
-    python bench/convergence.py ablation    # 4 variants x seeds at a high lr
+    python bench/convergence.py cls         # 10 seeds x 4 optimizers
+    python bench/convergence.py ablation    # 6 variants x 8 seeds
     python bench/convergence.py report      # tables + plots from the stored results
     python bench/convergence.py lm --quick  # smoke run: tiny config, 2 seeds, writes nothing
 """
@@ -62,14 +62,22 @@ LABELS = {
     "adamw8bit": "adam8lib AdamW8bit",
     "bnb8bit": "bitsandbytes Adam8bit",
     "torchao8bit": "torchao AdamW8bit",
+    "adam8bit_bnbround": "adam8lib Adam8bit, requantized by bitsandbytes' CPU quantizer",
+    "adam8bit_nokeep": "adam8lib Adam8bit, plain nearest code (signs not kept)",
     "linear_tensor": "8-bit, linear map, one scale per tensor",
+    "linear_tensor_nokeep": "8-bit, linear map, one scale per tensor, signs not kept (the paper's)",
+    "linear_block_nokeep": "8-bit, linear map, blockwise, signs not kept",
     "dynamic_tensor": "8-bit, dynamic map, one scale per tensor",
     "dynamic_block": "8-bit, dynamic map, blockwise (adam8lib Adam8bit)",
 }
+#: The root-cause rows: adam8lib's step with another rounding rule, compared with both libraries.
+ROOT_CAUSE = ("adam8bit_bnbround", "adam8bit_nokeep")
 DEFAULTS = {
-    "lm": {"optimizers": ["adamw", "adam8bit", "bnb8bit", "torchao8bit"], "seeds": list(range(8))},
-    "cls": {"optimizers": ["adamw", "adam8bit", "bnb8bit"], "seeds": list(range(10))},
-    "ablation": {"optimizers": ["adamw", "dynamic_block", "dynamic_tensor", "linear_tensor"], "seeds": list(range(4))},
+    "lm": {"optimizers": ["adamw", "adam8bit", "adamw8bit", "bnb8bit", "torchao8bit", *ROOT_CAUSE],
+           "seeds": list(range(8))},
+    "cls": {"optimizers": ["adamw", "adam8bit", "adamw8bit", "bnb8bit"], "seeds": list(range(10))},
+    "ablation": {"optimizers": ["adamw", "dynamic_block", "dynamic_tensor", "linear_tensor", "linear_tensor_nokeep",
+                              "linear_block_nokeep"], "seeds": list(range(8))},
 }
 
 
@@ -87,10 +95,16 @@ def make_optimizer(kind: str, groups: list[dict[str, Any]], lr: float, betas: tu
 
         cls = AdamW8bit if kind == "adamw8bit" else Adam8bit
         return cls(groups, lr=lr, betas=betas)  # backend "auto": the compiled CPU kernel where it builds
-    if kind in ("linear_tensor", "dynamic_tensor"):
+    if kind in ("linear_tensor", "dynamic_tensor", "linear_tensor_nokeep", "linear_block_nokeep", "adam8bit_nokeep"):
         from adam8lib.variants import Adam8bitVariant
 
-        return Adam8bitVariant(groups, lr=lr, betas=betas, quantization=kind.split("_")[0], blockwise=False)
+        quantization = "dynamic" if kind == "adam8bit_nokeep" else kind.split("_")[0]
+        return Adam8bitVariant(groups, lr=lr, betas=betas, quantization=quantization,
+                               blockwise="tensor" not in kind, keep_sign="nokeep" not in kind)
+    if kind == "adam8bit_bnbround":
+        from bnb_rounding import Adam8bitBnbRounding
+
+        return Adam8bitBnbRounding(groups, lr=lr, betas=betas)
     if kind == "bnb8bit":
         import bitsandbytes as bnb
 
@@ -113,12 +127,18 @@ def task_config(task: str, overrides: dict[str, Any] | None = None):
     return replace(cfg, **(overrides or {}))
 
 
-#: The ablation's learning rate: high enough that how the states are quantized matters.
-ABLATION_LR = 1e-2
+#: The ablation's learning rate: the LM's own (2e-3), where the linear map without the
+#: keep-sign rule already diverges (so do its runs at 1e-2); with the rule, nothing diverged at
+#: either rate. At this rate the ablation's AdamW and blockwise runs are the LM's.
+ABLATION_LR = 2e-3
 
 
 def run_path(task: str, kind: str, seed: int, threads: int, cfg) -> Path:
+    """Where a run is stored. An ablation run at the LM's own configuration *is* an LM run
+    (``dynamic_block`` is ``Adam8bit``: the ``adam8bit`` run), so it is stored with those."""
     tag = "quick-" if getattr(cfg, "steps", 0) and cfg.steps < 50 else ""
+    if task == "ablation" and cfg == task_config("lm"):
+        task, kind = "lm", {"dynamic_block": "adam8bit"}.get(kind, kind)
     return RUNS / task / f"{tag}{kind}-lr{cfg.lr:g}-t{threads}-s{seed}.json"
 
 
@@ -144,6 +164,7 @@ def _shard(spec_file: str) -> None:
         cfg = task_config(spec["task"], spec["overrides"])
         start = time.perf_counter()
         record = run_one(spec["task"], spec["kind"], spec["seed"], spec["threads"], cfg)
+        record["environment"] = environment([spec["threads"]])  # versions, CPU, load: with each run
         path = Path(spec["path"])
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record) + "\n")
@@ -171,7 +192,10 @@ def execute(specs: list[dict[str, Any]], jobs: int, nice: int) -> None:
 
     def launch(f: Path) -> int:
         cmd = ["nice", "-n", str(nice), sys.executable, str(Path(__file__).resolve()), "_shard", str(f)]
-        return subprocess.run(cmd, env={**os.environ, "PYTHONWARNINGS": "ignore"}).returncode
+        # OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep instead of spinning (a 2-thread run on
+        # a shared or single core is otherwise many times slower); it changes no number
+        env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_WAIT_POLICY": "PASSIVE"}
+        return subprocess.run(cmd, env=env).returncode
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         codes = list(pool.map(launch, files))
@@ -205,6 +229,7 @@ def environment(threads: list[int]) -> dict[str, Any]:
         "bitsandbytes": version("bitsandbytes"), "torchao": version("torchao"), "adam8lib": version("adam8lib"),
         "threads_per_run": sorted(set(threads)), "cpu": cpu, "cores": os.cpu_count(), "machine": platform.machine(),
         "date": time.strftime("%Y-%m-%d"), "load_average_1min_at_end": os.getloadavg()[0],
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "cpus_allowed": sorted(os.sched_getaffinity(0)),
     }
 
 
@@ -236,7 +261,7 @@ def _thin(record: dict[str, Any], every: int = 5) -> dict[str, Any]:
 
 
 def summarize(task: str, records: list[dict[str, Any]], optimizers: list[str], seeds: list[int],
-              cfg, noise_seeds: list[int] = ()) -> dict[str, Any]:
+              cfg, noise_seeds: list[int] = (), noise_threads: dict[str, Any] | None = None) -> dict[str, Any]:
     import cls_task
     import lm_task
 
@@ -247,21 +272,25 @@ def summarize(task: str, records: list[dict[str, Any]], optimizers: list[str], s
         entry: dict[str, Any] = {"label": LABELS[kind], "n": len(rs), "seconds_mean": statistics.fmean(r["seconds"] for r in rs)}
         for metric, _ in _metrics(task):
             vals = [r[metric] for r in rs]
-            finite = [v for v in vals if math.isfinite(v)]
+            # a diverged run's loss (non-finite, or finite but above ln 256) is counted, not averaged
+            finite = [v for v, r in zip(vals, rs) if math.isfinite(v) and not r.get("diverged")]
             entry[metric] = {"per_seed": vals, "mean": statistics.fmean(finite) if finite else float("nan"),
                              "std": statistics.stdev(finite) if len(finite) > 1 else 0.0}
         if task != "cls":
             entry["spikes"] = [r["spikes"] for r in rs]
             entry["diverged"] = sum(bool(r["diverged"]) for r in rs)
-            entry["curve"] = _curve_band(rs)
+            entry["curve"] = _curve_band([r for r in rs if not r["diverged"]])  # diverged runs: no curve
         per_opt[kind] = entry
 
     def compare(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, Any]:
+        """Paired differences over the seeds where neither run diverged (a CI needs two)."""
         out = {}
+        pairs = [(ra, rb) for ra, rb in zip(a, b) if not ra.get("diverged") and not rb.get("diverged")]
         for metric, relative in _metrics(task):
-            x, y = [r[metric] for r in a], [r[metric] for r in b]
-            if len(x) > 1 and all(math.isfinite(v) for v in x + y):  # a CI needs two seeds
+            x, y = [ra[metric] for ra, _ in pairs], [rb[metric] for _, rb in pairs]
+            if len(x) > 1 and all(math.isfinite(v) for v in x + y):
                 out[metric] = stats.paired(x, y, relative=relative)
+                out[metric]["excluded_diverged"] = len(a) - len(pairs)
         return out
 
     base = [by[("adamw", s, 1)] for s in seeds] if "adamw" in optimizers else None
@@ -284,6 +313,28 @@ def summarize(task: str, records: list[dict[str, Any]], optimizers: list[str], s
             other = [by[("adamw_fused", s, 1)] for s in noise_seeds]
             result["noise_floor"]["rerun"] = {"label": LABELS["adamw_fused"], "seeds": list(noise_seeds),
                                               **compare(one, other)}
+        if noise_threads and len(noise_threads["seeds"]) > 1:
+            t, ns = noise_threads["threads"], noise_threads["seeds"]
+            one = [by[("adamw", s, 1)] for s in ns]
+            other = [by[("adamw", s, t)] for s in ns]
+            result["noise_floor"]["threads"] = {
+                "label": f"torch AdamW with {t} torch threads", "threads": t, "seeds": list(ns),
+                "bit_identical": [a["valid_loss"] == b["valid_loss"] and a["loss"] == b["loss"] for a, b in zip(one, other)],
+                **compare(one, other)}
+    if task == "lm":
+        root = {}
+        for kind in ROOT_CAUSE:
+            if kind in optimizers and "bnb8bit" in optimizers and "adam8bit" in optimizers:
+                runs = [by[(kind, s, 1)] for s in seeds]
+                root[kind] = {"label": LABELS[kind]}
+                for other in ("bnb8bit", "adam8bit"):
+                    ref = [by[(other, s, 1)] for s in seeds]
+                    root[kind][f"vs_{other}"] = compare(ref, runs)
+                    # the same run to the bit: same final loss and the same training-loss curve
+                    root[kind][f"identical_to_{other}"] = [a["valid_loss"] == b["valid_loss"] and a["loss"] == b["loss"]
+                                                           for a, b in zip(ref, runs)]
+        if root:
+            result["root_cause"] = root
     result["environment"] = environment([r["threads"] for r in records])
     result["runs"] = [_thin(r) for r in records]
     return result
@@ -304,6 +355,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--nice", type=int, default=5)
     parser.add_argument("--noise-seeds", type=int, default=4,
                         help="the noise floor: AdamW again with fused=True (last-bit differences) on this many seeds")
+    parser.add_argument("--noise-threads", type=int, nargs=2, metavar=("THREADS", "SEEDS"), default=(2, 4),
+                        help="the noise floor: AdamW again with THREADS torch threads on the first SEEDS seeds "
+                             "(SEEDS 0: skip)")
     parser.add_argument("--fresh", action="store_true", help="re-run runs that are already stored")
     parser.add_argument("--quick", action="store_true", help="tiny config, 2 seeds, in-process; writes nothing")
     args = parser.parse_args(argv)
@@ -322,8 +376,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         seeds = seeds[:2]
     cfg = task_config(task, overrides)
     noise_seeds = seeds[: args.noise_seeds] if noise else []
+    threads_n, threads_seeds = args.noise_threads
+    noise_threads = ({"threads": threads_n, "seeds": seeds[:threads_seeds]}
+                     if task == "lm" and "adamw" in optimizers and threads_seeds > 1 and threads_n != 1 else None)
     # seed by seed, so that an interrupted experiment leaves complete pairs behind
     wanted = [(k, s, 1) for s in seeds for k in optimizers] + [("adamw_fused", s, 1) for s in noise_seeds]
+    if noise_threads:
+        wanted += [("adamw", s, threads_n) for s in noise_threads["seeds"]]
     if args.quick:
         records = [run_one(task, k, s, t, cfg) for k, s, t in wanted]
     else:
@@ -334,8 +393,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                 specs.append({"task": task, "kind": k, "seed": s, "threads": t, "overrides": overrides, "path": str(path)})
         print(f"{task}: {len(wanted)} runs, {len(specs)} to do, {args.jobs} at once", flush=True)
         execute(specs, args.jobs, args.nice)
-        records = [json.loads(run_path(task, k, s, t, cfg).read_text()) for k, s, t in wanted]
-    result = summarize(task, records, optimizers, seeds, cfg, noise_seeds)
+        # (named as asked: an ablation's dynamic_block run may be stored as the LM's adam8bit run)
+        records = [{**json.loads(run_path(task, k, s, t, cfg).read_text()), "optimizer": k, "threads": t}
+                   for k, s, t in wanted]
+    result = summarize(task, records, optimizers, seeds, cfg, noise_seeds, noise_threads)
     import report
 
     print(report.text_summary(result))

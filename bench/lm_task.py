@@ -231,7 +231,7 @@ def run(make_optimizer: Callable[[list[dict[str, Any]], LMConfig], torch.optim.O
     diverged = diverged or not math.isfinite(final) or final > UNIFORM_LOSS
     return {
         "seed": seed, "threads": threads, "valid_loss": final,
-        "valid_ppl": math.exp(final) if math.isfinite(final) else float("nan"),
+        "valid_ppl": math.exp(min(final, 700.0)) if math.isfinite(final) else float("nan"),  # no overflow
         "train_loss_last50": statistics.fmean(losses[-50:]), "spikes": count_spikes(losses),
         "diverged": diverged, "seconds": seconds, "loss": losses, "valid_curve": curve,
     }

@@ -33,7 +33,9 @@ def text_summary(result: dict[str, Any]) -> str:
             lines.append(f"{e['label']:48s} accuracy {100 * e['accuracy']['mean']:.2f} ± {100 * e['accuracy']['std']:.2f}"
                          f"  F1 {100 * e['f1']['mean']:.2f}  loss {e['valid_loss']['mean']:.4f}  (n={e['n']})")
         else:
-            lines.append(f"{e['label']:48s} valid loss {e['valid_loss']['mean']:.4f} ± {e['valid_loss']['std']:.4f}"
+            loss = ("all diverged" if e["diverged"] == e["n"]
+                    else f"{e['valid_loss']['mean']:.4f} ± {e['valid_loss']['std']:.4f}")
+            lines.append(f"{e['label']:48s} valid loss {loss}"
                          f"  spikes {sum(e['spikes'])}  diverged {e['diverged']}/{e['n']}  (n={e['n']})")
     for kind, comp in result.get("paired_vs_adamw", {}).items():
         parts = []
@@ -47,7 +49,17 @@ def text_summary(result: dict[str, Any]) -> str:
         comp = result["adam8bit_vs_bnb8bit"]
         lines.append("  adam8bit - bnb8bit (paired, 95% CI): " + ", ".join(
             f"{m} {_ci(c, 100, '%' if c['relative'] else ' pt')}" for m, c in comp.items()))
+    for kind, rc in result.get("root_cause", {}).items():
+        for other in ("bnb8bit", "adam8bit"):
+            if "valid_loss" in rc.get(f"vs_{other}", {}):
+                same = sum(rc[f"identical_to_{other}"])
+                lines.append(f"  {kind} - {other} (paired, 95% CI): valid loss {_ci(rc[f'vs_{other}']['valid_loss'], 100, '%', 3)}"
+                             f"  (bit-identical runs: {same}/{len(rc[f'identical_to_{other}'])})")
     floor = result.get("noise_floor", {})
+    if "threads" in floor:
+        t = floor["threads"]
+        lines.append(f"  noise floor: {t['label']} - 1 thread (seeds {t['seeds']}): valid loss {_ci(t['valid_loss'], 100, '%', 4)}"
+                     f"  (bit-identical: {sum(t['bit_identical'])}/{len(t['bit_identical'])})")
     if "rerun" in floor:
         t = floor["rerun"]
         lines.append(f"  noise floor: {t['label']} - adamw (seeds {t['seeds']}): valid loss {_ci(t['valid_loss'], 100, '%')}")
@@ -85,6 +97,22 @@ def section(results: dict[str, dict[str, Any]]) -> str:
                 f"sha256 `{d['corpus']['sha256'][:16]}…`). Seeds {lm['seeds']}.", "",
                 evidence.markdown_table(lm), ""]
         out += [f"- {line}." for line in evidence.verdict(lm).split("\n")]
+        for kind, rc in lm.get("root_cause", {}).items():
+            parts = []
+            for other, name in (("bnb8bit", "bitsandbytes Adam8bit"), ("adam8bit", "adam8lib Adam8bit")):
+                d = rc[f"vs_{other}"].get("valid_loss")
+                if d:
+                    same = sum(rc[f"identical_to_{other}"])
+                    parts.append(f"minus {name} {_ci(d, 100, ' %', 3)} (the same run to the bit on {same} of "
+                                 f"{len(rc[f'identical_to_{other}'])} seeds)")
+            if parts:
+                out.append(f"- Root cause: {rc['label']} " + "; ".join(parts) + ".")
+        if "threads" in floor:
+            t = floor["threads"]
+            diffs = ", ".join(f"{100 * x:+.4f}" for x in t["valid_loss"]["diffs"])
+            out.append(f"- Noise floor, thread count: {t['label']} minus the same seed with 1 thread (seeds {t['seeds']}; "
+                       f"per seed {diffs} %): {_ci(t['valid_loss'], 100, '%', 4)}; bit-identical on "
+                       f"{sum(t['bit_identical'])} of {len(t['bit_identical'])} seeds.")
         if "rerun" in floor:
             t = floor["rerun"]
             diffs = ", ".join(f"{100 * x:+.4f}" for x in t["valid_loss"]["diffs"])
@@ -107,9 +135,13 @@ def section(results: dict[str, dict[str, Any]]) -> str:
     ab = results.get("ablation")
     if ab:
         c = ab["description"]["config"]
-        out += [f"**Ablation** (the LM above at lr {c['lr']:g}, otherwise the same; seeds {ab['seeds']}; "
+        same = lm is not None and lm["description"]["config"] == c
+        where = (f"the LM above, at its own lr {c['lr']:g}: the AdamW and blockwise rows are its runs" if same
+                 else f"the LM above at lr {c['lr']:g}, otherwise the same")
+        out += [f"**Ablation** ({where}; seeds {ab['seeds']}; "
                 "a loss spike is a step whose training loss exceeds 1.5x the median of the previous 20; "
-                "diverged: a non-finite loss or a final validation loss above ln 256).", "",
+                "diverged: a non-finite loss or a final validation loss above ln 256; a diverged run is "
+                "counted, and left out of the mean and of the paired interval).", "",
                 evidence.markdown_table(ab), "", f"- Measured on: {_env_line(ab)}.", "",
                 "![ablation](results/ablation.png)", ""]
     return "\n".join(out).rstrip()

@@ -8,15 +8,18 @@ package, so a pip or Colab install has it too:
   standard library's source; validation loss (nats per byte);
 * ``convergence_cls`` — the lesson's paraphrase fine-tune (synpara, small DistilBERT);
   validation accuracy, F1 and loss;
-* ``ablation`` — the LM at a higher learning rate with linear vs dynamic maps and
-  per-tensor vs blockwise scales (the paper's Table 3, in miniature).
+* ``ablation`` — the LM with linear vs dynamic maps, per-tensor vs blockwise scales, and
+  with or without the keep-sign rule (the paper's Table 3, in miniature).
 
 Each optimizer is compared with 32-bit AdamW *per seed* (same initial weights, same data
 order): the mean of the per-seed differences and its 95 % Student-t confidence interval.
 Loss differences are relative (``(loss - loss_AdamW) / loss_AdamW``), accuracy differences
 in percentage points. The noise floor is what the same comparison gives between two runs
 that should be equal (AdamW and AdamW with ``fused=True``: the same maths, rounded
-differently in a few last bits) and the seed-to-seed spread.
+differently in a few last bits; AdamW with 2 torch threads instead of 1) and the seed-to-seed
+spread. The LM summary also has ``root_cause``: adam8lib's step requantized by
+bitsandbytes' CPU quantizer, and with plain nearest rounding, each compared per seed with
+both libraries.
 """
 
 from __future__ import annotations
@@ -64,8 +67,9 @@ def rows(result: dict[str, Any]) -> list[dict[str, str]]:
             row["Δ F1, points [95% CI]"] = _ci(comp.get("f1"), 100, "")
             row["Δ valid loss, % [95% CI]"] = _ci(comp.get("valid_loss"), 100, "")
         else:
-            loss = e["valid_loss"]
-            row["valid loss (nats/byte)"] = f"{loss['mean']:.4f} ± {loss['std']:.4f}"
+            loss = e["valid_loss"]  # mean over the runs that did not diverge
+            row["valid loss (nats/byte)"] = ("– (all diverged)" if e["diverged"] == e["n"]
+                                             else f"{loss['mean']:.4f} ± {loss['std']:.4f}")
             row["Δ valid loss vs AdamW, % [95% CI]"] = _ci(comp.get("valid_loss"), 100, "")
             row["loss spikes"] = str(sum(e["spikes"]))
             row["diverged"] = f"{e['diverged']}/{e['n']}"
@@ -101,6 +105,9 @@ def verdict(result: dict[str, Any]) -> str:
              for k, c in result.get("paired_vs_adamw", {}).items() if metric in c]
     if metric in result.get("adam8bit_vs_bnb8bit", {}):
         comps.append(("adam8lib vs bitsandbytes", result["adam8bit_vs_bnb8bit"][metric]))
+    for rc in result.get("root_cause", {}).values():  # adam8lib's step with another rounding rule
+        if metric in rc.get("vs_bnb8bit", {}):
+            comps.append((rc["label"] + " vs bitsandbytes", rc["vs_bnb8bit"][metric]))
     for name, d in comps:
         lo, hi = scale * d["ci_low"], scale * d["ci_high"]
         text = f"{name}: {scale * d['mean']:+.2f}{unit}, 95% CI [{lo:+.2f}, {hi:+.2f}]{unit} (n={d['n']})"
@@ -135,8 +142,10 @@ def plot(result: dict[str, Any], fig=None):
             acc = [100 * a for a in e["accuracy"]["per_seed"]]
             ax.plot(range(len(acc)), acc, "o-", color=f"C{i}", label=e["label"], alpha=0.8)
         else:
-            c = e["curve"]
-            ax.plot(c["steps"], c["mean"], color=f"C{i}", label=e["label"])
+            c = e["curve"]  # from the runs that did not diverge
+            label = e["label"] + (f" (diverged {e['diverged']}/{e['n']}: no curve)" if e["diverged"] == e["n"]
+                                  else f" (diverged {e['diverged']}/{e['n']})" if e["diverged"] else "")
+            ax.plot(c["steps"], c["mean"], color=f"C{i}", label=label)
             ax.fill_between(c["steps"], c["ci_low"], c["ci_high"], color=f"C{i}", alpha=0.2)
     if cls:
         ax.set(xlabel="seed", ylabel="validation accuracy (%)", title="same seeds, every optimizer")

@@ -55,6 +55,72 @@ def test_summary_is_paired_by_seed(monkeypatch):
         "not inside ±1 %")
 
 
+def test_summary_root_cause_and_thread_noise_floor(monkeypatch):
+    import convergence
+
+    monkeypatch.setattr("lm_task.describe", lambda cfg: {"stub": True})
+    records = _fake_lm_records()
+    for r in [r for r in records if r["optimizer"] == "adam8bit"]:
+        bnb = dict(r, optimizer="bnb8bit", valid_loss=r["valid_loss"] * 0.995, loss=[3.0, 2.5, 2.2])
+        same = dict(bnb, optimizer="adam8bit_bnbround")                   # the same run to the bit as bnb
+        near = dict(bnb, optimizer="adam8bit_nokeep", valid_loss=r["valid_loss"])  # equal loss to adam8bit,
+        records += [bnb, same, near]                                          # but another curve
+    for r in [r for r in records if r["optimizer"] == "adamw" and r["seed"] < 2]:
+        records.append(dict(r, threads=2, valid_loss=r["valid_loss"] + (1e-6 if r["seed"] else 0.0)))
+    kinds = ["adamw", "adam8bit", "bnb8bit", "adam8bit_bnbround", "adam8bit_nokeep"]
+    result = convergence.summarize("lm", records, kinds, [0, 1, 2, 3], convergence.task_config("lm"),
+                                   noise_threads={"threads": 2, "seeds": [0, 1]})
+    rc = result["root_cause"]
+    assert rc["adam8bit_bnbround"]["identical_to_bnb8bit"] == [True] * 4
+    assert rc["adam8bit_bnbround"]["vs_bnb8bit"]["valid_loss"]["mean"] == 0.0
+    assert rc["adam8bit_bnbround"]["vs_adam8bit"]["valid_loss"]["mean"] == pytest.approx(-0.005)
+    assert rc["adam8bit_nokeep"]["identical_to_adam8bit"] == [False] * 4  # same final loss, other curve
+    assert rc["adam8bit_nokeep"]["vs_adam8bit"]["valid_loss"]["mean"] == 0.0
+    floor = result["noise_floor"]["threads"]
+    assert floor["bit_identical"] == [True, False] and floor["seeds"] == [0, 1]
+    assert floor["valid_loss"]["diffs"][0] == 0.0 and floor["valid_loss"]["diffs"][1] > 0
+    verdict = evidence.verdict(result)
+    assert "requantized by bitsandbytes' CPU quantizer vs bitsandbytes: +0.00 %" in verdict
+    import report
+
+    text = report.text_summary(result)
+    assert "adam8bit_bnbround - bnb8bit" in text and "bit-identical runs: 4/4" in text
+    assert "bit-identical: 1/2" in text
+
+
+def test_diverged_runs_are_counted_not_averaged(monkeypatch):
+    import convergence
+
+    monkeypatch.setattr("lm_task.describe", lambda cfg: {"stub": True})
+    records = _fake_lm_records()
+    for r in [r for r in records if r["optimizer"] == "adam8bit"]:
+        blown = r["seed"] in (0, 1)  # two seeds blow up (finite but far above ln 256), two train
+        records.append(dict(r, optimizer="linear_tensor_nokeep", diverged=blown,
+                            valid_loss=850.0 if blown else r["valid_loss"]))
+    result = convergence.summarize("ablation", records, ["adamw", "linear_tensor_nokeep"], [0, 1, 2, 3],
+                                   convergence.task_config("ablation"))
+    e = result["optimizers"]["linear_tensor_nokeep"]
+    assert e["diverged"] == 2 and e["valid_loss"]["per_seed"][0] == 850.0
+    assert e["valid_loss"]["mean"] == pytest.approx((2.32 * 1.01 + 2.33 * 1.011) / 2)  # seeds 2 and 3 only
+    comp = result["paired_vs_adamw"]["linear_tensor_nokeep"]["valid_loss"]
+    assert comp["n"] == 2 and comp["excluded_diverged"] == 2
+    assert comp["diffs"] == pytest.approx([0.010, 0.011])
+    assert e["curve"]["steps"] == [50, 100]  # the band is drawn from the runs that trained
+    row = evidence.rows(result)[1]
+    assert row["diverged"] == "2/4" and row["valid loss (nats/byte)"].startswith("2.34")
+
+
+def test_ablation_at_the_lm_configuration_reuses_the_lm_runs():
+    import convergence
+
+    cfg = convergence.task_config("ablation", {"lr": convergence.task_config("lm").lr})
+    assert convergence.run_path("ablation", "dynamic_block", 3, 1, cfg) == \
+        convergence.run_path("lm", "adam8bit", 3, 1, convergence.task_config("lm"))
+    assert convergence.run_path("ablation", "linear_tensor", 3, 1, cfg).parent.name == "lm"
+    high = convergence.task_config("ablation", {"lr": 0.01})
+    assert convergence.run_path("ablation", "dynamic_block", 3, 1, high).name == "dynamic_block-lr0.01-t1-s3.json"
+
+
 def test_plot_draws_bands_and_intervals(monkeypatch):
     import matplotlib
 
@@ -84,14 +150,27 @@ def test_packaged_results_agree_with_their_runs(name):
     assert len(seeds) >= {"convergence_lm": 8, "convergence_cls": 10, "ablation": 1}[name]
     runs = {(r["optimizer"], r["seed"], r["threads"]): r for r in result["runs"]}
     metric = "accuracy" if name == "convergence_cls" else "valid_loss"
-    base = [runs[("adamw", s, 1)][metric] for s in seeds]
     for kind, comp in result["paired_vs_adamw"].items():
-        if len(seeds) < 2:
-            assert comp == {}  # one seed: no interval is claimed
+        # seeds where neither run diverged (a diverged run is counted, not compared)
+        kept = [s for s in seeds if not runs[("adamw", s, 1)].get("diverged") and not runs[(kind, s, 1)].get("diverged")]
+        if len(kept) < 2:
+            assert comp == {}  # one seed, or every run diverged: no interval is claimed
             continue
-        other = [runs[(kind, s, 1)][metric] for s in seeds]
+        base = [runs[("adamw", s, 1)][metric] for s in kept]
+        other = [runs[(kind, s, 1)][metric] for s in kept]
         again = stats.paired(base, other, relative=metric == "valid_loss")
         assert comp[metric]["mean"] == pytest.approx(again["mean"])
         assert comp[metric]["ci_low"] == pytest.approx(again["ci_low"])
+    for kind, rc in result.get("root_cause", {}).items():  # adam8lib with another rounding rule vs both libraries
+        for other in ("bnb8bit", "adam8bit"):
+            again = stats.paired([runs[(other, s, 1)][metric] for s in seeds], [runs[(kind, s, 1)][metric] for s in seeds],
+                                 relative=True)
+            assert rc[f"vs_{other}"][metric]["mean"] == pytest.approx(again["mean"])
+    floor = result.get("noise_floor", {}).get("threads")
+    if floor:
+        t = floor["threads"]
+        diffs = [runs[("adamw", s, t)][metric] - runs[("adamw", s, 1)][metric] for s in floor["seeds"]]
+        assert floor["bit_identical"] == [d == 0 and runs[("adamw", s, t)]["loss"] == runs[("adamw", s, 1)]["loss"]
+                                          for d, s in zip(diffs, floor["seeds"])]
     env = result["environment"]
     assert env["threads_per_run"] and env["torch"] and env["python"]
