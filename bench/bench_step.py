@@ -247,10 +247,13 @@ def race(n: int, size: str, reps: int, progress=print, cpu_time: bool = False,
         torch.set_num_threads(1)
     factories = dict(_make_optimizers())
     contenders = {}
+    # one parameter and gradient shared by every row: each optimizer keeps its own states, and
+    # p and g (the largest streams) are the same memory for all, so the rows differ only in
+    # what they are: where the allocator placed each row's own copy cannot tilt the ratios
+    gen = torch.Generator().manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(n, generator=gen))
+    p.grad = torch.randn(n, generator=gen) * 1e-2
     for name in RACE:
-        gen = torch.Generator().manual_seed(0)
-        p = torch.nn.Parameter(torch.randn(n, generator=gen))
-        p.grad = torch.randn(n, generator=gen) * 1e-2
         opt = factories[name]([p])
         for _ in range(2):
             opt.step()
