@@ -248,19 +248,21 @@ def test_load_state_dict_hooks_see_the_real_state(make_opt):
 
 
 # ------------------------------------------------------------------ torch.compile
+def step_fn(model, opt):
+    """One training step (forward, backward, optimizer step, zero_grad) as a function to compile."""
+    def train_step(x, y):
+        loss = loss_fn(model, x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+    return train_step
+
+
 def compiled_vs_eager(make_opt, steps, compile_backend):
     eager, comp = small_model(), small_model()
     opt_e = make_opt(eager.parameters(), lr=1e-2, weight_decay=0.1)
     opt_c = make_opt(comp.parameters(), lr=1e-2, weight_decay=0.1)
-
-    def step_fn(model, opt):
-        def train_step(x, y):
-            loss = loss_fn(model, x, y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss
-        return train_step
 
     f_eager = step_fn(eager, opt_e)
     f_comp = torch.compile(step_fn(comp, opt_c), backend=compile_backend)
@@ -351,16 +353,7 @@ def test_issue_repro_inductor_compiled_training_tracks_eager():
     opt_e = AdamW8bit(eager.parameters(), lr=1e-2, weight_decay=0.1, min_8bit_size=512)
     opt_c = AdamW8bit(comp.parameters(), lr=1e-2, weight_decay=0.1, min_8bit_size=512)
 
-    def make_step(model, opt):
-        def train_step(x, y):
-            loss = loss_fn(model, x, y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss
-        return train_step
-
-    f_eager, f_comp = make_step(eager, opt_e), torch.compile(make_step(comp, opt_c))
+    f_eager, f_comp = step_fn(eager, opt_e), torch.compile(step_fn(comp, opt_c))
     for x, y in data(20):
         le, lc = f_eager(x, y).item(), f_comp(x, y).item()
         assert abs(le - lc) <= 1e-4 * abs(le), (le, lc)
