@@ -46,7 +46,9 @@ Rounding
     torch's ``add_(g, alpha=a)`` and ``addcmul_`` use fused multiply-adds on AVX2/AVX-512
     builds (:func:`torch_uses_fma` asks this torch build once), and ``torch.sqrt`` on x86
     Linux wheels is Intel MKL's ``vmsSqrt``, which is not always correctly rounded
-    (:func:`torch_sqrt` finds it); the kernel does the same, so even the parameters match.
+    (:func:`torch_sqrt` finds it); the kernel does the same, so even the parameters match:
+    with AVX-512 it computes MKL's algorithm inline (:func:`mkl_sqrt_inline` checks that it
+    equals ``torch.sqrt`` bit for bit), else it calls ``vmsSqrt`` on each tile.
 """
 
 from __future__ import annotations
