@@ -12,12 +12,13 @@ key, ``where``), packed as ``lo | hi << 8 | where << 16``::
 
 exactly the reference's answer, ties, NaN and the keep-sign rule included (a map whose code
 changes twice inside one bucket is refused with ValueError; the dynamic and linear maps are
-fine). Both fast backends use it: the C++ kernel (``cpu``) and the Triton kernel (``triton``).
+fine).
 
-The same table can be indexed by the float's *raw* bits, which saves the key arithmetic
-(``CodeTable.raw_steps``, used by the C++ kernel). A raw bucket (the top 16 bits of the
-bits) holds the same floats as one sortable bucket, in the same order for ``x >= 0`` and in
-reverse order for negative ``x``, so each entry re-packs as ``B | A << 8 | (T - 1) << 16``::
+The kernels look the same table up by the float's *raw* bits, which saves the key arithmetic
+(``CodeTable.raw_steps``, used by both fast backends: the C++ kernel, ``cpu``, and the Triton
+kernel, ``triton``). A raw bucket (the top 16 bits of the bits) holds the same floats as one
+sortable bucket, in the same order for ``x >= 0`` and in reverse order for negative ``x``, so
+each entry re-packs as ``B | A << 8 | (T - 1) << 16``::
 
     code(x) = A if (bits(x) << 16) > entry else B        (unsigned 32-bit compare)
 

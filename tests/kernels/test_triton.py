@@ -469,6 +469,17 @@ def test_gpu_bench_cpu_smoke(capsys):
 
 
 # ------------------------------------------------------------------ the compiled GPU code, checked without a GPU
+def _compile_in_fresh_process(script: str) -> dict:
+    """Run ``script`` (it compiles with bench/gpu_sass.py and prints one JSON line) in a fresh
+    Python without TRITON_INTERPRET: the interpreter, once used, patches triton."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", script, str(REPO / "bench")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 AOT_COMPILE = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
@@ -496,12 +507,7 @@ def test_step_kernel_compiles_for_gpu_with_exact_math():
     262; bench/README.md), so a regression of a few instructions per element fails here.
     Runs in a fresh process: the interpreter, once used, patches triton.
     """
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-c", AOT_COMPILE, str(REPO / "bench")],
-                          capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out = _compile_in_fresh_process(AOT_COMPILE)
     search = out.pop("search")
     for dtype, res in out.items():
         ptx, per_thread = res["ptx"], res["per_thread"]
@@ -532,12 +538,7 @@ def test_step_kernel_compiles_for_colab_t4_sm75():
     """Colab's free GPU is a T4 (sm_75: fp16 tensor cores, no bf16 ones). The fused step still
     compiles there for fp32, fp16 and bf16 parameters (bf16 loads/stores are converted with bit
     shifts before sm_80), with the same exact division and square root as on sm_90 and no spills."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-c", AOT_COMPILE_SM75, str(REPO / "bench")],
-                          capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out = _compile_in_fresh_process(AOT_COMPILE_SM75)
     assert set(out) == {"fp32", "fp16", "bf16"}
     for dtype, res in out.items():
         ptx, per_thread = res["ptx"], res["per_thread"]

@@ -472,6 +472,15 @@ bool moments_block(const G* __restrict g, const uint8_t* __restrict s1, const ui
     const __m512 vold1 = _mm512_set1_ps(old1), vold2 = _mm512_set1_ps(old2);
     const __m512i abs_bits = _mm512_set1_epi32(0x7fffffff);
     __m512i vmax1 = _mm512_setzero_si512(), vmax2 = _mm512_setzero_si512();
+    // 16 elements from k on, their map values q1, q2 given: moments into buf, maxima as bits
+    const auto moments_at = [&](int64_t k, __m512 q1, __m512 q2) {
+      __m512 m, v;
+      moments16<Fused>(load16(g + k), q1, q2, vold1, vold2, h, m, v);
+      _mm512_store_ps(buf.m + k, m);
+      _mm512_store_ps(buf.v + k, v);
+      vmax1 = _mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(m), abs_bits), vmax1);
+      vmax2 = _mm512_max_epu32(_mm512_castps_si512(v), vmax2);
+    };
 #if defined(__AVX512VBMI__)
     const __m512i order = interleave_order();
     for (; i + 64 <= hi; i += 64) {
@@ -484,25 +493,12 @@ bool moments_block(const G* __restrict g, const uint8_t* __restrict s1, const ui
       __m512 q1[4], q2[4];
       dequantize64(*maps.planes1, s1 + i, order, q1);
       dequantize64(*maps.planes2, s2 + i, order, q2);
-      for (int j = 0; j < 4; ++j) {
-        __m512 m, v;
-        moments16<Fused>(load16(g + i + 16 * j), q1[j], q2[j], vold1, vold2, h, m, v);
-        _mm512_store_ps(buf.m + i + 16 * j, m);
-        _mm512_store_ps(buf.v + i + 16 * j, v);
-        vmax1 = _mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(m), abs_bits), vmax1);
-        vmax2 = _mm512_max_epu32(_mm512_castps_si512(v), vmax2);
-      }
+      for (int j = 0; j < 4; ++j) moments_at(i + 16 * j, q1[j], q2[j]);
     }
 #endif
     for (; i + 16 <= hi; i += 16) {
-      __m512 m, v;
-      const __m512 q1 = _mm512_i32gather_ps(load_codes16(s1 + i), maps.t1.qmap, 4);
-      const __m512 q2 = _mm512_i32gather_ps(load_codes16(s2 + i), maps.t2.qmap, 4);
-      moments16<Fused>(load16(g + i), q1, q2, vold1, vold2, h, m, v);
-      _mm512_store_ps(buf.m + i, m);
-      _mm512_store_ps(buf.v + i, v);
-      vmax1 = _mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(m), abs_bits), vmax1);
-      vmax2 = _mm512_max_epu32(_mm512_castps_si512(v), vmax2);
+      moments_at(i, _mm512_i32gather_ps(load_codes16(s1 + i), maps.t1.qmap, 4),
+                 _mm512_i32gather_ps(load_codes16(s2 + i), maps.t2.qmap, 4));
     }
     const uint32_t bits1 = _mm512_reduce_max_epu32(vmax1), bits2 = _mm512_reduce_max_epu32(vmax2);
     if (bits1 >= 0x7f800000u || bits2 >= 0x7f800000u) {
@@ -579,25 +575,25 @@ void param_and_codes_block(P* __restrict p, uint8_t* __restrict s1, uint8_t* __r
 #if ADAM8_AVX512
   if (vector && simd == kAvx512) {
     const __m512 vinv1 = _mm512_set1_ps(inv1), vinv2 = _mm512_set1_ps(inv2);
+    // 16 elements from k on: update p, and their new codes (as int32) into c1, c2
+    const auto param_and_codes_at = [&](int64_t k, __m512i& c1, __m512i& c2) {
+      const __m512 m = _mm512_load_ps(buf.m + k), v = _mm512_load_ps(buf.v + k);
+      const __m512 sqrt_v = Exact ? _mm512_load_ps(buf.sqrt_v + k) : v;
+      store16(p + k, update_param16<Exact, MayReset>(load16(p + k), m, v, sqrt_v, h));
+      c1 = nearest_code16(_mm512_mul_ps(m, vinv1), maps.t1);
+      c2 = nearest_code16(_mm512_mul_ps(v, vinv2), maps.t2);
+    };
     for (; i + 64 <= hi; i += 64) {
       __m512i c1[4], c2[4];
-      for (int j = 0; j < 4; ++j) {
-        const int64_t k = i + 16 * j;
-        const __m512 m = _mm512_load_ps(buf.m + k), v = _mm512_load_ps(buf.v + k);
-        const __m512 sqrt_v = Exact ? _mm512_load_ps(buf.sqrt_v + k) : v;
-        store16(p + k, update_param16<Exact, MayReset>(load16(p + k), m, v, sqrt_v, h));
-        c1[j] = nearest_code16(_mm512_mul_ps(m, vinv1), maps.t1);
-        c2[j] = nearest_code16(_mm512_mul_ps(v, vinv2), maps.t2);
-      }
+      for (int j = 0; j < 4; ++j) param_and_codes_at(i + 16 * j, c1[j], c2[j]);
       store_codes64(s1 + i, c1);
       store_codes64(s2 + i, c2);
     }
     for (; i + 16 <= hi; i += 16) {
-      const __m512 m = _mm512_load_ps(buf.m + i), v = _mm512_load_ps(buf.v + i);
-      const __m512 sqrt_v = Exact ? _mm512_load_ps(buf.sqrt_v + i) : v;
-      store16(p + i, update_param16<Exact, MayReset>(load16(p + i), m, v, sqrt_v, h));
-      store_codes16(s1 + i, nearest_code16(_mm512_mul_ps(m, vinv1), maps.t1));
-      store_codes16(s2 + i, nearest_code16(_mm512_mul_ps(v, vinv2), maps.t2));
+      __m512i c1, c2;
+      param_and_codes_at(i, c1, c2);
+      store_codes16(s1 + i, c1);
+      store_codes16(s2 + i, c2);
     }
   }
 #endif
