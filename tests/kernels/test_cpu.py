@@ -342,6 +342,45 @@ def test_one_huge_gradient_does_not_poison_its_block(simd, exact):
                 assert torch.equal(a, b)  # states identical in the fast mode too
 
 
+# ------------------------------------------------------------------------------ the pipelined loop
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("blocksize", [64, 256, 4096])
+@pytest.mark.parametrize("exact", [True, False], ids=["cpu", "cpu_fast"])
+def test_pipelined_blocks_agree_with_the_tiled_loops(threads, blocksize, exact):
+    """The default loops against the AVX2 loops, which go tile by tile: bit for bit in both
+    modes, and the exact mode also against the reference. With AVX-512 VBMI (as on the CI
+    machine) the default loops are the pipelined ones (pass 2 of block b runs with pass 1 of
+    block b + 1) whenever no sqrt call is needed: the fast mode, or MKL's sqrt computed inline.
+    The gradients put a NaN and an Inf in some blocks (a block redone with the non-finite rule
+    between two pipelined ones) and denormals in one whole block (1/absmax overflows: that
+    block is finished by the general loops); 70,001 elements end in a partial block, and 3
+    threads get runs of blocks of different lengths."""
+    n = 70_001
+    gen = torch.Generator().manual_seed(blocksize + threads)
+    p0 = torch.randn(n, generator=gen)
+    runs = {"default": None, "avx2": min(1, cpu.simd_level())}
+    got = {name: [p0.clone(), *_fresh_states(n, blocksize)] for name in runs}
+    ref = [p0.clone(), *_fresh_states(n, blocksize)]
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for t in range(1, 4):
+            g = _gradient(n, torch.float32, gen)
+            g[5 * blocksize:6 * blocksize] = torch.randn(blocksize, generator=gen) * 1e-41  # denormal
+            kw = dict(step=t, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, blocksize=blocksize)
+            for name, simd in runs.items():
+                cpu.adam8bit_step(got[name][0], g, *got[name][1:], QMAP1, QMAP2, simd=simd, exact=exact, **kw)
+            what = f"step {t}, {threads} threads, blocksize {blocksize}, exact={exact}"
+            _assert_same(got["avx2"], got["default"], what)
+            if exact:
+                reference.adam8bit_step(ref[0], g, *ref[1:], QMAP1, QMAP2, **kw)
+                _assert_same(ref, got["default"], what)
+    finally:
+        torch.set_num_threads(previous)
+    assert bool(torch.isfinite(got["default"][3]).all())  # the denormal block kept finite scales
+    assert got["default"][3][5] < 1e-37  # ... and really had denormal ones
+
+
 # ------------------------------------------------------------------------------ the fast mode
 @pytest.mark.parametrize("simd", SIMD_LEVELS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
