@@ -10,7 +10,10 @@ section of bench/README.md and bench/results/cpu_profile.png; lessons 07 and 08 
    absmax (per block), nearest code (requantize).
 2. **The C++ kernel** (``backend="cpu"``) as a whole, with each of its SIMD levels (scalar,
    AVX2, AVX-512), and in its fast mode (``backend="cpu_fast"``: IEEE sqrt and one division
-   fewer), to show what matching torch bit for bit costs. ``torch.optim.AdamW(fused=True)`` is the anchor.
+   fewer), to show what matching torch bit for bit costs. ``torch.optim.AdamW(fused=True)`` is the
+   anchor; these rows are timed round-robin (one step of each in turn) and each row's ratio is the
+   median of its per-round ratios to fused AdamW, so a load that changes from second to second
+   tilts them less than the absolute times.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ PLOT = HERE / "results" / "cpu_profile.png"
 START, END = "<!-- cpu-profile:start (bench/profile_step.py writes this) -->", "<!-- cpu-profile:end -->"
 PHASES = ("dequantize", "update m, v", "update p", "absmax", "nearest code")
 HYPER = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, blocksize=256)
+FAST = "best, fast mode (cpu_fast: IEEE sqrt, not bit-identical)"
+FUSED = "torch.optim.AdamW(fused=True)"
 
 
 def _problem(n: int, seed: int = 0):
@@ -110,6 +115,19 @@ def _median_time(fn, reps: int) -> float:
     return statistics.median(times)
 
 
+def _round_robin(steps: dict, rounds: int) -> dict[str, list[float]]:
+    """Each step once (a warm-up), then ``rounds`` rounds of one step of each in turn: seconds."""
+    for fn in steps.values():
+        fn(1)
+    times = {name: [] for name in steps}
+    for t in range(2, rounds + 2):
+        for name, fn in steps.items():
+            t0 = time.perf_counter()
+            fn(t)
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
 def profile(n: int, reps: int) -> dict:
     torch.set_num_threads(THREADS)
     qmap1, qmap2 = dynamic_map(True), dynamic_map(False)
@@ -124,30 +142,37 @@ def profile(n: int, reps: int) -> dict:
     phases = {k: statistics.median(r[k] for r in runs[1:]) for k in PHASES}
     ref_total = _median_time(lambda t: reference.adam8bit_step(p2, g, *st2, qmap1, qmap2, step=t, **HYPER), reps)
 
-    # 2. the C++ kernel: SIMD levels, and IEEE sqrt instead of torch's
-    kernel = {}
+    # 2. the C++ kernel: SIMD levels, and IEEE sqrt instead of torch's, and fused AdamW, timed
+    # round-robin (one step of each in turn): the load of this shared machine changes from
+    # second to second, and each round's ratios to fused AdamW are taken within the round
+    steps = {}
     for level in range(cpu.simd_level() + 1):
-        p, g, st = _problem(n)
         name = {0: "scalar loops", 1: "AVX2 (8 lanes)", 2: "AVX-512 (16 lanes)"}[level]
-        kernel[name] = _median_time(lambda t: cpu.adam8bit_step(p, g, *st, qmap1, qmap2, step=t, simd=level,
-                                                                **HYPER), reps * 3)
+        p, g, st = _problem(n)
+        steps[name] = lambda t, p=p, g=g, st=st, level=level: cpu.adam8bit_step(
+            p, g, *st, qmap1, qmap2, step=t, simd=level, **HYPER)
     p, g, st = _problem(n)
-    kernel["best, fast mode (cpu_fast: IEEE sqrt, not bit-identical)"] = _median_time(
-        lambda t: cpu.adam8bit_step(p, g, *st, qmap1, qmap2, step=t, exact=False, **HYPER), reps * 3)
+    steps[FAST] = lambda t: cpu.adam8bit_step(p, g, *st, qmap1, qmap2, step=t, exact=False, **HYPER)
     w = torch.nn.Parameter(torch.randn(n))
     w.grad = torch.randn(n)
     opt = torch.optim.AdamW([w], fused=True)
-    fused = _median_time(lambda t: opt.step(), reps * 3)
-    return {"n": n, "phases": phases, "reference_total": ref_total, "kernel": kernel, "fused_adamw": fused}
+    steps[FUSED] = lambda t: opt.step()
+    times = _round_robin(steps, reps * 3)
+    kernel = {k: statistics.median(v) for k, v in times.items() if k != FUSED}
+    ratios = {k: statistics.median(a / b for a, b in zip(v, times[FUSED])) for k, v in times.items() if k != FUSED}
+    fused = statistics.median(times[FUSED])
+    return {"n": n, "phases": phases, "reference_total": ref_total, "kernel": kernel, "ratios": ratios,
+            "fused_adamw": fused}
 
 
 def render(res: dict) -> str:
     n, phases = res["n"], res["phases"]
     total = sum(phases.values())
     load = f"{os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "?"
-    lines = [f"{n / 1e6:.1f}M fp32 parameters, blocksize 256, {THREADS} threads, median of the timed steps; "
-             f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, load average (1 min) {load} (the machine's "
-             "2 cores are shared: read the ratios, measured side by side, rather than the absolute times).",
+    lines = [f"{n / 1e6:.1f}M fp32 parameters, blocksize 256, {THREADS} threads; the kernel's rows and fused AdamW "
+             "timed round-robin (one step of each in turn), median ms, and the median of each round's ratio to "
+             f"fused AdamW; {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, load average (1 min) {load} (the "
+             "machine's 2 cores are shared: read the ratios rather than the absolute times).",
              "", "**Reference backend (`backend=\"torch\"`), by phase**", "",
              "| phase | ms | share |", "|---|---|---|"]
     lines += [f"| {k} | {v * 1e3:.1f} | {v / total:.0%} |" for k, v in phases.items()]
@@ -155,7 +180,7 @@ def render(res: dict) -> str:
               "", "**C++ kernel (`backend=\"cpu\"`)**", "", "| variant | ms | vs fused AdamW |", "|---|---|---|"]
     fused = res["fused_adamw"]
     for k, v in res["kernel"].items():
-        lines.append(f"| {k} | {v * 1e3:.1f} | {v / fused:.2f}× |")
+        lines.append(f"| {k} | {v * 1e3:.1f} | {res['ratios'][k]:.2f}× |")
     lines.append(f"| torch.optim.AdamW(fused=True), the anchor | {fused * 1e3:.1f} | 1.00× |")
     lines += ["", f"![where the time goes]({PLOT.name})"]
     return "\n".join(lines)
