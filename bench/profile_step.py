@@ -105,16 +105,6 @@ def reference_phases(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, *, st
     return spent
 
 
-def _median_time(fn, reps: int) -> float:
-    fn(1)
-    times = []
-    for t in range(2, reps + 2):
-        t0 = time.perf_counter()
-        fn(t)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def _round_robin(steps: dict, rounds: int) -> dict[str, list[float]]:
     """Each step once (a warm-up), then ``rounds`` rounds of one step of each in turn: seconds."""
     for fn in steps.values():
@@ -126,6 +116,11 @@ def _round_robin(steps: dict, rounds: int) -> dict[str, list[float]]:
             fn(t)
             times[name].append(time.perf_counter() - t0)
     return times
+
+
+def _median_time(fn, reps: int) -> float:
+    """One step of ``fn`` as a warm-up, then the median of ``reps`` timed steps (seconds)."""
+    return statistics.median(_round_robin({"step": fn}, reps)["step"])
 
 
 def profile(n: int, reps: int) -> dict:

@@ -80,6 +80,11 @@ def _env_line(result: dict[str, Any]) -> str:
             f"transformers {e['transformers']}, bitsandbytes {e['bitsandbytes']}, torchao {e['torchao']}, {e['date']}")
 
 
+def _per_seed(comparison: dict[str, Any]) -> str:
+    """A noise-floor comparison's per-seed validation-loss differences, in percent."""
+    return ", ".join(f"{100 * x:+.4f}" for x in comparison["valid_loss"]["diffs"])
+
+
 def section(results: dict[str, dict[str, Any]]) -> str:
     """The README section: one table per experiment, with the noise floor and the environment."""
     from adam8lib.course import evidence
@@ -109,14 +114,12 @@ def section(results: dict[str, dict[str, Any]]) -> str:
                 out.append(f"- Root cause: {rc['label']} " + "; ".join(parts) + ".")
         if "threads" in floor:
             t = floor["threads"]
-            diffs = ", ".join(f"{100 * x:+.4f}" for x in t["valid_loss"]["diffs"])
             out.append(f"- Noise floor, thread count: {t['label']} minus the same seed with 1 thread (seeds {t['seeds']}; "
-                       f"per seed {diffs} %): {_ci(t['valid_loss'], 100, '%', 4)}; bit-identical on "
+                       f"per seed {_per_seed(t)} %): {_ci(t['valid_loss'], 100, '%', 4)}; bit-identical on "
                        f"{sum(t['bit_identical'])} of {len(t['bit_identical'])} seeds.")
         if "rerun" in floor:
             t = floor["rerun"]
-            diffs = ", ".join(f"{100 * x:+.4f}" for x in t["valid_loss"]["diffs"])
-            out.append(f"- Noise floor: {t['label']} minus AdamW (seeds {t['seeds']}; per seed {diffs} %): "
+            out.append(f"- Noise floor: {t['label']} minus AdamW (seeds {t['seeds']}; per seed {_per_seed(t)} %): "
                        f"{_ci(t['valid_loss'], 100, '%', 4)}; seed-to-seed standard deviation of AdamW's validation "
                        f"loss: {100 * floor['seed_to_seed_relative_std']:.2f} %.")
         out += [f"- Measured on: {_env_line(lm)}.", "", "![LM convergence](results/convergence_lm.png)", ""]

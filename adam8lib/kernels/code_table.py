@@ -77,9 +77,12 @@ class CodeTable:
     nan_code: int  # the reference's code for NaN
     #: the same table indexed by raw bits: B | A << 8 | (T - 1) << 16 (see the module docstring)
     raw_steps: torch.Tensor = field(init=False, repr=False, compare=False)
+    #: no negative map value (a state requantized with this map dequantizes to >= 0)
+    nonnegative: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "raw_steps", _raw_layout(self.steps))
+        object.__setattr__(self, "nonnegative", bool((self.qmap >= 0).all()))
 
 
 def _raw_layout(steps: torch.Tensor) -> torch.Tensor:

@@ -425,7 +425,7 @@ def adam8bit_step(
         beta1, 1.0 - beta1, beta2, 1.0 - beta2, decay, bias_correction2_sqrt, eps, -step_size,
         1.0 / bias_correction2_sqrt,
         torch_uses_fma(), bool(exact), torch_sqrt()[0] if exact else None, MKL_VML_MODE,
-        bool(exact) and mkl_sqrt_inline() and bool((qmap2 >= 0).all()),  # v >= 0: no NaN from a negative v
+        bool(exact) and mkl_sqrt_inline() and t2.nonnegative,  # v >= 0: no NaN from a negative v
         simd_level() if simd is None else simd,
         torch.get_num_threads(),
     )

@@ -658,3 +658,23 @@ def test_fast_backend_name_is_known_in_a_fresh_process(tmp_path):
     done, _ = _python(code, {}, 120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "stepped 1" in done.stdout
+
+
+def test_signed_second_moment_map_still_identical_to_reference():
+    """A map with negative entries used for v (an experiment's choice, not the library's):
+    dequantized v can be negative, torch's sqrt gives NaN there, and the kernel must too, so
+    it calls MKL instead of its inline root (which returns a negative input as it is)."""
+    n, blocksize = 20_011, 256
+    gen = torch.Generator().manual_seed(7)
+    p0 = torch.randn(n, generator=gen)
+    states = _fresh_states(n, blocksize)
+    states[1] = torch.randint(0, 256, (n,), generator=gen, dtype=torch.uint8)  # codes of v, half negative
+    states[3] = torch.rand(states[3].shape, generator=gen) + 0.5  # their absmax
+    ref, got = [p0.clone(), *[s.clone() for s in states]], [p0.clone(), *[s.clone() for s in states]]
+    for t in range(1, 4):
+        g = _gradient(n, torch.float32, gen, bad=False)
+        kw = dict(step=t, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, blocksize=blocksize)
+        reference.adam8bit_step(ref[0], g, *ref[1:], QMAP1, QMAP1, **kw)
+        cpu.adam8bit_step(got[0], g, *got[1:], QMAP1, QMAP1, **kw)
+        _assert_same(ref, got, f"signed map for v, step {t}")
+    assert bool(got[0].isnan().any())  # some v was negative: its parameter is NaN, as in the reference

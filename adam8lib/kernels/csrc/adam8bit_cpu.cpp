@@ -452,6 +452,21 @@ struct Maps {  // both maps, in every form the loops use
 #endif
 };
 
+#if ADAM8_AVX512
+// Pass 1 for the 16 elements from k on, their map values q1, q2 given (without the non-finite
+// rule): new m and v into m[k..] and v[k..], their maxima as bits (|m| and v) into vmax1, vmax2.
+template <typename G, bool Fused>
+inline void moments16_into(const G* __restrict g, int64_t k, __m512 q1, __m512 q2, __m512 vold1, __m512 vold2,
+                           const Hyper& h, float* __restrict m, float* __restrict v, __m512i& vmax1, __m512i& vmax2) {
+  __m512 mk, vk;
+  moments16<Fused>(load16(g + k), q1, q2, vold1, vold2, h, mk, vk);
+  _mm512_store_ps(m + k, mk);
+  _mm512_store_ps(v + k, vk);
+  vmax1 = _mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(mk), _mm512_set1_epi32(0x7fffffff)), vmax1);
+  vmax2 = _mm512_max_epu32(_mm512_castps_si512(vk), vmax2);
+}
+#endif
+
 #if ADAM8_AVX512 && defined(__AVX512VBMI__)
 // Pass 1 for the 64 elements from i on (AVX-512 VBMI, without the non-finite rule): new m and v
 // into m[i..] and v[i..], their maxima as bits (|m| and v) into vmax1 and vmax2.
@@ -473,16 +488,7 @@ inline void moments64(const G* __restrict g, const uint8_t* __restrict s1, const
   __m512 q1[4], q2[4];
   dequantize64(*maps.planes1, s1 + i, order, q1);
   dequantize64(*maps.planes2, s2 + i, order, q2);
-  const __m512i abs_bits = _mm512_set1_epi32(0x7fffffff);
-  for (int j = 0; j < 4; ++j) {
-    const int64_t k = i + 16 * j;
-    __m512 mj, vj;
-    moments16<Fused>(load16(g + k), q1[j], q2[j], vold1, vold2, h, mj, vj);
-    _mm512_store_ps(m + k, mj);
-    _mm512_store_ps(v + k, vj);
-    vmax1 = _mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(mj), abs_bits), vmax1);
-    vmax2 = _mm512_max_epu32(_mm512_castps_si512(vj), vmax2);
-  }
+  for (int j = 0; j < 4; ++j) moments16_into<G, Fused>(g, i + 16 * j, q1[j], q2[j], vold1, vold2, h, m, v, vmax1, vmax2);
 }
 #endif
 
@@ -506,17 +512,7 @@ bool moments_block(const G* __restrict g, const uint8_t* __restrict s1, const ui
 #if ADAM8_AVX512
   if (simd == kAvx512) {
     const __m512 vold1 = _mm512_set1_ps(old1), vold2 = _mm512_set1_ps(old2);
-    const __m512i abs_bits = _mm512_set1_epi32(0x7fffffff);
     __m512i vmax1 = _mm512_setzero_si512(), vmax2 = _mm512_setzero_si512();
-    // 16 elements from k on, their map values q1, q2 given: moments into buf, maxima as bits
-    const auto moments_at = [&](int64_t k, __m512 q1, __m512 q2) {
-      __m512 m, v;
-      moments16<Fused>(load16(g + k), q1, q2, vold1, vold2, h, m, v);
-      _mm512_store_ps(buf.m + k, m);
-      _mm512_store_ps(buf.v + k, v);
-      vmax1 = _mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(m), abs_bits), vmax1);
-      vmax2 = _mm512_max_epu32(_mm512_castps_si512(v), vmax2);
-    };
 #if defined(__AVX512VBMI__)
     const __m512i order = interleave_order();
     for (; i + 64 <= hi; i += 64) {
@@ -524,8 +520,9 @@ bool moments_block(const G* __restrict g, const uint8_t* __restrict s1, const ui
     }
 #endif
     for (; i + 16 <= hi; i += 16) {
-      moments_at(i, _mm512_i32gather_ps(load_codes16(s1 + i), maps.t1.qmap, 4),
-                 _mm512_i32gather_ps(load_codes16(s2 + i), maps.t2.qmap, 4));
+      moments16_into<G, Fused>(g, i, _mm512_i32gather_ps(load_codes16(s1 + i), maps.t1.qmap, 4),
+                               _mm512_i32gather_ps(load_codes16(s2 + i), maps.t2.qmap, 4), vold1, vold2, h, buf.m,
+                               buf.v, vmax1, vmax2);
     }
     const uint32_t bits1 = _mm512_reduce_max_epu32(vmax1), bits2 = _mm512_reduce_max_epu32(vmax2);
     if (bits1 >= 0x7f800000u || bits2 >= 0x7f800000u) {
@@ -661,6 +658,18 @@ void param_and_codes_block(P* __restrict p, uint8_t* __restrict s1, uint8_t* __r
   }
 }
 
+// the same, MayReset chosen at run time (whether pass 1 reset an element of the block)
+template <typename P, bool Exact>
+void param_and_codes_block(bool may_reset, P* __restrict p, uint8_t* __restrict s1, uint8_t* __restrict s2,
+                           int64_t lo, int64_t hi, float absmax1, float absmax2, const Maps& maps, const Hyper& h,
+                           const Buffers& buf, int simd) {
+  if (may_reset) {
+    param_and_codes_block<P, Exact, true>(p, s1, s2, lo, hi, absmax1, absmax2, maps, h, buf, simd);
+  } else {
+    param_and_codes_block<P, Exact, false>(p, s1, s2, lo, hi, absmax1, absmax2, maps, h, buf, simd);
+  }
+}
+
 template <typename P, typename G, bool Fused, bool Exact>
 void step_tile(P* __restrict p, const G* __restrict g, uint8_t* __restrict s1, uint8_t* __restrict s2,
                float* absmax1, float* absmax2, int64_t n, int64_t blocksize, const Maps& maps, const Hyper& h,
@@ -674,12 +683,8 @@ void step_tile(P* __restrict p, const G* __restrict g, uint8_t* __restrict s1, u
   // 2. sqrt(v) for the whole tile (exact mode: torch's sqrt), then update p and requantize
   if (Exact) sqrt_of(buf.v, buf.sqrt_v, n);
   for (int64_t lo = 0, b = 0; lo < n; lo += blocksize, ++b) {
-    const int64_t end = std::min(n, lo + blocksize);
-    if (reset[b]) {
-      param_and_codes_block<P, Exact, true>(p, s1, s2, lo, end, absmax1[b], absmax2[b], maps, h, buf, simd);
-    } else {
-      param_and_codes_block<P, Exact, false>(p, s1, s2, lo, end, absmax1[b], absmax2[b], maps, h, buf, simd);
-    }
+    param_and_codes_block<P, Exact>(reset[b], p, s1, s2, lo, std::min(n, lo + blocksize), absmax1[b], absmax2[b],
+                                    maps, h, buf, simd);
   }
 }
 
@@ -731,13 +736,8 @@ void step_pipelined(P* p, const G* g, uint8_t* s1, uint8_t* s2, float* absmax1, 
     }
     if (reset || !is_finite(inv1) || !is_finite(inv2)) {  // rare: block b on its own, then block b + 1's pass 1
       if (Exact) sqrt_of(cur.v, cur.sqrt_v, blocksize);
-      if (reset) {
-        param_and_codes_block<P, Exact, true>(p + base, s1 + base, s2 + base, 0, blocksize, absmax1[b], absmax2[b],
-                                              maps, h, cur, kAvx512);
-      } else {
-        param_and_codes_block<P, Exact, false>(p + base, s1 + base, s2 + base, 0, blocksize, absmax1[b], absmax2[b],
-                                               maps, h, cur, kAvx512);
-      }
+      param_and_codes_block<P, Exact>(reset, p + base, s1 + base, s2 + base, 0, blocksize, absmax1[b], absmax2[b],
+                                      maps, h, cur, kAvx512);
       if (has_next) {
         for (int64_t k = 0; k < blocksize; k += 64) moments_at(b + 1, k);
       }
