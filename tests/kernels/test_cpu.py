@@ -381,6 +381,38 @@ def test_pipelined_blocks_agree_with_the_tiled_loops(threads, blocksize, exact):
     assert got["default"][3][5] < 1e-37  # ... and really had denormal ones
 
 
+@pytest.mark.parametrize("exact", [True, False], ids=["cpu", "cpu_fast"])
+def test_runs_of_blocks_taken_by_whichever_thread_is_free(exact):
+    """The threads take the blocks in runs of 2**18 elements, each as it becomes free (a
+    dynamic schedule: which thread does which run changes from call to call). Three full runs,
+    a shorter fourth and a partial last block, with a NaN in the last block of a run and in
+    the first of the next, with 3 threads, 1 thread and the tiled AVX2 loops: the same result
+    bit for bit, and the exact mode's also the reference's."""
+    n, blocksize, run = 3 * 2**18 + 5_000 + 37, 256, 2**18
+    gen = torch.Generator().manual_seed(3)
+    p0 = torch.randn(n, generator=gen)
+    setups = {"3 threads": (3, None), "1 thread": (1, None), "avx2": (3, min(1, cpu.simd_level()))}
+    got = {name: [p0.clone(), *_fresh_states(n, blocksize)] for name in setups}
+    ref = [p0.clone(), *_fresh_states(n, blocksize)]
+    previous = torch.get_num_threads()
+    try:
+        for t in range(1, 3):
+            g = _gradient(n, torch.float32, gen)
+            g[run - 3], g[run + 5] = float("nan"), float("nan")
+            kw = dict(step=t, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, blocksize=blocksize)
+            for name, (threads, simd) in setups.items():
+                torch.set_num_threads(threads)
+                cpu.adam8bit_step(got[name][0], g, *got[name][1:], QMAP1, QMAP2, simd=simd, exact=exact, **kw)
+            _assert_same(got["1 thread"], got["3 threads"], f"step {t}, exact={exact}")
+            _assert_same(got["avx2"], got["3 threads"], f"step {t}, exact={exact}")
+            if exact:
+                reference.adam8bit_step(ref[0], g, *ref[1:], QMAP1, QMAP2, **kw)
+                _assert_same(ref, got["3 threads"], f"step {t}")
+    finally:
+        torch.set_num_threads(previous)
+    assert bool(((got["3 threads"][0] != p0) | ~torch.isfinite(g)).all())  # every element was stepped
+
+
 # ------------------------------------------------------------------------------ the fast mode
 @pytest.mark.parametrize("simd", SIMD_LEVELS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
