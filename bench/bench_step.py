@@ -66,7 +66,7 @@ REFERENCE_MAX = 2_000_000
 #: rows timed again side by side, round-robin (one step of each in turn), for the ratios
 RACE = ("torch copy (16 bytes/param)", "torch AdamW (fused)", "adam8lib AdamW8bit, backend cpu",
         "adam8lib AdamW8bit, backend cpu_fast (not bit-identical)")
-RACE_REPS = {1_000_000: 31, 16_777_216: 31, 100_000_000: 15}
+RACE_REPS = {1_000_000: 31, 16_777_216: 31, 100_000_000: 31}
 README = HERE / "README.md"
 PLOT = HERE / "results" / "cpu_step.png"
 RESULTS = HERE / "results" / "cpu_step.json"

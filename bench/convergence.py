@@ -260,6 +260,11 @@ def _thin(record: dict[str, Any], every: int = 5) -> dict[str, Any]:
     return out
 
 
+def _same_runs(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> list[bool]:
+    """Per seed: the same run to the bit (the same final loss and the same training-loss curve)."""
+    return [x["valid_loss"] == y["valid_loss"] and x["loss"] == y["loss"] for x, y in zip(a, b)]
+
+
 def summarize(task: str, records: list[dict[str, Any]], optimizers: list[str], seeds: list[int],
               cfg, noise_seeds: list[int] = (), noise_threads: dict[str, Any] | None = None) -> dict[str, Any]:
     import cls_task
@@ -319,7 +324,7 @@ def summarize(task: str, records: list[dict[str, Any]], optimizers: list[str], s
             other = [by[("adamw", s, t)] for s in ns]
             result["noise_floor"]["threads"] = {
                 "label": f"torch AdamW with {t} torch threads", "threads": t, "seeds": list(ns),
-                "bit_identical": [a["valid_loss"] == b["valid_loss"] and a["loss"] == b["loss"] for a, b in zip(one, other)],
+                "bit_identical": _same_runs(one, other),
                 **compare(one, other)}
     if task == "lm":
         root = {}
@@ -330,9 +335,7 @@ def summarize(task: str, records: list[dict[str, Any]], optimizers: list[str], s
                 for other in ("bnb8bit", "adam8bit"):
                     ref = [by[(other, s, 1)] for s in seeds]
                     root[kind][f"vs_{other}"] = compare(ref, runs)
-                    # the same run to the bit: same final loss and the same training-loss curve
-                    root[kind][f"identical_to_{other}"] = [a["valid_loss"] == b["valid_loss"] and a["loss"] == b["loss"]
-                                                           for a, b in zip(ref, runs)]
+                    root[kind][f"identical_to_{other}"] = _same_runs(ref, runs)
         if root:
             result["root_cause"] = root
     result["environment"] = environment([r["threads"] for r in records])
