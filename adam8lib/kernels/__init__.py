@@ -35,7 +35,7 @@ from typing import Callable
 import torch
 
 from . import reference
-from .contract import check_step_args
+from .contract import check_step_args, checked_for_backend
 
 __all__ = [
     "register_backend",
@@ -164,7 +164,9 @@ def adam8bit_step(*args, backend: str = "auto", **kwargs) -> None:
     """
     bound = _bind(*args, **kwargs)
     check_step_args(*bound, blocksize=kwargs.get("blocksize"), step=kwargs.get("step"))
-    get_backend(backend, bound[0].device).step(*args, **kwargs)
+    chosen = get_backend(backend, bound[0].device)
+    with checked_for_backend(bound, kwargs.get("blocksize")):
+        chosen.step(*args, **kwargs)
 
 
 _TENSOR_ARGS = ("p", "g", "state1", "state2", "absmax1", "absmax2", "qmap1", "qmap2")

@@ -106,6 +106,14 @@ def _raw_layout(steps: torch.Tensor) -> torch.Tensor:
     return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
 
 
+#: The tables of the last few map tensors seen, by identity: (tensor, its version counter, data
+#: pointer, keep_sign) -> table. An optimizer passes the same two map tensors at every step, and
+#: this skips reading them back and hashing their bytes (~5 us a call). The entry holds the tensor,
+#: so its id cannot be reused while it is cached; writing to the map bumps its version.
+_BY_TENSOR: dict[tuple[int, bool], tuple[torch.Tensor, int, int, "CodeTable"]] = {}
+_BY_TENSOR_SIZE = 8
+
+
 def code_table(qmap: torch.Tensor, keep_sign: bool) -> CodeTable:
     """Tables that give ``nearest_code(x, qmap, keep_sign=keep_sign)`` exactly for every fp32 x.
 
@@ -114,8 +122,21 @@ def code_table(qmap: torch.Tensor, keep_sign: bool) -> CodeTable:
     """
     if not isinstance(qmap, torch.Tensor) or qmap.shape != (256,) or not qmap.is_floating_point():
         raise ValueError(f"qmap must be a 256-entry float tensor, got {getattr(qmap, 'shape', type(qmap))}")
-    qmap = qmap.detach().to("cpu", torch.float32).contiguous()
-    return _cached_code_table(qmap.numpy().tobytes(), bool(keep_sign))
+    try:
+        version = qmap._version
+    except RuntimeError:  # an inference-mode tensor has no version counter: not cached by identity
+        version = None
+    key = (id(qmap), bool(keep_sign))
+    seen = _BY_TENSOR.get(key)
+    if seen is not None and version is not None and seen[0] is qmap and seen[1] == version and seen[2] == qmap.data_ptr():
+        return seen[3]
+    flat = qmap.detach().to("cpu", torch.float32).contiguous()
+    table = _cached_code_table(flat.numpy().tobytes(), bool(keep_sign))
+    if version is not None:
+        if len(_BY_TENSOR) >= _BY_TENSOR_SIZE:
+            _BY_TENSOR.pop(next(iter(_BY_TENSOR)))
+        _BY_TENSOR[key] = (qmap, version, qmap.data_ptr(), table)
+    return table
 
 
 @functools.lru_cache(maxsize=16)

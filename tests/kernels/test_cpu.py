@@ -206,6 +206,33 @@ def test_code_table_gives_the_exact_nearest_code(name, qmap, keep_sign):
         assert bad.numel() == 0, f"{name}, {layout}: {bad.numel()} wrong codes, e.g. x={x[bad[:3]].tolist()}"
 
 
+def test_code_table_follows_a_map_tensor_written_in_place():
+    """The tables are remembered per map tensor (an optimizer passes the same two every step),
+    but a map written in place, or another tensor that now has the same id, gets its own; a
+    kernel step with the changed map quantizes with the new one."""
+    qmap = dynamic_map(True)
+    first = cpu.code_table(qmap, True)
+    assert cpu.code_table(qmap, True) is first and cpu.code_table(qmap, False) is not first
+    qmap.copy_(linear_map(True))  # same tensor, new values
+    assert torch.equal(cpu.code_table(qmap, True).qmap, linear_map(True))
+    n = 4096
+    p, g = torch.zeros(n), torch.linspace(-1, 1, n)
+    states = _fresh_states(n, 256)
+    cpu.adam8bit_step(p, g, *states, qmap, QMAP2, step=1, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8,
+                      weight_decay=0.0, blocksize=256)
+    ref = _fresh_states(n, 256)
+    reference.adam8bit_step(torch.zeros(n), g, *ref, linear_map(True), QMAP2, step=1, lr=1e-3, beta1=0.9,
+                            beta2=0.999, eps=1e-8, weight_decay=0.0, blocksize=256)
+    assert torch.equal(states[0], ref[0])  # the codes of m, on the linear map
+    del qmap, first
+    for _ in range(20):  # new tensors, some of them at a freed tensor's id: each gets its own map's table
+        other = linear_map(False) if _ % 2 else dynamic_map(False)
+        assert torch.equal(cpu.code_table(other, True).qmap, other)
+    with torch.inference_mode():  # no version counter: looked up by value
+        frozen = linear_map(False)
+    assert torch.equal(cpu.code_table(frozen, True).qmap, frozen)
+
+
 def test_code_table_rejects_a_map_it_cannot_represent():
     crowded = torch.sort(torch.cat([torch.linspace(0.5, 0.5 + 1e-5, 200), torch.linspace(-1, 1, 56)])).values
     with pytest.raises(ValueError, match="change more than once"):

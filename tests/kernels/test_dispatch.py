@@ -138,6 +138,41 @@ def test_reference_checks_the_contract_when_called_directly():
         reference.adam8bit_step(*args.values(), **HYPER)
 
 
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_the_dispatcher_checks_once_and_a_direct_backend_call_still_checks(backend, monkeypatch):
+    """Through the dispatcher each tensor is checked once (the backend's own check of the same
+    objects is skipped while the dispatcher calls it); called directly, before and after, the
+    backend checks everything itself, and a failing call leaves nothing behind."""
+    from adam8lib.kernels import contract
+
+    calls = []
+    real = contract.check_plain_tensor
+    monkeypatch.setattr(contract, "check_plain_tensor", lambda t, name: (calls.append(name), real(t, name)))
+    step = kernels.get_backend(backend, "cpu").step
+    args = step_args()
+    kernels.adam8bit_step(**args, **HYPER, backend=backend)
+    assert len(calls) == 8, calls  # the eight tensors, once
+    calls.clear()
+    step(**args, **HYPER)
+    assert len(calls) == 8, calls  # called directly: its own full check
+    bad = {**args, "absmax1": torch.zeros(3)}
+    with pytest.raises(ValueError, match="absmax1 must have 4"):
+        step(**bad, **HYPER)
+    with pytest.raises(ValueError, match="step must be an int >= 1"):
+        kernels.adam8bit_step(**args, **{**HYPER, "step": 0}, backend=backend)
+    # a backend that fails while the dispatcher calls it: afterwards the same objects are checked in full
+    monkeypatch.setattr(kernels, "get_backend", lambda name, device: kernels.Backend("boom", _raise, lambda d: True))
+    with pytest.raises(RuntimeError, match="boom"):
+        kernels.adam8bit_step(**args, **HYPER, backend=backend)
+    calls.clear()
+    check_step_args(*args.values(), blocksize=256)
+    assert len(calls) == 8, calls
+
+
+def _raise(*args, **kwargs):
+    raise RuntimeError("boom")
+
+
 def test_tensors_passed_by_name_are_checked_too():
     args = step_args()
     args["absmax1"] = torch.zeros(3)
