@@ -485,7 +485,7 @@ def render(rows: list[Row], info: dict[str, str], seconds: float, races: dict | 
         "",
         targets(rows, races),
         "",
-        f"![step time per optimizer and size]({PLOT.name})",
+        f"![step time per optimizer and size]({PLOT.relative_to(HERE).as_posix()})",
     ])
 
 

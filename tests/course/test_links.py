@@ -57,3 +57,23 @@ def test_a_notebook_without_title_and_setup_cells_is_refused(tmp_path):
     nbformat.write(new_notebook(cells=[new_code_cell("print(1)")]), path)
     with pytest.raises(ValueError, match="cell 0"):
         links.sync_notebook(path)
+
+
+def test_relative_links_in_the_markdown_files_point_at_files():
+    """Every relative link and image in the repository's Markdown files names a file or folder
+    that exists (a bench writer once linked its plot next to the README instead of in results/)."""
+    import re
+    import subprocess
+
+    files = subprocess.run(["git", "ls-files", "*.md"], cwd=ROOT, capture_output=True, text=True, check=True)
+    missing = []
+    for name in files.stdout.split():
+        path = ROOT / name
+        text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)  # not code blocks
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            target = target.split("#")[0]
+            if not target or re.match(r"[a-z]+:", target):
+                continue  # an anchor, or a URL (https:, mailto:, ...)
+            if not (path.parent / target).exists():
+                missing.append(f"{name}: {target}")
+    assert not missing, missing
