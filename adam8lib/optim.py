@@ -194,8 +194,22 @@ class Adam8bit(torch.optim.Optimizer):
                 if p.grad is None:
                     continue
                 work.append((group, p, *self._local_tensors(p, gi, pi)))
+        if type(self)._step_8bit is not Adam8bit._step_8bit:  # a subclass with its own 8-bit step
+            for group, p, param, grad in work:
+                self._update(group, p, param, grad)
+            return
+        # the 8-bit tensors of each group (and device) go to the backend together: one call for
+        # the group where the backend can take them at once (the cpu backends), which saves most
+        # of the per-tensor cost of crossing into the kernel; the same result, bit for bit
+        batches: dict[tuple[int, torch.device], tuple[dict[str, Any], list]] = {}
         for group, p, param, grad in work:
-            self._update(group, p, param, grad)
+            state = self._prepare(group, p, param)
+            if "state1" not in state:
+                self._step_32bit(group, param, grad, state)
+            elif param.numel():  # an empty shard (more ranks than rows): nothing to update here
+                batches.setdefault((id(group), param.device), (group, []))[1].append((param, grad, state))
+        for group, entries in batches.values():
+            self._step_8bit_many(group, entries)
 
     def _local_tensors(self, p: torch.Tensor, group_index: int, param_index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(parameter, gradient)`` as the update sees them, after checking them.
@@ -208,18 +222,45 @@ class Adam8bit(torch.optim.Optimizer):
         _check_param_and_grad(param, grad, group_index, param_index, tuple(p.shape))
         return param, grad
 
-    def _update(self, group: dict[str, Any], p: torch.Tensor, param: torch.Tensor, grad: torch.Tensor) -> None:
-        """Update one parameter: create or move its states, count the step, run the update."""
+    def _prepare(self, group: dict[str, Any], p: torch.Tensor, param: torch.Tensor) -> dict[str, Any]:
+        """A parameter's states, created or moved to its device, with the step counted."""
         state = self.state[p]
         if not state:
             state.update(self._new_state(group, p))
         else:
             _follow_device(state, param.device)
         state["step"] += 1
+        return state
+
+    def _update(self, group: dict[str, Any], p: torch.Tensor, param: torch.Tensor, grad: torch.Tensor) -> None:
+        """Update one parameter: create or move its states, count the step, run the update."""
+        state = self._prepare(group, p, param)
         if "state1" in state:
             self._step_8bit(group, param, grad, state)
         else:
             self._step_32bit(group, param, grad, state)
+
+    def _step_8bit_many(self, group: dict[str, Any], entries: list[tuple[torch.Tensor, torch.Tensor, dict]]) -> None:
+        """The 8-bit update of several (non-empty) parameters of one group on one device, in one
+        call of :func:`adam8lib.kernels.adam8bit_step_many`; the same as :meth:`_step_8bit` on each."""
+        beta1, beta2 = group["betas"]
+        tensors, copies = [], []
+        for p, grad, state in entries:
+            flat = p.view(-1) if p.is_contiguous() else p.contiguous().view(-1)
+            if not p.is_contiguous():
+                copies.append((p, flat))  # we work on a contiguous copy: written back below
+            grad = grad.reshape(-1)
+            if not grad.is_contiguous():
+                grad = grad.contiguous()
+            tensors.append((flat, grad, state["state1"], state["state2"], state["absmax1"], state["absmax2"]))
+        qmap1, qmap2 = self._maps(entries[0][0].device)
+        kernels.adam8bit_step_many(
+            tensors, qmap1, qmap2, steps=[state["step"] for _, _, state in entries], lr=group["lr"], beta1=beta1,
+            beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"], blocksize=group["blocksize"],
+            backend=self.backend,
+        )
+        for p, flat in copies:
+            p.copy_(flat.view(p.shape))
 
     def _step_8bit(self, group: dict[str, Any], p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any]) -> None:
         beta1, beta2 = group["betas"]

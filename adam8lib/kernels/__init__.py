@@ -21,6 +21,11 @@ An optional backend whose module fails to import is recorded with the reason
 module that imports but cannot run (e.g. its build failed) may define
 ``unavailable_reason() -> str | None``; its answer goes into the error message.
 
+Several tensors of one parameter group go through :func:`adam8bit_step_many` (what the
+optimizers use): each is checked, then a backend that registered a ``step_many`` (the ``cpu``
+backends) steps them all in one call, and any other backend one by one. Python is then crossed
+once per group instead of once per tensor, which is most of what a small tensor costs.
+
 torch.compile: :func:`adam8bit_step` always runs eagerly (``torch.compiler.disable``): inside a
 compiled function it is a graph break, and the backend sees real tensors that live until it
 returns (a kernel reading raw pointers must never see a tensor traced away by the compiler).
@@ -35,7 +40,7 @@ from typing import Callable
 import torch
 
 from . import reference
-from .contract import check_step_args, checked_for_backend
+from .contract import check_each, check_step_args, checked_for_backend
 
 __all__ = [
     "register_backend",
@@ -43,6 +48,7 @@ __all__ = [
     "available_backends",
     "unavailable_reason",
     "adam8bit_step",
+    "adam8bit_step_many",
     "run_eagerly",
     "AUTO_ORDER",
 ]
@@ -53,6 +59,8 @@ class Backend:
     name: str
     step: Callable[..., None]
     supports: Callable[[torch.device], bool]
+    #: optional: several tensors of one parameter group in one call (see :func:`adam8bit_step_many`)
+    step_many: Callable[..., None] | None = None
 
 
 _BACKENDS: dict[str, Backend] = {}
@@ -77,9 +85,13 @@ def run_eagerly(fn: Callable) -> Callable:
     return torch.compiler.disable(fn)  # pragma: no cover - older/newer torch without the lazy form
 
 
-def register_backend(name: str, step: Callable[..., None], supports: Callable[[torch.device], bool]) -> None:
-    """Make ``step`` available as ``backend=name`` for devices where ``supports(device)``."""
-    _BACKENDS[name] = Backend(name, step, supports)
+def register_backend(name: str, step: Callable[..., None], supports: Callable[[torch.device], bool], *,
+                     step_many: Callable[..., None] | None = None) -> None:
+    """Make ``step`` available as ``backend=name`` for devices where ``supports(device)``.
+
+    ``step_many(tensors, qmap1, qmap2, *, steps, **hyperparameters)``, if given, steps several
+    tensors in one call (:func:`adam8bit_step_many`); without it they are stepped one by one."""
+    _BACKENDS[name] = Backend(name, step, supports, step_many)
     _IMPORT_ERRORS.pop(name, None)
 
 
@@ -165,8 +177,41 @@ def adam8bit_step(*args, backend: str = "auto", **kwargs) -> None:
     bound = _bind(*args, **kwargs)
     check_step_args(*bound, blocksize=kwargs.get("blocksize"), step=kwargs.get("step"))
     chosen = get_backend(backend, bound[0].device)
-    with checked_for_backend(bound, kwargs.get("blocksize")):
+    with checked_for_backend([bound], kwargs.get("blocksize")):
         chosen.step(*args, **kwargs)
+
+
+@run_eagerly
+def adam8bit_step_many(tensors, qmap1: torch.Tensor, qmap2: torch.Tensor, *, steps, backend: str = "auto",
+                       **hyperparameters) -> None:
+    """The step of several tensors that share maps and hyperparameters (one parameter group).
+
+    ``tensors``: ``(p, g, state1, state2, absmax1, absmax2)`` per tensor, all on one device;
+    ``steps``: each one's step count; ``hyperparameters``: ``lr``, ``beta1``, ``beta2``, ``eps``,
+    ``weight_decay``, ``blocksize`` (and a backend's own options). Every tensor is checked
+    against the contract before any is changed (the error names its position), then the backend
+    steps them all in one call if it can (``Backend.step_many``: the ``cpu`` backends), else one
+    by one. The result is the same as :func:`adam8bit_step` on each tensor, bit for bit.
+    """
+    blocksize = hyperparameters.get("blocksize")
+
+    def check(item, step):
+        check_step_args(*item, qmap1, qmap2, blocksize=blocksize, step=step)
+        if item[0].device != tensors[0][0].device:
+            raise ValueError(f"p is on {item[0].device}, the first tensor's p on {tensors[0][0].device}")
+
+    tensors = list(tensors)
+    tensors, steps = check_each(tensors, steps, check)
+    if not tensors:
+        return
+    calls = [(*item, qmap1, qmap2) for item in tensors]
+    chosen = get_backend(backend, tensors[0][0].device)
+    with checked_for_backend(calls, blocksize):
+        if chosen.step_many is not None:
+            chosen.step_many(tensors, qmap1, qmap2, steps=steps, **hyperparameters)
+        else:
+            for item, step in zip(tensors, steps):
+                chosen.step(*item, qmap1, qmap2, step=step, **hyperparameters)
 
 
 _TENSOR_ARGS = ("p", "g", "state1", "state2", "absmax1", "absmax2", "qmap1", "qmap2")

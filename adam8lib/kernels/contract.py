@@ -33,7 +33,7 @@ import torch
 
 from ..quant import check_blocksize, num_blocks
 
-__all__ = ["check_plain_tensor", "check_step_args", "checked_for_backend", "PARAM_DTYPES"]
+__all__ = ["check_plain_tensor", "check_step_args", "check_each", "checked_for_backend", "PARAM_DTYPES"]
 
 #: Parameter dtypes every backend accepts.
 PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -78,20 +78,40 @@ def check_plain_tensor(t: object, name: str) -> None:
         )
 
 
-_just_checked = threading.local()  # .key: the arguments the dispatcher checked, while it calls the backend
+def check_each(tensors, steps, check) -> tuple[list, list]:
+    """The arguments of a many-tensor step: ``tensors`` as lists of ``(p, g, state1, state2,
+    absmax1, absmax2)``, one step count each in ``steps``; ``check(item, step)`` raises for a bad
+    one, and its TypeError/ValueError comes back naming the tensor's position. Returns both lists."""
+    tensors, steps = list(tensors), list(steps)
+    if len(steps) != len(tensors):
+        raise ValueError(f"steps must give one step count per tensor: {len(steps)} for {len(tensors)} tensors")
+    for i, (item, step) in enumerate(zip(tensors, steps)):
+        try:
+            if not isinstance(item, (tuple, list)) or len(item) != 6:
+                raise TypeError("each entry must be (p, g, state1, state2, absmax1, absmax2)")
+            if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+                raise ValueError(f"step must be an int >= 1, got {step!r}")
+            check(item, step)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"tensor {i} of {len(tensors)}: {exc}") from None
+    return tensors, steps
+
+
+_just_checked = threading.local()  # .keys: the arguments the dispatcher checked, while it calls the backend
 
 
 @contextlib.contextmanager
-def checked_for_backend(tensors: tuple, blocksize: object) -> Iterator[None]:
+def checked_for_backend(calls: list[tuple], blocksize: object) -> Iterator[None]:
     """While the dispatcher (:func:`adam8lib.kernels.adam8bit_step`), having just checked these
-    arguments, calls a backend: the backend's own :func:`check_step_args` of the *same objects*
-    with the same blocksize returns at once instead of checking them a second time (~20 us per
-    call, per parameter tensor). Per thread, and only for the duration of that one call."""
-    _just_checked.key = (tuple(map(id, tensors)), blocksize)
+    arguments (``calls``: the eight tensors of each step it checked), calls a backend: the
+    backend's own :func:`check_step_args` of the *same objects* with the same blocksize returns
+    at once instead of checking them a second time (~20 us per call, per parameter tensor).
+    Per thread, and only for the duration of that one call."""
+    _just_checked.keys = {(tuple(map(id, tensors)), blocksize) for tensors in calls}
     try:
         yield
     finally:
-        _just_checked.key = None
+        _just_checked.keys = None
 
 
 def check_step_args(
@@ -112,8 +132,8 @@ def check_step_args(
     Nothing is modified, so a caller that checks first changes nothing on a bad call.
     ``step`` is checked when given.
     """
-    key = getattr(_just_checked, "key", None)
-    if key is not None and key == (tuple(map(id, (p, g, state1, state2, absmax1, absmax2, qmap1, qmap2))), blocksize):
+    keys = getattr(_just_checked, "keys", None)
+    if keys and (tuple(map(id, (p, g, state1, state2, absmax1, absmax2, qmap1, qmap2))), blocksize) in keys:
         if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 1):
             raise ValueError(f"step must be an int >= 1, got {step!r}")
         return  # checked by the dispatcher a moment ago (see checked_for_backend)

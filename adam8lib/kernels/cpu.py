@@ -73,10 +73,10 @@ import torch
 
 from ..quant import num_blocks
 from . import register_backend
-from .contract import check_step_args
+from .contract import check_each, check_step_args
 from .code_table import BUCKET_BITS, CodeTable, cache_root, code_table  # noqa: F401 (re-exported)
 
-__all__ = ["adam8bit_step", "adam8bit_step_fast", "code_table", "CodeTable", "torch_uses_fma", "load_extension",
+__all__ = ["adam8bit_step", "adam8bit_step_fast", "adam8bit_step_many", "code_table", "CodeTable", "torch_uses_fma", "load_extension",
            "supports", "unavailable_reason", "SOURCE"]
 
 log = logging.getLogger(__name__)
@@ -239,6 +239,12 @@ def load_extension() -> ctypes.CDLL:
                        f32, f32, f32, f32, f32, f32, f32, f32, f32,
                        i32, i32, ptr, i64, i32, i32, i32]
         fn.restype = i32
+        many = lib.adam8bit_step_cpu_many
+        many.argtypes = [i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64,
+                         ptr, ptr, i32, ptr, ptr, i32,
+                         f32, f32, f32, f32, ptr, ptr, f32, ptr, ptr,
+                         i32, i32, ptr, i64, i32, i32, i32]
+        many.restype = i32
         _extension = lib
         return lib
 
@@ -412,18 +418,12 @@ def adam8bit_step(
     t1, t2 = code_table(qmap1, keep_sign=True), code_table(qmap2, keep_sign=True)
     if g.dtype != p.dtype and g.dtype != torch.float32:
         g = g.float()  # exact for bf16/fp16; fp64 grads round as the reference's g.float() does
-    # the scalars, computed as the reference computes them (Python floats); ctypes rounds each
-    # to fp32 once, as torch rounds the Python scalars its kernels receive
-    bias_correction1 = 1.0 - beta1**step
-    bias_correction2_sqrt = math.sqrt(1.0 - beta2**step)
-    step_size = lr / bias_correction1
-    decay = 1.0 - lr * weight_decay if weight_decay != 0 else 1.0  # p * 1.0 == p: no decay
+    decay, bias_correction2_sqrt, neg_step_size, inv_bc2_sqrt = _scalars(step, lr, beta1, beta2, weight_decay)
     status = lib.adam8bit_step_cpu(
         p.data_ptr(), g.data_ptr(), _DTYPE_CODES[p.dtype], _DTYPE_CODES[g.dtype],
         state1.data_ptr(), state2.data_ptr(), absmax1.data_ptr(), absmax2.data_ptr(), p.numel(), blocksize,
         t1.qmap.data_ptr(), t1.raw_steps.data_ptr(), t1.nan_code, t2.qmap.data_ptr(), t2.raw_steps.data_ptr(), t2.nan_code,
-        beta1, 1.0 - beta1, beta2, 1.0 - beta2, decay, bias_correction2_sqrt, eps, -step_size,
-        1.0 / bias_correction2_sqrt,
+        beta1, 1.0 - beta1, beta2, 1.0 - beta2, decay, bias_correction2_sqrt, eps, neg_step_size, inv_bc2_sqrt,
         torch_uses_fma(), bool(exact), torch_sqrt()[0] if exact else None, MKL_VML_MODE,
         bool(exact) and mkl_sqrt_inline() and t2.nonnegative,  # v >= 0: no NaN from a negative v
         simd_level() if simd is None else simd,
@@ -431,6 +431,74 @@ def adam8bit_step(
     )
     if status != 0:
         raise RuntimeError(f"cpu kernel rejected its arguments (status {status})")
+
+
+@torch.compiler.disable
+@torch.no_grad()
+def adam8bit_step_many(
+    tensors,
+    qmap1: torch.Tensor,
+    qmap2: torch.Tensor,
+    *,
+    steps,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    blocksize: int,
+    simd: int | None = None,
+    exact: bool = True,
+) -> None:
+    """:func:`adam8bit_step` for several tensors in one call into the kernel.
+
+    ``tensors``: a sequence of ``(p, g, state1, state2, absmax1, absmax2)``, each as
+    :func:`adam8bit_step` takes them; ``steps``: each one's step count. The maps and the other
+    hyperparameters are shared (one parameter group). Every tensor is checked before any is
+    changed (TypeError/ValueError naming the tensor's position); each is then stepped exactly
+    as :func:`adam8bit_step` would step it, bit for bit. What this saves is Python: one call
+    for the group instead of one per tensor (see "Each parameter tensor's own cost" in
+    bench/README.md).
+    """
+    tensors, steps = check_each(tensors, steps, lambda item, step: _check(*item, qmap1, qmap2, blocksize))
+    if not tensors:
+        return
+    lib = load_extension()
+    t1, t2 = code_table(qmap1, keep_sign=True), code_table(qmap2, keep_sign=True)
+    grads = [g.float() if g.dtype != p.dtype and g.dtype != torch.float32 else g for p, g, *_ in tensors]  # kept alive
+    count = len(tensors)
+    pointers = [(ctypes.c_void_p * count)(*(t.data_ptr() for t in column))
+                for column in zip(*((item[0], grad, *item[2:]) for item, grad in zip(tensors, grads)))]
+    scalars = [_scalars(step, lr, beta1, beta2, weight_decay) for step in steps]
+    decay, bc2_sqrt, neg_step, inv_bc2_sqrt = ((ctypes.c_float * count)(*column) for column in zip(*scalars))
+    status = lib.adam8bit_step_cpu_many(
+        count, pointers[0], pointers[1],
+        (ctypes.c_int * count)(*(_DTYPE_CODES[item[0].dtype] for item in tensors)),
+        (ctypes.c_int * count)(*(_DTYPE_CODES[grad.dtype] for grad in grads)),
+        *pointers[2:], (ctypes.c_int64 * count)(*(item[0].numel() for item in tensors)), blocksize,
+        t1.qmap.data_ptr(), t1.raw_steps.data_ptr(), t1.nan_code, t2.qmap.data_ptr(), t2.raw_steps.data_ptr(), t2.nan_code,
+        beta1, 1.0 - beta1, beta2, 1.0 - beta2, decay, bc2_sqrt, eps, neg_step, inv_bc2_sqrt,
+        torch_uses_fma(), bool(exact), torch_sqrt()[0] if exact else None, MKL_VML_MODE,
+        bool(exact) and mkl_sqrt_inline() and t2.nonnegative,
+        simd_level() if simd is None else simd,
+        torch.get_num_threads(),
+    )
+    if status != 0:
+        raise RuntimeError(f"cpu kernel rejected its arguments (status {status})")
+
+
+def _scalars(step: int, lr: float, beta1: float, beta2: float, weight_decay: float) -> tuple[float, float, float, float]:
+    """(decay, sqrt(1 - beta2^t), -step_size, 1/sqrt(1 - beta2^t)) as the reference computes them
+    (Python floats; ctypes rounds each to fp32 once, as torch rounds its kernels' scalars)."""
+    bias_correction2_sqrt = math.sqrt(1.0 - beta2**step)
+    decay = 1.0 - lr * weight_decay if weight_decay != 0 else 1.0  # p * 1.0 == p: no decay
+    return decay, bias_correction2_sqrt, -(lr / (1.0 - beta1**step)), 1.0 / bias_correction2_sqrt
+
+
+def adam8bit_step_many_fast(*args, **kwargs) -> None:
+    """The ``"cpu_fast"`` backend's :func:`adam8bit_step_many` (``exact=False``)."""
+    kwargs.pop("exact", None)
+    adam8bit_step_many(*args, exact=False, **kwargs)
 
 
 def adam8bit_step_fast(*args, **kwargs) -> None:
@@ -444,5 +512,5 @@ try:  # can this torch build's rounding be reproduced? (else the backend stays o
     torch_uses_fma(), torch_sqrt()
 except ImportError as exc:
     _unavailable = _unavailable or str(exc)
-register_backend("cpu", adam8bit_step, supports)
-register_backend("cpu_fast", adam8bit_step_fast, supports)
+register_backend("cpu", adam8bit_step, supports, step_many=adam8bit_step_many)
+register_backend("cpu_fast", adam8bit_step_fast, supports, step_many=adam8bit_step_many_fast)

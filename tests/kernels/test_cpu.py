@@ -440,6 +440,97 @@ def test_runs_of_blocks_taken_by_whichever_thread_is_free(exact):
     assert bool(((got["3 threads"][0] != p0) | ~torch.isfinite(g)).all())  # every element was stepped
 
 
+# ------------------------------------------------------------------------------ many tensors, one call
+def _many_problem(seed):
+    """Five tensors of different sizes, dtypes and step counts, a NaN in one gradient."""
+    gen = torch.Generator().manual_seed(seed)
+    specs = [(1, torch.float32, torch.float32, 1), (255, torch.bfloat16, torch.float32, 3),
+             (4096, torch.float16, torch.float16, 2), (70_001, torch.float32, torch.float32, 5),
+             (300_000, torch.bfloat16, torch.bfloat16, 1)]
+    tensors, steps = [], []
+    for n, p_dtype, g_dtype, step in specs:
+        g = _gradient(n, torch.float32, gen, bad=False).to(g_dtype)
+        if n > 1000:
+            g[n // 3] = float("nan")
+        p = torch.randn(n, generator=gen).to(p_dtype)
+        states = _fresh_states(n, 256)
+        states[0] = torch.randint(0, 256, (n,), generator=gen, dtype=torch.uint8)  # some history
+        states[2] = torch.rand(states[2].numel(), generator=gen)
+        tensors.append((p, g, *states))
+        steps.append(step)
+    return tensors, steps
+
+
+@pytest.mark.parametrize("exact", [True, False], ids=["cpu", "cpu_fast"])
+def test_many_tensors_in_one_call_step_like_one_call_each(exact):
+    """adam8bit_step_many (what the optimizer uses for a parameter group) against one
+    adam8bit_step per tensor: the same parameters, codes and scales bit for bit, whatever the
+    sizes (1 element to several runs), dtypes (fp32, bf16 with fp32 or bf16 gradients, fp16)
+    and step counts; the exact mode also against the reference."""
+    hyper = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, blocksize=256)
+    many, steps = _many_problem(1)
+    one = [tuple(t.clone() for t in item) for item in many]
+    ref = [tuple(t.clone() for t in item) for item in many]
+    cpu.adam8bit_step_many(many, QMAP1, QMAP2, steps=steps, exact=exact, **hyper)
+    for i, (item, step) in enumerate(zip(one, steps)):
+        cpu.adam8bit_step(*item, QMAP1, QMAP2, step=step, exact=exact, **hyper)
+        _assert_same([item[0], *item[2:]], [many[i][0], *many[i][2:]], f"tensor {i}")
+        if exact:
+            reference.adam8bit_step(*ref[i], QMAP1, QMAP2, step=step, **hyper)
+            _assert_same([ref[i][0], *ref[i][2:]], [many[i][0], *many[i][2:]], f"tensor {i} vs reference")
+    assert all(not torch.equal(a[0], b[0]) for a, b in zip(many, _many_problem(1)[0]))  # all were stepped
+
+
+def test_many_tensors_are_all_checked_before_any_changes():
+    hyper = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, blocksize=256)
+    tensors, steps = _many_problem(2)
+    before = [tuple(t.clone() for t in item) for item in tensors]
+    bad = list(tensors)
+    bad[3] = (*tensors[3][:4], torch.zeros(5), tensors[3][5])
+    for call, error, message in [
+        (lambda: cpu.adam8bit_step_many(bad, QMAP1, QMAP2, steps=steps, **hyper), ValueError,
+         r"tensor 3 of 5: absmax1 must have 274 elements"),
+        (lambda: cpu.adam8bit_step_many(tensors, QMAP1, QMAP2, steps=[1, 2, 0, 1, 1], **hyper), ValueError,
+         r"tensor 2 of 5: step must be an int >= 1"),
+        (lambda: cpu.adam8bit_step_many(tensors, QMAP1, QMAP2, steps=steps[:4], **hyper), ValueError,
+         "one step count per tensor"),
+        (lambda: cpu.adam8bit_step_many(tensors[:2] + [tensors[2][:5]], QMAP1, QMAP2, steps=steps[:3], **hyper),
+         TypeError, r"tensor 2 of 3: each entry must be"),
+        (lambda: kernels.adam8bit_step_many(bad, QMAP1, QMAP2, steps=steps, backend="cpu", **hyper), ValueError,
+         r"tensor 3 of 5: absmax1 must have 274 elements"),
+    ]:
+        with pytest.raises(error, match=message):
+            call()
+        for item, saved in zip(tensors, before):
+            assert all(torch.equal(a, b) or (a.isnan() == b.isnan()).all() for a, b in zip(item, saved))
+    cpu.adam8bit_step_many([], QMAP1, QMAP2, steps=[], **hyper)  # nothing to do
+
+
+def test_the_dispatcher_steps_many_tensors_with_any_backend(monkeypatch):
+    """kernels.adam8bit_step_many: the cpu backends take the whole list in one call; a backend
+    without a step_many (the reference) is called once per tensor: the same results."""
+    hyper = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, blocksize=256)
+    calls = []
+
+    class Counting:  # the loaded library, noting which entry points Python calls
+        def __init__(self, lib):
+            self.lib = lib
+
+        def __getattr__(self, name):
+            calls.append(name)
+            return getattr(self.lib, name)
+
+    monkeypatch.setattr(cpu, "_extension", Counting(cpu.load_extension()))
+    got, steps = _many_problem(3)
+    ref = [tuple(t.clone() for t in item) for item in got]
+    kernels.adam8bit_step_many(got, QMAP1, QMAP2, steps=steps, backend="cpu", **hyper)
+    steps_called = [name for name in calls if name.startswith("adam8bit_step")]
+    assert steps_called == ["adam8bit_step_cpu_many"], calls  # one call into the kernel for the five tensors
+    kernels.adam8bit_step_many(ref, QMAP1, QMAP2, steps=steps, backend="torch", **hyper)
+    for i, (a, b) in enumerate(zip(ref, got)):
+        _assert_same([a[0], *a[2:]], [b[0], *b[2:]], f"tensor {i}")
+
+
 # ------------------------------------------------------------------------------ the fast mode
 @pytest.mark.parametrize("simd", SIMD_LEVELS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

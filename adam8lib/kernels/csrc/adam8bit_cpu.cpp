@@ -894,3 +894,32 @@ extern "C" int adam8bit_step_cpu(void* p, const void* g, int p_dtype, int g_dtyp
      std::max(1, threads));
   return 0;
 }
+
+// The same step for `count` tensors in one call (an optimizer's parameter group, so that Python
+// is crossed once per group instead of once per tensor). Entry i of each array belongs to tensor
+// i; decay, bc2_sqrt, neg_step_size and inv_bc2_sqrt are per tensor because they depend on its
+// step count. The arguments of every tensor are checked before any tensor is changed; each
+// tensor is then stepped exactly as adam8bit_step_cpu steps it. Returns 0, or -(1 + i) if
+// tensor i has an unsupported dtype (nothing changed).
+extern "C" int adam8bit_step_cpu_many(int64_t count, void* const* p, const void* const* g, const int* p_dtype,
+                                      const int* g_dtype, uint8_t* const* state1, uint8_t* const* state2,
+                                      float* const* absmax1, float* const* absmax2, const int64_t* n,
+                                      int64_t blocksize, const float* qmap1, const int32_t* steps1, int nan_code1,
+                                      const float* qmap2, const int32_t* steps2, int nan_code2, float beta1,
+                                      float one_minus_beta1, float beta2, float one_minus_beta2, const float* decay,
+                                      const float* bc2_sqrt, float eps, const float* neg_step_size,
+                                      const float* inv_bc2_sqrt, int fused, int exact, void* mkl_sqrt,
+                                      int64_t mkl_sqrt_mode, int mkl_sqrt_inline, int simd, int threads) {
+  if (blocksize <= 0 || blocksize > kMaxBlocksize) return -1;
+  for (int64_t i = 0; i < count; ++i) {
+    const bool known = p_dtype[i] == kFloat32 || p_dtype[i] == kBFloat16 || p_dtype[i] == kFloat16;
+    if (!known || (g_dtype[i] != p_dtype[i] && g_dtype[i] != kFloat32)) return static_cast<int>(-(1 + i));
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    adam8bit_step_cpu(p[i], g[i], p_dtype[i], g_dtype[i], state1[i], state2[i], absmax1[i], absmax2[i], n[i], blocksize,
+                      qmap1, steps1, nan_code1, qmap2, steps2, nan_code2, beta1, one_minus_beta1, beta2,
+                      one_minus_beta2, decay[i], bc2_sqrt[i], eps, neg_step_size[i], inv_bc2_sqrt[i], fused, exact,
+                      mkl_sqrt, mkl_sqrt_mode, mkl_sqrt_inline, simd, threads);
+  }
+  return 0;
+}
