@@ -38,6 +38,7 @@ __all__ = ["check_plain_tensor", "check_step_args", "check_each", "checked_for_b
 #: Parameter dtypes every backend accepts.
 PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+_STRIDED = torch.strided
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
@@ -137,13 +138,17 @@ def check_step_args(
         if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 1):
             raise ValueError(f"step must be an int >= 1, got {step!r}")
         return  # checked by the dispatcher a moment ago (see checked_for_backend)
-    tensors = dict(p=p, g=g, state1=state1, state2=state2, absmax1=absmax1, absmax2=absmax2, qmap1=qmap1, qmap2=qmap2)
-    for name, t in tensors.items():
-        check_plain_tensor(t, name)
-    for name, t in tensors.items():
-        if t.device != p.device:
-            raise ValueError(f"{name} is on {t.device} but p is on {p.device}; all tensors must share one device")
-        if t.dim() != 1 or not t.is_contiguous():
+    tensors = (("p", p), ("g", g), ("state1", state1), ("state2", state2), ("absmax1", absmax1),
+               ("absmax2", absmax2), ("qmap1", qmap1), ("qmap2", qmap2))
+    for name, t in tensors:
+        # the usual case in a few cheap attribute reads; anything else gets check_plain_tensor's verdict
+        if type(t) not in _PLAIN_TYPES or t.layout is not _STRIDED or t.is_quantized or t.is_nested or t.is_meta:
+            check_plain_tensor(t, name)
+    device = p.device
+    for name, t in tensors:
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device} but p is on {device}; all tensors must share one device")
+        if t.ndim != 1 or not t.is_contiguous():
             raise ValueError(
                 f"{name} must be a flat contiguous 1-D tensor (backends update flat memory in place), "
                 f"got shape {tuple(t.shape)} with strides {t.stride()}"

@@ -145,16 +145,16 @@ def test_the_dispatcher_checks_once_and_a_direct_backend_call_still_checks(backe
     backend checks everything itself, and a failing call leaves nothing behind."""
     from adam8lib.kernels import contract
 
-    calls = []
-    real = contract.check_plain_tensor
-    monkeypatch.setattr(contract, "check_plain_tensor", lambda t, name: (calls.append(name), real(t, name)))
+    calls = []  # one entry per full check (the check of the blocksize is part of it, and only of it)
+    real = contract.check_blocksize
+    monkeypatch.setattr(contract, "check_blocksize", lambda b: (calls.append(b), real(b)))
     step = kernels.get_backend(backend, "cpu").step
     args = step_args()
     kernels.adam8bit_step(**args, **HYPER, backend=backend)
-    assert len(calls) == 8, calls  # the eight tensors, once
+    assert len(calls) == 1, calls  # the dispatcher's, not again in the backend
     calls.clear()
     step(**args, **HYPER)
-    assert len(calls) == 8, calls  # called directly: its own full check
+    assert len(calls) == 1, calls  # called directly: its own full check
     bad = {**args, "absmax1": torch.zeros(3)}
     with pytest.raises(ValueError, match="absmax1 must have 4"):
         step(**bad, **HYPER)
@@ -166,7 +166,7 @@ def test_the_dispatcher_checks_once_and_a_direct_backend_call_still_checks(backe
         kernels.adam8bit_step(**args, **HYPER, backend=backend)
     calls.clear()
     check_step_args(*args.values(), blocksize=256)
-    assert len(calls) == 8, calls
+    assert len(calls) == 1, calls
 
 
 def _raise(*args, **kwargs):
