@@ -133,6 +133,10 @@ def main(argv: list[str] | None = None) -> None:
     if dist.get_rank() == 0:
         result = {"world_size": dist.get_world_size(), "width": args.width, "depth": args.depth, "ranks": gathered}
         args.out.write_text(json.dumps(result, indent=1))
+    # both ranks reach the teardown together: a rank that destroys its group and exits while the
+    # other is still writing can leave gloo's connection threads to abort the other process
+    # ("terminate called without an active exception", seen once in CI)
+    dist.barrier()
     dist.destroy_process_group()
 
 
