@@ -242,7 +242,7 @@ class Adam8bit(torch.optim.Optimizer):
 
     def _step_8bit_many(self, group: dict[str, Any], entries: list[tuple[torch.Tensor, torch.Tensor, dict]]) -> None:
         """The 8-bit update of several (non-empty) parameters of one group on one device, in one
-        call of :func:`adam8lib.kernels.adam8bit_step_many`; the same as :meth:`_step_8bit` on each."""
+        call of :func:`adam8lib.kernels.adam8bit_step_many`, each stepped as if on its own."""
         beta1, beta2 = group["betas"]
         tensors, copies = [], []
         for p, grad, state in entries:
@@ -263,21 +263,9 @@ class Adam8bit(torch.optim.Optimizer):
             p.copy_(flat.view(p.shape))
 
     def _step_8bit(self, group: dict[str, Any], p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any]) -> None:
-        beta1, beta2 = group["betas"]
-        if p.numel() == 0:
-            return  # an empty shard (more ranks than rows): nothing to update here
-        flat = p.view(-1) if p.is_contiguous() else p.contiguous().view(-1)
-        grad = grad.reshape(-1)
-        if not grad.is_contiguous():
-            grad = grad.contiguous()
-        qmap1, qmap2 = self._maps(p.device)
-        kernels.adam8bit_step(
-            flat, grad, state["state1"], state["state2"], state["absmax1"], state["absmax2"], qmap1, qmap2,
-            step=state["step"], lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-            weight_decay=group["weight_decay"], blocksize=group["blocksize"], backend=self.backend,
-        )
-        if not p.is_contiguous():  # we worked on a contiguous copy: write it back
-            p.copy_(flat.view(p.shape))
+        """The 8-bit update of one parameter (what a subclass overrides to change the step)."""
+        if p.numel():  # an empty shard (more ranks than rows): nothing to update here
+            self._step_8bit_many(group, [(p, grad, state)])
 
     def _step_32bit(self, group: dict[str, Any], p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any]) -> None:
         """fp32 states for small tensors: the reference's fp32 update, non-finite rule included."""

@@ -33,7 +33,7 @@ import torch
 
 from ..quant import check_blocksize, num_blocks
 
-__all__ = ["check_plain_tensor", "check_step_args", "check_each", "checked_for_backend", "PARAM_DTYPES"]
+__all__ = ["check_plain_tensor", "check_step", "check_step_args", "check_each", "checked_for_backend", "PARAM_DTYPES"]
 
 #: Parameter dtypes every backend accepts.
 PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -79,6 +79,12 @@ def check_plain_tensor(t: object, name: str) -> None:
         )
 
 
+def check_step(step: object) -> None:
+    """ValueError unless ``step`` (a step count) is an int >= 1 (a bool is not)."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        raise ValueError(f"step must be an int >= 1, got {step!r}")
+
+
 def check_each(tensors, steps, check) -> tuple[list, list]:
     """The arguments of a many-tensor step: ``tensors`` as lists of ``(p, g, state1, state2,
     absmax1, absmax2)``, one step count each in ``steps``; ``check(item, step)`` raises for a bad
@@ -90,8 +96,7 @@ def check_each(tensors, steps, check) -> tuple[list, list]:
         try:
             if not isinstance(item, (tuple, list)) or len(item) != 6:
                 raise TypeError("each entry must be (p, g, state1, state2, absmax1, absmax2)")
-            if isinstance(step, bool) or not isinstance(step, int) or step < 1:
-                raise ValueError(f"step must be an int >= 1, got {step!r}")
+            check_step(step)
             check(item, step)
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"tensor {i} of {len(tensors)}: {exc}") from None
@@ -135,8 +140,8 @@ def check_step_args(
     """
     keys = getattr(_just_checked, "keys", None)
     if keys and (tuple(map(id, (p, g, state1, state2, absmax1, absmax2, qmap1, qmap2))), blocksize) in keys:
-        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 1):
-            raise ValueError(f"step must be an int >= 1, got {step!r}")
+        if step is not None:
+            check_step(step)
         return  # checked by the dispatcher a moment ago (see checked_for_backend)
     tensors = (("p", p), ("g", g), ("state1", state1), ("state2", state2), ("absmax1", absmax1),
                ("absmax2", absmax2), ("qmap1", qmap1), ("qmap2", qmap2))
@@ -154,8 +159,8 @@ def check_step_args(
                 f"got shape {tuple(t.shape)} with strides {t.stride()}"
             )
     check_blocksize(blocksize)
-    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 1):
-        raise ValueError(f"step must be an int >= 1, got {step!r}")
+    if step is not None:
+        check_step(step)
     if p.dtype not in PARAM_DTYPES:
         raise TypeError(f"p must be fp32, bf16 or fp16, got {p.dtype}")
     if not g.is_floating_point():

@@ -73,7 +73,7 @@ import torch
 
 from ..quant import num_blocks
 from . import register_backend
-from .contract import check_each, check_step_args
+from .contract import check_each, check_step, check_step_args
 from .code_table import BUCKET_BITS, CodeTable, cache_root, code_table  # noqa: F401 (re-exported)
 
 __all__ = ["adam8bit_step", "adam8bit_step_fast", "adam8bit_step_many", "code_table", "CodeTable", "torch_uses_fma", "load_extension",
@@ -411,23 +411,16 @@ def adam8bit_step(
     always sees real tensors; every scalar goes to C by value.
     """
     _check(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, blocksize)
-    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
-        raise ValueError(f"step must be an int >= 1, got {step!r}")
+    check_step(step)
     lib = load_extension()
-    # both states keep their signs when requantized, as in the reference
-    t1, t2 = code_table(qmap1, keep_sign=True), code_table(qmap2, keep_sign=True)
-    if g.dtype != p.dtype and g.dtype != torch.float32:
-        g = g.float()  # exact for bf16/fp16; fp64 grads round as the reference's g.float() does
+    tables, maps, modes = _shared_args(qmap1, qmap2, exact, simd)  # (tables: kept alive for the call)
+    g = _kernel_grad(p, g)
     decay, bias_correction2_sqrt, neg_step_size, inv_bc2_sqrt = _scalars(step, lr, beta1, beta2, weight_decay)
     status = lib.adam8bit_step_cpu(
         p.data_ptr(), g.data_ptr(), _DTYPE_CODES[p.dtype], _DTYPE_CODES[g.dtype],
-        state1.data_ptr(), state2.data_ptr(), absmax1.data_ptr(), absmax2.data_ptr(), p.numel(), blocksize,
-        t1.qmap.data_ptr(), t1.raw_steps.data_ptr(), t1.nan_code, t2.qmap.data_ptr(), t2.raw_steps.data_ptr(), t2.nan_code,
+        state1.data_ptr(), state2.data_ptr(), absmax1.data_ptr(), absmax2.data_ptr(), p.numel(), blocksize, *maps,
         beta1, 1.0 - beta1, beta2, 1.0 - beta2, decay, bias_correction2_sqrt, eps, neg_step_size, inv_bc2_sqrt,
-        torch_uses_fma(), bool(exact), torch_sqrt()[0] if exact else None, MKL_VML_MODE,
-        bool(exact) and mkl_sqrt_inline() and t2.nonnegative,  # v >= 0: no NaN from a negative v
-        simd_level() if simd is None else simd,
-        torch.get_num_threads(),
+        *modes,
     )
     if status != 0:
         raise RuntimeError(f"cpu kernel rejected its arguments (status {status})")
@@ -464,8 +457,8 @@ def adam8bit_step_many(
     if not tensors:
         return
     lib = load_extension()
-    t1, t2 = code_table(qmap1, keep_sign=True), code_table(qmap2, keep_sign=True)
-    grads = [g.float() if g.dtype != p.dtype and g.dtype != torch.float32 else g for p, g, *_ in tensors]  # kept alive
+    tables, maps, modes = _shared_args(qmap1, qmap2, exact, simd)  # (tables: kept alive for the call)
+    grads = [_kernel_grad(p, g) for p, g, *_ in tensors]  # (kept alive for the call)
     count = len(tensors)
     pointers = [(ctypes.c_void_p * count)(*(t.data_ptr() for t in column))
                 for column in zip(*((item[0], grad, *item[2:]) for item, grad in zip(tensors, grads)))]
@@ -475,16 +468,31 @@ def adam8bit_step_many(
         count, pointers[0], pointers[1],
         (ctypes.c_int * count)(*(_DTYPE_CODES[item[0].dtype] for item in tensors)),
         (ctypes.c_int * count)(*(_DTYPE_CODES[grad.dtype] for grad in grads)),
-        *pointers[2:], (ctypes.c_int64 * count)(*(item[0].numel() for item in tensors)), blocksize,
-        t1.qmap.data_ptr(), t1.raw_steps.data_ptr(), t1.nan_code, t2.qmap.data_ptr(), t2.raw_steps.data_ptr(), t2.nan_code,
-        beta1, 1.0 - beta1, beta2, 1.0 - beta2, decay, bc2_sqrt, eps, neg_step, inv_bc2_sqrt,
-        torch_uses_fma(), bool(exact), torch_sqrt()[0] if exact else None, MKL_VML_MODE,
-        bool(exact) and mkl_sqrt_inline() and t2.nonnegative,
-        simd_level() if simd is None else simd,
-        torch.get_num_threads(),
+        *pointers[2:], (ctypes.c_int64 * count)(*(item[0].numel() for item in tensors)), blocksize, *maps,
+        beta1, 1.0 - beta1, beta2, 1.0 - beta2, decay, bc2_sqrt, eps, neg_step, inv_bc2_sqrt, *modes,
     )
     if status != 0:
         raise RuntimeError(f"cpu kernel rejected its arguments (status {status})")
+
+
+def _kernel_grad(p: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """The gradient as the kernel reads it: p's dtype or fp32 (exact for bf16/fp16; fp64 grads
+    round as the reference's ``g.float()`` does)."""
+    return g.float() if g.dtype != p.dtype and g.dtype != torch.float32 else g
+
+
+def _shared_args(qmap1: torch.Tensor, qmap2: torch.Tensor, exact: bool, simd: int | None) -> tuple[tuple, tuple, tuple]:
+    """The kernel arguments every call shares: the two maps with their nearest-code tables (both
+    states keep their signs when requantized, as in the reference), and the rounding, sqrt and
+    loop choices that follow the last scalar. Returns ``(tables, map arguments, mode arguments)``;
+    the caller holds ``tables`` until the kernel returns (the pointers are into them)."""
+    t1, t2 = code_table(qmap1, keep_sign=True), code_table(qmap2, keep_sign=True)
+    maps = (t1.qmap.data_ptr(), t1.raw_steps.data_ptr(), t1.nan_code, t2.qmap.data_ptr(), t2.raw_steps.data_ptr(),
+            t2.nan_code)
+    modes = (torch_uses_fma(), bool(exact), torch_sqrt()[0] if exact else None, MKL_VML_MODE,
+             bool(exact) and mkl_sqrt_inline() and t2.nonnegative,  # v >= 0: no NaN from a negative v
+             simd_level() if simd is None else simd, torch.get_num_threads())
+    return (t1, t2), maps, modes
 
 
 def _scalars(step: int, lr: float, beta1: float, beta2: float, weight_decay: float) -> tuple[float, float, float, float]:

@@ -76,7 +76,7 @@ import triton.language as tl
 from collections import OrderedDict
 
 from . import register_backend
-from .contract import check_step_args
+from .contract import check_step, check_step_args
 from .code_table import code_table
 from ..quant import check_blocksize, check_code, check_dequantize_inputs, num_blocks, require_float
 
@@ -410,8 +410,7 @@ def adam8bit_step_triton(
     check_blocksize(blocksize)
     n = p.numel()
     _check_step_tensors(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, n, blocksize)
-    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
-        raise ValueError(f"step must be an int >= 1, got {step!r}")
+    check_step(step)
     _check_runnable(p.device)
     if n == 0:
         return

@@ -825,6 +825,14 @@ StepFn pick(bool fused, bool exact) {
 // dtype codes shared with cpu.py
 enum : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 
+namespace {
+// the dtype pairs the loops are built for: p fp32, bf16 or fp16, g of p's dtype or fp32
+bool supported_dtypes(int p_dtype, int g_dtype) {
+  const bool known = p_dtype == kFloat32 || p_dtype == kBFloat16 || p_dtype == kFloat16;
+  return known && (g_dtype == p_dtype || g_dtype == kFloat32);
+}
+}  // namespace
+
 // the widest SIMD loops in this build: 0 none (scalar only), 1 AVX2, 2 AVX-512
 extern "C" int adam8bit_cpu_simd_level() { return kBestSimd; }
 // MKL's AVX-512 sqrt computed inline (mkl_sqrt16) on n floats; -1 if this build has no AVX-512
@@ -862,7 +870,7 @@ extern "C" int adam8bit_step_cpu(void* p, const void* g, int p_dtype, int g_dtyp
                                  float beta2, float one_minus_beta2, float decay, float bc2_sqrt, float eps,
                                  float neg_step_size, float inv_bc2_sqrt, int fused, int exact, void* mkl_sqrt,
                                  int64_t mkl_sqrt_mode, int mkl_sqrt_inline, int simd, int threads) {
-  if (blocksize <= 0 || blocksize > kMaxBlocksize || (g_dtype != p_dtype && g_dtype != kFloat32)) return -1;
+  if (blocksize <= 0 || blocksize > kMaxBlocksize || !supported_dtypes(p_dtype, g_dtype)) return -1;
   Maps maps{CodeTable{qmap1, steps1, nan_code1}, CodeTable{qmap2, steps2, nan_code2}
 #if ADAM8_AVX512
             , nullptr, nullptr
@@ -912,8 +920,7 @@ extern "C" int adam8bit_step_cpu_many(int64_t count, void* const* p, const void*
                                       int64_t mkl_sqrt_mode, int mkl_sqrt_inline, int simd, int threads) {
   if (blocksize <= 0 || blocksize > kMaxBlocksize) return -1;
   for (int64_t i = 0; i < count; ++i) {
-    const bool known = p_dtype[i] == kFloat32 || p_dtype[i] == kBFloat16 || p_dtype[i] == kFloat16;
-    if (!known || (g_dtype[i] != p_dtype[i] && g_dtype[i] != kFloat32)) return static_cast<int>(-(1 + i));
+    if (!supported_dtypes(p_dtype[i], g_dtype[i])) return static_cast<int>(-(1 + i));
   }
   for (int64_t i = 0; i < count; ++i) {
     adam8bit_step_cpu(p[i], g[i], p_dtype[i], g_dtype[i], state1[i], state2[i], absmax1[i], absmax2[i], n[i], blocksize,
