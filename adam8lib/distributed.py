@@ -37,8 +37,9 @@ documented reshard tolerance, see :func:`reshard_tolerance`).
 from __future__ import annotations
 
 import math
+import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -47,7 +48,7 @@ from .quant import dequantize_blocks, num_blocks, quantize_blocks
 __all__ = [
     "is_dtensor", "local_tensor", "local_param_and_grad", "shard_ranges", "local_range",
     "to_checkpoint_state", "to_local_state", "reshard_tolerance",
-    "save_checkpoint", "load_checkpoint",
+    "save_checkpoint", "load_checkpoint", "end_rank",
 ]
 
 _CODES = (("state1", "absmax1"), ("state2", "absmax2"))
@@ -326,3 +327,27 @@ def _fit_to_saved(target: dict, metadata: dict, tensor_md: type, prefix: str = "
                         f"checkpoint entry {name!r} has shape {tuple(md.size)}, this run has {tuple(value.shape)}"
                     )
                 target[key] = torch.empty(tuple(md.size), dtype=md.properties.dtype, device=local_tensor(value).device)
+
+
+# ---------------------------------------------------------------------- the end of a rank
+def end_rank(exit_code: int = 0) -> NoReturn:
+    """End this rank's process once every rank is done: barrier, destroy the process group,
+    flush stdout/stderr, then ``os._exit(exit_code)``.
+
+    For worker scripts (one process per rank, e.g. under ``torchrun``), as their last call.
+    ``os._exit`` skips the interpreter's teardown. With gloo on the CPU (torch 2.13), that
+    teardown sometimes aborts a rank *after* all its work is done ("terminate called without
+    an active exception", SIGABRT, no Python frame left): one rank in a few under a loaded
+    machine, which fails a ``torchrun`` job whose results were already written. Every
+    collective has finished when the barrier returns, and files written with ``open``/``Path``
+    are closed by then, so nothing is lost by skipping the teardown; only ``atexit`` handlers do
+    not run. Without an initialized process group it just flushes and exits.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)

@@ -294,8 +294,46 @@ def test_dtensor_with_plain_gradient_is_a_clear_error_not_a_crash(crash_run):
 
 
 def test_dtensor_at_the_kernel_boundary_is_a_clear_error_not_a_crash(crash_run):
-    """The backend contract check (adam8lib/kernels/contract.py, another branch) makes the
-    default C++ backend refuse a DTensor; until it is merged this test is skipped."""
-    pytest.importorskip("adam8lib.kernels.contract")
+    """The backend contract check (adam8lib/kernels/contract.py) makes the default C++ backend
+    refuse a DTensor."""
     assert crash_run.returncode == 0, crash_run.stderr[-3000:]
     assert "kernel: TypeError" in crash_run.stdout or "kernel: ValueError" in crash_run.stdout, crash_run.stdout
+
+
+END_RANK = textwrap.dedent("""
+    import atexit, sys, time
+    import torch.distributed as dist
+    from adam8lib.distributed import end_rank
+    rank, port, mark = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    if rank >= 0:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    if rank == 1:
+        time.sleep(1.5)  # rank 0 reaches end_rank first and must wait for this rank
+        open(mark, "w").close()
+    atexit.register(lambda: print(" atexit ran"))
+    print(f"rank {rank} done", end="")  # no newline: a pipe's buffer, lost unless flushed
+    end_rank(3 + rank)
+""")
+# stdout block-buffered (as in a torchrun worker writing to a pipe), so a missing flush shows
+BUFFERED = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+
+
+def test_end_rank_waits_for_every_rank_flushes_and_exits_with_its_code(tmp_path):
+    """adam8lib.distributed.end_rank: rank 0 exits only after rank 1 has done its work (the
+    barrier), both outputs arrive (the flush), each exit code is the one asked for, and the
+    interpreter's teardown (here an atexit handler) is skipped."""
+    port, mark = str(worker.free_port()), str(tmp_path / "rank1_was_here")
+    procs = [subprocess.Popen([sys.executable, "-c", END_RANK, str(r), port, mark], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=BUFFERED) for r in (0, 1)]
+    out0, err0 = procs[0].communicate(timeout=120)
+    rank1_done_before_rank0_left = Path(mark).exists()
+    out1, err1 = procs[1].communicate(timeout=120)
+    assert (procs[0].returncode, procs[1].returncode) == (3, 4), err0[-2000:] + err1[-2000:]
+    assert rank1_done_before_rank0_left
+    assert (out0, out1) == ("rank 0 done", "rank 1 done")
+
+
+def test_end_rank_without_a_process_group_flushes_and_exits():
+    proc = subprocess.run([sys.executable, "-c", END_RANK, "-1", "0", "unused"], capture_output=True, text=True,
+                          timeout=120, env=BUFFERED)
+    assert (proc.returncode, proc.stdout) == (2, "rank -1 done"), proc.stderr[-2000:]

@@ -116,7 +116,11 @@ def _measure(strategy: str, optimizer: str, width: int, depth: int, steps: int) 
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of each rank (under torchrun): measure every strategy × optimizer, rank 0 writes JSON."""
+    """Each rank's work (under torchrun): measure every strategy × optimizer, rank 0 writes JSON.
+
+    Run as ``python -m adam8lib.course.at_scale``, the rank then ends with
+    :func:`adam8lib.distributed.end_rank`.
+    """
     import torch.distributed as dist
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -133,11 +137,6 @@ def main(argv: list[str] | None = None) -> None:
     if dist.get_rank() == 0:
         result = {"world_size": dist.get_world_size(), "width": args.width, "depth": args.depth, "ranks": gathered}
         args.out.write_text(json.dumps(result, indent=1))
-    # both ranks reach the teardown together: a rank that destroys its group and exits while the
-    # other is still writing can leave gloo's connection threads to abort the other process
-    # ("terminate called without an active exception", seen once in CI)
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 def run(world_size: int, out: str | Path, *, width: int = 1024, depth: int = 4, steps: int = 3,
@@ -167,4 +166,7 @@ def _free_port() -> int:
 
 
 if __name__ == "__main__":
+    from ..distributed import end_rank
+
     main()
+    end_rank()  # barrier, destroy the group, exit without the teardown that can abort a gloo rank
