@@ -762,63 +762,132 @@ void step_pipelined(P* p, const G* g, uint8_t* s1, uint8_t* s2, float* absmax1, 
 }
 #endif
 
-// ---- all tiles, over OpenMP threads -----------------------------------------------------------
-template <typename P, typename G, bool Fused, bool Exact>
-void step_all(void* p_ptr, const void* g_ptr, uint8_t* s1, uint8_t* s2, float* absmax1, float* absmax2, int64_t n,
-              int64_t blocksize, const Maps& maps, const Hyper& h, const Sqrt& sqrt_of, int simd, int threads) {
-  P* p = static_cast<P*>(p_ptr);
-  const G* g = static_cast<const G*>(g_ptr);
-  const int64_t blocks_per_tile = std::max<int64_t>(1, kTile / blocksize);
-  const int64_t tile = blocks_per_tile * blocksize;
-  const int64_t tiles = (n + tile - 1) / tile;
-  // small tensors stay on this thread (starting a parallel region costs microseconds)
-  const int team = n < (int64_t{1} << 15) ? 1 : threads;
+// ---- one step as items, over OpenMP threads --------------------------------------------------
+// One tensor's arguments (its hyperparameters depend on its own step count).
+struct TensorArgs {
+  void* p;
+  const void* g;
+  uint8_t* s1;
+  uint8_t* s2;
+  float* absmax1;
+  float* absmax2;
+  int64_t n;
+  Hyper h;
+};
+
+// What the whole call shares: the block size, the maps, the sqrt, the SIMD level.
+struct Shared {
+  int64_t blocksize;
+  const Maps* maps;
+  Sqrt sqrt_of;
+  int simd;
+};
+
+// Whether a tensor's blocks go through step_pipelined (else through tiles: step_tile).
+inline bool pipelined(const Shared& sh, bool exact) {
 #if ADAM8_AVX512 && defined(__AVX512VBMI__)
-  if (simd == kAvx512 && blocksize % 64 == 0 && (!Exact || sqrt_of.mkl_inline)) {
-    // runs of kRun elements (whole blocks), each pipelined; one more item for a partial last block
-    const int64_t whole = n / blocksize;
-    // (smaller runs for smaller tensors: at least four per thread when there are enough blocks)
-    const int64_t per_run = std::max<int64_t>(1, std::min(kRun / blocksize, (whole + 4 * team - 1) / (4 * team)));
-    const int64_t runs = (whole + per_run - 1) / per_run;
-    const int64_t start = whole * blocksize;
-#pragma omp parallel num_threads(team)
-    {
-      Buffers buf[2];
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t r = 0; r <= runs; ++r) {
-        if (r < runs) {
-          step_pipelined<P, G, Fused, Exact>(p, g, s1, s2, absmax1, absmax2, r * per_run,
-                                             std::min(whole, (r + 1) * per_run), blocksize, maps, h, sqrt_of, buf);
-        } else if (start < n) {
-          step_tile<P, G, Fused, Exact>(p + start, g + start, s1 + start, s2 + start, absmax1 + whole,
-                                        absmax2 + whole, n - start, blocksize, maps, h, sqrt_of, buf[0], simd);
-        }
-      }
+  return sh.simd == kAvx512 && sh.blocksize % 64 == 0 && (!exact || sh.sqrt_of.mkl_inline);
+#else
+  (void)sh, (void)exact;
+  return false;
+#endif
+}
+
+// A tensor's step cut into `items` pieces that threads take as they become free: runs of
+// `per_item` whole blocks (pipelined) or of `per_item` tiles, and for the pipelined loops one
+// more item for a partial last block. Smaller runs for smaller tensors: at least four per
+// thread when there are enough blocks.
+struct Work {
+  TensorArgs t;
+  bool pipelined;
+  int64_t per_item, items;
+  void (*run)(const TensorArgs&, const Work&, const Shared&, int64_t item, Buffers buf[2]);
+};
+
+template <typename P, typename G, bool Fused, bool Exact>
+void run_item(const TensorArgs& t, const Work& w, const Shared& sh, int64_t item, Buffers buf[2]) {
+  P* p = static_cast<P*>(t.p);
+  const G* g = static_cast<const G*>(t.g);
+  const int64_t bs = sh.blocksize;
+#if ADAM8_AVX512 && defined(__AVX512VBMI__)
+  if (w.pipelined) {
+    const int64_t whole = t.n / bs;
+    const int64_t b0 = item * w.per_item;
+    if (b0 < whole) {
+      step_pipelined<P, G, Fused, Exact>(p, g, t.s1, t.s2, t.absmax1, t.absmax2, b0,
+                                         std::min(whole, b0 + w.per_item), bs, *sh.maps, t.h, sh.sqrt_of, buf);
+    } else {  // the partial last block
+      const int64_t start = whole * bs;
+      step_tile<P, G, Fused, Exact>(p + start, g + start, t.s1 + start, t.s2 + start, t.absmax1 + whole,
+                                    t.absmax2 + whole, t.n - start, bs, *sh.maps, t.h, sh.sqrt_of, buf[0], sh.simd);
     }
     return;
   }
 #endif
-#pragma omp parallel num_threads(team)
-  {
-    Buffers buf;
-#pragma omp for schedule(dynamic, std::max<int64_t>(1, std::min(kRun / tile, tiles / (4 * team))))
-    for (int64_t k = 0; k < tiles; ++k) {
-      const int64_t start = k * tile;
-      step_tile<P, G, Fused, Exact>(p + start, g + start, s1 + start, s2 + start, absmax1 + k * blocks_per_tile,
-                                    absmax2 + k * blocks_per_tile, std::min(tile, n - start), blocksize, maps, h,
-                                    sqrt_of, buf, simd);
-    }
+  const int64_t blocks_per_tile = std::max<int64_t>(1, kTile / bs);
+  const int64_t tile = blocks_per_tile * bs;
+  const int64_t tiles = (t.n + tile - 1) / tile;
+  for (int64_t k = item * w.per_item; k < std::min(tiles, (item + 1) * w.per_item); ++k) {
+    const int64_t start = k * tile;
+    step_tile<P, G, Fused, Exact>(p + start, g + start, t.s1 + start, t.s2 + start, t.absmax1 + k * blocks_per_tile,
+                                  t.absmax2 + k * blocks_per_tile, std::min(tile, t.n - start), bs, *sh.maps, t.h,
+                                  sh.sqrt_of, buf[0], sh.simd);
   }
 }
 
-using StepFn = void (*)(void*, const void*, uint8_t*, uint8_t*, float*, float*, int64_t, int64_t, const Maps&,
-                        const Hyper&, const Sqrt&, int, int);
-
 template <typename P, typename G>
-StepFn pick(bool fused, bool exact) {
-  if (fused) return exact ? step_all<P, G, true, true> : step_all<P, G, true, false>;
-  return exact ? step_all<P, G, false, true> : step_all<P, G, false, false>;
+Work plan(const TensorArgs& t, const Shared& sh, bool fused, bool exact, int team) {
+  Work w{t, pipelined(sh, exact), 1, 0, nullptr};
+  if (fused) {
+    w.run = exact ? run_item<P, G, true, true> : run_item<P, G, true, false>;
+  } else {
+    w.run = exact ? run_item<P, G, false, true> : run_item<P, G, false, false>;
+  }
+  const int64_t bs = sh.blocksize;
+  if (w.pipelined) {
+    const int64_t whole = t.n / bs;
+    w.per_item = std::max<int64_t>(1, std::min(kRun / bs, (whole + 4 * team - 1) / (4 * team)));
+    w.items = (whole + w.per_item - 1) / w.per_item + (whole * bs < t.n ? 1 : 0);
+  } else {
+    const int64_t tile = std::max<int64_t>(1, kTile / bs) * bs;
+    const int64_t tiles = (t.n + tile - 1) / tile;
+    w.per_item = std::max<int64_t>(1, std::min(kRun / tile, tiles / (4 * team)));
+    w.items = (tiles + w.per_item - 1) / w.per_item;
+  }
+  return w;
 }
+
+// Every item of every tensor in one parallel region (one tensor, or a parameter group's):
+// item k of the concatenation is found from `first` (tensor i's items start at first[i]);
+// the dynamic schedule hands items out in increasing order, so each thread's cursor only
+// moves forward.
+void run_all(const Work* works, int64_t count, const Shared& sh, int team) {
+  int64_t total = 0;
+  for (int64_t i = 0; i < count; ++i) total += works[i].items;
+  if (total == 0) return;
+  int64_t small_first[2] = {0, works[0].items};
+  int64_t* first = small_first;
+  int64_t* heap = nullptr;
+  if (count > 1) {
+    first = heap = new int64_t[count + 1];
+    first[0] = 0;
+    for (int64_t i = 0; i < count; ++i) first[i + 1] = first[i] + works[i].items;
+  }
+#pragma omp parallel num_threads(team)
+  {
+    Buffers buf[2];
+    int64_t cur = 0;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t k = 0; k < total; ++k) {
+      while (k >= first[cur + 1]) ++cur;
+      const Work& w = works[cur];
+      w.run(w.t, w, sh, k - first[cur], buf);
+    }
+  }
+  delete[] heap;
+}
+
+using PlanFn = Work (*)(const TensorArgs&, const Shared&, bool, bool, int);
 
 }  // namespace
 
@@ -826,10 +895,17 @@ StepFn pick(bool fused, bool exact) {
 enum : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 
 namespace {
-// the dtype pairs the loops are built for: p fp32, bf16 or fp16, g of p's dtype or fp32
-bool supported_dtypes(int p_dtype, int g_dtype) {
-  const bool known = p_dtype == kFloat32 || p_dtype == kBFloat16 || p_dtype == kFloat16;
-  return known && (g_dtype == p_dtype || g_dtype == kFloat32);
+// the planner for a dtype pair the loops are built for (p fp32, bf16 or fp16; g of p's dtype
+// or fp32), else nullptr
+PlanFn plan_for(int p_dtype, int g_dtype) {
+  const bool same = g_dtype == p_dtype;
+  if (!same && g_dtype != kFloat32) return nullptr;
+  switch (p_dtype) {
+    case kFloat32: return plan<float, float>;
+    case kBFloat16: return same ? plan<BF16, BF16> : plan<BF16, float>;
+    case kFloat16: return same ? plan<_Float16, _Float16> : plan<_Float16, float>;
+    default: return nullptr;
+  }
 }
 }  // namespace
 
@@ -856,6 +932,62 @@ extern "C" int adam8bit_cpu_byte_planes() {
 #endif
 }
 
+// The same step for `count` tensors in one call (an optimizer's parameter group, so that Python
+// is crossed once per group instead of once per tensor). Entry i of each array belongs to tensor
+// i; decay, bc2_sqrt, neg_step_size and inv_bc2_sqrt are per tensor because they depend on its
+// step count. The arguments of every tensor are checked before any tensor is changed; each
+// tensor is then stepped exactly as adam8bit_step_cpu steps it, all of them in one parallel
+// region (run_all). Returns 0, or -(1 + i) if tensor i has an unsupported dtype (nothing changed).
+extern "C" int adam8bit_step_cpu_many(int64_t count, void* const* p, const void* const* g, const int* p_dtype,
+                                      const int* g_dtype, uint8_t* const* state1, uint8_t* const* state2,
+                                      float* const* absmax1, float* const* absmax2, const int64_t* n,
+                                      int64_t blocksize, const float* qmap1, const int32_t* steps1, int nan_code1,
+                                      const float* qmap2, const int32_t* steps2, int nan_code2, float beta1,
+                                      float one_minus_beta1, float beta2, float one_minus_beta2, const float* decay,
+                                      const float* bc2_sqrt, float eps, const float* neg_step_size,
+                                      const float* inv_bc2_sqrt, int fused, int exact, void* mkl_sqrt,
+                                      int64_t mkl_sqrt_mode, int mkl_sqrt_inline, int simd, int threads) {
+  if (blocksize <= 0 || blocksize > kMaxBlocksize) return -1;
+  for (int64_t i = 0; i < count; ++i) {
+    if (plan_for(p_dtype[i], g_dtype[i]) == nullptr) return static_cast<int>(-(1 + i));
+  }
+  if (count <= 0) return 0;
+  Maps maps{CodeTable{qmap1, steps1, nan_code1}, CodeTable{qmap2, steps2, nan_code2}
+#if ADAM8_AVX512
+            , nullptr, nullptr
+#endif
+  };
+#if ADAM8_AVX512
+  const BytePlanes planes1(qmap1), planes2(qmap2);
+  maps.planes1 = &planes1;
+  maps.planes2 = &planes2;
+#endif
+  // inline only with the AVX-512 loops and denormals not flushed (MKL runs with FTZ/DAZ off)
+  bool inline_ok = false;
+#if ADAM8_AVX512
+  inline_ok = mkl_sqrt != nullptr && mkl_sqrt_inline != 0 && simd >= kAvx512 && (_mm_getcsr() & 0x8040u) == 0;
+#else
+  (void)mkl_sqrt_inline;
+#endif
+  const Shared sh{blocksize, &maps, Sqrt{reinterpret_cast<Sqrt::VmsSqrt>(mkl_sqrt), mkl_sqrt_mode, inline_ok},
+                  std::clamp(simd, 0, kBestSimd)};
+  threads = std::max(1, threads);
+  int64_t elements = 0;
+  for (int64_t i = 0; i < count; ++i) elements += n[i];
+  const int team = elements < (int64_t{1} << 15) ? 1 : threads;
+  Work one;
+  Work* works = count == 1 ? &one : new Work[count];
+  for (int64_t i = 0; i < count; ++i) {
+    const Hyper h{beta1, one_minus_beta1, beta2, one_minus_beta2, decay[i], bc2_sqrt[i], eps, neg_step_size[i],
+                  inv_bc2_sqrt[i]};
+    const TensorArgs t{p[i], g[i], state1[i], state2[i], absmax1[i], absmax2[i], n[i], h};
+    works[i] = plan_for(p_dtype[i], g_dtype[i])(t, sh, fused != 0, exact != 0, team);
+  }
+  run_all(works, count, sh, team);
+  if (works != &one) delete[] works;
+  return 0;
+}
+
 // The entry point cpu.py calls (ctypes). Every scalar is passed by value (no pointer into a
 // temporary Python object); the pointers are the tensors' data, which the caller keeps alive.
 // g has p's dtype, or is fp32. steps1/2: the nearest-code tables. fused: torch rounds its
@@ -870,63 +1002,10 @@ extern "C" int adam8bit_step_cpu(void* p, const void* g, int p_dtype, int g_dtyp
                                  float beta2, float one_minus_beta2, float decay, float bc2_sqrt, float eps,
                                  float neg_step_size, float inv_bc2_sqrt, int fused, int exact, void* mkl_sqrt,
                                  int64_t mkl_sqrt_mode, int mkl_sqrt_inline, int simd, int threads) {
-  if (blocksize <= 0 || blocksize > kMaxBlocksize || !supported_dtypes(p_dtype, g_dtype)) return -1;
-  Maps maps{CodeTable{qmap1, steps1, nan_code1}, CodeTable{qmap2, steps2, nan_code2}
-#if ADAM8_AVX512
-            , nullptr, nullptr
-#endif
-  };
-#if ADAM8_AVX512
-  const BytePlanes planes1(qmap1), planes2(qmap2);
-  maps.planes1 = &planes1;
-  maps.planes2 = &planes2;
-#endif
-  const Hyper h{beta1, one_minus_beta1, beta2, one_minus_beta2, decay, bc2_sqrt, eps, neg_step_size, inv_bc2_sqrt};
-  // inline only with the AVX-512 loops and denormals not flushed (MKL runs with FTZ/DAZ off)
-  bool inline_ok = false;
-#if ADAM8_AVX512
-  inline_ok = mkl_sqrt != nullptr && mkl_sqrt_inline != 0 && simd >= kAvx512 && (_mm_getcsr() & 0x8040u) == 0;
-#else
-  (void)mkl_sqrt_inline;
-#endif
-  const Sqrt sqrt_of{reinterpret_cast<Sqrt::VmsSqrt>(mkl_sqrt), mkl_sqrt_mode, inline_ok};
-  const bool same = g_dtype == p_dtype;
-  StepFn fn = nullptr;
-  switch (p_dtype) {
-    case kFloat32: fn = pick<float, float>(fused, exact); break;
-    case kBFloat16: fn = same ? pick<BF16, BF16>(fused, exact) : pick<BF16, float>(fused, exact); break;
-    case kFloat16: fn = same ? pick<_Float16, _Float16>(fused, exact) : pick<_Float16, float>(fused, exact); break;
-    default: return -1;
-  }
-  fn(p, g, state1, state2, absmax1, absmax2, n, blocksize, maps, h, sqrt_of, std::clamp(simd, 0, kBestSimd),
-     std::max(1, threads));
-  return 0;
-}
-
-// The same step for `count` tensors in one call (an optimizer's parameter group, so that Python
-// is crossed once per group instead of once per tensor). Entry i of each array belongs to tensor
-// i; decay, bc2_sqrt, neg_step_size and inv_bc2_sqrt are per tensor because they depend on its
-// step count. The arguments of every tensor are checked before any tensor is changed; each
-// tensor is then stepped exactly as adam8bit_step_cpu steps it. Returns 0, or -(1 + i) if
-// tensor i has an unsupported dtype (nothing changed).
-extern "C" int adam8bit_step_cpu_many(int64_t count, void* const* p, const void* const* g, const int* p_dtype,
-                                      const int* g_dtype, uint8_t* const* state1, uint8_t* const* state2,
-                                      float* const* absmax1, float* const* absmax2, const int64_t* n,
-                                      int64_t blocksize, const float* qmap1, const int32_t* steps1, int nan_code1,
-                                      const float* qmap2, const int32_t* steps2, int nan_code2, float beta1,
-                                      float one_minus_beta1, float beta2, float one_minus_beta2, const float* decay,
-                                      const float* bc2_sqrt, float eps, const float* neg_step_size,
-                                      const float* inv_bc2_sqrt, int fused, int exact, void* mkl_sqrt,
-                                      int64_t mkl_sqrt_mode, int mkl_sqrt_inline, int simd, int threads) {
-  if (blocksize <= 0 || blocksize > kMaxBlocksize) return -1;
-  for (int64_t i = 0; i < count; ++i) {
-    if (!supported_dtypes(p_dtype[i], g_dtype[i])) return static_cast<int>(-(1 + i));
-  }
-  for (int64_t i = 0; i < count; ++i) {
-    adam8bit_step_cpu(p[i], g[i], p_dtype[i], g_dtype[i], state1[i], state2[i], absmax1[i], absmax2[i], n[i], blocksize,
-                      qmap1, steps1, nan_code1, qmap2, steps2, nan_code2, beta1, one_minus_beta1, beta2,
-                      one_minus_beta2, decay[i], bc2_sqrt[i], eps, neg_step_size[i], inv_bc2_sqrt[i], fused, exact,
-                      mkl_sqrt, mkl_sqrt_mode, mkl_sqrt_inline, simd, threads);
-  }
-  return 0;
+  return adam8bit_step_cpu_many(1, &p, &g, &p_dtype, &g_dtype, &state1, &state2, &absmax1, &absmax2, &n, blocksize,
+                                qmap1, steps1, nan_code1, qmap2, steps2, nan_code2, beta1, one_minus_beta1, beta2,
+                                one_minus_beta2, &decay, &bc2_sqrt, eps, &neg_step_size, &inv_bc2_sqrt, fused, exact,
+                                mkl_sqrt, mkl_sqrt_mode, mkl_sqrt_inline, simd, threads) == 0
+             ? 0
+             : -1;
 }
