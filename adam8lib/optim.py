@@ -219,7 +219,7 @@ class Adam8bit(torch.optim.Optimizer):
         the one place where sharding is mapped; the update only ever sees plain dense tensors.
         """
         param, grad = local_param_and_grad(p)  # TypeError for a DTensor/plain mix
-        _check_param_and_grad(param, grad, group_index, param_index, tuple(p.shape))
+        _check_param_and_grad(param, grad, group_index, param_index, p.shape)
         return param, grad
 
     def _prepare(self, group: dict[str, Any], p: torch.Tensor, param: torch.Tensor) -> dict[str, Any]:
@@ -415,10 +415,16 @@ def _check_group(group: dict[str, Any], where: str) -> None:
 
 
 def _check_param_and_grad(
-    p: torch.Tensor, grad: torch.Tensor, group_index: int, param_index: int, shape: tuple[int, ...]
+    p: torch.Tensor, grad: torch.Tensor, group_index: int, param_index: int, shape: torch.Size
 ) -> None:
-    """Checks of the (local) parameter and gradient a step will update; ``shape`` is the full one."""
-    where = f"parameter {param_index} of group {group_index} (shape {shape})"
+    """Checks of the (local) parameter and gradient a step will update; ``shape`` is the full one.
+    The usual case (plain dense tensors that fit) is a few cheap tests; the messages are built
+    only for a failing check (this runs for every parameter at every step)."""
+    if (type(p) in _PLAIN and type(grad) in _PLAIN and grad.layout is _STRIDED and p.layout is _STRIDED
+            and not p.is_nested and not grad.is_nested and p.dtype in PARAM_DTYPES and grad.dtype in _GRAD_DTYPES
+            and grad.shape == p.shape and grad.device == p.device and not p.is_meta and not grad.is_meta):
+        return
+    where = f"parameter {param_index} of group {group_index} (shape {tuple(shape)})"
     if grad.is_sparse or grad.layout != torch.strided:
         raise RuntimeError(f"Adam8bit does not support sparse gradients: {where}; use torch.optim.SparseAdam")
     if grad.is_complex() or p.is_complex():
@@ -433,6 +439,11 @@ def _check_param_and_grad(
         raise TypeError(f"gradient of {where} must be floating point, got {grad.dtype}")
     if grad.device != p.device:
         raise ValueError(f"gradient of {where} is on {grad.device}, the parameter on {p.device}")
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_STRIDED = torch.strided
+_GRAD_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16, torch.float64})
 
 
 def _follow_device(state: dict[str, Any], device: torch.device) -> None:

@@ -399,6 +399,35 @@ def test_sparse_gradient_raises_naming_the_parameter_and_changes_nothing():
     assert all(torch.equal(p, b) for p, b in zip(params, before))
 
 
+class _Wrapped(torch.Tensor):
+    """A do-nothing tensor subclass (what a library's wrapper tensor looks like to the optimizer)."""
+
+
+@pytest.mark.parametrize("bad, error, message", [
+    (lambda p: setattr(p.grad, "data", torch.ones(4, 3)), ValueError, r"gradient shape \(4, 3\) does not match parameter 1"),
+    (lambda p: setattr(p.grad, "data", torch.ones(3, 4, dtype=torch.int32)), TypeError, "must be floating point"),
+    (lambda p: setattr(p.grad, "data", torch.ones(3, 4, dtype=torch.complex64)), RuntimeError, "complex"),
+    (lambda p: setattr(p, "grad", torch.ones(3, 4).as_subclass(_Wrapped)), TypeError, "tensor subclass"),
+    (lambda p: setattr(p, "grad", torch.ones(3, 4).to_sparse()), RuntimeError, "sparse gradients: parameter 1"),
+], ids=["shape", "int", "complex", "subclass", "sparse"])
+def test_a_bad_gradient_raises_naming_the_parameter_and_changes_nothing(bad, error, message):
+    """Every parameter and gradient is checked before any state is made or changed: a bad
+    gradient on the second parameter leaves the first one, and every state, as they were."""
+    params = [nn.Parameter(torch.randn(64, 64)), nn.Parameter(torch.randn(3, 4))]
+    opt = Adam8bit(params, min_8bit_size=1)
+    params[0].grad = torch.randn(64, 64)
+    params[1].grad = torch.randn(3, 4)
+    opt.step()
+    before = [p.detach().clone() for p in params]
+    states = {k: v.clone() if torch.is_tensor(v) else v for k, v in opt.state[params[0]].items()}
+    bad(params[1])
+    with pytest.raises(error, match=message):
+        opt.step()
+    assert all(torch.equal(p, b) for p, b in zip(params, before))
+    assert all(torch.equal(v, states[k]) if torch.is_tensor(v) else v == states[k]
+               for k, v in opt.state[params[0]].items())
+
+
 def test_gradient_shape_mismatch():
     p = nn.Parameter(torch.ones(10))
     opt = Adam8bit([p])

@@ -359,17 +359,31 @@ def mkl_sqrt_inline() -> bool:
 # The step
 # ---------------------------------------------------------------------------------------
 
-def _check(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, blocksize) -> None:
+_NAMES = ("p", "g", "state1", "state2", "absmax1", "absmax2", "qmap1", "qmap2")
+
+
+def _check(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, blocksize, *, maps_checked=False) -> None:
     """TypeError/ValueError for anything the kernel must not touch, before any data pointer is read:
     the shared backend contract (:func:`adam8lib.kernels.contract.check_step_args`), plus CPU tensors
-    whose memory is really there."""
+    whose memory is really there (``maps_checked``: the caller checked qmap1/qmap2's memory once
+    for several calls)."""
     check_step_args(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, blocksize=blocksize)
     if p.device.type != "cpu":
         raise ValueError(f"the cpu backend needs CPU tensors; p is on {p.device}")
-    tensors = dict(p=p, g=g, state1=state1, state2=state2, absmax1=absmax1, absmax2=absmax2, qmap1=qmap1, qmap2=qmap2)
-    for name, t in tensors.items():
-        if p.numel() and t.numel() and t.untyped_storage().data_ptr() == 0:
-            raise ValueError(f"{name} has no storage (data pointer 0)")
+    if p.numel():
+        tensors = (p, g, state1, state2, absmax1, absmax2) if maps_checked else (
+            p, g, state1, state2, absmax1, absmax2, qmap1, qmap2)
+        for name, t in zip(_NAMES, tensors):
+            _check_memory(t, name)
+
+
+def _check_memory(t: torch.Tensor, name: str) -> None:
+    """ValueError if ``t`` has elements but its storage has no memory (freed, e.g. by
+    ``untyped_storage().resize_(0)`` as FSDP does between uses): the kernel would read address 0.
+    Cheap first test: the data pointer is the storage's plus the offset, so it can only equal the
+    offset alone when the storage's pointer is 0."""
+    if t.data_ptr() == t.storage_offset() * t.element_size() and t.numel() and t.untyped_storage().data_ptr() == 0:
+        raise ValueError(f"{name} has no storage (data pointer 0): its memory was freed")
 
 
 @torch.compiler.disable
@@ -453,9 +467,12 @@ def adam8bit_step_many(
     for the group instead of one per tensor (see "Each parameter tensor's own cost" in
     bench/README.md).
     """
-    tensors, steps = check_each(tensors, steps, lambda item, step: _check(*item, qmap1, qmap2, blocksize))
+    tensors, steps = check_each(tensors, steps,
+                                lambda item, step: _check(*item, qmap1, qmap2, blocksize, maps_checked=True))
     if not tensors:
         return
+    _check_memory(qmap1, "qmap1")  # once for all tensors (the contract checked them with each)
+    _check_memory(qmap2, "qmap2")
     lib = load_extension()
     tables, maps, modes = _shared_args(qmap1, qmap2, exact, simd)  # (tables: kept alive for the call)
     grads = [_kernel_grad(p, g) for p, g, *_ in tensors]  # (kept alive for the call)

@@ -441,6 +441,9 @@ def test_runs_of_blocks_taken_by_whichever_thread_is_free(exact):
 
 
 # ------------------------------------------------------------------------------ many tensors, one call
+_NAMES = ("p", "g", "state1", "state2", "absmax1", "absmax2")
+
+
 def _many_problem(seed):
     """Five tensors of different sizes, dtypes and step counts, a NaN in one gradient."""
     gen = torch.Generator().manual_seed(seed)
@@ -508,6 +511,36 @@ def test_a_group_of_many_small_tensors_shares_one_parallel_region(simd):
     for i, (item, step) in enumerate(zip(one, steps)):
         cpu.adam8bit_step(*item, QMAP1, QMAP2, step=step, simd=simd, **hyper)
         _assert_same([item[0], *item[2:]], [many[i][0], *many[i][2:]], f"tensor {i} ({sizes[i]} elements)")
+
+
+@pytest.mark.parametrize("freed", ["p", "p_view", "state1", "absmax2", "qmap1"])
+def test_a_tensor_whose_memory_was_freed_is_a_clear_error(freed):
+    """A tensor that still has elements but whose storage was freed (``untyped_storage()
+    .resize_(0)``, as FSDP does between uses) would make the kernel read address 0: ValueError
+    naming it, for one tensor and inside a many-tensor call, and nothing is changed. ``p_view``:
+    p is a view at an offset into the freed storage (its data pointer is then not 0)."""
+    hyper = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, blocksize=256)
+    tensors, steps = _many_problem(4)
+    before = [tuple(t.clone() for t in item) for item in tensors]
+    qmap1 = QMAP1.clone()
+    i, name = 3, freed.removesuffix("_view")
+    if freed == "p_view":
+        base = torch.randn(tensors[i][0].numel() + 7)
+        view = base[7:]
+        view.copy_(tensors[i][0])
+        tensors[i] = (view, *tensors[i][1:])
+        base.untyped_storage().resize_(0)
+    elif freed == "qmap1":
+        qmap1.untyped_storage().resize_(0)
+    else:
+        tensors[i][_NAMES.index(name)].untyped_storage().resize_(0)
+    for call in (lambda: cpu.adam8bit_step(*tensors[i], qmap1, QMAP2, step=steps[i], **hyper),
+                 lambda: cpu.adam8bit_step_many(tensors, qmap1, QMAP2, steps=steps, **hyper)):
+        with pytest.raises(ValueError, match=f"{name} has no storage"):
+            call()
+    for k, (item, saved) in enumerate(zip(tensors, before)):
+        if k != i:
+            assert all(torch.equal(a, b) or (a.isnan() == b.isnan()).all() for a, b in zip(item, saved))
 
 
 def test_many_tensors_are_all_checked_before_any_changes():
