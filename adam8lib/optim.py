@@ -49,7 +49,7 @@ import torch
 from . import kernels
 from .distributed import local_param_and_grad, local_tensor, to_checkpoint_state, to_local_state
 from .adam import check_hyperparameters
-from .kernels.contract import PARAM_DTYPES, check_plain_tensor
+from .kernels.contract import PARAM_DTYPES, check_plain_tensor, is_usual_tensor
 from .kernels.reference import adam_update_fp32
 from .quant import check_blocksize, dynamic_map, num_blocks
 
@@ -420,9 +420,8 @@ def _check_param_and_grad(
     """Checks of the (local) parameter and gradient a step will update; ``shape`` is the full one.
     The usual case (plain dense tensors that fit) is a few cheap tests; the messages are built
     only for a failing check (this runs for every parameter at every step)."""
-    if (type(p) in _PLAIN and type(grad) in _PLAIN and grad.layout is _STRIDED and p.layout is _STRIDED
-            and not p.is_nested and not grad.is_nested and p.dtype in PARAM_DTYPES and grad.dtype in _GRAD_DTYPES
-            and grad.shape == p.shape and grad.device == p.device and not p.is_meta and not grad.is_meta):
+    if (is_usual_tensor(p) and is_usual_tensor(grad) and p.dtype in PARAM_DTYPES and grad.is_floating_point()
+            and grad.shape == p.shape and grad.device == p.device):
         return
     where = f"parameter {param_index} of group {group_index} (shape {tuple(shape)})"
     if grad.is_sparse or grad.layout != torch.strided:
@@ -439,11 +438,6 @@ def _check_param_and_grad(
         raise TypeError(f"gradient of {where} must be floating point, got {grad.dtype}")
     if grad.device != p.device:
         raise ValueError(f"gradient of {where} is on {grad.device}, the parameter on {p.device}")
-
-
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-_STRIDED = torch.strided
-_GRAD_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16, torch.float64})
 
 
 def _follow_device(state: dict[str, Any], device: torch.device) -> None:

@@ -49,6 +49,14 @@ def _is_dtensor(t: torch.Tensor) -> bool:
     return isinstance(t, DTensor)
 
 
+def is_usual_tensor(t: object) -> bool:
+    """True for the usual case :func:`check_plain_tensor` accepts (a plain dense tensor with
+    memory), in a few cheap attribute reads; False means: ask check_plain_tensor for the verdict.
+    For checks that run for every tensor at every step."""
+    return (type(t) in _PLAIN_TYPES and t.layout is _STRIDED and not t.is_quantized and not t.is_nested
+            and not t.is_meta)
+
+
 def check_plain_tensor(t: object, name: str) -> None:
     """Raise TypeError/ValueError unless ``t`` is a plain dense tensor that owns storage.
 
@@ -146,8 +154,7 @@ def check_step_args(
     tensors = (("p", p), ("g", g), ("state1", state1), ("state2", state2), ("absmax1", absmax1),
                ("absmax2", absmax2), ("qmap1", qmap1), ("qmap2", qmap2))
     for name, t in tensors:
-        # the usual case in a few cheap attribute reads; anything else gets check_plain_tensor's verdict
-        if type(t) not in _PLAIN_TYPES or t.layout is not _STRIDED or t.is_quantized or t.is_nested or t.is_meta:
+        if not is_usual_tensor(t):
             check_plain_tensor(t, name)
     device = p.device
     for name, t in tensors:

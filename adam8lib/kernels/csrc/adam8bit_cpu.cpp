@@ -49,6 +49,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define ADAM8_AVX2 1
@@ -801,11 +802,12 @@ struct Work {
   TensorArgs t;
   bool pipelined;
   int64_t per_item, items;
-  void (*run)(const TensorArgs&, const Work&, const Shared&, int64_t item, Buffers buf[2]);
+  void (*run)(const Work&, const Shared&, int64_t item, Buffers buf[2]);
 };
 
 template <typename P, typename G, bool Fused, bool Exact>
-void run_item(const TensorArgs& t, const Work& w, const Shared& sh, int64_t item, Buffers buf[2]) {
+void run_item(const Work& w, const Shared& sh, int64_t item, Buffers buf[2]) {
+  const TensorArgs& t = w.t;
   P* p = static_cast<P*>(t.p);
   const G* g = static_cast<const G*>(t.g);
   const int64_t bs = sh.blocksize;
@@ -861,18 +863,11 @@ Work plan(const TensorArgs& t, const Shared& sh, bool fused, bool exact, int tea
 // item k of the concatenation is found from `first` (tensor i's items start at first[i]);
 // the dynamic schedule hands items out in increasing order, so each thread's cursor only
 // moves forward.
-void run_all(const Work* works, int64_t count, const Shared& sh, int team) {
-  int64_t total = 0;
-  for (int64_t i = 0; i < count; ++i) total += works[i].items;
+void run_all(const std::vector<Work>& works, const Shared& sh, int team) {
+  std::vector<int64_t> first(works.size() + 1, 0);
+  for (size_t i = 0; i < works.size(); ++i) first[i + 1] = first[i] + works[i].items;
+  const int64_t total = first.back();
   if (total == 0) return;
-  int64_t small_first[2] = {0, works[0].items};
-  int64_t* first = small_first;
-  int64_t* heap = nullptr;
-  if (count > 1) {
-    first = heap = new int64_t[count + 1];
-    first[0] = 0;
-    for (int64_t i = 0; i < count; ++i) first[i + 1] = first[i] + works[i].items;
-  }
 #pragma omp parallel num_threads(team)
   {
     Buffers buf[2];
@@ -881,10 +876,9 @@ void run_all(const Work* works, int64_t count, const Shared& sh, int team) {
     for (int64_t k = 0; k < total; ++k) {
       while (k >= first[cur + 1]) ++cur;
       const Work& w = works[cur];
-      w.run(w.t, w, sh, k - first[cur], buf);
+      w.run(w, sh, k - first[cur], buf);
     }
   }
-  delete[] heap;
 }
 
 using PlanFn = Work (*)(const TensorArgs&, const Shared&, bool, bool, int);
@@ -975,16 +969,14 @@ extern "C" int adam8bit_step_cpu_many(int64_t count, void* const* p, const void*
   int64_t elements = 0;
   for (int64_t i = 0; i < count; ++i) elements += n[i];
   const int team = elements < (int64_t{1} << 15) ? 1 : threads;
-  Work one;
-  Work* works = count == 1 ? &one : new Work[count];
+  std::vector<Work> works(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) {
     const Hyper h{beta1, one_minus_beta1, beta2, one_minus_beta2, decay[i], bc2_sqrt[i], eps, neg_step_size[i],
                   inv_bc2_sqrt[i]};
     const TensorArgs t{p[i], g[i], state1[i], state2[i], absmax1[i], absmax2[i], n[i], h};
     works[i] = plan_for(p_dtype[i], g_dtype[i])(t, sh, fused != 0, exact != 0, team);
   }
-  run_all(works, count, sh, team);
-  if (works != &one) delete[] works;
+  run_all(works, sh, team);
   return 0;
 }
 
