@@ -244,7 +244,8 @@ FSDP_SCRIPT = textwrap.dedent(
                                   blocksize=256, backend=backend)
         except TypeError as exc:
             print(f"backend {backend}:", exc)
-    dist.destroy_process_group()
+    from adam8lib.distributed import end_rank
+    end_rank()  # not the interpreter teardown, which can abort a gloo process
     """
 )
 
