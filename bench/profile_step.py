@@ -39,6 +39,7 @@ if str(HERE.parent) not in sys.path:
 import torch  # noqa: E402
 
 from readme_section import write_section  # noqa: E402
+from stats import median_ci  # noqa: E402
 
 from adam8lib import AdamW8bit  # noqa: E402
 from adam8lib.kernels import cpu, reference  # noqa: E402
@@ -52,6 +53,9 @@ PHASES = ("dequantize", "update m, v", "update p", "absmax", "nearest code")
 HYPER = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, blocksize=256)
 FAST = "best, fast mode (cpu_fast: IEEE sqrt, not bit-identical)"
 FUSED = "torch.optim.AdamW(fused=True)"
+#: round-robin rounds for the kernel rows and the per-tensor cost (enough for a 95 % interval
+#: of a median: 31 rounds give the 10th to the 22nd value)
+ROUNDS = 31
 
 
 def _problem(n: int, seed: int = 0):
@@ -129,7 +133,19 @@ def _median_time(fn, reps: int) -> float:
     return statistics.median(_round_robin({"step": fn}, reps)["step"])
 
 
-def profile(n: int, reps: int) -> dict:
+def _median_and_ci(values: list[float]) -> tuple[float, float, float]:
+    """(median, 95 % CI low, high) of per-round values; the interval is NaN below 6 rounds."""
+    if len(values) < 6:
+        return statistics.median(values), math.nan, math.nan
+    ci = median_ci(values)
+    return ci["median"], ci["ci_low"], ci["ci_high"]
+
+
+def _ci_text(lo: float, hi: float, fmt: str) -> str:
+    return "–" if math.isnan(lo) else f"{lo:{fmt}}–{hi:{fmt}}"
+
+
+def profile(n: int, reps: int, rounds: int = ROUNDS) -> dict:
     torch.set_num_threads(THREADS)
     qmap1, qmap2 = dynamic_map(True), dynamic_map(False)
     # 1. reference, by phase (and the real reference step, to check the sum)
@@ -158,20 +174,21 @@ def profile(n: int, reps: int) -> dict:
     w.grad = torch.randn(n)
     opt = torch.optim.AdamW([w], fused=True)
     steps[FUSED] = lambda t: opt.step()
-    times = _round_robin(steps, reps * 3)
+    times = _round_robin(steps, rounds)
     kernel = {k: statistics.median(v) for k, v in times.items() if k != FUSED}
-    ratios = {k: statistics.median(a / b for a, b in zip(v, times[FUSED])) for k, v in times.items() if k != FUSED}
+    ratios = {k: _median_and_ci([a / b for a, b in zip(v, times[FUSED])]) for k, v in times.items() if k != FUSED}
     fused = statistics.median(times[FUSED])
     count, size = (10, 4096) if n < 2**20 else (100, 65_536)
-    tensors = {"count": count, "size": size, "rows": per_tensor_cost(count, size, 3 * reps)}
+    tensors = {"count": count, "size": size, "rows": per_tensor_cost(count, size, rounds)}
     return {"n": n, "phases": phases, "reference_total": ref_total, "kernel": kernel, "ratios": ratios,
-            "fused_adamw": fused, "tensors": tensors}
+            "fused_adamw": fused, "tensors": tensors, "rounds": rounds}
 
 
 def per_tensor_cost(count: int, size: int, rounds: int) -> dict[str, dict[str, float]]:
     """One optimizer step over ``count`` tensors of ``size`` elements and over one tensor of
     ``count * size``, each optimizer its own parameters, round-robin: median seconds of each,
-    and the cost of one more tensor, ``(many - one) / (count - 1)``."""
+    and the cost of one more tensor, ``(many - one) / (count - 1)`` within each round, as its
+    median over the rounds with a 95 % interval."""
     makers = {
         "adam8lib AdamW8bit, backend cpu": lambda ps: AdamW8bit(ps, lr=1e-3, backend="cpu"),
         "adam8lib AdamW8bit, backend cpu_fast": lambda ps: AdamW8bit(ps, lr=1e-3, backend="cpu_fast"),
@@ -186,9 +203,15 @@ def per_tensor_cost(count: int, size: int, rounds: int) -> dict[str, dict[str, f
             for w in params:
                 w.grad = torch.randn(w.numel(), generator=gen) * 1e-2
             steps[(name, shape)] = lambda t, opt=make(params): opt.step()
-    times = {k: statistics.median(v) for k, v in _round_robin(steps, rounds).items()}
-    return {name: {"one": times[(name, "one")], "many": times[(name, "many")],
-                   "per_tensor": (times[(name, "many")] - times[(name, "one")]) / (count - 1)} for name in makers}
+    raw = _round_robin(steps, rounds)
+    times = {k: statistics.median(v) for k, v in raw.items()}
+    rows = {}
+    for name in makers:
+        extra = [(many - one) / (count - 1) for many, one in zip(raw[(name, "many")], raw[(name, "one")])]
+        med, lo, hi = _median_and_ci(extra)
+        rows[name] = {"one": times[(name, "one")], "many": times[(name, "many")], "per_tensor": med,
+                      "per_tensor_ci": (lo, hi)}
+    return rows
 
 
 def render(res: dict) -> str:
@@ -196,25 +219,32 @@ def render(res: dict) -> str:
     total = sum(phases.values())
     load = f"{os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "?"
     lines = [f"{n / 1e6:.1f}M fp32 parameters, blocksize 256, {THREADS} threads; the kernel's rows and fused AdamW "
-             "timed round-robin (one step of each in turn), median ms, and the median of each round's ratio to "
-             f"fused AdamW; {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, load average (1 min) {load} (the "
+             f"timed round-robin ({res['rounds']} rounds of one step of each in turn), median ms, and the median "
+             "of each round's ratio to fused AdamW with its 95 % interval (order statistics, bench/stats.py); "
+             f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, load average (1 min) {load} (the "
              "machine's 2 cores are shared: read the ratios rather than the absolute times).",
              "", "**Reference backend (`backend=\"torch\"`), by phase**", "",
              "| phase | ms | share |", "|---|---|---|"]
     lines += [f"| {k} | {v * 1e3:.1f} | {v / total:.0%} |" for k, v in phases.items()]
     lines += [f"| sum (the untimed reference step: {res['reference_total'] * 1e3:.1f} ms) | {total * 1e3:.1f} | 100% |",
-              "", "**C++ kernel (`backend=\"cpu\"`)**", "", "| variant | ms | vs fused AdamW |", "|---|---|---|"]
+              "", "**C++ kernel (`backend=\"cpu\"`)**", "", "| variant | ms | vs fused AdamW | 95 % CI |",
+              "|---|---|---|---|"]
     fused = res["fused_adamw"]
     for k, v in res["kernel"].items():
-        lines.append(f"| {k} | {v * 1e3:.1f} | {res['ratios'][k]:.2f}× |")
-    lines.append(f"| torch.optim.AdamW(fused=True), the anchor | {fused * 1e3:.1f} | 1.00× |")
+        med, lo, hi = res["ratios"][k]
+        lines.append(f"| {k} | {v * 1e3:.1f} | {med:.2f}× | {_ci_text(lo, hi, '.2f')} |")
+    lines.append(f"| torch.optim.AdamW(fused=True), the anchor | {fused * 1e3:.1f} | 1.00× | |")
     tensors = res["tensors"]
     count, size = tensors["count"], tensors["size"]
     lines += ["", f"**Each parameter tensor's own cost** (one optimizer step, {count} tensors of {size:,} elements "
-              f"vs one tensor of {count * size:,}; round-robin, median)", "",
-              f"| optimizer | 1 tensor: ms | {count} tensors: ms | each extra tensor: µs |", "|---|---|---|---|"]
+              f"vs one tensor of {count * size:,}; round-robin, median; each extra tensor: the median over the rounds of "
+              "(many - one) / (count - 1) within a round)", "",
+              f"| optimizer | 1 tensor: ms | {count} tensors: ms | each extra tensor: µs | 95 % CI |",
+              "|---|---|---|---|---|"]
     for name, row in tensors["rows"].items():
-        lines.append(f"| {name} | {row['one'] * 1e3:.2f} | {row['many'] * 1e3:.2f} | {row['per_tensor'] * 1e6:.0f} |")
+        lo, hi = row["per_tensor_ci"]
+        lines.append(f"| {name} | {row['one'] * 1e3:.2f} | {row['many'] * 1e3:.2f} | {row['per_tensor'] * 1e6:.0f} | "
+                     f"{_ci_text(lo * 1e6, hi * 1e6, '.0f')} |")
     lines += ["", f"![where the time goes]({PLOT.relative_to(HERE).as_posix()})"]
     return "\n".join(lines)
 

@@ -20,7 +20,7 @@ import math
 import statistics
 from typing import Sequence
 
-__all__ = ["incomplete_beta", "t_cdf", "t_quantile", "paired", "mean_ci"]
+__all__ = ["incomplete_beta", "t_cdf", "t_quantile", "paired", "mean_ci", "median_ci"]
 
 
 def incomplete_beta(x: float, a: float, b: float) -> float:
@@ -99,3 +99,33 @@ def paired(baseline: Sequence[float], other: Sequence[float], *, relative: bool 
     out["relative"] = relative
     out["diffs"] = diffs
     return out
+
+
+def median_ci(values: Sequence[float], level: float = 0.95) -> dict[str, float]:
+    """The median and a distribution-free confidence interval for it (order statistics).
+
+    For ``n`` independent draws, the number that fall below the true median is
+    Binomial(n, 1/2) whatever the distribution, so the interval from the ``j``-th smallest
+    to the ``j``-th largest value (1-based) holds the median with probability
+    ``1 - 2·P(B <= j - 1)``. ``j`` is the largest rank whose interval still reaches
+    ``level``; ``coverage`` is that exact probability (at least ``level``). Used for the
+    per-round speed ratios of ``bench_step.py``, which have no reason to be normal.
+    """
+    xs = sorted(float(v) for v in values)
+    n = len(xs)
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    if any(math.isnan(x) for x in xs):
+        raise ValueError("values contain NaN")
+    alpha_half = (1.0 - level) / 2.0
+    below, j = 0.0, 0  # below = P(B <= j - 1)
+    while True:
+        nxt = below + math.comb(n, j) / 2.0 ** n  # P(B <= j)
+        if nxt > alpha_half:
+            break
+        below, j = nxt, j + 1
+    if j == 0:
+        raise ValueError(f"{n} values cannot give a {level:.0%} interval for the median "
+                         f"(the widest, min to max, covers {1 - 2 / 2.0 ** n:.1%} at most)")
+    return {"n": n, "median": statistics.median(xs), "ci_low": xs[j - 1], "ci_high": xs[n - j],
+            "coverage": 1.0 - 2.0 * below, "level": level}

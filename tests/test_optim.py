@@ -137,6 +137,54 @@ def test_small_tensors_use_fp32_states_equal_to_torch_adamw():
         assert (p - q).abs().max().item() <= 1e-6
 
 
+class _OneSmallTensorAtATime(AdamW8bit):
+    """The optimizer with its per-tensor fp32 path (a subclass that overrides _step_32bit is
+    stepped one small tensor at a time): the reference for the batched path."""
+
+    def _step_32bit(self, group, p, grad, state):
+        super()._step_32bit(group, p, grad, state)
+
+
+def test_small_tensors_are_stepped_together_exactly_as_one_at_a_time():
+    """The small (fp32-state) CPU tensors of a group are stepped with one batch of _foreach ops
+    per step count: bit for bit what one tensor at a time gives, for fp32/bf16/fp16 parameters,
+    a non-contiguous one, two groups, parameters without a gradient on some steps (so their
+    step counts differ), a NaN in one gradient, and the 8-bit tensors beside them."""
+    torch.manual_seed(0)
+
+    def model():
+        gen = torch.Generator().manual_seed(1)
+        ps = [nn.Parameter(torch.randn(s, generator=gen).to(dt)) for s, dt in [
+            ((7,), torch.float32), ((300,), torch.bfloat16), ((33, 17), torch.float32), ((5000,), torch.float32),
+            ((64,), torch.float16), ((1,), torch.float32), ((20, 40), torch.float32)]]
+        ps[2] = nn.Parameter(ps[2].detach().t())  # non-contiguous
+        return ps
+
+    ours, ref = model(), model()
+    groups = lambda ps: [{"params": ps[:4], "weight_decay": 0.1}, {"params": ps[4:], "lr": 3e-3, "weight_decay": 0.0}]
+    o, r = AdamW8bit(groups(ours), lr=1e-2), _OneSmallTensorAtATime(groups(ref), lr=1e-2)
+    gen = torch.Generator().manual_seed(2)
+    for step in range(6):
+        for i, (p, q) in enumerate(zip(ours, ref)):
+            if step in (1, 4) and i % 2 == 0:  # no gradient this step: its step count falls behind
+                p.grad = q.grad = None
+                continue
+            g = torch.randn(p.shape, generator=gen).to(p.dtype)
+            if step == 3 and i == 0:
+                g[2] = float("nan")
+            p.grad, q.grad = g, g.clone()
+        o.step()
+        r.step()
+        for i, (p, q) in enumerate(zip(ours, ref)):
+            assert torch.equal(p, q), f"step {step}: parameter {i} differs"
+            for key in o.state[p]:
+                a, b = o.state[p][key], r.state[q][key]
+                assert (a == b if isinstance(a, int) else torch.equal(a, b)), f"step {step}: {key} of {i} differs"
+    assert {o.state[p]["step"] for p in ours if "exp_avg" in o.state[p]} == {4, 6}  # batches of two step counts
+    assert not ours[2].is_contiguous() and ours[1].dtype == torch.bfloat16
+    assert o.state[ours[0]]["exp_avg"][2] != 0 and torch.isfinite(ours[0]).all()  # reset at step 3, moved since
+
+
 @pytest.mark.parametrize("n", [4096, 4097, 1_000_003])
 @pytest.mark.parametrize("blocksize", [256, 2048])
 def test_large_tensors_fixed_gradients_track_fp32_as_well_as_bitsandbytes(n, blocksize):

@@ -69,10 +69,17 @@ def adam_update_fp32(
     Used per chunk by :func:`adam8bit_step` (on dequantized states) and by the optimizer for
     tensors with fp32 states, so both follow one rule, in one place.
     """
-    step_size = lr / (1.0 - beta1**step)
-    bias_correction2_sqrt = math.sqrt(1.0 - beta2**step)
     m.mul_(beta1).add_(grad, alpha=1.0 - beta1)
     v.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+    return _param_with_rule(param, m, v, step=step, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+                            weight_decay=weight_decay)
+
+
+def _param_with_rule(param, m, v, *, step, lr, beta1, beta2, eps, weight_decay) -> torch.Tensor:
+    """The second half of :func:`adam_update_fp32`, after the moments: the non-finite rule
+    element by element, then the new parameter."""
+    step_size = lr / (1.0 - beta1**step)
+    bias_correction2_sqrt = math.sqrt(1.0 - beta2**step)
     ok = torch.isfinite(m) & torch.isfinite(v)
     m.masked_fill_(~ok, 0.0)
     v.masked_fill_(~ok, 0.0)
@@ -80,6 +87,58 @@ def adam_update_fp32(
     denom = v.sqrt().div_(bias_correction2_sqrt).add_(eps)
     new.addcdiv_(m, denom, value=-step_size)
     return torch.where(ok, new, param)
+
+
+def adam_update_fp32_many(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    ms: list[torch.Tensor],
+    vs: list[torch.Tensor],
+    *,
+    step: int,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+) -> None:
+    """:func:`adam_update_fp32` for several CPU fp32 tensors at once, **in place** on ``params``.
+
+    The same operations in the same order, bit for bit, but each one over the whole list
+    (``torch._foreach_*``: one call instead of one per tensor, which is most of the cost of a
+    small tensor). The non-finite rule needs to know whether any new ``m`` or ``v`` is not
+    finite: one max-norm per tensor answers it; in the usual case (none) the parameters are
+    updated in place, otherwise the rest of the rule runs tensor by tensor as in
+    :func:`adam_update_fp32`. Only for CPU tensors: on CUDA the ``_foreach`` ops are other,
+    fused kernels whose rounding this module does not promise to match.
+    """
+    for t in (*params, *grads, *ms, *vs):
+        if t.device.type != "cpu" or t.dtype != torch.float32:
+            raise ValueError(f"adam_update_fp32_many takes CPU fp32 tensors, got {t.dtype} on {t.device}")
+    if not (len(params) == len(grads) == len(ms) == len(vs)):
+        raise ValueError(f"lists of different lengths: {len(params)}, {len(grads)}, {len(ms)}, {len(vs)}")
+    keep = [i for i, t in enumerate(params) if t.numel()]  # an empty tensor has nothing to update
+    if len(keep) < len(params):
+        params, grads, ms, vs = ([xs[i] for i in keep] for xs in (params, grads, ms, vs))
+    if not params:
+        return
+    torch._foreach_mul_(ms, beta1)
+    torch._foreach_add_(ms, grads, alpha=1.0 - beta1)
+    torch._foreach_mul_(vs, beta2)
+    torch._foreach_addcmul_(vs, grads, grads, value=1.0 - beta2)
+    hyper = dict(step=step, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
+    if not bool(torch.stack(torch._foreach_norm([*ms, *vs], ord=math.inf)).isfinite().all()):
+        for p, m, v in zip(params, ms, vs):
+            p.copy_(_param_with_rule(p, m, v, **hyper))
+        return
+    step_size = lr / (1.0 - beta1**step)
+    bias_correction2_sqrt = math.sqrt(1.0 - beta2**step)
+    if weight_decay != 0:
+        torch._foreach_mul_(params, 1.0 - lr * weight_decay)
+    denoms = torch._foreach_sqrt(vs)
+    torch._foreach_div_(denoms, bias_correction2_sqrt)
+    torch._foreach_add_(denoms, eps)
+    torch._foreach_addcdiv_(params, ms, denoms, value=-step_size)
 
 
 @torch.no_grad()

@@ -80,3 +80,60 @@ def test_zero_gradient_on_zero_state_moves_only_by_decay():
     reference.adam8bit_step(ours, torch.zeros(n), s1, s2, a1, a2, QMAP1, QMAP2, step=1, blocksize=blocksize, **HYPER)
     torch.testing.assert_close(ours, p * (1 - HYPER["lr"] * HYPER["weight_decay"]), rtol=0, atol=1e-7)
     assert (s1 == 127).all() and (s2 == 0).all() and (a1 == 0).all() and (a2 == 0).all()
+
+
+# ------------------------------------------------------------------ several fp32 tensors at once
+def _fp32_case(seed: int, bad=None):
+    """Tensors of several shapes (one non-contiguous, one empty), their gradients and states
+    after one ordinary step; ``bad`` puts that value into one gradient element of tensor 2."""
+    gen = torch.Generator().manual_seed(seed)
+    params = [torch.randn(shape, generator=gen) for shape in [(7,), (3, 5), (0,), (4, 6), (1,), (300,)]]
+    params[3] = params[3].t()  # a transposed (non-contiguous) view
+    grads = [torch.randn(p.shape, generator=gen) * 10.0 ** torch.randint(-6, 2, p.shape, generator=gen)
+             for p in params]
+    ms = [torch.randn(p.shape, generator=gen) * 1e-2 for p in params]
+    vs = [torch.rand(p.shape, generator=gen) * 1e-4 for p in params]
+    if bad is not None:
+        grads[1][1, 2] = bad
+    return params, grads, ms, vs
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+@pytest.mark.parametrize("bad", [None, float("nan"), float("inf"), 1e30])
+def test_fp32_update_of_many_tensors_is_one_at_a_time_bit_for_bit(weight_decay, bad):
+    """adam_update_fp32_many (the optimizer's batched path for small tensors) equals
+    adam_update_fp32 tensor by tensor, bit for bit: parameters and both moments, over three
+    steps, including a step where a non-finite (or overflowing) gradient triggers the rule."""
+    hyper = dict(HYPER, weight_decay=weight_decay)
+    params, grads, ms, vs = _fp32_case(3)
+    ours = [[t.clone() for t in ts] for ts in (params, grads, ms, vs)]
+    ours[0][3] = ours[0][3].t().contiguous().t()  # keep the non-contiguous layout
+    for step in (1, 2, 3):
+        g = _fp32_case(3 + step, bad if step == 2 else None)[1]
+        for i, (p, m, v) in enumerate(zip(params, ms, vs)):
+            p.copy_(reference.adam_update_fp32(p, g[i], m, v, step=step, **hyper))
+        reference.adam_update_fp32_many(ours[0], g, ours[2], ours[3], step=step, **hyper)
+        for name, want, got in zip(("param", "m", "v"), (params, ms, vs), (ours[0], ours[2], ours[3])):
+            for i, (a, b) in enumerate(zip(want, got)):
+                assert torch.equal(a, b), f"step {step}: {name} of tensor {i} differs"
+        if step == 2 and bad is not None:  # the rule ran (the slow path): that element restarted
+            assert ours[2][1][1, 2] == 0 and ours[3][1][1, 2] == 0
+    assert not ours[0][3].is_contiguous()
+
+
+def test_fp32_update_of_many_tensors_keeps_the_parameter_of_a_reset_element():
+    params, grads, ms, vs = _fp32_case(11, float("nan"))
+    before = [p.clone() for p in params]
+    reference.adam_update_fp32_many(params, grads, ms, vs, step=1, **HYPER)
+    assert params[1][1, 2] == before[1][1, 2] and ms[1][1, 2] == 0 and vs[1][1, 2] == 0
+    assert not torch.equal(params[0], before[0]) and not torch.equal(params[5], before[5])
+    assert all(torch.isfinite(t).all() for t in (*params, *ms, *vs))
+
+
+def test_fp32_update_of_many_tensors_rejects_what_it_does_not_handle():
+    p, g, m, v = torch.zeros(3), torch.ones(3), torch.zeros(3), torch.zeros(3)
+    with pytest.raises(ValueError, match="CPU fp32 tensors, got torch.bfloat16"):
+        reference.adam_update_fp32_many([p.bfloat16()], [g], [m], [v], step=1, **HYPER)
+    with pytest.raises(ValueError, match="different lengths"):
+        reference.adam_update_fp32_many([p, p.clone()], [g], [m], [v], step=1, **HYPER)
+    reference.adam_update_fp32_many([], [], [], [], step=1, **HYPER)  # nothing to do
