@@ -57,7 +57,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from readme_section import write_section  # noqa: E402
-from stats import median_ci  # noqa: E402
+from stats import median_and_ci  # noqa: E402
 
 from adam8lib.memory import MB, compute_optimizer_size  # noqa: E402
 
@@ -279,8 +279,8 @@ def race(n: int, size: str, reps: int, progress=print, cpu_time: bool = False,
         for name, (_, _, times) in contenders.items():
             ratios = sorted(t / f for t, f in zip(times, fused))
             q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-            ci = median_ci(ratios) if len(ratios) >= 6 else {"ci_low": math.nan, "ci_high": math.nan}
-            paired[name] = (statistics.median(ratios), q[0], q[2], ci["ci_low"], ci["ci_high"])
+            median, low, high = median_and_ci(ratios)
+            paired[name] = (median, q[0], q[2], low, high)
     torch.set_num_threads(threads)
     label = "1 thread, CPU time" if cpu_time else f"{threads} threads, wall time"
     progress(f"{size:>6} side by side ({label}): "
@@ -336,14 +336,14 @@ def model_race(rounds: int = MODEL_ROUNDS, progress=print, small: bool = False) 
             opt.step()
             times[name].append(time.perf_counter() - t0)
     fused = times[MODEL_ROWS[1]]
-    out = {"params": sum(w.numel() for w in params), "tensors": len(params),
+    out = {"model": ("a small DistilBERT (2 layers, width 128: the quick run)" if small else
+                     "distilbert-base-cased for sequence classification from its config"),
+           "params": sum(w.numel() for w in params), "tensors": len(params),
            "fp32_state_tensors": sum(w.numel() < 4096 for w in params), "rounds": rounds, "rows": {}}
     for name, ts in times.items():
         ratios = [t / f for t, f in zip(ts, fused)]
-        ci = median_ci(ratios) if len(ratios) >= 6 else {"median": statistics.median(ratios),
-                                                          "ci_low": math.nan, "ci_high": math.nan}
-        out["rows"][name] = {"ms": statistics.median(ts) * 1e3, "ratio": ci["median"],
-                             "ci_low": ci["ci_low"], "ci_high": ci["ci_high"]}
+        median, low, high = median_and_ci(ratios)
+        out["rows"][name] = {"ms": statistics.median(ts) * 1e3, "ratio": median, "ci_low": low, "ci_high": high}
     progress("model side by side: " + ", ".join(f"{k} {v['ms']:.1f} ms" for k, v in out["rows"].items()))
     del opts, model, params
     gc.collect()
@@ -353,8 +353,8 @@ def model_race(rounds: int = MODEL_ROUNDS, progress=print, small: bool = False) 
 def model_table(res: dict | None) -> str:
     if not res:
         return "The course's model: not timed (`transformers` is not installed)."
-    lines = [f"**The course's model, side by side, {THREADS} threads** (distilbert-base-cased for sequence "
-             f"classification from its config: {res['params']:,} parameters in {res['tensors']} tensors, "
+    lines = [f"**The course's model, side by side, {THREADS} threads** ({res.get('model', 'DistilBERT')}: "
+             f"{res['params']:,} parameters in {res['tensors']} tensors, "
              f"{res['fp32_state_tensors']} of them small enough to keep fp32 states; lesson 10's parameter groups; "
              f"{res['rounds']} rounds of one step of each in turn; ratio: the median of the per-round ratios to fused "
              "AdamW with its 95 % interval):", "",

@@ -39,7 +39,7 @@ if str(HERE.parent) not in sys.path:
 import torch  # noqa: E402
 
 from readme_section import write_section  # noqa: E402
-from stats import median_ci  # noqa: E402
+from stats import median_and_ci  # noqa: E402
 
 from adam8lib import AdamW8bit  # noqa: E402
 from adam8lib.kernels import cpu, reference  # noqa: E402
@@ -133,14 +133,6 @@ def _median_time(fn, reps: int) -> float:
     return statistics.median(_round_robin({"step": fn}, reps)["step"])
 
 
-def _median_and_ci(values: list[float]) -> tuple[float, float, float]:
-    """(median, 95 % CI low, high) of per-round values; the interval is NaN below 6 rounds."""
-    if len(values) < 6:
-        return statistics.median(values), math.nan, math.nan
-    ci = median_ci(values)
-    return ci["median"], ci["ci_low"], ci["ci_high"]
-
-
 def _ci_text(lo: float, hi: float, fmt: str) -> str:
     return "–" if math.isnan(lo) else f"{lo:{fmt}}–{hi:{fmt}}"
 
@@ -176,7 +168,7 @@ def profile(n: int, reps: int, rounds: int = ROUNDS) -> dict:
     steps[FUSED] = lambda t: opt.step()
     times = _round_robin(steps, rounds)
     kernel = {k: statistics.median(v) for k, v in times.items() if k != FUSED}
-    ratios = {k: _median_and_ci([a / b for a, b in zip(v, times[FUSED])]) for k, v in times.items() if k != FUSED}
+    ratios = {k: median_and_ci([a / b for a, b in zip(v, times[FUSED])]) for k, v in times.items() if k != FUSED}
     fused = statistics.median(times[FUSED])
     count, size = (10, 4096) if n < 2**20 else (100, 65_536)
     tensors = {"count": count, "size": size, "rows": per_tensor_cost(count, size, rounds)}
@@ -208,7 +200,7 @@ def per_tensor_cost(count: int, size: int, rounds: int) -> dict[str, dict[str, f
     rows = {}
     for name in makers:
         extra = [(many - one) / (count - 1) for many, one in zip(raw[(name, "many")], raw[(name, "one")])]
-        med, lo, hi = _median_and_ci(extra)
+        med, lo, hi = median_and_ci(extra)
         rows[name] = {"one": times[(name, "one")], "many": times[(name, "many")], "per_tensor": med,
                       "per_tensor_ci": (lo, hi)}
     return rows

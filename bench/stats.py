@@ -20,7 +20,7 @@ import math
 import statistics
 from typing import Sequence
 
-__all__ = ["incomplete_beta", "t_cdf", "t_quantile", "paired", "mean_ci", "median_ci"]
+__all__ = ["incomplete_beta", "t_cdf", "t_quantile", "paired", "mean_ci", "median_ci", "median_and_ci"]
 
 
 def incomplete_beta(x: float, a: float, b: float) -> float:
@@ -113,19 +113,36 @@ def median_ci(values: Sequence[float], level: float = 0.95) -> dict[str, float]:
     """
     xs = sorted(float(v) for v in values)
     n = len(xs)
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level must be in (0, 1), got {level}")
     if any(math.isnan(x) for x in xs):
         raise ValueError("values contain NaN")
-    alpha_half = (1.0 - level) / 2.0
-    below, j = 0.0, 0  # below = P(B <= j - 1)
-    while True:
-        nxt = below + math.comb(n, j) / 2.0 ** n  # P(B <= j)
-        if nxt > alpha_half:
-            break
-        below, j = nxt, j + 1
+    j, below = _median_rank(n, level)
     if j == 0:
         raise ValueError(f"{n} values cannot give a {level:.0%} interval for the median "
                          f"(the widest, min to max, covers {1 - 2 / 2.0 ** n:.1%} at most)")
     return {"n": n, "median": statistics.median(xs), "ci_low": xs[j - 1], "ci_high": xs[n - j],
             "coverage": 1.0 - 2.0 * below, "level": level}
+
+
+def _median_rank(n: int, level: float) -> tuple[int, float]:
+    """The largest rank ``j`` (1-based; 0 if none) with ``2·P(B <= j - 1) <= 1 - level`` for
+    B ~ Binomial(n, 1/2), and that ``P(B <= j - 1)``."""
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    alpha_half = (1.0 - level) / 2.0
+    below, j = 0.0, 0  # below = P(B <= j - 1)
+    while j <= n:
+        nxt = below + math.comb(n, j) / 2.0 ** n  # P(B <= j)
+        if nxt > alpha_half:
+            break
+        below, j = nxt, j + 1
+    return j, below
+
+
+def median_and_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """``(median, ci_low, ci_high)`` of :func:`median_ci`; the interval is NaN where there are
+    too few values for one (fewer than 6 at 95 %), so a quick run still reports its median."""
+    values = list(values)
+    if _median_rank(len(values), level)[0] == 0:
+        return statistics.median(values), math.nan, math.nan
+    out = median_ci(values, level)
+    return out["median"], out["ci_low"], out["ci_high"]

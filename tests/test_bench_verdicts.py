@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 import sys
 from pathlib import Path
 
@@ -124,13 +125,24 @@ def test_targets_table_without_paired_ratios_uses_the_medians():
 
 def test_model_table_reports_the_paired_ratios_and_says_when_it_could_not_run():
     assert "not timed" in bench_step.model_table(None)
-    res = {"params": 65_783_042, "tensors": 104, "fp32_state_tensors": 65, "rounds": 21, "rows": {
+    res = {"model": "distilbert-base-cased for sequence classification from its config", "params": 65_783_042, "tensors": 104, "fp32_state_tensors": 65, "rounds": 21, "rows": {
         bench_step.MODEL_ROWS[1]: {"ms": 45.0, "ratio": 1.0, "ci_low": 1.0, "ci_high": 1.0},
         bench_step.CPU_FAST: {"ms": 44.1, "ratio": 0.98, "ci_low": 0.95, "ci_high": 1.03},
         bench_step.CPU: {"ms": 52.0, "ratio": 1.15, "ci_low": math.nan, "ci_high": math.nan}}}
     table = bench_step.model_table(res)
-    assert "65,783,042 parameters in 104 tensors, 65 of them" in table
+    assert "(distilbert-base-cased for sequence classification from its config: 65,783,042 parameters in 104 " \
+           "tensors, 65 of them" in table
     rows = {line.split(" | ")[0].lstrip("| "): line for line in table.splitlines() if line.startswith("| ")}
     assert rows[bench_step.MODEL_ROWS[1]].endswith("| 1.00× | – |")  # the anchor has no interval
     assert rows[bench_step.CPU_FAST].endswith("| 44.1 | 0.98× | 0.95–1.03 |")
     assert rows[bench_step.CPU].endswith("| 1.15× | – |")
+
+
+def test_median_and_ci_gives_the_median_alone_when_an_interval_is_impossible():
+    med, lo, hi = stats.median_and_ci([3.0, 1.0, 2.0])
+    assert med == 2.0 and math.isnan(lo) and math.isnan(hi)
+    assert stats.median_and_ci(range(31)) == (15, 9.0, 21.0)
+    with pytest.raises(ValueError, match="NaN"):
+        stats.median_and_ci([1.0] * 9 + [math.nan])
+    with pytest.raises(statistics.StatisticsError):
+        stats.median_and_ci([])
