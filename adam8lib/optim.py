@@ -12,10 +12,11 @@ What is 8-bit, and what is not:
 * smaller tensors (biases, LayerNorm weights) keep fp32 states ``exp_avg``/``exp_avg_sq``;
 * each step dequantizes, updates in fp32 and requantizes, one chunk of blocks at a time
   (see :mod:`adam8lib.kernels.reference` for the exact maths). Both kinds of state go through
-  the same fp32 update, :func:`adam8lib.kernels.reference.adam_update_fp32` (the small CPU
-  tensors of a group that share a step count in one batch of ``torch._foreach_*`` operations,
-  :func:`~adam8lib.kernels.reference.adam_update_fp32_many`: the same result, bit for bit,
-  without paying ~18 separate torch calls per bias or LayerNorm weight).
+  the same fp32 update, :func:`adam8lib.kernels.reference.adam_update_fp32` (the small
+  tensors of a group that share a device and a step count in one batch of
+  ``torch._foreach_*`` operations, :func:`~adam8lib.kernels.reference.adam_update_fp32_many`:
+  on the CPU the same result bit for bit, without ~18 separate torch calls, or GPU kernel
+  launches, per bias or LayerNorm weight).
 
 Weight decay is *decoupled* (AdamW style) in both classes, as in bitsandbytes, where
 ``Adam8bit`` and ``AdamW8bit`` differ only in the default ``weight_decay`` (0 vs 1e-2).
@@ -204,8 +205,9 @@ class Adam8bit(torch.optim.Optimizer):
         # the 8-bit tensors of each group (and device) go to the backend together: one call for
         # the group where the backend can take them at once (the cpu backends), which saves most
         # of the per-tensor cost of crossing into the kernel; the same result, bit for bit
-        # (and the small CPU tensors with fp32 states likewise, per group and step count, with
-        # torch's _foreach ops: the same operations as one tensor at a time, bit for bit)
+        # (and the small tensors with fp32 states likewise, per group, device and step count,
+        # with torch's _foreach ops: the same operations as one tensor at a time, bit for bit on
+        # the CPU)
         batches: dict[tuple[int, torch.device], tuple[dict[str, Any], list]] = {}
         small: dict[tuple[int, int], tuple[dict[str, Any], list]] = {}
         own_32bit = type(self)._step_32bit is not Adam8bit._step_32bit
@@ -215,7 +217,8 @@ class Adam8bit(torch.optim.Optimizer):
                 if own_32bit or not _fp32_batchable(param, state):
                     self._step_32bit(group, param, grad, state)
                 else:
-                    small.setdefault((id(group), state["step"]), (group, []))[1].append((param, grad, state))
+                    key = (id(group), param.device, state["step"])
+                    small.setdefault(key, (group, []))[1].append((param, grad, state))
             elif param.numel():  # an empty shard (more ranks than rows): nothing to update here
                 batches.setdefault((id(group), param.device), (group, []))[1].append((param, grad, state))
         for group, entries in small.values():
@@ -289,8 +292,9 @@ class Adam8bit(torch.optim.Optimizer):
         p.copy_(new)
 
     def _step_32bit_many(self, group: dict[str, Any], entries: list[tuple[torch.Tensor, torch.Tensor, dict]]) -> None:
-        """:meth:`_step_32bit` for several CPU parameters of one group with the same step count,
-        in one :func:`~adam8lib.kernels.reference.adam_update_fp32_many` (bit for bit the same)."""
+        """:meth:`_step_32bit` for several parameters of one group on one device with the same
+        step count, in one :func:`~adam8lib.kernels.reference.adam_update_fp32_many` (on the CPU
+        bit for bit the same)."""
         beta1, beta2 = group["betas"]
         work = [(p, p.float()) for p, _, _ in entries]  # fp32 p: itself (updated in place)
         adam_update_fp32_many(
@@ -467,11 +471,12 @@ def _check_param_and_grad(
 
 
 def _fp32_batchable(param: torch.Tensor, state: dict[str, Any]) -> bool:
-    """Whether a parameter with fp32 states can join the batched fp32 update (CPU, fp32 states
-    as created; anything else, e.g. states loaded in another dtype, goes one at a time)."""
+    """Whether a parameter with fp32 states can join the batched fp32 update (fp32 states on
+    its device, as created; anything else, e.g. states loaded in another dtype, goes one at a
+    time)."""
     m, v = state["exp_avg"], state["exp_avg_sq"]
-    return (param.device.type == "cpu" and m.device.type == "cpu" and v.device.type == "cpu"
-            and m.dtype == torch.float32 and v.dtype == torch.float32)
+    return (m.dtype == torch.float32 and v.dtype == torch.float32 and m.device == param.device
+            and v.device == param.device and param.device.type in ("cpu", "cuda"))
 
 
 def _follow_device(state: dict[str, Any], device: torch.device) -> None:

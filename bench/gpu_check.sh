@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU check of the fused Triton 8-bit Adam step, on one CUDA GPU (about 3-5 minutes on an H100/H200):
-#   1. the kernel tests on CUDA (tests/kernels/test_triton.py -m gpu: kernels vs the reference backend);
+#   1. the kernel tests on CUDA (tests/kernels -m gpu: Triton kernels vs the reference backend, the
+#      batched fp32 update of small tensors vs one at a time);
 #   2. timings at 1e8 and 1e9 fp32 parameters: device-to-device copy, our fused step,
 #      bitsandbytes AdamW8bit, torch AdamW(fused=True) -> bandwidths and ratios (bench/gpu_bench.py),
 #      after a sweep of a few launch configs (tile, num_warps) of our kernel at 1e8.
@@ -34,7 +35,7 @@ if [[ "${TRITON_INTERPRET:-0}" == "1" ]]; then
 fi
 
 echo "== 1/2 kernel tests on CUDA"
-"$PYTHON" -m pytest tests/kernels/test_triton.py -m gpu -q -p no:cacheprovider
+"$PYTHON" -m pytest tests/kernels -m gpu -q -p no:cacheprovider
 
 echo "== 2/2 timings"
 "$PYTHON" bench/gpu_bench.py --sweep "$@"

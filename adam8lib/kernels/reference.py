@@ -102,19 +102,26 @@ def adam_update_fp32_many(
     eps: float,
     weight_decay: float,
 ) -> None:
-    """:func:`adam_update_fp32` for several CPU fp32 tensors at once, **in place** on ``params``.
+    """:func:`adam_update_fp32` for several fp32 tensors on one device at once, **in place** on
+    ``params``.
 
-    The same operations in the same order, bit for bit, but each one over the whole list
+    The same operations in the same order, but each one over the whole list
     (``torch._foreach_*``: one call instead of one per tensor, which is most of the cost of a
-    small tensor). The non-finite rule needs to know whether any new ``m`` or ``v`` is not
-    finite: one max-norm per tensor answers it; in the usual case (none) the parameters are
-    updated in place, otherwise the rest of the rule runs tensor by tensor as in
-    :func:`adam_update_fp32`. Only for CPU tensors: on CUDA the ``_foreach`` ops are other,
-    fused kernels whose rounding this module does not promise to match.
+    small tensor; on a GPU, a handful of kernel launches instead of ~18 per tensor). The
+    non-finite rule needs to know whether any new ``m`` or ``v`` is not finite: one max-norm
+    per tensor answers it; in the usual case (none) the parameters are updated in place,
+    otherwise the rest of the rule runs tensor by tensor as in :func:`adam_update_fp32`.
+
+    On the CPU the ``_foreach`` operations call the per-tensor ones, so the result is
+    :func:`adam_update_fp32`'s bit for bit (tested). On CUDA they are torch's fused multi-tensor
+    kernels: the same formulas, whose roundings may differ in the last bit (the GPU test allows
+    a few ulp).
     """
+    device = params[0].device if params else None
     for t in (*params, *grads, *ms, *vs):
-        if t.device.type != "cpu" or t.dtype != torch.float32:
-            raise ValueError(f"adam_update_fp32_many takes CPU fp32 tensors, got {t.dtype} on {t.device}")
+        if t.dtype != torch.float32 or t.device != device:
+            raise ValueError(f"adam_update_fp32_many takes fp32 tensors on one device ({device}), "
+                             f"got {t.dtype} on {t.device}")
     if not (len(params) == len(grads) == len(ms) == len(vs)):
         raise ValueError(f"lists of different lengths: {len(params)}, {len(grads)}, {len(ms)}, {len(vs)}")
     keep = [i for i, t in enumerate(params) if t.numel()]  # an empty tensor has nothing to update
