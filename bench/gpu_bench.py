@@ -15,6 +15,13 @@ optimizer, so the numbers compare times on one scale (fused AdamW really moves 2
 Targets: ours >= 85% of the copy bandwidth, >= 1.2x faster than bitsandbytes, >= 1.6x faster
 than fused AdamW.
 
+Then the course's model (``--model``, on by default): one optimizer step over all the
+parameters of DistilBERT for sequence classification (65,783,042 parameters in 104 tensors,
+lesson 10's two parameter groups), for ``AdamW8bit(backend="triton")`` with its one launch per
+parameter group, the same with one launch per tensor (what it did before), bitsandbytes'
+AdamW8bit and fused AdamW: on a real model the per-tensor cost of launches and host work
+counts, not only the bandwidth of one big tensor.
+
 Timing: CUDA events around each call, median of ``--iters`` calls after ``--warmup`` calls.
 
     python bench/gpu_bench.py                    # 1e8 and 1e9 params (needs ~20 GB of GPU memory)
@@ -51,6 +58,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=None, help="untimed calls first (default 3)")
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
     parser.add_argument("--skip", nargs="*", default=[], choices=["bnb", "adamw"], help="anchors to leave out")
+    parser.add_argument("--no-model", dest="model", action="store_false",
+                        help="leave out the course's model (DistilBERT, every tensor, one optimizer step)")
     parser.add_argument("--sweep", action="store_true",
                         help="first, time our step at the smallest size for several (tile, num_warps) launch configs")
     parser.add_argument(
@@ -205,10 +214,75 @@ def run(args: argparse.Namespace) -> dict:
             free(device)
         summarize(row)
         info["results"].append(row)
+    if args.model:
+        info["model"] = time_model(device, args.iters, args.warmup, bnb, small=args.cpu_smoke)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(info, f, indent=2)
     return info
+
+
+def _model(device, small: bool):
+    """The course's DistilBERT (from its config, fp32) on ``device`` with a fixed gradient per
+    tensor; ``small``: a three-layer stand-in of a few thousand parameters (interpreter smoke run)."""
+    import torch
+
+    if small:
+        model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.LayerNorm(96), torch.nn.Linear(96, 48))
+    else:
+        from adam8lib.course.finetune import build_distilbert
+
+        model = build_distilbert()
+    model = model.to(device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    for w in model.parameters():
+        w.grad = torch.randn(w.shape, device=device, generator=gen).mul_(1e-3)
+    return model
+
+
+def time_model(device, iters, warmup, bnb, small: bool = False) -> dict:
+    """One optimizer step over every tensor of the course's model, per optimizer (see the
+    module docstring); each optimizer gets a fresh copy of the model."""
+    from adam8lib import kernels
+    from adam8lib.kernels import triton as kt
+
+    # the triton step without its step_many, under a name of its own for this measurement only
+    kernels.register_backend("triton_one_launch_per_tensor", kt.adam8bit_step_triton, kt.supports)
+    try:
+        return _time_model_rows(device, iters, warmup, bnb, small)
+    finally:
+        kernels._BACKENDS.pop("triton_one_launch_per_tensor", None)
+
+
+def _time_model_rows(device, iters, warmup, bnb, small: bool) -> dict:
+    import torch
+
+    from adam8lib import AdamW8bit
+    from adam8lib.training import make_param_groups
+
+    lr, wd = HYPER["lr"], HYPER["weight_decay"]
+    makers = {
+        "adam8lib AdamW8bit (triton, one launch per group)": lambda gs: AdamW8bit(gs, lr=lr, backend="triton"),
+        "adam8lib AdamW8bit (triton, one launch per tensor)":
+            lambda gs: AdamW8bit(gs, lr=lr, backend="triton_one_launch_per_tensor"),
+        "torch AdamW(fused=True)": lambda gs: torch.optim.AdamW(gs, lr=lr, fused=True),
+    }
+    if bnb is not None:
+        makers["bitsandbytes AdamW8bit"] = lambda gs: bnb.optim.AdamW8bit(gs, lr=lr)
+    out = {"rows": {}}
+    for name, make in makers.items():
+        model = _model(device, small)
+        opt = make(make_param_groups(model, weight_decay=wd))
+        out["rows"][name] = median_seconds(opt.step, device, iters, warmup)
+        out["params"] = sum(w.numel() for w in model.parameters())
+        out["tensors"] = len(list(model.parameters()))
+        del opt, model
+        free(device)
+    fused = out["rows"]["torch AdamW(fused=True)"]
+    print(f"\nthe course's model: {out['params']:,} parameters in {out['tensors']} tensors, one optimizer step")
+    for name, seconds in out["rows"].items():
+        print(f"  {name:52s} {seconds * 1e3:9.3f} ms  {seconds / fused:5.2f}x fused AdamW")
+    return out
 
 
 #: (elements per program, warps per program) tried by --sweep; the library default is (2048, 8).

@@ -106,6 +106,34 @@ def compile_step(arch: int, dtype: str, *, use_table: bool = True, tile: int | N
                           options={"num_warps": num_warps, "enable_fp_fusion": False}), rows * BLOCKSIZE // (32 * num_warps)
 
 
+def compile_step_many(arch: int, dtype: str, *, hyper: dict | None = None):
+    """Compile ``_adam8bit_many_kernel`` (several tensors in one launch) for ``sm_<arch>`` as
+    ``adam8bit_step_many_triton`` launches it for tensors of ``dtype``; returns (triton's
+    compiled kernel, elements per thread)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise RuntimeError("unset TRITON_INTERPRET: the interpreter cannot compile for a GPU")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from adam8lib.kernels import triton as kt
+
+    rows, num_warps = kt.launch_config(BLOCKSIZE, tile=kt.TILE_ELEMENTS)
+    fn = kt._adam8bit_many_kernel
+    tl_dtype = {"fp32": kt.tl.float32, "bf16": kt.tl.bfloat16, "fp16": kt.tl.float16}[dtype]
+    constexprs = {"BLOCKSIZE": BLOCKSIZE, "ROWS": rows, "USE_TABLE": True,
+                  **step_flags(tile=rows * BLOCKSIZE, **(hyper or BENCH)),
+                  "P_DTYPE": tl_dtype, "G_DTYPE": tl_dtype}
+    types = {"meta_ptr": "*i64", "scalars_ptr": "*fp32", "programs_ptr": "*i64", "qmap1_ptr": "*fp32", "qmap2_ptr": "*fp32",
+             "steps1_ptr": "*i32", "steps2_ptr": "*i32", "count": "i32"}
+    names = list(fn.arg_names)
+    signature = {name: "constexpr" if name in constexprs else types.get(name, "fp32") for name in names}
+    aligned_args = {(names.index(name),): [["tt.divisibility", 16]] for name in names if name.endswith("_ptr")}
+    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=aligned_args)
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": num_warps, "enable_fp_fusion": False}), rows * BLOCKSIZE // (32 * num_warps)
+
+
 def _cuobjdump() -> str:
     from triton import knobs
 
@@ -189,6 +217,10 @@ def main(argv=None) -> int:
         rows += measure(args.targets, args.dtypes, use_table=False)
     if args.variants:
         rows += measure([90], args.dtypes, use_table=True, variants=VARIANTS[1:])
+        for dtype in args.dtypes:
+            kernel, per_thread = compile_step_many(90, dtype)
+            rows.append({"arch": "sm_90", "dtype": dtype, "use_table": True,
+                         "variant": "AdamW, many tensors in one launch", **analyse(kernel, per_thread)})
     print(render(rows))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")

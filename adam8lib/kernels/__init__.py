@@ -23,8 +23,9 @@ module that imports but cannot run (e.g. its build failed) may define
 
 Several tensors of one parameter group go through :func:`adam8bit_step_many` (what the
 optimizers use): each is checked, then a backend that registered a ``step_many`` (the ``cpu``
-backends) steps them all in one call, and any other backend one by one. Python is then crossed
-once per group instead of once per tensor, which is most of what a small tensor costs.
+backends: one call into the C++ kernel; ``triton``: one launch per pair of dtypes) steps them
+all at once, and any other backend one by one. Python (and, on a GPU, a kernel launch) is then
+paid once per group instead of once per tensor, which is most of what a small tensor costs.
 
 torch.compile: :func:`adam8bit_step` always runs eagerly (``torch.compiler.disable``): inside a
 compiled function it is a graph break, and the backend sees real tensors that live until it
