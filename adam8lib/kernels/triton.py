@@ -309,7 +309,7 @@ def _step_tile(p_ptr, g_ptr, state1_ptr, state2_ptr, absmax1_ptr, absmax2_ptr, q
                steps1_ptr, steps2_ptr, blocks, offsets, mask, block_mask,
                beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay, neg_step_size, bias_correction2_sqrt,
                USE_TABLE: tl.constexpr, DECAY: tl.constexpr, RESET_KEEPS_P: tl.constexpr):
-    """The step of one program's ``[ROWS, BLOCKSIZE]`` tile (both kernels above)."""
+    """The step of one program's ``[ROWS, BLOCKSIZE]`` tile, for ``_adam8bit_kernel`` and ``_adam8bit_many_kernel``."""
     # 1. load and dequantize the states: m = qmap1[state1] * absmax1, v = qmap2[state2] * absmax2
     code1 = tl.load(state1_ptr + offsets, mask=mask, other=0).to(tl.int32)
     code2 = tl.load(state2_ptr + offsets, mask=mask, other=0).to(tl.int32)
