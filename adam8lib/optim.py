@@ -209,7 +209,7 @@ class Adam8bit(torch.optim.Optimizer):
         # with torch's _foreach ops: the same operations as one tensor at a time, bit for bit on
         # the CPU)
         batches: dict[tuple[int, torch.device], tuple[dict[str, Any], list]] = {}
-        small: dict[tuple[int, int], tuple[dict[str, Any], list]] = {}
+        small: dict[tuple[int, torch.device, int], tuple[dict[str, Any], list]] = {}
         own_32bit = type(self)._step_32bit is not Adam8bit._step_32bit
         for group, p, param, grad in work:
             state = self._prepare(group, p, param)
