@@ -471,12 +471,11 @@ def _check_param_and_grad(
 
 
 def _fp32_batchable(param: torch.Tensor, state: dict[str, Any]) -> bool:
-    """Whether a parameter with fp32 states can join the batched fp32 update (fp32 states on
-    its device, as created; anything else, e.g. states loaded in another dtype, goes one at a
-    time)."""
-    m, v = state["exp_avg"], state["exp_avg_sq"]
-    return (m.dtype == torch.float32 and v.dtype == torch.float32 and m.device == param.device
-            and v.device == param.device and param.device.type in ("cpu", "cuda"))
+    """Whether a parameter with fp32 states can join the batched fp32 update: fp32 states as
+    created (anything else, e.g. states loaded in another dtype, goes one at a time), on a CPU
+    or CUDA device (``_prepare`` has already moved them to the parameter's)."""
+    return (state["exp_avg"].dtype == torch.float32 and state["exp_avg_sq"].dtype == torch.float32
+            and param.device.type in ("cpu", "cuda"))
 
 
 def _follow_device(state: dict[str, Any], device: torch.device) -> None:

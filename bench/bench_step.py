@@ -237,6 +237,33 @@ def measure(name, factory, n, size, reps) -> Row:
     return row
 
 
+def _round_robin(optimizers: dict, rounds: int, clock=time.perf_counter) -> dict[str, list[float]]:
+    """Two warm-up steps of each optimizer, then ``rounds`` rounds of one step of each in turn:
+    the seconds (by ``clock``) of every step, per row."""
+    for opt in optimizers.values():
+        for _ in range(2):
+            opt.step()
+    times = {name: [] for name in optimizers}
+    for _ in range(rounds):
+        for name, opt in optimizers.items():
+            t0 = clock()
+            opt.step()
+            times[name].append(clock() - t0)
+    return times
+
+
+def _paired_ratios(times: dict[str, list[float]], anchor: str) -> dict[str, tuple[float, ...]]:
+    """Each row's time divided by ``anchor``'s of the same round: (median, lower quartile, upper
+    quartile, 95 % CI low, CI high) over the rounds (the interval: ``stats.median_and_ci``)."""
+    out = {}
+    for name, ts in times.items():
+        ratios = sorted(t / a for t, a in zip(ts, times[anchor]))
+        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+        median, low, high = median_and_ci(ratios)
+        out[name] = (median, q[0], q[2], low, high)
+    return out
+
+
 def race(n: int, size: str, reps: int, progress=print, cpu_time: bool = False,
          paired: dict | None = None) -> dict[str, float]:
     """The RACE rows timed round-robin: one step of each in turn, ``reps`` rounds, median ms.
@@ -255,32 +282,18 @@ def race(n: int, size: str, reps: int, progress=print, cpu_time: bool = False,
     if cpu_time:
         torch.set_num_threads(1)
     factories = dict(_make_optimizers())
-    contenders = {}
     # one parameter and gradient shared by every row: each optimizer keeps its own states, and
     # p and g (the largest streams) are the same memory for all, so the rows differ only in
     # what they are: where the allocator placed each row's own copy cannot tilt the ratios
     gen = torch.Generator().manual_seed(0)
     p = torch.nn.Parameter(torch.randn(n, generator=gen))
     p.grad = torch.randn(n, generator=gen) * 1e-2
-    for name in RACE:
-        opt = factories[name]([p])
-        for _ in range(2):
-            opt.step()
-        contenders[name] = (opt, p, [])
-    for _ in range(reps):
-        for name, (opt, _, times) in contenders.items():
-            t0 = clock()
-            opt.step()
-            times.append(clock() - t0)
+    contenders = {name: factories[name]([p]) for name in RACE}
+    times = _round_robin(contenders, reps, clock)
     pick = min if cpu_time else statistics.median
-    result = {name: pick(times) * 1e3 for name, (_, _, times) in contenders.items()}
-    if paired is not None and "torch AdamW (fused)" in contenders:
-        fused = contenders["torch AdamW (fused)"][2]
-        for name, (_, _, times) in contenders.items():
-            ratios = sorted(t / f for t, f in zip(times, fused))
-            q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-            median, low, high = median_and_ci(ratios)
-            paired[name] = (median, q[0], q[2], low, high)
+    result = {name: pick(ts) * 1e3 for name, ts in times.items()}
+    if paired is not None and "torch AdamW (fused)" in times:
+        paired.update(_paired_ratios(times, "torch AdamW (fused)"))
     torch.set_num_threads(threads)
     label = "1 thread, CPU time" if cpu_time else f"{threads} threads, wall time"
     progress(f"{size:>6} side by side ({label}): "
@@ -324,25 +337,15 @@ def model_race(rounds: int = MODEL_ROUNDS, progress=print, small: bool = False) 
         CPU: lambda gs: AdamW8bit(gs, lr=1e-5, backend="cpu"),
         CPU_FAST: lambda gs: AdamW8bit(gs, lr=1e-5, backend="cpu_fast"),
     }
-    opts = {}
-    for name, factory in make.items():
-        opts[name] = factory(make_param_groups(model, weight_decay=0.01))
-        for _ in range(2):
-            opts[name].step()
-    times = {name: [] for name in opts}
-    for _ in range(rounds):
-        for name, opt in opts.items():
-            t0 = time.perf_counter()
-            opt.step()
-            times[name].append(time.perf_counter() - t0)
-    fused = times[MODEL_ROWS[1]]
+    opts = {name: factory(make_param_groups(model, weight_decay=0.01)) for name, factory in make.items()}
+    times = _round_robin(opts, rounds)
+    paired = _paired_ratios(times, MODEL_ROWS[1])
     out = {"model": ("a small DistilBERT (2 layers, width 128: the quick run)" if small else
                      "distilbert-base-cased for sequence classification from its config"),
            "params": sum(w.numel() for w in params), "tensors": len(params),
            "fp32_state_tensors": sum(w.numel() < 4096 for w in params), "rounds": rounds, "rows": {}}
     for name, ts in times.items():
-        ratios = [t / f for t, f in zip(ts, fused)]
-        median, low, high = median_and_ci(ratios)
+        median, _, _, low, high = paired[name]
         out["rows"][name] = {"ms": statistics.median(ts) * 1e3, "ratio": median, "ci_low": low, "ci_high": high}
     progress("model side by side: " + ", ".join(f"{k} {v['ms']:.1f} ms" for k, v in out["rows"].items()))
     del opts, model, params

@@ -196,13 +196,8 @@ def adam8bit_step_many(tensors, qmap1: torch.Tensor, qmap2: torch.Tensor, *, ste
     """
     blocksize = hyperparameters.get("blocksize")
 
-    def check(item, step):
-        check_step_args(*item, qmap1, qmap2, blocksize=blocksize, step=step)
-        if item[0].device != tensors[0][0].device:
-            raise ValueError(f"p is on {item[0].device}, the first tensor's p on {tensors[0][0].device}")
-
-    tensors = list(tensors)
-    tensors, steps = check_each(tensors, steps, check)
+    tensors, steps = check_each(
+        tensors, steps, lambda item, step: check_step_args(*item, qmap1, qmap2, blocksize=blocksize, step=step))
     if not tensors:
         return
     calls = [(*item, qmap1, qmap2) for item in tensors]

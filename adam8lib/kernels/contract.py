@@ -96,7 +96,8 @@ def check_step(step: object) -> None:
 def check_each(tensors, steps, check) -> tuple[list, list]:
     """The arguments of a many-tensor step: ``tensors`` as lists of ``(p, g, state1, state2,
     absmax1, absmax2)``, one step count each in ``steps``; ``check(item, step)`` raises for a bad
-    one, and its TypeError/ValueError comes back naming the tensor's position. Returns both lists."""
+    one, and every p must be on the first one's device; a TypeError/ValueError comes back naming
+    the tensor's position. Returns both lists."""
     tensors, steps = list(tensors), list(steps)
     if len(steps) != len(tensors):
         raise ValueError(f"steps must give one step count per tensor: {len(steps)} for {len(tensors)} tensors")
@@ -106,6 +107,8 @@ def check_each(tensors, steps, check) -> tuple[list, list]:
                 raise TypeError("each entry must be (p, g, state1, state2, absmax1, absmax2)")
             check_step(step)
             check(item, step)
+            if item[0].device != tensors[0][0].device:
+                raise ValueError(f"p is on {item[0].device}, the first tensor's p on {tensors[0][0].device}")
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"tensor {i} of {len(tensors)}: {exc}") from None
     return tensors, steps

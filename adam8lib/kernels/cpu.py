@@ -57,7 +57,6 @@ import ctypes
 import functools
 import hashlib
 import logging
-import math
 import os
 import platform
 import shutil
@@ -74,6 +73,7 @@ import torch
 from ..quant import num_blocks
 from . import register_backend
 from .contract import check_each, check_step, check_step_args
+from .reference import bias_corrections
 from .code_table import BUCKET_BITS, CodeTable, cache_root, code_table  # noqa: F401 (re-exported)
 
 __all__ = ["adam8bit_step", "adam8bit_step_fast", "adam8bit_step_many", "code_table", "CodeTable", "torch_uses_fma", "load_extension",
@@ -515,9 +515,9 @@ def _shared_args(qmap1: torch.Tensor, qmap2: torch.Tensor, exact: bool, simd: in
 def _scalars(step: int, lr: float, beta1: float, beta2: float, weight_decay: float) -> tuple[float, float, float, float]:
     """(decay, sqrt(1 - beta2^t), -step_size, 1/sqrt(1 - beta2^t)) as the reference computes them
     (Python floats; ctypes rounds each to fp32 once, as torch rounds its kernels' scalars)."""
-    bias_correction2_sqrt = math.sqrt(1.0 - beta2**step)
+    step_size, bias_correction2_sqrt = bias_corrections(step, lr, beta1, beta2)
     decay = 1.0 - lr * weight_decay if weight_decay != 0 else 1.0  # p * 1.0 == p: no decay
-    return decay, bias_correction2_sqrt, -(lr / (1.0 - beta1**step)), 1.0 / bias_correction2_sqrt
+    return decay, bias_correction2_sqrt, -step_size, 1.0 / bias_correction2_sqrt
 
 
 def adam8bit_step_many_fast(*args, **kwargs) -> None:

@@ -75,11 +75,17 @@ def adam_update_fp32(
                             weight_decay=weight_decay)
 
 
+def bias_corrections(step: int, lr: float, beta1: float, beta2: float) -> tuple[float, float]:
+    """``(lr / (1 - beta1^t), sqrt(1 - beta2^t))``: the step size and the square root of the
+    second moment's correction, in Python doubles (every backend rounds them to fp32 once, as
+    torch rounds its kernels' scalars)."""
+    return lr / (1.0 - beta1**step), math.sqrt(1.0 - beta2**step)
+
+
 def _param_with_rule(param, m, v, *, step, lr, beta1, beta2, eps, weight_decay) -> torch.Tensor:
     """The second half of :func:`adam_update_fp32`, after the moments: the non-finite rule
     element by element, then the new parameter."""
-    step_size = lr / (1.0 - beta1**step)
-    bias_correction2_sqrt = math.sqrt(1.0 - beta2**step)
+    step_size, bias_correction2_sqrt = bias_corrections(step, lr, beta1, beta2)
     ok = torch.isfinite(m) & torch.isfinite(v)
     m.masked_fill_(~ok, 0.0)
     v.masked_fill_(~ok, 0.0)
@@ -138,8 +144,7 @@ def adam_update_fp32_many(
         for p, m, v in zip(params, ms, vs):
             p.copy_(_param_with_rule(p, m, v, **hyper))
         return
-    step_size = lr / (1.0 - beta1**step)
-    bias_correction2_sqrt = math.sqrt(1.0 - beta2**step)
+    step_size, bias_correction2_sqrt = bias_corrections(step, lr, beta1, beta2)
     if weight_decay != 0:
         torch._foreach_mul_(params, 1.0 - lr * weight_decay)
     denoms = torch._foreach_sqrt(vs)

@@ -78,6 +78,7 @@ from collections import OrderedDict
 from . import register_backend
 from .contract import check_each, check_step, check_step_args
 from .code_table import code_table
+from .reference import bias_corrections
 from ..quant import check_blocksize, check_code, check_dequantize_inputs, num_blocks, require_float
 
 __all__ = [
@@ -472,20 +473,33 @@ def adam8bit_step_triton(
     _check_runnable(p.device)
     if n == 0:
         return
-    n_blocks = num_blocks(n, blocksize)
-    rows, warps = launch_config(blocksize, tile, num_warps)
+    _launch_one((p, g, state1, state2, absmax1, absmax2), qmap1, qmap2, _code_tables(qmap1, qmap2),
+                launch_config(blocksize, tile, num_warps), step=step, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+                weight_decay=weight_decay, blocksize=blocksize)
+
+
+def _code_tables(qmap1: torch.Tensor, qmap2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """``(steps1, steps2, use_table)`` for a launch: both maps' exact nearest-code tables, or,
+    unless both have one, the maps themselves (the kernels' binary search)."""
     steps1, table1 = nearest_code_table(qmap1, keep_sign=True)
     steps2, table2 = nearest_code_table(qmap2, keep_sign=True)
-    if not (table1 and table2):
-        steps1, steps2 = qmap1, qmap2
+    return (steps1, steps2, True) if table1 and table2 else (qmap1, qmap2, False)
+
+
+def _launch_one(item, qmap1, qmap2, tables, config, *, step, lr, beta1, beta2, eps, weight_decay, blocksize) -> None:
+    """One launch of ``_adam8bit_kernel`` for one checked, non-empty ``item`` (p, g, state1,
+    state2, absmax1, absmax2); ``tables`` from :func:`_code_tables`, ``config`` = (rows, warps)."""
+    p = item[0]
+    n, n_blocks = p.numel(), num_blocks(p.numel(), blocksize)
+    (steps1, steps2, use_table), (rows, warps) = tables, config
     # scalars in double precision here, rounded once to fp32 by the launch (as torch does)
-    decay, neg_step_size = 1.0 - lr * weight_decay, -lr / (1.0 - beta1**step)
-    bias_correction2_sqrt = math.sqrt(1.0 - beta2**step)
+    step_size, bias_correction2_sqrt = bias_corrections(step, lr, beta1, beta2)
+    decay, neg_step_size = 1.0 - lr * weight_decay, -step_size
     _launch(
         _adam8bit_kernel, n_blocks, rows, warps,
-        p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, steps1, steps2, n, n_blocks,
+        *item, qmap1, qmap2, steps1, steps2, n, n_blocks,
         beta1, 1.0 - beta1, beta2, 1.0 - beta2, eps, decay, neg_step_size, bias_correction2_sqrt,
-        BLOCKSIZE=blocksize, USE_TABLE=table1 and table2,
+        BLOCKSIZE=blocksize, USE_TABLE=use_table,
         **step_specialization(n_blocks * blocksize, rows * blocksize, decay=decay, neg_step_size=neg_step_size,
                               bias_correction2_sqrt=bias_correction2_sqrt, eps=eps),
     )
@@ -522,36 +536,22 @@ def adam8bit_step_many_triton(
     step of a small tensor itself.
     """
     check_blocksize(blocksize)
-
-    def check(item, step):
-        _check_step_tensors(*item, qmap1, qmap2, item[0].numel(), blocksize)
-        if item[0].device != tensors[0][0].device:
-            raise ValueError(f"p is on {item[0].device}, the first tensor's p on {tensors[0][0].device}")
-
-    tensors = list(tensors)
-    tensors, steps = check_each(tensors, steps, check)
+    tensors, steps = check_each(
+        tensors, steps, lambda item, step: _check_step_tensors(*item, qmap1, qmap2, item[0].numel(), blocksize))
     work = [(item, step) for item, step in zip(tensors, steps) if item[0].numel()]
     if not work:
         return
-    device = work[0][0][0].device
-    _check_runnable(device)
-    rows, warps = launch_config(blocksize, tile, num_warps)
-    steps1, table1 = nearest_code_table(qmap1, keep_sign=True)
-    steps2, table2 = nearest_code_table(qmap2, keep_sign=True)
-    if not (table1 and table2):
-        steps1, steps2 = qmap1, qmap2
-    decay = 1.0 - lr * weight_decay
+    _check_runnable(work[0][0][0].device)
+    tables, config = _code_tables(qmap1, qmap2), launch_config(blocksize, tile, num_warps)
+    hyper = dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay, blocksize=blocksize)
     launches: dict[tuple, list] = {}  # one per pair of dtypes (a compiled variant each)
-    hyper = dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay, blocksize=blocksize,
-                 tile=tile, num_warps=num_warps)
     for item, step in work:
         if _aligned(item):
             launches.setdefault((item[0].dtype, item[1].dtype), []).append((item, step))
         else:  # a size or address not a multiple of 16 (rare): its own launch, which Triton specializes
-            adam8bit_step_triton(*item, qmap1, qmap2, step=step, **hyper)
-    for (p_dtype, g_dtype), group in launches.items():
-        _launch_many(group, qmap1, qmap2, steps1, steps2, table1 and table2, rows, warps, blocksize,
-                     beta1=beta1, beta2=beta2, eps=eps, lr=lr, decay=decay, p_dtype=p_dtype, g_dtype=g_dtype)
+            _launch_one(item, qmap1, qmap2, tables, config, step=step, **hyper)
+    for group in launches.values():
+        _launch_many(group, qmap1, qmap2, tables, config, **hyper)
 
 
 _PROGRAM_MAPS: OrderedDict = OrderedDict()
@@ -572,16 +572,19 @@ def _program_map(tiles: list[int], device: torch.device) -> torch.Tensor:
     return value
 
 
-def _launch_many(group, qmap1, qmap2, steps1, steps2, use_table, rows, warps, blocksize, *, beta1, beta2, eps, lr,
-                 decay, p_dtype, g_dtype) -> None:
-    """One launch of ``_adam8bit_many_kernel`` for ``group`` ((tensors, step) pairs of one dtype pair)."""
-    count, tile = len(group), rows * blocksize
+def _launch_many(group, qmap1, qmap2, tables, config, *, lr, beta1, beta2, eps, weight_decay, blocksize) -> None:
+    """One launch of ``_adam8bit_many_kernel`` for ``group``: (item, step) pairs, all checked,
+    non-empty, aligned (:func:`_aligned`) and of one pair of parameter and gradient dtypes."""
+    (steps1, steps2, use_table), (rows, warps) = tables, config
+    count, tile, decay = len(group), rows * blocksize, 1.0 - lr * weight_decay
+    p_dtype, g_dtype = group[0][0][0].dtype, group[0][0][1].dtype
     sizes = [item[0].numel() for item, _ in group]
     tiles = [triton.cdiv(num_blocks(n, blocksize), rows) for n in sizes]
     if max(tiles) >= 2**32:
         raise ValueError(f"a tensor of {max(sizes)} elements has too many tiles for one launch")
-    neg_step_sizes = [-lr / (1.0 - beta1**step) for _, step in group]
-    bc2_sqrts = [math.sqrt(1.0 - beta2**step) for _, step in group]
+    corrections = [bias_corrections(step, lr, beta1, beta2) for _, step in group]
+    neg_step_sizes = [-step_size for step_size, _ in corrections]
+    bc2_sqrts = [bc2 for _, bc2 in corrections]
     flags = [step_specialization(num_blocks(n, blocksize) * blocksize, tile, decay=decay, neg_step_size=nss,
                                  bias_correction2_sqrt=bc2, eps=eps)
              for n, nss, bc2 in zip(sizes, neg_step_sizes, bc2_sqrts)]

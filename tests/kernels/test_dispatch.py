@@ -353,3 +353,18 @@ def test_optimizer_built_before_model_to_cuda_keeps_working():
     assert all(t.device.type == "cuda" for s in opt.state.values() for t in s.values() if torch.is_tensor(t))
     for a, b in zip(model.parameters(), twin.parameters()):
         torch.testing.assert_close(a.cpu(), b, rtol=0, atol=1e-5)
+
+
+def test_many_tensor_steps_need_every_p_on_the_first_ones_device():
+    """check_each (every many-tensor entry point: the dispatcher, cpu, triton) refuses a group
+    whose tensors are on different devices, naming the tensor, after that tensor's own check."""
+    from adam8lib.kernels.contract import check_each
+
+    def item(device):
+        return tuple(torch.zeros(4, device=device) for _ in range(6))
+
+    seen = []
+    with pytest.raises(ValueError, match=r"tensor 1 of 3: p is on meta, the first tensor's p on cpu"):
+        check_each([item("cpu"), item("meta"), item("cpu")], [1, 1, 1], lambda entry, step: seen.append(entry))
+    assert len(seen) == 2  # the tensor's own check ran first
+    assert check_each([item("cpu"), item("cpu")], (1, 2), lambda entry, step: None)[1] == [1, 2]

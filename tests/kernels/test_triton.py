@@ -385,12 +385,13 @@ def test_many_tensors_in_one_launch_step_as_one_launch_each(device, variant, mon
     qmap1, qmap2 = dynamic_map(True).to(device), dynamic_map(False).to(device)
     ours, steps = _many_case(device)
     ref = [[t.clone() if t is not None else None for t in item] for item in ours]
-    launches, singles = [], []
-    real_launch, real_single = kt._launch_many, kt.adam8bit_step_triton
+    launches, singles, counting = [], [], [False]  # launches of the many-tensor call only
+    real_launch, real_one = kt._launch_many, kt._launch_one
     monkeypatch.setattr(kt, "_launch_many", lambda group, *a, **k: (launches.append(len(group)),
                                                                       real_launch(group, *a, **k)))
-    monkeypatch.setattr(kt, "adam8bit_step_triton", lambda *a, **k: (singles.append(a[0].numel()),
-                                                                      real_single(*a, **k)))
+    monkeypatch.setattr(kt, "_launch_one", lambda item, *a, **k: (counting[0] and singles.append(item[0].numel()),
+                                                                   real_one(item, *a, **k)))
+    real_single = kt.adam8bit_step_triton
     for round_ in range(3):
         for i, (item, twin) in enumerate(zip(ours, ref)):
             g = gradient(max(item[0].numel(), 1), round_ + 1, item[0].dtype, device, 256)[: item[0].numel()]
@@ -398,7 +399,9 @@ def test_many_tensors_in_one_launch_step_as_one_launch_each(device, variant, mon
                 g[5], g[17] = float("nan"), float("inf")
             item[1], twin[1] = g, g.clone()
         round_steps = [s + round_ for s in steps]
+        counting[0] = True
         kt.adam8bit_step_many_triton(ours, qmap1, qmap2, steps=round_steps, **hyper)
+        counting[0] = False
         for twin, step in zip(ref, round_steps):
             real_single(*twin, qmap1, qmap2, step=step, **hyper)
         for i, (a, b) in enumerate(zip(ours, ref)):
