@@ -77,6 +77,30 @@ def compile_step(arch: int, dtype: str, *, use_table: bool = True, tile: int | N
     """Compile ``_adam8bit_kernel`` for ``sm_<arch>`` with the backend's launch configuration
     (or ``tile``/``num_warps``) and its specialization for ``hyper`` (default :data:`BENCH`);
     returns (triton's compiled kernel, elements per thread)."""
+    types = {"p_ptr": "*" + dtype, "g_ptr": "*" + dtype, "state1_ptr": "*u8", "state2_ptr": "*u8",
+             "steps1_ptr": "*i32", "steps2_ptr": "*i32", "n": "i32", "n_blocks": "i32"}
+    return _compile(arch, "_adam8bit_kernel", types, {"USE_TABLE": use_table}, hyper, tile=tile, num_warps=num_warps,
+                    aligned=("n",))
+
+
+def compile_step_many(arch: int, dtype: str, *, hyper: dict | None = None):
+    """Compile ``_adam8bit_many_kernel`` (several tensors in one launch) for ``sm_<arch>`` as
+    ``adam8bit_step_many_triton`` launches it for tensors of ``dtype``; returns (triton's
+    compiled kernel, elements per thread)."""
+    from adam8lib.kernels import triton as kt
+
+    tl_dtype = {"fp32": kt.tl.float32, "bf16": kt.tl.bfloat16, "fp16": kt.tl.float16}[dtype]
+    types = {"meta_ptr": "*i64", "programs_ptr": "*i64", "steps1_ptr": "*i32", "steps2_ptr": "*i32", "count": "i32"}
+    return _compile(arch, "_adam8bit_many_kernel", types,
+                    {"USE_TABLE": True, "P_DTYPE": tl_dtype, "G_DTYPE": tl_dtype}, hyper)
+
+
+def _compile(arch: int, kernel: str, types: dict, constexprs: dict, hyper: dict | None, *, tile: int | None = None,
+             num_warps: int | None = None, aligned: tuple = ()):
+    """Compile ``adam8lib.kernels.triton.<kernel>`` for ``sm_<arch>``: arguments typed by
+    ``types`` (else ``*fp32`` for a ``*_ptr``, ``fp32`` for a scalar), the launch's BLOCKSIZE,
+    ROWS and step flags for ``hyper`` plus ``constexprs``; every pointer and the ``aligned``
+    arguments are declared divisible by 16, as Triton specializes them at a real launch."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("unset TRITON_INTERPRET: the interpreter cannot compile for a GPU")
     import triton
@@ -86,50 +110,15 @@ def compile_step(arch: int, dtype: str, *, use_table: bool = True, tile: int | N
     from adam8lib.kernels import triton as kt
 
     rows, num_warps = kt.launch_config(BLOCKSIZE, tile=tile or kt.TILE_ELEMENTS, num_warps=num_warps)
-    fn = kt._adam8bit_kernel
+    fn = getattr(kt, kernel)
+    constexprs = {"BLOCKSIZE": BLOCKSIZE, "ROWS": rows, **step_flags(tile=rows * BLOCKSIZE, **(hyper or BENCH)),
+                  **constexprs}
     names = list(fn.arg_names)
-    types = {"p_ptr": "*" + dtype, "g_ptr": "*" + dtype, "state1_ptr": "*u8", "state2_ptr": "*u8",
-             "steps1_ptr": "*i32", "steps2_ptr": "*i32",
-             "n": "i32", "n_blocks": "i32", "nan_code1": "i32", "nan_code2": "i32"}
-    constexprs = {"BLOCKSIZE": BLOCKSIZE, "ROWS": rows, "USE_TABLE": use_table,
-                  **step_flags(tile=rows * BLOCKSIZE, **(hyper or BENCH))}
-    signature = {}
-    for name in names:
-        if name in constexprs:
-            signature[name] = "constexpr"
-        else:
-            signature[name] = types.get(name, "*fp32" if name.endswith("_ptr") else "fp32")
-    aligned = {(names.index(name),): [["tt.divisibility", 16]]
-               for name in names if name.endswith("_ptr") or name == "n"}
-    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=aligned)
-    return triton.compile(source, target=GPUTarget("cuda", arch, 32),
-                          options={"num_warps": num_warps, "enable_fp_fusion": False}), rows * BLOCKSIZE // (32 * num_warps)
-
-
-def compile_step_many(arch: int, dtype: str, *, hyper: dict | None = None):
-    """Compile ``_adam8bit_many_kernel`` (several tensors in one launch) for ``sm_<arch>`` as
-    ``adam8bit_step_many_triton`` launches it for tensors of ``dtype``; returns (triton's
-    compiled kernel, elements per thread)."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        raise RuntimeError("unset TRITON_INTERPRET: the interpreter cannot compile for a GPU")
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from adam8lib.kernels import triton as kt
-
-    rows, num_warps = kt.launch_config(BLOCKSIZE, tile=kt.TILE_ELEMENTS)
-    fn = kt._adam8bit_many_kernel
-    tl_dtype = {"fp32": kt.tl.float32, "bf16": kt.tl.bfloat16, "fp16": kt.tl.float16}[dtype]
-    constexprs = {"BLOCKSIZE": BLOCKSIZE, "ROWS": rows, "USE_TABLE": True,
-                  **step_flags(tile=rows * BLOCKSIZE, **(hyper or BENCH)),
-                  "P_DTYPE": tl_dtype, "G_DTYPE": tl_dtype}
-    types = {"meta_ptr": "*i64", "scalars_ptr": "*fp32", "programs_ptr": "*i64", "qmap1_ptr": "*fp32", "qmap2_ptr": "*fp32",
-             "steps1_ptr": "*i32", "steps2_ptr": "*i32", "count": "i32"}
-    names = list(fn.arg_names)
-    signature = {name: "constexpr" if name in constexprs else types.get(name, "fp32") for name in names}
-    aligned_args = {(names.index(name),): [["tt.divisibility", 16]] for name in names if name.endswith("_ptr")}
-    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=aligned_args)
+    signature = {name: "constexpr" if name in constexprs else
+                 types.get(name, "*fp32" if name.endswith("_ptr") else "fp32") for name in names}
+    divisible = {(names.index(name),): [["tt.divisibility", 16]]
+                 for name in names if name.endswith("_ptr") or name in aligned}
+    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=divisible)
     return triton.compile(source, target=GPUTarget("cuda", arch, 32),
                           options={"num_warps": num_warps, "enable_fp_fusion": False}), rows * BLOCKSIZE // (32 * num_warps)
 
