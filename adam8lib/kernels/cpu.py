@@ -47,8 +47,9 @@ Rounding
     builds (:func:`torch_uses_fma` asks this torch build once), and ``torch.sqrt`` on x86
     Linux wheels is Intel MKL's ``vmsSqrt``, which is not always correctly rounded
     (:func:`torch_sqrt` finds it); the kernel does the same, so even the parameters match:
-    with AVX-512 it computes MKL's algorithm inline (:func:`mkl_sqrt_inline` checks that it
-    equals ``torch.sqrt`` bit for bit), else it calls ``vmsSqrt`` on each tile.
+    with AVX-512 it computes MKL's algorithm inline (MKL has one for Intel's AVX-512 CPUs and
+    another for the rest, AMD's included; :func:`mkl_sqrt_inline` finds the one that equals
+    ``torch.sqrt`` bit for bit here), else it calls ``vmsSqrt`` on each tile.
 """
 
 from __future__ import annotations
@@ -333,26 +334,39 @@ def torch_sqrt() -> tuple[int | None, str]:
     raise ImportError("torch.sqrt is neither IEEE sqrt nor MKL's vmsSqrt here; cpu backend disabled")
 
 
+MKL_ROOTS = {1: "MKL's AVX-512 code (vrsqrt14ps, one fused correction)",
+              2: "MKL's generic SSE code (rsqrtps, two Newton steps without fused multiply-adds)"}
+
+
 @functools.lru_cache(maxsize=None)
-def mkl_sqrt_inline() -> bool:
-    """Whether the kernel may compute MKL's square root inline (its AVX-512 algorithm: a
-    ``vrsqrt14ps`` estimate and one fused correction) instead of calling ``vmsSqrt`` per tile:
-    True only if torch uses MKL's sqrt, the build has AVX-512, and the inline version equals
-    ``torch.sqrt`` bit for bit on a million non-negative probes (random bit patterns, denormals,
-    the range below 2^-78 where MKL rescales, powers of two and their neighbours, zeros)."""
+def mkl_sqrt_inline() -> int:
+    """Which of MKL's square-root algorithms the kernel may compute inline instead of calling
+    ``vmsSqrt`` per tile: 0 for none, else a key of :data:`MKL_ROOTS`. MKL chooses its code
+    path by CPU (its AVX-512 code on Intel CPUs with AVX-512, its generic SSE code on others,
+    AMD's included), so each is tried: it is used only if torch uses MKL's sqrt, the build has
+    AVX-512, and the inline version equals ``torch.sqrt`` bit for bit on every probe: a million
+    random non-negative bit patterns, every denormal, the range below 2^-78 where the AVX-512
+    code rescales, the largest floats (where the SSE code takes its scalar path), powers of two
+    and their neighbours, zeros and infinity."""
     if torch_sqrt()[1] != "mkl" or simd_level() < 2:
-        return False
+        return 0
     gen = torch.Generator().manual_seed(2)
     bits = torch.randint(0, 0x7F800001, (1 << 20,), generator=gen, dtype=torch.int64).to(torch.int32)
+    denormals = torch.arange(1, 0x800000, dtype=torch.int32)
+    largest = torch.arange(0x7F7FE000, 0x7F800000, dtype=torch.int32)
     powers = torch.tensor([2.0**k for k in range(-149, 128)], dtype=torch.float32)
-    x = torch.cat([bits.view(torch.float32), powers, torch.nextafter(powers, torch.tensor(0.0)),
-                   torch.nextafter(powers, torch.tensor(float("inf"))), torch.rand(4096, generator=gen) * 2.0**-70,
-                   torch.tensor([0.0, -0.0, 1e-45, float("inf")])])
+    x = torch.cat([bits.view(torch.float32), denormals.view(torch.float32), largest.view(torch.float32), powers,
+                   torch.nextafter(powers, torch.tensor(0.0)), torch.nextafter(powers, torch.tensor(float("inf"))),
+                   torch.rand(4096, generator=gen) * 2.0**-70, torch.tensor([0.0, -0.0, 1e-45, float("inf")])])
+    expected = torch.sqrt(x).view(torch.int32)
     out = torch.empty_like(x)
-    if load_extension().adam8bit_cpu_mkl_sqrt_inline(ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(out.data_ptr()),
-                                                      ctypes.c_int64(x.numel())) != 0:
-        return False
-    return bool(torch.equal(out.view(torch.int32), torch.sqrt(x).view(torch.int32)))
+    for root in MKL_ROOTS:
+        if load_extension().adam8bit_cpu_mkl_sqrt_inline(ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(out.data_ptr()),
+                                                          ctypes.c_int64(x.numel()), ctypes.c_int(root)) != 0:
+            return 0
+        if torch.equal(out.view(torch.int32), expected):
+            return root
+    return 0
 
 
 # ---------------------------------------------------------------------------------------
@@ -507,7 +521,7 @@ def _shared_args(qmap1: torch.Tensor, qmap2: torch.Tensor, exact: bool, simd: in
     maps = (t1.qmap.data_ptr(), t1.raw_steps.data_ptr(), t1.nan_code, t2.qmap.data_ptr(), t2.raw_steps.data_ptr(),
             t2.nan_code)
     modes = (torch_uses_fma(), bool(exact), torch_sqrt()[0] if exact else None, MKL_VML_MODE,
-             bool(exact) and mkl_sqrt_inline() and t2.nonnegative,  # v >= 0: no NaN from a negative v
+             mkl_sqrt_inline() if exact and t2.nonnegative else 0,  # v >= 0: no NaN from a negative v
              simd_level() if simd is None else simd, torch.get_num_threads())
     return (t1, t2), maps, modes
 

@@ -310,10 +310,32 @@ def test_inline_mkl_sqrt_equals_torch_sqrt_on_new_data():
                    torch.rand(10_000, generator=gen) * 2.0**-78, torch.rand(10_000, generator=gen) * 1e-40])
     out = torch.empty_like(x)
     assert cpu.load_extension().adam8bit_cpu_mkl_sqrt_inline(ctypes.c_void_p(x.data_ptr()),
-                                                             ctypes.c_void_p(out.data_ptr()), ctypes.c_int64(x.numel())) == 0
+                                                             ctypes.c_void_p(out.data_ptr()), ctypes.c_int64(x.numel()),
+                                                             ctypes.c_int(cpu.mkl_sqrt_inline())) == 0
     assert torch.equal(out.view(torch.int32), torch.sqrt(x).view(torch.int32))
     ieee = x.double().sqrt().float()
     assert not torch.equal(out, ieee)  # the inline version is MKL's, not IEEE's
+
+
+def test_inline_mkl_sqrt_of_special_values():
+    """MKL's generic SSE code (the one it runs on AMD CPUs) sends zeros, denormals, negative,
+    infinite and NaN inputs, and the largest floats, to a scalar path; the inline version must
+    give what torch.sqrt gives for each, NaN bit patterns included. (The AVX-512 version returns
+    negative inputs unchanged, which the kernel never relies on: v >= 0; it is checked on the
+    non-negative ones.)"""
+    root = cpu.mkl_sqrt_inline()
+    if not root:
+        pytest.skip("the kernel does not compute MKL's sqrt inline here")
+    bits = torch.cat([torch.arange(0, 1 << 12), torch.arange(0x7F7FF000 - 8, 0x80000000),  # 0, denormals, largest, inf, NaN
+                      torch.arange(0x80000000, 0x80000000 + (1 << 12)), torch.tensor([0xBF800000, 0xFF800000, 0xFFC00000]),
+                      torch.randint(0, 1 << 32, (100_000,), generator=torch.Generator().manual_seed(3))])
+    x = torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32).view(torch.float32)
+    if root != 2:
+        x = x[~torch.signbit(x)]
+    out = torch.empty_like(x)
+    assert cpu.load_extension().adam8bit_cpu_mkl_sqrt_inline(ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(out.data_ptr()),
+                                                             ctypes.c_int64(x.numel()), ctypes.c_int(root)) == 0
+    assert torch.equal(out.view(torch.int32), torch.sqrt(x).view(torch.int32))
 
 
 @pytest.mark.parametrize("flush", [False, True], ids=["denormals", "flush_denormal"])

@@ -32,7 +32,8 @@
 //   fma(b*g, g, v) on AVX2/AVX-512 builds (`fused`). Every other operation is rounded
 //   separately, hence -ffp-contract=off: the compiler must not fuse a*b+c by itself.
 // * torch.sqrt on x86 Linux wheels is Intel MKL's vmsSqrt (within 1 ulp, but about 1 in 6
-//   results is not the correctly rounded one); then this kernel calls the same function.
+//   results is not the correctly rounded one); then this kernel computes the same thing inline
+//   (MKL's algorithm for this CPU: Root, mkl_sqrt16) or calls the same function.
 //
 // Dequantizing without gathers (AVX-512 VBMI): see BytePlanes below.
 //
@@ -129,6 +130,13 @@ struct Hyper {
   float inv_bc2_sqrt;   // 1 / sqrt(1 - beta2^t), used by the fast mode only
 };
 
+// How the exact mode gets torch's square root: by calling MKL's vmsSqrt on a buffer, or inline
+// by one of the two MKL algorithms below. MKL picks its code path by CPU: its AVX-512 code on
+// Intel CPUs with AVX-512, its generic SSE code on others (seen on AMD EPYC, Zen 4:
+// mkl_vml_kernel_sSqrt_EXHAynn); the two round differently. cpu.py tries each against
+// torch.sqrt on this machine (mkl_sqrt_inline()) and passes the one that matches, if any.
+enum Root : int { kRootCall = 0, kRootAvx512 = 1, kRootSse = 2 };
+
 #if ADAM8_AVX512
 // What MKL's AVX-512 vmsSqrt (high accuracy) returns, bit for bit, computed inline: an
 // estimate r ~ 1/sqrt(x) (vrsqrt14ps), s = x*r, then one correction s + (x - s*s) * r/2 with
@@ -139,7 +147,7 @@ struct Hyper {
 // Linux differs from IEEE sqrt. cpu.py checks on each machine that this matches torch.sqrt
 // before using it (mkl_sqrt_inline()); calling MKL per tile instead costs far more with 2
 // threads (its mode switch and call overhead per 2048 elements).
-inline __m512 mkl_sqrt16(__m512 x) {
+inline __m512 mkl_sqrt16_avx512(__m512 x) {
   const __m512 r = _mm512_rsqrt14_ps(x);
   const __mmask16 as_is = _mm512_fpclass_ps_mask(x, 0x5e);  // +-0, +-inf, negative finite
   const __mmask16 tiny = _mm512_cmp_ps_mask(_mm512_set1_ps(0x1p39f), r, _CMP_LT_OS);  // x < 2^-78
@@ -151,6 +159,44 @@ inline __m512 mkl_sqrt16(__m512 x) {
   const __m512 e = _mm512_fnmadd_ps(ss, ss, xs);  // x - s*s (scaled), exact
   return _mm512_mask_mov_ps(_mm512_fmadd_ps(e, hs, s), as_is, x);
 }
+
+// What MKL's generic SSE vmsSqrt (high accuracy) returns, bit for bit: the 12-bit estimate
+// r ~ 1/sqrt(x) of rsqrtps (the SSE/AVX instruction, whose table differs from vrsqrt14ps's),
+// then two coupled Newton steps for s ~ sqrt(x) and h ~ 1/(2 sqrt(x)), every operation rounded
+// on its own (no fused multiply-add):
+//     s = x*r, h = r*0.5, e = 0.5 - s*h, s' = s*e + s, h' = e*h + h,  sqrt = (x - s'*s')*h' + s'
+// Zero, denormal, negative, infinite, NaN and the largest x (above 0x7f7ff000) go to MKL's
+// scalar code, which returns +-0 as it is, NaN (0x7fc00000) for a negative x, x + x for +inf
+// and NaN, and otherwise a double-precision root rounded to float: here the IEEE root, which
+// cpu.py's check compares on every denormal and every x above 0x7f7ff000.
+inline __m512 mkl_sqrt16_sse(__m512 x) {
+  const __m256 r_lo = _mm256_rsqrt_ps(_mm512_castps512_ps256(x));
+  const __m256 r_hi = _mm256_rsqrt_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+  const __m512 r = _mm512_castpd_ps(
+      _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(r_lo)), _mm256_castps_pd(r_hi), 1));
+  const __m512 half = _mm512_set1_ps(0.5f);
+  const __m512 s = _mm512_mul_ps(x, r);
+  const __m512 h = _mm512_mul_ps(r, half);
+  const __m512 e = _mm512_sub_ps(half, _mm512_mul_ps(s, h));
+  const __m512 s1 = _mm512_add_ps(_mm512_mul_ps(s, e), s);
+  const __m512 h1 = _mm512_add_ps(_mm512_mul_ps(e, h), h);
+  __m512 root = _mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(x, _mm512_mul_ps(s1, s1)), h1), s1);
+  // MKL's test for its scalar path: bits(x) + 0x7f800000 > 0xfefff000 as signed integers
+  const __mmask16 rare = _mm512_cmpgt_epi32_mask(_mm512_add_epi32(_mm512_castps_si512(x), _mm512_set1_epi32(0x7f800000)),
+                                                 _mm512_set1_epi32(static_cast<int>(0xfefff000u)));
+  if (rare != 0) {
+    root = _mm512_mask_sqrt_ps(root, rare, x);  // +-0, +inf and NaN as they are, IEEE root otherwise
+    const __mmask16 negative = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);  // not -0, not NaN
+    root = _mm512_mask_mov_ps(root, negative, _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
+  }
+  return root;
+}
+
+template <int R>
+inline __m512 mkl_sqrt16(__m512 x) {
+  static_assert(R == kRootAvx512 || R == kRootSse, "an inline root");
+  return R == kRootSse ? mkl_sqrt16_sse(x) : mkl_sqrt16_avx512(x);
+}
 #endif
 
 // sqrt of n floats as torch.sqrt computes it here: IEEE sqrt, or MKL's vmsSqrt (called, or
@@ -159,17 +205,21 @@ struct Sqrt {
   using VmsSqrt = void (*)(int n, const float* in, float* out, int64_t mode);
   VmsSqrt mkl;       // nullptr: IEEE sqrt
   int64_t mode;      // the VML mode torch passes (VML_HA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE)
-  bool mkl_inline;   // compute MKL's result with mkl_sqrt16 instead of calling it
-  void operator()(const float* in, float* out, int64_t n) const {
+  int root;          // Root: kRootCall calls mkl; else computes MKL's result inline that way
+  template <int R>
+  static void inline_roots(const float* in, float* out, int64_t n) {
 #if ADAM8_AVX512
-    if (mkl_inline) {
-      for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
-        _mm512_mask_storeu_ps(out + i, k, mkl_sqrt16(_mm512_maskz_loadu_ps(k, in + i)));
-      }
-      return;
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
+      _mm512_mask_storeu_ps(out + i, k, mkl_sqrt16<R>(_mm512_maskz_loadu_ps(k, in + i)));
     }
+#else
+    (void)in, (void)out, (void)n;
 #endif
+  }
+  void operator()(const float* in, float* out, int64_t n) const {
+    if (root == kRootAvx512) return inline_roots<kRootAvx512>(in, out, n);
+    if (root == kRootSse) return inline_roots<kRootSse>(in, out, n);
     if (mkl != nullptr) {
       mkl(static_cast<int>(n), in, out, mode);
       return;
@@ -586,27 +636,32 @@ inline void store_codes64(uint8_t* s, const __m512i codes[4]) {
 }
 
 // Pass 2 for the 16 elements from k on (AVX-512): update p, and their new codes (as int32)
-// into c1, c2. The exact mode's sqrt(v): from sqrt_v, or (InlineSqrt) mkl_sqrt16 here.
-template <typename P, bool Exact, bool MayReset, bool InlineSqrt>
+// into c1, c2. The exact mode's sqrt(v): from sqrt_v (Root kRootCall), or mkl_sqrt16<Root> here.
+template <typename P, bool Exact, bool MayReset, int Root>
 inline void param_and_codes16(P* __restrict p, int64_t k, const float* __restrict m_buf,
                               const float* __restrict v_buf, const float* __restrict sqrt_v_buf, __m512 vinv1,
                               __m512 vinv2, const Maps& maps, const Hyper& h, __m512i& c1, __m512i& c2) {
   const __m512 m = _mm512_load_ps(m_buf + k), v = _mm512_load_ps(v_buf + k);
-  const __m512 sqrt_v = !Exact ? v : InlineSqrt ? mkl_sqrt16(v) : _mm512_load_ps(sqrt_v_buf + k);
+  __m512 sqrt_v = v;  // (the fast mode takes its own root of v)
+  if constexpr (Exact && Root != kRootCall) {
+    sqrt_v = mkl_sqrt16<Root>(v);
+  } else if constexpr (Exact) {
+    sqrt_v = _mm512_load_ps(sqrt_v_buf + k);
+  }
   store16(p + k, update_param16<Exact, MayReset>(load16(p + k), m, v, sqrt_v, h));
   c1 = nearest_code16(_mm512_mul_ps(m, vinv1), maps.t1);
   c2 = nearest_code16(_mm512_mul_ps(v, vinv2), maps.t2);
 }
 
 // the same for the 64 elements from i on, their codes stored
-template <typename P, bool Exact, bool MayReset, bool InlineSqrt>
+template <typename P, bool Exact, bool MayReset, int Root>
 inline void param_and_codes64(P* __restrict p, uint8_t* __restrict s1, uint8_t* __restrict s2, int64_t i,
                               const float* __restrict m_buf, const float* __restrict v_buf,
                               const float* __restrict sqrt_v_buf, __m512 vinv1, __m512 vinv2, const Maps& maps,
                               const Hyper& h) {
   __m512i c1[4], c2[4];
   for (int j = 0; j < 4; ++j) {
-    param_and_codes16<P, Exact, MayReset, InlineSqrt>(p, i + 16 * j, m_buf, v_buf, sqrt_v_buf, vinv1, vinv2, maps,
+    param_and_codes16<P, Exact, MayReset, Root>(p, i + 16 * j, m_buf, v_buf, sqrt_v_buf, vinv1, vinv2, maps,
                                                       h, c1[j], c2[j]);
   }
   store_codes64(s1 + i, c1);
@@ -631,11 +686,11 @@ void param_and_codes_block(P* __restrict p, uint8_t* __restrict s1, uint8_t* __r
   if (vector && simd == kAvx512) {
     const __m512 vinv1 = _mm512_set1_ps(inv1), vinv2 = _mm512_set1_ps(inv2);
     for (; i + 64 <= hi; i += 64) {
-      param_and_codes64<P, Exact, MayReset, false>(p, s1, s2, i, buf.m, buf.v, buf.sqrt_v, vinv1, vinv2, maps, h);
+      param_and_codes64<P, Exact, MayReset, kRootCall>(p, s1, s2, i, buf.m, buf.v, buf.sqrt_v, vinv1, vinv2, maps, h);
     }
     for (; i + 16 <= hi; i += 16) {
       __m512i c1, c2;
-      param_and_codes16<P, Exact, MayReset, false>(p, i, buf.m, buf.v, buf.sqrt_v, vinv1, vinv2, maps, h, c1, c2);
+      param_and_codes16<P, Exact, MayReset, kRootCall>(p, i, buf.m, buf.v, buf.sqrt_v, vinv1, vinv2, maps, h, c1, c2);
       store_codes16(s1 + i, c1);
       store_codes16(s2 + i, c2);
     }
@@ -700,7 +755,7 @@ void step_tile(P* __restrict p, const G* __restrict g, uint8_t* __restrict s1, u
 // ready before its pass 2 starts. The blocks alternate between the two buffers. A block whose
 // pass 1 met a non-finite value is redone with the rule (moments_block) and finished by the
 // general loops, as are blocks whose inverse scales are not finite.
-template <typename P, typename G, bool Fused, bool Exact>
+template <typename P, typename G, bool Fused, bool Exact, int Root>
 void step_pipelined(P* p, const G* g, uint8_t* s1, uint8_t* s2, float* absmax1, float* absmax2, int64_t b0,
                     int64_t b1, int64_t blocksize, const Maps& maps, const Hyper h, const Sqrt& sqrt_of,
                     Buffers buf[2]) {
@@ -748,7 +803,7 @@ void step_pipelined(P* p, const G* g, uint8_t* s1, uint8_t* s2, float* absmax1, 
     }
     const __m512 vinv1 = _mm512_set1_ps(inv1), vinv2 = _mm512_set1_ps(inv2);
     const auto param_and_codes_at = [&](int64_t k) {
-      param_and_codes64<P, Exact, false, true>(p + base, s1 + base, s2 + base, k, cur.m, cur.v, cur.sqrt_v, vinv1,
+      param_and_codes64<P, Exact, false, Root>(p + base, s1 + base, s2 + base, k, cur.m, cur.v, cur.sqrt_v, vinv1,
                                                vinv2, maps, h);
     };
     if (has_next) {
@@ -787,7 +842,7 @@ struct Shared {
 // Whether a tensor's blocks go through step_pipelined (else through tiles: step_tile).
 inline bool pipelined(const Shared& sh, bool exact) {
 #if ADAM8_AVX512 && defined(__AVX512VBMI__)
-  return sh.simd == kAvx512 && sh.blocksize % 64 == 0 && (!exact || sh.sqrt_of.mkl_inline);
+  return sh.simd == kAvx512 && sh.blocksize % 64 == 0 && (!exact || sh.sqrt_of.root != kRootCall);
 #else
   (void)sh, (void)exact;
   return false;
@@ -816,8 +871,14 @@ void run_item(const Work& w, const Shared& sh, int64_t item, Buffers buf[2]) {
     const int64_t whole = t.n / bs;
     const int64_t b0 = item * w.per_item;
     if (b0 < whole) {
-      step_pipelined<P, G, Fused, Exact>(p, g, t.s1, t.s2, t.absmax1, t.absmax2, b0,
-                                         std::min(whole, b0 + w.per_item), bs, *sh.maps, t.h, sh.sqrt_of, buf);
+      const int64_t b1 = std::min(whole, b0 + w.per_item);
+      if (Exact && sh.sqrt_of.root == kRootSse) {  // (the fast mode has no use for MKL's root)
+        step_pipelined<P, G, Fused, Exact, kRootSse>(p, g, t.s1, t.s2, t.absmax1, t.absmax2, b0, b1, bs, *sh.maps, t.h,
+                                                     sh.sqrt_of, buf);
+      } else {
+        step_pipelined<P, G, Fused, Exact, kRootAvx512>(p, g, t.s1, t.s2, t.absmax1, t.absmax2, b0, b1, bs, *sh.maps,
+                                                        t.h, sh.sqrt_of, buf);
+      }
     } else {  // the partial last block
       const int64_t start = whole * bs;
       step_tile<P, G, Fused, Exact>(p + start, g + start, t.s1 + start, t.s2 + start, t.absmax1 + whole,
@@ -905,14 +966,16 @@ PlanFn plan_for(int p_dtype, int g_dtype) {
 
 // the widest SIMD loops in this build: 0 none (scalar only), 1 AVX2, 2 AVX-512
 extern "C" int adam8bit_cpu_simd_level() { return kBestSimd; }
-// MKL's AVX-512 sqrt computed inline (mkl_sqrt16) on n floats; -1 if this build has no AVX-512
-extern "C" int adam8bit_cpu_mkl_sqrt_inline(const float* in, float* out, int64_t n) {
+// MKL's sqrt computed inline on n floats, by its AVX-512 algorithm (root = 1) or its SSE one
+// (root = 2; Root); -1 if this build has no AVX-512 or root is neither
+extern "C" int adam8bit_cpu_mkl_sqrt_inline(const float* in, float* out, int64_t n, int root) {
 #if ADAM8_AVX512
-  const Sqrt sqrt_of{nullptr, 0, true};
+  if (root != kRootAvx512 && root != kRootSse) return -1;
+  const Sqrt sqrt_of{nullptr, 0, root};
   sqrt_of(in, out, n);
   return 0;
 #else
-  (void)in, (void)out, (void)n;
+  (void)in, (void)out, (void)n, (void)root;
   return -1;
 #endif
 }
@@ -957,13 +1020,16 @@ extern "C" int adam8bit_step_cpu_many(int64_t count, void* const* p, const void*
   maps.planes2 = &planes2;
 #endif
   // inline only with the AVX-512 loops and denormals not flushed (MKL runs with FTZ/DAZ off)
-  bool inline_ok = false;
+  int root = kRootCall;
 #if ADAM8_AVX512
-  inline_ok = mkl_sqrt != nullptr && mkl_sqrt_inline != 0 && simd >= kAvx512 && (_mm_getcsr() & 0x8040u) == 0;
+  if (mkl_sqrt != nullptr && (mkl_sqrt_inline == kRootAvx512 || mkl_sqrt_inline == kRootSse) && simd >= kAvx512 &&
+      (_mm_getcsr() & 0x8040u) == 0) {
+    root = mkl_sqrt_inline;
+  }
 #else
   (void)mkl_sqrt_inline;
 #endif
-  const Shared sh{blocksize, &maps, Sqrt{reinterpret_cast<Sqrt::VmsSqrt>(mkl_sqrt), mkl_sqrt_mode, inline_ok},
+  const Shared sh{blocksize, &maps, Sqrt{reinterpret_cast<Sqrt::VmsSqrt>(mkl_sqrt), mkl_sqrt_mode, root},
                   std::clamp(simd, 0, kBestSimd)};
   threads = std::max(1, threads);
   int64_t elements = 0;
