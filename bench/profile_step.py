@@ -13,7 +13,11 @@ section of bench/README.md and bench/results/cpu_profile.png; lessons 07 and 08 
    fewer), to show what matching torch bit for bit costs. ``torch.optim.AdamW(fused=True)`` is the
    anchor; these rows are timed round-robin (one step of each in turn) and each row's ratio is the
    median of its per-round ratios to fused AdamW, so a load that changes from second to second
-   tilts them less than the absolute times.
+   tilts them less than the absolute times. With AVX-512, one more row times the fast mode on a
+   *knock-out build* (``cpu.knockout_build("ADAM8_KNOCKOUT_GATHER")``) whose requantization
+   gathers are replaced by one register permute: its codes are wrong on purpose, and its time
+   shows what the two table gathers per element cost on this CPU (about 45 % of the step on an
+   AMD Zen 4, much less on Intel).
 3. **The cost of each parameter tensor.** A model has many tensors, and every one costs an
    optimizer a Python call and a kernel launch besides its elements. One optimizer step over
    100 tensors of 65,536 elements against the same 6.6M parameters as one tensor, for
@@ -53,6 +57,7 @@ PHASES = ("dequantize", "update m, v", "update p", "absmax", "nearest code")
 HYPER = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, blocksize=256)
 FAST = "best, fast mode (cpu_fast: IEEE sqrt, not bit-identical)"
 FUSED = "torch.optim.AdamW(fused=True)"
+KNOCKOUT = "fast mode, requantization gathers knocked out (wrong codes: timing only)"
 #: round-robin rounds for the kernel rows and the per-tensor cost (enough for a 95 % interval
 #: of a median: 31 rounds give the 10th to the 22nd value)
 ROUNDS = 31
@@ -162,6 +167,15 @@ def profile(n: int, reps: int, rounds: int = ROUNDS) -> dict:
             p, g, *st, qmap1, qmap2, step=t, simd=level, **HYPER)
     p, g, st = _problem(n)
     steps[FAST] = lambda t: cpu.adam8bit_step(p, g, *st, qmap1, qmap2, step=t, exact=False, **HYPER)
+    if cpu.simd_level() >= 2:
+        knockout = cpu.knockout_build("ADAM8_KNOCKOUT_GATHER")
+        p_ko, g_ko, st_ko = _problem(n)
+
+        def without_gathers(t):
+            with cpu.using_build(knockout):
+                cpu.adam8bit_step(p_ko, g_ko, *st_ko, qmap1, qmap2, step=t, exact=False, **HYPER)
+
+        steps[KNOCKOUT] = without_gathers
     w = torch.nn.Parameter(torch.randn(n))
     w.grad = torch.randn(n)
     opt = torch.optim.AdamW([w], fused=True)

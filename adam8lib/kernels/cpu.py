@@ -230,24 +230,59 @@ def load_extension() -> ctypes.CDLL:
                     verbose=False,
                 )
             lib = ctypes.CDLL(path)
-            fn = lib.adam8bit_step_cpu
+            _declare(lib)
         except Exception as exc:  # compiler errors arrive as RuntimeError/OSError/CalledProcessError
             _unavailable = f"building the kernel failed: {type(exc).__name__}: {exc}"
             raise RuntimeError(f"adam8lib cpu backend unavailable: {_unavailable}") from exc
-        ptr, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
-        fn.argtypes = [ptr, ptr, i32, i32, ptr, ptr, ptr, ptr, i64, i64,
-                       ptr, ptr, i32, ptr, ptr, i32,
-                       f32, f32, f32, f32, f32, f32, f32, f32, f32,
-                       i32, i32, ptr, i64, i32, i32, i32]
-        fn.restype = i32
-        many = lib.adam8bit_step_cpu_many
-        many.argtypes = [i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64,
-                         ptr, ptr, i32, ptr, ptr, i32,
-                         f32, f32, f32, f32, ptr, ptr, f32, ptr, ptr,
-                         i32, i32, ptr, i64, i32, i32, i32]
-        many.restype = i32
         _extension = lib
         return lib
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    """The ctypes signatures of the two step entry points."""
+    ptr, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+    lib.adam8bit_step_cpu.argtypes = [ptr, ptr, i32, i32, ptr, ptr, ptr, ptr, i64, i64,
+                                      ptr, ptr, i32, ptr, ptr, i32,
+                                      f32, f32, f32, f32, f32, f32, f32, f32, f32,
+                                      i32, i32, ptr, i64, i32, i32, i32]
+    lib.adam8bit_step_cpu.restype = i32
+    lib.adam8bit_step_cpu_many.argtypes = [i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64,
+                                           ptr, ptr, i32, ptr, ptr, i32,
+                                           f32, f32, f32, f32, ptr, ptr, f32, ptr, ptr,
+                                           i32, i32, ptr, i64, i32, i32, i32]
+    lib.adam8bit_step_cpu_many.restype = i32
+
+
+def knockout_build(define: str) -> ctypes.CDLL:
+    """A separate build of the kernel with the preprocessor symbol ``define`` set (cached next to
+    the real one), for ``bench/profile_step.py``'s knock-out rows: such a build leaves out a piece
+    of work to time what it costs, and its results are wrong on purpose. Never used by a
+    backend; :func:`using_build` runs the backend's functions on it for a while."""
+    if not define.isidentifier():
+        raise ValueError(f"define must be a C identifier, got {define!r}")
+    from torch.utils.cpp_extension import load
+
+    directory = build_directory().with_name(build_directory().name + "-" + define.lower())
+    directory.mkdir(parents=True, exist_ok=True)
+    with _build_lock(directory, BUILD_LOCK_TIMEOUT):
+        path = load(name="adam8lib_cpu_step_" + define.lower(), sources=[str(SOURCE)],
+                    extra_cflags=[*CFLAGS, "-D" + define], extra_ldflags=list(LDFLAGS),
+                    build_directory=str(directory), is_python_module=False, verbose=False)
+    lib = ctypes.CDLL(path)
+    _declare(lib)
+    return lib
+
+
+@contextmanager
+def using_build(lib: ctypes.CDLL):
+    """Run this module's step functions on ``lib`` (a :func:`knockout_build`) inside the block."""
+    global _extension
+    real = load_extension()
+    _extension = lib
+    try:
+        yield
+    finally:
+        _extension = real
 
 
 def simd_level() -> int:

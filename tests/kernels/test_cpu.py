@@ -913,3 +913,18 @@ def test_signed_second_moment_map_still_identical_to_reference():
         cpu.adam8bit_step(got[0], g, *got[1:], QMAP1, QMAP1, **kw)
         _assert_same(ref, got, f"signed map for v, step {t}")
     assert bool(got[0].isnan().any())  # some v was negative: its parameter is NaN, as in the reference
+
+
+def test_knockout_builds_are_only_for_timing():
+    """bench/profile_step.py's knock-out builds: the define must be a C identifier (it goes on
+    the compiler's command line), and ``using_build`` hands the step back to the real kernel
+    afterwards, even when the block raises."""
+    with pytest.raises(ValueError, match="C identifier"):
+        cpu.knockout_build("X; rm -rf /")
+    real = cpu.load_extension()
+    stand_in = object()
+    with pytest.raises(RuntimeError, match="inside"):
+        with cpu.using_build(stand_in):
+            assert cpu.load_extension() is stand_in
+            raise RuntimeError("inside")
+    assert cpu.load_extension() is real

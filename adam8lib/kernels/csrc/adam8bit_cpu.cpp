@@ -422,9 +422,16 @@ inline __m512 update_param16(__m512 param, __m512 m, __m512 v, __m512 sqrt_v, co
 }
 
 // codes as int32 whose low byte is the code (the byte stores keep only that byte)
+// (ADAM8_KNOCKOUT_GATHER: a timing-only build for bench/profile_step.py, whose "codes" are
+// wrong on purpose: the table gather replaced by one register permute, to measure its cost)
 inline __m512i nearest_code16(__m512 x, const CodeTable& t) {
   const __m512i bits = _mm512_castps_si512(x);
+#if defined(ADAM8_KNOCKOUT_GATHER)
+  (void)t;
+  const __m512i entry = _mm512_permutexvar_epi32(_mm512_srli_epi32(bits, 16), bits);
+#else
   const __m512i entry = _mm512_i32gather_epi32(_mm512_srli_epi32(bits, 16), t.steps, 4);
+#endif
   const __mmask16 above = _mm512_cmpgt_epu32_mask(_mm512_slli_epi32(bits, 16), entry);
   return _mm512_mask_srli_epi32(entry, above, entry, 8);  // bits 0-7, or bits 8-15
 }
