@@ -379,11 +379,12 @@ def mkl_sqrt_inline() -> int:
     ``vmsSqrt`` per tile: 0 for none, else a key of :data:`MKL_ROOTS`. MKL chooses its code
     path by CPU (its AVX-512 code on Intel CPUs with AVX-512, its generic SSE code on others,
     AMD's included), so each is tried: it is used only if torch uses MKL's sqrt, the build has
-    AVX-512, and the inline version equals ``torch.sqrt`` bit for bit on every probe: a million
+    the loops it needs (AVX-512 for the first, AVX2 for the second), and the inline version
+    equals ``torch.sqrt`` bit for bit on every probe: a million
     random non-negative bit patterns, every denormal, the range below 2^-78 where the AVX-512
     code rescales, the largest floats (where the SSE code takes its scalar path), powers of two
     and their neighbours, zeros and infinity."""
-    if torch_sqrt()[1] != "mkl" or simd_level() < 2:
+    if torch_sqrt()[1] != "mkl" or simd_level() < 1:
         return 0
     gen = torch.Generator().manual_seed(2)
     bits = torch.randint(0, 0x7F800001, (1 << 20,), generator=gen, dtype=torch.int64).to(torch.int32)
@@ -395,10 +396,10 @@ def mkl_sqrt_inline() -> int:
                    torch.rand(4096, generator=gen) * 2.0**-70, torch.tensor([0.0, -0.0, 1e-45, float("inf")])])
     expected = torch.sqrt(x).view(torch.int32)
     out = torch.empty_like(x)
-    for root in MKL_ROOTS:
+    for root in MKL_ROOTS:  # (-1: no inline version of that one in this build)
         if load_extension().adam8bit_cpu_mkl_sqrt_inline(ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(out.data_ptr()),
                                                           ctypes.c_int64(x.numel()), ctypes.c_int(root)) != 0:
-            return 0
+            continue
         if torch.equal(out.view(torch.int32), expected):
             return root
     return 0

@@ -199,6 +199,41 @@ inline __m512 mkl_sqrt16(__m512 x) {
 }
 #endif
 
+#if ADAM8_AVX2
+// mkl_sqrt16_sse on 8 lanes, the same operations: for CPUs with AVX2 and no AVX-512 (AMD's Zen 2
+// and Zen 3, for instance), whose tiled loops take the root of a whole tile at once.
+inline __m256 mkl_sqrt8_sse(__m256 x) {
+  const __m256 r = _mm256_rsqrt_ps(x);
+  const __m256 half = _mm256_set1_ps(0.5f);
+  const __m256 s = _mm256_mul_ps(x, r);
+  const __m256 h = _mm256_mul_ps(r, half);
+  const __m256 e = _mm256_sub_ps(half, _mm256_mul_ps(s, h));
+  const __m256 s1 = _mm256_add_ps(_mm256_mul_ps(s, e), s);
+  const __m256 h1 = _mm256_add_ps(_mm256_mul_ps(e, h), h);
+  __m256 root = _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(x, _mm256_mul_ps(s1, s1)), h1), s1);
+  const __m256i rare = _mm256_cmpgt_epi32(_mm256_add_epi32(_mm256_castps_si256(x), _mm256_set1_epi32(0x7f800000)),
+                                          _mm256_set1_epi32(static_cast<int>(0xfefff000u)));
+  if (!_mm256_testz_si256(rare, rare)) {
+    root = _mm256_blendv_ps(root, _mm256_sqrt_ps(x), _mm256_castsi256_ps(rare));
+    const __m256 negative = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ);
+    root = _mm256_blendv_ps(root, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)), negative);
+  }
+  return root;
+}
+
+// n roots with mkl_sqrt8_sse (the last partial vector through a zero-padded copy)
+inline void mkl_sqrt8_sse_roots(const float* in, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, mkl_sqrt8_sse(_mm256_loadu_ps(in + i)));
+  if (i < n) {
+    alignas(32) float tail[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    std::memcpy(tail, in + i, static_cast<size_t>(n - i) * sizeof(float));
+    _mm256_store_ps(tail, mkl_sqrt8_sse(_mm256_load_ps(tail)));
+    std::memcpy(out + i, tail, static_cast<size_t>(n - i) * sizeof(float));
+  }
+}
+#endif
+
 // sqrt of n floats as torch.sqrt computes it here: IEEE sqrt, or MKL's vmsSqrt (called, or
 // computed inline by mkl_sqrt16 when cpu.py found that to match and denormals are not flushed)
 struct Sqrt {
@@ -219,7 +254,13 @@ struct Sqrt {
   }
   void operator()(const float* in, float* out, int64_t n) const {
     if (root == kRootAvx512) return inline_roots<kRootAvx512>(in, out, n);
-    if (root == kRootSse) return inline_roots<kRootSse>(in, out, n);
+    if (root == kRootSse) {
+#if ADAM8_AVX512
+      return inline_roots<kRootSse>(in, out, n);
+#elif ADAM8_AVX2
+      return mkl_sqrt8_sse_roots(in, out, n);
+#endif
+    }
     if (mkl != nullptr) {
       mkl(static_cast<int>(n), in, out, mode);
       return;
@@ -969,20 +1010,35 @@ PlanFn plan_for(int p_dtype, int g_dtype) {
     default: return nullptr;
   }
 }
+
+// Whether this build computes MKL's root `root` (Root) inline with loops of level `simd`: the
+// AVX-512 algorithm needs the AVX-512 loops, the SSE one AVX2.
+bool inline_root_built(int root, int simd) {
+  return (root == kRootAvx512 && ADAM8_AVX512 && simd >= kAvx512) || (root == kRootSse && ADAM8_AVX2 && simd >= kAvx2);
+}
 }  // namespace
 
 // the widest SIMD loops in this build: 0 none (scalar only), 1 AVX2, 2 AVX-512
 extern "C" int adam8bit_cpu_simd_level() { return kBestSimd; }
+
 // MKL's sqrt computed inline on n floats, by its AVX-512 algorithm (root = 1) or its SSE one
-// (root = 2; Root); -1 if this build has no AVX-512 or root is neither
+// (root = 2; Root), as the step computes it with this build's widest loops; -1 if this build
+// cannot (root = 1 needs AVX-512, root = 2 AVX2)
 extern "C" int adam8bit_cpu_mkl_sqrt_inline(const float* in, float* out, int64_t n, int root) {
-#if ADAM8_AVX512
-  if (root != kRootAvx512 && root != kRootSse) return -1;
+  if (!inline_root_built(root, kBestSimd)) return -1;
   const Sqrt sqrt_of{nullptr, 0, root};
   sqrt_of(in, out, n);
   return 0;
+}
+
+// The SSE algorithm on 8 lanes (what AVX2-only builds use), so that the tests check it on any
+// machine with AVX2; -1 without AVX2
+extern "C" int adam8bit_cpu_mkl_sqrt_sse8(const float* in, float* out, int64_t n) {
+#if ADAM8_AVX2
+  mkl_sqrt8_sse_roots(in, out, n);
+  return 0;
 #else
-  (void)in, (void)out, (void)n, (void)root;
+  (void)in, (void)out, (void)n;
   return -1;
 #endif
 }
@@ -1028,8 +1084,8 @@ extern "C" int adam8bit_step_cpu_many(int64_t count, void* const* p, const void*
 #endif
   // inline only with the AVX-512 loops and denormals not flushed (MKL runs with FTZ/DAZ off)
   int root = kRootCall;
-#if ADAM8_AVX512
-  if (mkl_sqrt != nullptr && (mkl_sqrt_inline == kRootAvx512 || mkl_sqrt_inline == kRootSse) && simd >= kAvx512 &&
+#if ADAM8_AVX2
+  if (mkl_sqrt != nullptr && inline_root_built(mkl_sqrt_inline, std::clamp(simd, 0, kBestSimd)) &&
       (_mm_getcsr() & 0x8040u) == 0) {
     root = mkl_sqrt_inline;
   }
