@@ -212,30 +212,32 @@ def load_extension() -> ctypes.CDLL:
             return _extension
         if _unavailable is not None:
             raise RuntimeError(f"adam8lib cpu backend unavailable: {_unavailable}")
-        from torch.utils.cpp_extension import load
-
         directory = build_directory()
         try:
-            directory.mkdir(parents=True, exist_ok=True)
             log.info("adam8lib: building/loading the CPU kernel in %s", directory)
-            with _build_lock(directory, BUILD_LOCK_TIMEOUT):
-                # a plain shared library (no Python module, no torch headers): quick to build
-                path = load(
-                    name="adam8lib_cpu_step",
-                    sources=[str(SOURCE)],
-                    extra_cflags=list(CFLAGS),  # copies: torch appends to these lists
-                    extra_ldflags=list(LDFLAGS),
-                    build_directory=str(directory),
-                    is_python_module=False,
-                    verbose=False,
-                )
-            lib = ctypes.CDLL(path)
-            _declare(lib)
+            lib = _build(directory, "adam8lib_cpu_step", ())
         except Exception as exc:  # compiler errors arrive as RuntimeError/OSError/CalledProcessError
             _unavailable = f"building the kernel failed: {type(exc).__name__}: {exc}"
             raise RuntimeError(f"adam8lib cpu backend unavailable: {_unavailable}") from exc
         _extension = lib
         return lib
+
+
+def _build(directory: Path, name: str, defines: tuple[str, ...]) -> ctypes.CDLL:
+    """Compile (or reuse) the kernel in ``directory`` under the build lock, with ``-D`` for each of
+    ``defines``, as a plain shared library (no Python module, no torch headers: quick to build),
+    and load it with its entry points declared."""
+    from torch.utils.cpp_extension import load
+
+    directory.mkdir(parents=True, exist_ok=True)
+    with _build_lock(directory, BUILD_LOCK_TIMEOUT):
+        path = load(name=name, sources=[str(SOURCE)],
+                    extra_cflags=[*CFLAGS, *("-D" + d for d in defines)],  # fresh lists: torch appends to them
+                    extra_ldflags=list(LDFLAGS), build_directory=str(directory), is_python_module=False,
+                    verbose=False)
+    lib = ctypes.CDLL(path)
+    _declare(lib)
+    return lib
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -260,17 +262,8 @@ def knockout_build(define: str) -> ctypes.CDLL:
     backend; :func:`using_build` runs the backend's functions on it for a while."""
     if not define.isidentifier():
         raise ValueError(f"define must be a C identifier, got {define!r}")
-    from torch.utils.cpp_extension import load
-
-    directory = build_directory().with_name(build_directory().name + "-" + define.lower())
-    directory.mkdir(parents=True, exist_ok=True)
-    with _build_lock(directory, BUILD_LOCK_TIMEOUT):
-        path = load(name="adam8lib_cpu_step_" + define.lower(), sources=[str(SOURCE)],
-                    extra_cflags=[*CFLAGS, "-D" + define], extra_ldflags=list(LDFLAGS),
-                    build_directory=str(directory), is_python_module=False, verbose=False)
-    lib = ctypes.CDLL(path)
-    _declare(lib)
-    return lib
+    real = build_directory()
+    return _build(real.with_name(f"{real.name}-{define.lower()}"), f"adam8lib_cpu_step_{define.lower()}", (define,))
 
 
 @contextmanager
