@@ -55,13 +55,17 @@ from .distributed import local_param_and_grad, local_tensor, to_checkpoint_state
 from .adam import check_hyperparameters
 from .kernels.contract import PARAM_DTYPES, check_plain_tensor, is_usual_tensor
 from .kernels.reference import adam_update_fp32, adam_update_fp32_many
-from .quant import check_blocksize, dynamic_map, num_blocks
+from .quant import MAP_FINGERPRINTS, check_blocksize, dynamic_map, map_fingerprint, num_blocks
 
 __all__ = ["Adam8bit", "AdamW8bit", "UNSUPPORTED_FLAGS"]
 
 _STATE_KEYS_8BIT = ("state1", "state2", "absmax1", "absmax2")
 _STATE_KEYS_32BIT = ("exp_avg", "exp_avg_sq")
 _GROUP_KEYS = ("lr", "betas", "eps", "weight_decay", "blocksize", "min_8bit_size")
+#: The key, in the saved state of every parameter with 8-bit states, of the fingerprint of the maps
+#: its codes index (:func:`adam8lib.quant.map_fingerprint` of qmap1 and qmap2). It travels with the
+#: codes, through torch.save, ZeRO's consolidated state dict and torch.distributed.checkpoint.
+MAPS_KEY = "qmap_fingerprint"
 #: torch.optim.Adam(W) flags this optimizer does not implement, with what to do instead.
 UNSUPPORTED_FLAGS = {
     "maximize": "negate the loss instead",
@@ -326,12 +330,21 @@ class Adam8bit(torch.optim.Optimizer):
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
         """As ``torch.optim``; the 8-bit states of a DTensor (FSDP2) parameter come as DTensors
-        that ``torch.distributed.checkpoint`` can save and reshard (see :mod:`adam8lib.distributed`)."""
+        that ``torch.distributed.checkpoint`` can save and reshard (see :mod:`adam8lib.distributed`).
+
+        The saved state of every parameter with 8-bit states also carries ``"qmap_fingerprint"``,
+        the fingerprint of the two maps its codes index (:func:`adam8lib.quant.map_fingerprint`):
+        a checkpoint is loaded only into an optimizer with the same maps, so its codes decode to
+        the same values on any machine."""
         sd = super().state_dict()
+        fingerprint = map_fingerprint(self.qmap1, self.qmap2)
         params = [(group, p) for group in self.param_groups for p in group["params"]]
         for index, (group, p) in enumerate(params):
             if index in sd["state"]:
-                sd["state"][index] = to_checkpoint_state(p, sd["state"][index], group["blocksize"])
+                saved = to_checkpoint_state(p, sd["state"][index], group["blocksize"])
+                if "state1" in saved:
+                    saved = {**saved, MAPS_KEY: fingerprint}
+                sd["state"][index] = saved
         return sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -399,15 +412,41 @@ class Adam8bit(torch.optim.Optimizer):
             if pid not in id_to_param:
                 raise ValueError(f"state for unknown parameter id {pid!r}")
             p = id_to_param[pid]
+            where = f"state of parameter {pid!r} (shape {tuple(p.shape)})"
+            if isinstance(saved, dict) and "state1" in saved:
+                self._check_maps(saved.get(MAPS_KEY), where, origin)
+                saved = {k: v for k, v in saved.items() if k != MAPS_KEY}
             if isinstance(saved, dict):  # DCP / another world size: this rank's plain local state
                 saved = to_local_state(p, saved, id_to_group[pid]["blocksize"], (self.qmap1, self.qmap2))
-            _check_saved_state(p, saved, id_to_group[pid], f"state of parameter {pid!r} (shape {tuple(p.shape)})", origin)
+            _check_saved_state(p, saved, id_to_group[pid], where, origin)
             new_state[p] = {
                 k: (v.detach().to(p.device).reshape(local_tensor(p).shape if k in _STATE_KEYS_32BIT else -1).clone(
                     memory_format=torch.contiguous_format) if torch.is_tensor(v) else v)
                 for k, v in saved.items()
             }
         return new_groups, new_state
+
+    def _check_maps(self, saved: Any, where: str, origin: str) -> None:
+        """ValueError unless a saved state's codes index this optimizer's maps (same fingerprint)."""
+        ours = map_fingerprint(self.qmap1, self.qmap2)
+        if saved == ours:
+            return
+        if saved is None:
+            raise ValueError(
+                f"{where} has 8-bit states but no {MAPS_KEY!r}: it was saved before checkpoints named the maps their "
+                f"codes index{origin}. Its codes cannot be decoded safely: maps built then depended on the CPU. If it "
+                f"was saved on a CPU with AVX2 or AVX-512 by Adam8bit/AdamW8bit, its maps were the canonical ones; "
+                f"then set {MAPS_KEY!r} to {ours!r} in each saved state that has 'state1' and load it again."
+            )
+        if not isinstance(saved, str):
+            raise ValueError(f"{where}: {MAPS_KEY!r} must be a string, got {type(saved).__name__}")
+        known = {v: k for k, v in MAP_FINGERPRINTS.items()}
+        raise ValueError(
+            f"{where}: its 8-bit states index quantization maps with fingerprint {saved!r}, this optimizer's maps "
+            f"have {ours!r} ({known.get(map_fingerprint(self.qmap1), 'custom')} / "
+            f"{known.get(map_fingerprint(self.qmap2), 'custom')}): decoded with these maps, every state would change. "
+            f"Load it into an optimizer with the maps that saved it."
+        )
 
     def __repr__(self) -> str:
         return super().__repr__().replace(type(self).__name__ + " (", f"{type(self).__name__} (backend: {self.backend}", 1)

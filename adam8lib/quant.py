@@ -11,7 +11,8 @@ Three ideas, in the order the course teaches them:
 2. **The dynamic (tree) map** (lesson 05). 256 fp32 values, dense near 0 and sparse near
    ±1, covering seven decades (1e-7 … 1). A value is stored as the *index* (a uint8 "code")
    of the nearest map entry to ``x / absmax``. ``dynamic_map`` rebuilds the table that
-   bitsandbytes uses, bit for bit.
+   bitsandbytes uses, with the same bits on every machine (each grid point rounded once;
+   bitsandbytes' own table moves by an ulp here and there with torch's CPU vector path).
 
 3. **Blockwise** (lesson 06). Cut the flat tensor into blocks of ``blocksize`` elements and
    keep one fp32 ``absmax`` per block, so an outlier only hurts its own block::
@@ -26,6 +27,10 @@ stores the code of 0.0, so it dequantizes to exact zeros (no NaN).
 
 from __future__ import annotations
 
+import hashlib
+from fractions import Fraction
+
+import numpy
 import torch
 
 __all__ = [
@@ -33,6 +38,9 @@ __all__ = [
     "absmax_dequantize",
     "dynamic_map",
     "linear_map",
+    "exact_linspace",
+    "map_fingerprint",
+    "MAP_FINGERPRINTS",
     "nearest_code",
     "quantize_blockwise",
     "dequantize_blockwise",
@@ -100,41 +108,123 @@ def absmax_dequantize(q: torch.Tensor, absmax: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------
 # 2. Quantization maps
 # ----------------------------------------------------------------------------------------
-def dynamic_map(signed: bool = True) -> torch.Tensor:
-    """The 256-entry dynamic (tree) quantization map, sorted ascending, fp32.
+# Every map is built from scalars, never from a vectorized torch kernel: torch.linspace rounds
+# differently on different CPU vector paths (its AVX2/AVX-512 kernels fuse start + step*k into
+# one rounding, the generic kernel rounds the product first), so a map built with it has other
+# bits on other machines, and a checkpoint's codes would decode differently after a move.
+def _round_to_float32(x: Fraction) -> float:
+    """``x`` rounded once to the nearest float32 (ties to even), returned as a Python float."""
+    nearest = numpy.float32(float(x))  # float(x) is correctly rounded; float32 may round again
+    candidates = (numpy.nextafter(nearest, numpy.float32(-numpy.inf)), nearest,
+                  numpy.nextafter(nearest, numpy.float32(numpy.inf)))
+    best = min(candidates, key=lambda c: (abs(Fraction(float(c)) - x), int(c.view(numpy.uint32)) & 1))
+    return float(best)
 
-    Built the way the 8-bit optimizers paper describes it: seven "decades" 1e-6 … 1; decade
-    ``i`` holds the midpoints of an evenly spaced grid on [0.1, 1] scaled by ``10**(i-6)``.
-    Decade ``i`` has ``2**i`` values (signed, mirrored to the negatives) or ``2**(i+1)``
+
+def _f32(x: float) -> float:
+    """A Python float rounded to float32 (one IEEE conversion; the same on every machine)."""
+    return float(numpy.float32(x))
+
+
+def exact_linspace(start: float, end: float, steps: int) -> list[float]:
+    """``torch.linspace(start, end, steps, dtype=torch.float32)`` with every point rounded once.
+
+    torch's formula: ``step = (end - start) / (steps - 1)`` in float32, then point ``k`` is
+    ``start + step * k`` for the first half and ``end - step * (steps - 1 - k)`` for the
+    second. Here each point is computed exactly (rational arithmetic) and rounded once to
+    float32, which is what torch's AVX2 and AVX-512 kernels compute (with a fused multiply-add)
+    and what its generic kernel does not always give (it rounds ``step * k`` first).
+    """
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 2:
+        raise ValueError(f"steps must be an int >= 2, got {steps!r}")
+    start32, end32 = _f32(start), _f32(end)
+    step32 = float(numpy.float32(_f32(end32 - start32)) / numpy.float32(steps - 1))  # float32 ops, as torch
+    half = steps // 2
+    points = []
+    for k in range(steps):
+        if k < half:
+            exact = Fraction(start32) + Fraction(step32) * k
+        else:
+            exact = Fraction(end32) - Fraction(step32) * (steps - 1 - k)
+        points.append(_round_to_float32(exact))
+    return points
+
+
+def dynamic_map(signed: bool = True, max_exponent_bits: int = 7, total_bits: int = 8) -> torch.Tensor:
+    """The dynamic (tree) quantization map with ``2**total_bits`` entries, sorted ascending, fp32.
+
+    Built the way the 8-bit optimizers paper describes it (and bitsandbytes'
+    ``create_dynamic_map``): ``max_exponent_bits`` "decades" 10^-(E-1) … 1; decade ``i`` holds
+    the midpoints of an evenly spaced grid on [0.1, 1] scaled by ``10**(i - E + 1)``. With 8 bits
+    (E = 7) decade ``i`` has ``2**i`` values (signed, mirrored to the negatives) or ``2**(i+1)``
     values (unsigned, all positive, so twice as fine). Then 0 and 1.0 are added.
 
     * signed: range [-0.99297, 1.0], 0.0 at index 127 — used for Adam's first moment ``m``;
-    * unsigned: range [0, 1.0], 0.0 at index 0 — used for the second moment ``v >= 0``.
+    * unsigned: range [0, 1.0], 0.0 at index 0 — used for the second moment ``v >= 0``;
+    * ``max_exponent_bits=3, total_bits=4``: the 16-entry map of 4-bit states.
 
-    Bit-identical to ``bitsandbytes.functional.create_dynamic_map(signed)`` (tested): the
-    grid, the midpoints and the scaling are all computed in fp32.
+    **The canonical values.** The grid is :func:`exact_linspace` (each point rounded once to
+    float32); the midpoints ``(a + b) / 2`` and the scaling by ``float32(10**(i - E + 1))`` are
+    float32 operations, correctly rounded on every machine. So the map has the same bits
+    everywhere (:data:`MAP_FINGERPRINTS` pins them; tests rebuild them under two CPU
+    capabilities). bitsandbytes builds its map with ``torch.linspace``, whose AVX2/AVX-512
+    kernels give these same values: there ``dynamic_map`` is bit-identical to
+    ``create_dynamic_map`` (tested). On a machine where torch runs its generic CPU kernels
+    (``ATEN_CPU_CAPABILITY=default``, or a CPU without AVX2), bitsandbytes' map differs from
+    these in a few dozen entries by 1-2 ulp, and this one does not move.
     """
-    values = [torch.tensor([0.0, 1.0], dtype=torch.float32)]
-    for i in range(7):
+    for name, value in (("max_exponent_bits", max_exponent_bits), ("total_bits", total_bits)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if max_exponent_bits != total_bits - 1 or total_bits < 2:
+        raise ValueError(
+            f"dynamic_map builds maps with max_exponent_bits = total_bits - 1 (7 for 8 bits, 3 for 4 bits); "
+            f"got max_exponent_bits={max_exponent_bits}, total_bits={total_bits}"
+        )
+    values = [0.0, 1.0]
+    for i in range(max_exponent_bits):
         n_points = (2**i if signed else 2 ** (i + 1)) + 1
-        grid = torch.linspace(0.1, 1.0, n_points, dtype=torch.float32)
-        midpoints = (grid[:-1] + grid[1:]) / 2.0
-        decade = midpoints * (10.0 ** (i - 6))  # fp32 times the scale: same rounding as bnb
-        values.append(decade)
+        grid = numpy.array(exact_linspace(0.1, 1.0, n_points), dtype=numpy.float32)
+        midpoints = (grid[:-1] + grid[1:]) / numpy.float32(2.0)
+        decade = midpoints * numpy.float32(10.0 ** (i - max_exponent_bits + 1))  # float32 times float32
+        values.extend(decade.tolist())
         if signed:
-            values.append(-decade)
-    table = torch.cat(values)
-    assert table.numel() == 256, table.numel()
-    return torch.sort(table).values
+            values.extend((-decade).tolist())
+    assert len(values) == 2**total_bits, len(values)
+    return torch.tensor(sorted(values), dtype=torch.float32)
 
 
 def linear_map(signed: bool = True) -> torch.Tensor:
     """A 256-entry *linear* map (evenly spaced), for comparing against the dynamic map.
 
-    signed: ``linspace(-1, 1, 256)``; unsigned: ``linspace(0, 1, 256)``. Used with
+    signed: ``linspace(-1, 1, 256)``; unsigned: ``linspace(0, 1, 256)``, each point rounded
+    once (:func:`exact_linspace`: the same bits on every machine). Used with
     :func:`quantize_blockwise` it gives plain blockwise linear quantization.
     """
-    return torch.linspace(-1.0 if signed else 0.0, 1.0, 256, dtype=torch.float32)
+    return torch.tensor(exact_linspace(-1.0 if signed else 0.0, 1.0, 256), dtype=torch.float32)
+
+
+#: The fingerprints (:func:`map_fingerprint`) of the canonical maps. They pin the values: a test
+#: rebuilds every map in processes with torch's generic and vectorized CPU kernels and compares.
+#: Changing a map changes the meaning of every stored code (checkpoints refuse a mismatch).
+MAP_FINGERPRINTS = {
+    "dynamic, signed, 8 bits": "e732639a65f497b4",
+    "dynamic, unsigned, 8 bits": "305f002cc11278fb",
+    "dynamic, signed, 4 bits": "721d11e3711326d4",
+    "dynamic, unsigned, 4 bits": "3ba95dde3870dc0e",
+    "linear, signed, 8 bits": "d88eea2f793473b6",
+    "linear, unsigned, 8 bits": "7cb9ea560989533d",
+}
+
+
+def map_fingerprint(*maps: torch.Tensor) -> str:
+    """A short fingerprint of quantization maps: the first 16 hex digits of the sha256 of their
+    float32 bytes (little-endian), in order. Checkpoints carry it, so that codes are never
+    decoded with another table than the one that made them."""
+    digest = hashlib.sha256()
+    for qmap in maps:
+        digest.update(qmap.detach().to("cpu", torch.float32).contiguous().numpy().astype("<f4").tobytes())
+    return digest.hexdigest()[:16]
 
 
 def nearest_code(x: torch.Tensor, code: torch.Tensor, *, keep_sign: bool = False) -> torch.Tensor:
