@@ -86,7 +86,10 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("csrc") / "adam8bit_cpu.cpp"
 #: Compiler flags. -ffp-contract=off: the compiler must not fuse a*b+c on its own, since the
 #: reference rounds them separately (the fused ones are written as std::fma in the source).
-CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno")
+#: ``$ADAM8LIB_CPU_CFLAGS`` adds flags after these (the cache is keyed by them), e.g. ``-mno-avx512f``
+#: to build the kernel as for a CPU without AVX-512 (the course's second-machine run does).
+CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno",
+          *os.environ.get("ADAM8LIB_CPU_CFLAGS", "").split())
 LDFLAGS = ("-fopenmp",)
 
 #: dtype codes of the C entry point

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
-
 import torch
 
 from ...quant import dynamic_map, linear_map, nearest_code
@@ -14,17 +11,9 @@ from ._variants import matches
 __all__ = ["check_dynamic_map", "check_nearest_code", "check_decode_code", "decode_fields"]
 
 
-def _bnb_map(signed: bool) -> torch.Tensor | None:
-    """bitsandbytes' own map, when bitsandbytes is installed (imported quietly)."""
-    try:
-        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
-            from bitsandbytes.functional import create_dynamic_map
-            return create_dynamic_map(signed).float().cpu()
-    except Exception:  # noqa: BLE001 - bitsandbytes is optional here; the library map is the reference
-        return None
-
-
 def _map_variant(signed: bool, *, float64=False, midpoints=True, unsigned_double=True, scale_offset=6):
+    """The map built with torch.linspace (bitsandbytes' recipe as this machine's torch rounds it), or
+    a wrong variant of it."""
     dtype = torch.float64 if float64 else torch.float32
     values = [torch.tensor([0.0, 1.0], dtype=dtype)]
     for i in range(7):
@@ -39,7 +28,13 @@ def _map_variant(signed: bool, *, float64=False, midpoints=True, unsigned_double
 
 # ---------------------------------------------------------------------------- 05.1
 def check_dynamic_map(dynamic_map_from_scratch) -> None:
-    """``dynamic_map_from_scratch(signed=True)``: bit-identical to adam8lib.quant.dynamic_map and bitsandbytes."""
+    """``dynamic_map_from_scratch(signed=True)``: bit-identical to bitsandbytes' recipe in float32.
+
+    Two answers are right: the canonical map (adam8lib.quant.dynamic_map, each grid point rounded
+    once) and the map that bitsandbytes' recipe gives with *this machine's* torch.linspace, whose
+    generic CPU kernel rounds a few dozen grid points differently from its AVX2/AVX-512 kernels.
+    So a learner's float32 torch.linspace solution earns its point on every machine.
+    """
     require_callable(dynamic_map_from_scratch, "dynamic_map_from_scratch")
     for signed in (True, False):
         want = dynamic_map(signed)
@@ -68,7 +63,7 @@ def check_dynamic_map(dynamic_map_from_scratch) -> None:
         if bool((got[1:] < got[:-1]).any()):
             fail(f"{what} is not sorted ascending.", hint="sort the values (torch.sort(...).values): the "
                                                           "nearest-code search is a binary search.")
-        if not torch.equal(got, want):
+        if not torch.equal(got, want) and not torch.equal(got, _map_variant(signed)):
             if matches(got, want, rtol=1e-6, atol=0):
                 hint = ("almost, but not bit-identical: compute the grid, the midpoints and the scaling in float32 "
                         "(as bitsandbytes does), not in float64 or NumPy and then cast.")
@@ -80,10 +75,6 @@ def check_dynamic_map(dynamic_map_from_scratch) -> None:
             else:
                 hint = "decade i: midpoints of linspace(0.1, 1, n_i) times 10**(i-6), for i = 0..6."
             assert_equal(got, want, what=what + " vs adam8lib.quant.dynamic_map", hint=hint)
-        bnb = _bnb_map(signed)
-        if bnb is not None:
-            assert_equal(got, bnb, what=what + " vs bitsandbytes.functional.create_dynamic_map",
-                         hint="build it in float32 exactly as described.")
         zero_at = 127 if signed else 0
         assert_equal(float(got[zero_at]), 0.0, what=f"{what}[{zero_at}]",
                      hint="0.0 must be in the map (so zero states are stored exactly).")
