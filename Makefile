@@ -10,7 +10,8 @@ TORCH_INDEX ?=
 EXTRAS ?= course,test,gpu
 PYTEST := $(PY) -m pytest
 
-.PHONY: lab test unit setup exercises outputs grade bench clean help browser-test
+.PHONY: lab test unit setup exercises outputs grade grade-solutions bench clean help browser-test \
+        test-second-machine test-gpu
 
 help:
 	@echo "make lab        - set up .venv (first time) and start JupyterLab on the course"
@@ -18,6 +19,10 @@ help:
 	@echo "make test       - set up .venv (first time) and run the whole test suite (what CI runs)"
 	@echo "make browser-test - run every lesson in JupyterLab in a real Chromium (Playwright)"
 	@echo "make unit       - only the unit tests (pytest tests), no notebooks"
+	@echo "make test-second-machine - the notebooks again under another numeric configuration, and the"
+	@echo "                  solutions graded there (what CI runs after make test)"
+	@echo "make grade-solutions - grade the course's own solutions as a class of one: full marks or exit 3"
+	@echo "make test-gpu   - the notebooks under nbval on a CUDA GPU, then the GPU kernel tests"
 	@echo "make setup      - create .venv and install $(TORCH_PIN) + the course (extras: $(EXTRAS))"
 	@echo "make outputs    - re-execute lessons and solutions on the CPU and store their outputs"
 	@echo "make exercises  - regenerate exercises/ (the learners' workbooks) from solutions/"
@@ -50,14 +55,45 @@ lab: setup
 	@echo "Starting JupyterLab on port $(PORT) (open the http://127.0.0.1:...?token=... URL it prints; Ctrl-C stops it)"
 	$(PY) -m jupyterlab $(SERVER_FLAGS) --ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/notebooks $(LAB_ARGS)
 
-# The whole suite: unit tests, then notebooks through nbval (as they exist).
+# ---- tests ----
+# pytest-xdist: one worker per core (JOBS=1: a single process). --dist loadfile sends a whole file
+# to one worker, so every cell of a notebook runs in one kernel, in order. With several workers each
+# uses one thread (workers x threads = cores; compared outputs do not depend on the thread count).
+JOBS ?= auto
+XDIST = $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadfile)
+ONE_THREAD = $(if $(filter 1,$(JOBS)),,OMP_NUM_THREADS=1 MKL_NUM_THREADS=1)
+NOTEBOOKS = notebooks/*.ipynb solutions/*.ipynb
+NBVAL = --nbval --nbval-current-env -p no:randomly
+DURATIONS ?= 25
+
+# The whole suite in one pytest run: unit and course tests, then every lesson and solution
+# through nbval (stored outputs re-computed and compared; the solutions' checks scored).
 test: setup
-	$(PYTEST) tests
-	@nb=$$(ls notebooks/*.ipynb solutions/*.ipynb 2>/dev/null); \
-	if [ -n "$$nb" ]; then $(PYTEST) --nbval --nbval-current-env -p no:randomly $$nb; fi
+	$(ONE_THREAD) $(PYTEST) $(XDIST) --durations=$(DURATIONS) tests --ignore=tests/fixtures $(NBVAL) $(NOTEBOOKS)
 
 unit: setup
-	$(PYTEST) tests
+	$(ONE_THREAD) $(PYTEST) $(XDIST) tests
+
+# The notebooks as another machine runs them (adam8lib/course/second_machine.py: torch's generic CPU
+# kernels, MKL/oneDNN at AVX2, one thread, adam8lib's kernel without AVX-512), then the solutions
+# graded as a class under it: compared outputs must hold and correct work must score full marks.
+SECOND = $(PY) -m adam8lib.course.second_machine
+test-second-machine: setup
+	$(SECOND) $(PYTEST) $(XDIST) $(NBVAL) $(NOTEBOOKS)
+	$(SECOND) $(MAKE) --no-print-directory grade-solutions
+
+# The course's own solutions as one learner's submission, graded like a class: every point or exit 3.
+grade-solutions: setup
+	@tmp=$$(mktemp -d); mkdir -p "$$tmp/submissions/solutions"; cp solutions/*.ipynb "$$tmp/submissions/solutions/"; \
+	$(PY) -m adam8lib.course.grading.gradebook "$$tmp/submissions" --out "$$tmp/grades/gradebook.csv" \
+	    --jobs 1 --require-full-marks; rc=$$?; rm -rf "$$tmp"; exit $$rc
+
+# On a machine with a CUDA GPU (Colab, a cloud box): every lesson and solution under nbval on the
+# GPU, then the GPU kernel tests (bench/gpu_check.sh has the GPU benchmarks).
+test-gpu: setup
+	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'make test-gpu needs a CUDA GPU')"
+	$(PYTEST) $(NBVAL) --durations=$(DURATIONS) $(NOTEBOOKS)
+	$(PYTEST) tests/kernels -m gpu -q
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

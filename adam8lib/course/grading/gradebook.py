@@ -53,6 +53,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..second_machine import SECOND_MACHINE_ENV
 from . import sandbox
 from .channel import converse as _converse, died as _died, kill as _kill, signal_name as _signal_name
 from .conventions import (
@@ -281,6 +282,13 @@ def _remove(path: Path) -> None:
     shutil.rmtree(path, onerror=unlock)
 
 
+#: What a grading child inherits from the gradebook's environment: where Python and torch live, the
+#: thread counts, and the settings that decide how this machine computes (torch's CPU kernels,
+#: MKL/oneDNN instruction sets, adam8lib's kernel flags: those of SECOND_MACHINE_ENV and MKL's
+#: reproducibility mode), so that a grade is computed the way the instructor's machine is set up.
+_PASSED_ENV = frozenset({"PATH", "PYTHONPATH", "LANG", "TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES", "TORCH_EXTENSIONS_DIR",
+                         "MKL_CBWR", *SECOND_MACHINE_ENV})
+
 SCRATCH_PREFIX = "adam8-grading-"
 
 
@@ -344,8 +352,7 @@ class Grader:
                 _kill(proc)
 
     def _env(self, home: Path) -> dict:
-        env = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "LANG", "TRITON_INTERPRET",
-               "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "TORCH_EXTENSIONS_DIR")}  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if k in _PASSED_ENV}
         env.update(HOME=str(home), TMPDIR=str(home), PYTHONIOENCODING="utf-8", PYTHONDONTWRITEBYTECODE="1",
                    PYTHONHASHSEED="0", MPLBACKEND="Agg", LC_ALL="C.UTF-8")  # fmt: skip
         return env
@@ -624,6 +631,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="bwrap: require bubblewrap; none: plain child processes; auto (default): bwrap if it works")
     parser.add_argument("--memory-limit", type=int, default=8192, help="address-space cap per child, MiB (default 8192)")
     parser.add_argument("--max-output", type=int, default=65536, help="characters of a check's output kept (default 65536)")
+    parser.add_argument("--require-full-marks", action="store_true",
+                        help="exit with status 3 unless every learner scores every point (e.g. grading the course's "
+                             "own solutions on your machine before grading a class: make grade-solutions)")
     args = parser.parse_args(argv)
     if args.cell_timeout <= 0 or args.learner_timeout <= 0:
         parser.error("timeouts must be positive")
@@ -658,6 +668,15 @@ def main(argv: list[str] | None = None) -> int:
     if "signal" in holder:
         print(f"interrupted by {_signal_name(holder['signal'])}: unfinished learners are noted", file=sys.stderr)
         return 128 + holder["signal"]
+    short = [g for g in grades if g.total != manifest.total_points]
+    if args.require_full_marks and (short or not grades):
+        for grade in short:
+            print(f"not full marks: {grade.learner} {grade.total}/{manifest.total_points}"
+                  + (f" ({'; '.join(grade.notes)})" if grade.notes else "") + f"; details in {args.out.parent / 'reports'}",
+                  file=sys.stderr)
+        if not grades:
+            print("not full marks: no learner was graded", file=sys.stderr)
+        return 3
     return 0
 
 
