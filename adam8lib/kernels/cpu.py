@@ -74,7 +74,7 @@ import torch
 from ..quant import num_blocks
 from . import register_backend
 from .contract import check_each, check_step, check_step_args
-from .reference import bias_corrections
+from .reference import bias_corrections, probe_inputs, torch_uses_fma
 from .code_table import BUCKET_BITS, CodeTable, cache_root, code_table  # noqa: F401 (re-exported)
 
 __all__ = ["adam8bit_step", "adam8bit_step_fast", "adam8bit_step_many", "code_table", "CodeTable", "torch_uses_fma", "load_extension",
@@ -314,26 +314,6 @@ def supports(device: torch.device) -> bool:
 # ---------------------------------------------------------------------------------------
 # Matching torch's rounding
 # ---------------------------------------------------------------------------------------
-def _probe_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(0)
-    g = torch.randn(4099, generator=gen)
-    return g, torch.randn(4099, generator=gen) * 0.01, torch.rand(4099, generator=gen) * 1e-3
-
-
-@functools.lru_cache(maxsize=None)
-def torch_uses_fma() -> bool:
-    """Does this torch build round ``m.add_(g, alpha=a)`` and ``v.addcmul_(g, g, value=b)``
-    as fused multiply-adds? (Yes on AVX2/AVX-512 builds.) Raises ImportError if it fuses one
-    and not the other, which the kernel does not imitate."""
-    g, m, v = _probe_inputs()
-    a, b = 1.0 - 0.9, 1.0 - 0.999
-    add_fused = not torch.equal(m.clone().add_(g, alpha=a), m + g * a)
-    addcmul_fused = not torch.equal(v.clone().addcmul_(g, g, value=b), v + (g * b) * g)
-    if add_fused != addcmul_fused:
-        raise ImportError("this torch build fuses add(alpha) and addcmul differently; cpu backend disabled")
-    return add_fused
-
-
 #: The mode torch passes to MKL's vector math (VML_HA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE).
 MKL_VML_MODE = 0x2 | 0x140000 | 0x100
 
@@ -344,7 +324,7 @@ def torch_sqrt() -> tuple[int | None, str]:
     correctly rounded square root, ``(address of vmsSqrt, "mkl")`` when it is Intel MKL's
     vector sqrt (x86 Linux wheels), which is not always correctly rounded. ImportError if
     neither reproduces it (then the kernel could not match the reference bit for bit)."""
-    x = torch.cat([_probe_inputs()[2], torch.rand(4099, generator=torch.Generator().manual_seed(1)) ** 4])
+    x = torch.cat([probe_inputs()[2], torch.rand(4099, generator=torch.Generator().manual_seed(1)) ** 4])
     expected = torch.sqrt(x)
     if bool((torch.from_numpy(numpy.sqrt(x.numpy())) == expected).all()):
         return None, "ieee"

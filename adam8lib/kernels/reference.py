@@ -33,6 +33,7 @@ the parameter's size: there is never a full fp32 copy of the states or the param
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -73,6 +74,29 @@ def adam_update_fp32(
     v.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
     return _param_with_rule(param, m, v, step=step, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
                             weight_decay=weight_decay)
+
+
+def probe_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fixed ``(g, m, v)`` of 4099 elements that the backends use to ask how this torch rounds."""
+    gen = torch.Generator().manual_seed(0)
+    g = torch.randn(4099, generator=gen)
+    return g, torch.randn(4099, generator=gen) * 0.01, torch.rand(4099, generator=gen) * 1e-3
+
+
+@functools.lru_cache(maxsize=None)
+def torch_uses_fma() -> bool:
+    """Does this torch build round the moments' ``m.add_(g, alpha=a)`` and ``v.addcmul_(g, g, value=b)``
+    as fused multiply-adds? Yes where its vectorized CPU kernels run (AVX2, AVX-512); no with its
+    generic kernels (``ATEN_CPU_CAPABILITY=default``, CPUs without AVX2). The compiled backends ask,
+    so that on the CPU they round the moments as the reference does on this machine. Raises
+    ImportError if it fuses one and not the other, which no backend imitates."""
+    g, m, v = probe_inputs()
+    a, b = 1.0 - 0.9, 1.0 - 0.999
+    add_fused = not torch.equal(m.clone().add_(g, alpha=a), m + g * a)
+    addcmul_fused = not torch.equal(v.clone().addcmul_(g, g, value=b), v + (g * b) * g)
+    if add_fused != addcmul_fused:
+        raise ImportError("this torch build fuses add(alpha) and addcmul differently; no compiled backend imitates it")
+    return add_fused
 
 
 def bias_corrections(step: int, lr: float, beta1: float, beta2: float) -> tuple[float, float]:

@@ -51,6 +51,9 @@ multiply-add exactly where PyTorch's CPU kernels do::
     m = fma(g, 1-b1, b1*m)         # torch: m.mul_(b1).add_(g, alpha=1-b1)
     v = fma((1-b2)*g, g, b2*v)     # torch: v.mul_(b2).addcmul_(g, g, value=1-b2)
 
+(In the interpreter, where torch's CPU kernels do not fuse them, i.e. its generic build, neither
+does the kernel: ``FUSED_MOMENTS``.)
+
 Launches pass ``enable_fp_fusion=False``, so the compiler fuses nothing else. In the
 interpreter the states (codes and absmax) are then bit-identical to the reference. The
 parameters agree within 1e-6 but not to the bit: torch's CPU ``sqrt`` (MKL) is one ulp off
@@ -78,7 +81,7 @@ from collections import OrderedDict
 from . import register_backend
 from .contract import check_each, check_step, check_step_args
 from .code_table import code_table
-from .reference import bias_corrections
+from .reference import bias_corrections, torch_uses_fma
 from ..quant import check_blocksize, check_code, check_dequantize_inputs, num_blocks, require_float
 
 __all__ = [
@@ -110,6 +113,11 @@ def _probe():
 INTERPRETED = not isinstance(_probe, triton.runtime.JITFunction)
 #: The interpreter truncates fp32 -> bf16; there :func:`_to_dtype` rounds by hand.
 BF16_BY_HAND = tl.constexpr(INTERPRETED)
+#: The moments as fused multiply-adds, as torch's CUDA and vectorized CPU kernels compute them; in
+#: the interpreter (next to the CPU reference) only where this torch's CPU kernels fuse them too
+#: (:func:`~adam8lib.kernels.reference.torch_uses_fma`: not with its generic kernels), so that on
+#: any CPU the interpreted kernel leaves the reference's states bit for bit.
+FUSED_MOMENTS = tl.constexpr(not INTERPRETED or torch_uses_fma())
 
 
 # ----------------------------------------------------------------------------------------
@@ -321,8 +329,12 @@ def _step_tile(p_ptr, g_ptr, state1_ptr, state2_ptr, absmax1_ptr, absmax2_ptr, q
 
     # 2. moments in fp32: m = b1*m + (1-b1)*g,  v = b2*v + (1-b2)*g^2  (fma where torch has one)
     g = tl.load(g_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    m = tl.math.fma(g, one_minus_beta1, m * beta1)
-    v = tl.math.fma(g * one_minus_beta2, g, v * beta2)
+    if FUSED_MOMENTS:
+        m = tl.math.fma(g, one_minus_beta1, m * beta1)
+        v = tl.math.fma(g * one_minus_beta2, g, v * beta2)
+    else:  # each product rounded, then the sum (torch's generic CPU kernels)
+        m = m * beta1 + g * one_minus_beta1
+        v = v * beta2 + (g * one_minus_beta2) * g
     # the non-finite rule: an element whose new m or v is not finite (a NaN/Inf gradient, or
     # one so large that g*g overflows) restarts from m = v = 0 and keeps its parameter.
     # Elements past the end get m = v = 0 too, so they leave the blocks' absmax alone.
