@@ -21,7 +21,7 @@ import torch
 from nbformat.v4 import new_code_cell, new_notebook
 
 from adam8lib.course import outputs
-from adam8lib.course.nbval_wait import DEFAULT_OUTPUT_WAIT
+from adam8lib.course.nbval_wait import DEFAULT_OUTPUT_WAIT, _positive_seconds
 from adam8lib.course.second_machine import SECOND_MACHINE_ENV, second_machine_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -143,6 +143,11 @@ def test_nbval_output_wait_is_set_by_the_plugin(tmp_path):
     assert f"WAITS [{DEFAULT_OUTPUT_WAIT}]" in default.stdout, default.stdout + default.stderr
     chosen = collect(tmp_path, "--adam8-output-wait", "7.5")
     assert "WAITS [7.5]" in chosen.stdout, chosen.stdout + chosen.stderr
-    for bad in ("0", "-1", "soon"):
-        refused = collect(tmp_path, "--adam8-output-wait", bad)
-        assert refused.returncode != 0 and "--adam8-output-wait must be" in refused.stderr
+    refused = collect(tmp_path, "--adam8-output-wait", "soon")
+    assert refused.returncode != 0 and "--adam8-output-wait must be a number of seconds" in refused.stderr
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "nan", "soon"])
+def test_nbval_output_wait_must_be_positive_seconds(bad):
+    with pytest.raises(pytest.UsageError, match="--adam8-output-wait must be"):
+        _positive_seconds(bad)
