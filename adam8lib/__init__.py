@@ -6,7 +6,8 @@ Modules, in the order the course builds them:
 * :mod:`adam8lib.adam` — the fp32 Adam/AdamW rule, equal to torch.optim (lesson 03)
 * :mod:`adam8lib.quant` — absmax int8, the dynamic map, blockwise quantization (04–06)
 * :mod:`adam8lib.optim` — ``Adam8bit`` / ``AdamW8bit`` (07), stepping through
-  :mod:`adam8lib.kernels` (reference PyTorch, Triton (08), fast CPU)
+  :mod:`adam8lib.kernels` (reference PyTorch, Triton (08), fast CPU); ``Adam4bit``, ``AdamFp8``
+  and bf16 weights with stochastic rounding (12), formats in :mod:`adam8lib.formats`
 * :mod:`adam8lib.memory` — estimated and measured optimizer memory (01, 09)
 * :mod:`adam8lib.training` — weight-decay groups and DistilBERT for fine-tuning (10)
 * :mod:`adam8lib.distributed` — FSDP2 shards (DTensor), checkpoints that reshard (11)
@@ -15,7 +16,7 @@ Modules, in the order the course builds them:
 from .adam import adam_step
 from .ema import adam_moments, bias_correction, ema_update
 from .memory import compute_optimizer_size, estimate_optimizer_memory
-from .optim import Adam8bit, AdamW8bit
+from .optim import Adam4bit, Adam8bit, AdamFp8, AdamW4bit, AdamW8bit, AdamWFp8, LowBitAdam
 from .quant import (
     absmax_dequantize,
     absmax_quantize,
@@ -30,6 +31,11 @@ __version__ = "0.1.0"
 __all__ = [
     "Adam8bit",
     "AdamW8bit",
+    "Adam4bit",
+    "AdamW4bit",
+    "AdamFp8",
+    "AdamWFp8",
+    "LowBitAdam",
     "adam_step",
     "adam_moments",
     "bias_correction",

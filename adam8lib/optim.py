@@ -1,6 +1,14 @@
-"""``Adam8bit`` and ``AdamW8bit``: Adam whose two states are stored as 8-bit codes (lesson 07).
+"""Adam with low-bit states: ``Adam8bit``/``AdamW8bit`` (lesson 07), ``Adam4bit``/``AdamW4bit`` and
+``AdamFp8``/``AdamWFp8`` (lesson 12) — one optimizer, :class:`LowBitAdam`, with a *state format*.
 
-What is 8-bit, and what is not:
+The step, the parameter groups, checkpoints, torch.optim's conventions and FSDP2 support are written
+once, here; how the two moments are stored is the state format's business (:mod:`adam8lib.formats`:
+``"8bit"``, ``"4bit"``, ``"4bit-naive"``, ``"fp8"``). The 8-bit format runs through the fused
+backends of :mod:`adam8lib.kernels`; the others through the reference step (decode, the fp32 update,
+encode) in plain PyTorch. ``stochastic_rounding=True`` writes bf16 parameters with stochastic
+rounding (:mod:`adam8lib.rounding`), so that updates smaller than half a bf16 ulp survive on average.
+
+What is 8-bit (or 4-bit), and what is not:
 
 * **parameters and gradients keep their own dtype** (fp32, bf16 or fp16) — nothing here
   stores parameters in FP8 or int8;
@@ -55,9 +63,11 @@ from .distributed import local_param_and_grad, local_tensor, to_checkpoint_state
 from .adam import check_hyperparameters
 from .kernels.contract import PARAM_DTYPES, check_plain_tensor, is_usual_tensor
 from .kernels.reference import adam_update_fp32, adam_update_fp32_many
+from .formats import StateFormat, get_format
 from .quant import MAP_FINGERPRINTS, check_blocksize, dynamic_map, map_fingerprint, num_blocks
+from .rounding import step_generator, stochastic_round_to_bf16
 
-__all__ = ["Adam8bit", "AdamW8bit", "UNSUPPORTED_FLAGS"]
+__all__ = ["LowBitAdam", "Adam8bit", "AdamW8bit", "Adam4bit", "AdamW4bit", "AdamFp8", "AdamWFp8", "UNSUPPORTED_FLAGS"]
 
 _STATE_KEYS_8BIT = ("state1", "state2", "absmax1", "absmax2")
 _STATE_KEYS_32BIT = ("exp_avg", "exp_avg_sq")
@@ -77,21 +87,29 @@ UNSUPPORTED_FLAGS = {
 }
 
 
-class Adam8bit(torch.optim.Optimizer):
-    """Adam with 8-bit blockwise-quantized states (decoupled weight decay).
+class LowBitAdam(torch.optim.Optimizer):
+    """Adam with low-bit, blockwise-scaled states (decoupled weight decay), in a given state format.
 
     Args:
         params: parameters or param groups (each group may set ``lr``, ``betas``, ``eps``,
             ``weight_decay``, ``blocksize``, ``min_8bit_size``).
         lr, betas, eps, weight_decay: as in ``torch.optim.AdamW``.
-        blocksize: elements per quantization block, a power of two in 64…4096 (256 as in
-            bitsandbytes; 2048 as in the paper).
+        blocksize: elements per scale block, a power of two in 64…4096; ``None``: the format's
+            (256 for 8-bit and FP8 as in bitsandbytes and torchao; 128 for 4-bit as in Li et al.).
         min_8bit_size: tensors with fewer elements keep fp32 states (4096, as bitsandbytes).
         backend: ``"auto"``, ``"torch"`` (reference), ``"cpu"``, ``"triton"``, or another
-            registered backend (see :mod:`adam8lib.kernels`).
+            registered backend (see :mod:`adam8lib.kernels`); formats other than ``"8bit"`` run
+            the reference step (``"auto"`` or ``"torch"``).
+        state_format: ``"8bit"``, ``"4bit"``, ``"4bit-naive"``, ``"fp8"`` or a
+            :class:`~adam8lib.formats.StateFormat`; ``None``: the class's (:attr:`state_format`).
+        stochastic_rounding: write bf16 parameters with stochastic rounding (every parameter
+            must then be bf16); ``seed`` seeds it (the same seed gives the same bits).
         maximize, amsgrad, foreach, fused, capturable, differentiable: accepted only with a
             false value (what this optimizer does); anything else raises ValueError.
     """
+
+    #: The format of the classes below (``Adam8bit``: "8bit", ``Adam4bit``: "4bit", ...).
+    state_format: str = "8bit"
 
     def __init__(
         self,
@@ -101,9 +119,12 @@ class Adam8bit(torch.optim.Optimizer):
         eps: float = 1e-8,
         weight_decay: float = 0.0,
         *,
-        blocksize: int = 256,
+        blocksize: int | None = None,
         min_8bit_size: int = 4096,
         backend: str = "auto",
+        state_format: str | StateFormat | None = None,
+        stochastic_rounding: bool = False,
+        seed: int = 0,
         **torch_flags: Any,
     ) -> None:
         for key in torch_flags:
@@ -111,12 +132,23 @@ class Adam8bit(torch.optim.Optimizer):
                 raise TypeError(f"{type(self).__name__}.__init__() got an unexpected keyword argument {key!r}")
         _check_flags(torch_flags, f"{type(self).__name__}()")
         _check_backend_name(backend)
+        fmt = get_format(type(self).state_format if state_format is None else state_format)
+        if fmt.name != "8bit" and backend not in ("auto", "torch"):
+            raise ValueError(f"state_format={fmt.name!r} runs the reference step (backend 'auto' or 'torch'); "
+                             f"backend {backend!r} is a kernel of the 8-bit format")
+        if not isinstance(stochastic_rounding, bool):
+            raise TypeError(f"stochastic_rounding must be a bool, got {type(stochastic_rounding).__name__}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
         defaults = dict(
             lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-            blocksize=blocksize, min_8bit_size=min_8bit_size,
+            blocksize=fmt.blocksize if blocksize is None else blocksize, min_8bit_size=min_8bit_size,
         )
         _check_group(defaults, "the defaults")
         self.backend = backend
+        self.format = fmt
+        self.stochastic_rounding = stochastic_rounding
+        self.seed = seed
         self.qmap1 = dynamic_map(signed=True)
         self.qmap2 = dynamic_map(signed=False)
         self._device_maps: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -135,12 +167,17 @@ class Adam8bit(torch.optim.Optimizer):
                         f"{type(self).__name__} supports fp32, bf16 and fp16 parameters; got one of shape "
                         f"{tuple(p.shape)} with dtype {p.dtype}"
                     )
+                if self.stochastic_rounding and p.dtype != torch.bfloat16:
+                    raise TypeError(
+                        f"stochastic_rounding=True writes bf16 parameters; got one of shape {tuple(p.shape)} with "
+                        f"dtype {p.dtype} (cast the model with .to(torch.bfloat16), or turn stochastic rounding off)"
+                    )
         except (ValueError, TypeError):
             self.param_groups.pop()
             raise
 
     # ------------------------------------------------------------------ state
-    def init_state(self, params: Iterable[torch.Tensor] | None = None) -> "Adam8bit":
+    def init_state(self, params: Iterable[torch.Tensor] | None = None) -> "LowBitAdam":
         """Create the states of ``params`` (default: every parameter) now, as the first
         ``step()`` would (codes and absmax, or fp32 moments; ``step = 0``). Parameters that
         already have a state keep it. Returns the optimizer (for chaining).
@@ -154,10 +191,21 @@ class Adam8bit(torch.optim.Optimizer):
                     self.state[p].update(self._new_state(group, p))
         return self
 
+    def _format(self, group: dict[str, Any]) -> StateFormat:
+        """This optimizer's state format with the group's block size."""
+        return self.format.with_blocksize(group["blocksize"])
+
     def _new_state(self, group: dict[str, Any], p: torch.Tensor) -> dict[str, Any]:
         # a sharded (DTensor) parameter: 8-bit or not by the FULL size, states sized to the local shard
-        full, p = p.numel(), local_tensor(p)
+        full, sharded, p = p.numel(), p is not local_tensor(p), local_tensor(p)
         n = p.numel()
+        if full >= group["min_8bit_size"] and self.format.name != "8bit":
+            if sharded:
+                raise ValueError(
+                    f"state_format={self.format.name!r} does not shard its states with FSDP2 yet (a parameter of "
+                    f"shape {tuple(p.shape)} is a DTensor): use state_format='8bit' (Adam8bit) for sharded parameters"
+                )
+            return {"step": 0, **self._format(group).new_state(tuple(p.shape), p.device)}
         if full >= group["min_8bit_size"]:
             blocks = num_blocks(n, group["blocksize"])
             # code of 0.0 is 127 (signed map) / 0 (unsigned map); absmax 0 makes both exactly 0
@@ -202,9 +250,11 @@ class Adam8bit(torch.optim.Optimizer):
                 if p.grad is None:
                     continue
                 work.append((group, p, *self._local_tensors(p, gi, pi)))
-        if type(self)._step_8bit is not Adam8bit._step_8bit:  # a subclass with its own 8-bit step
-            for group, p, param, grad in work:
-                self._update(group, p, param, grad)
+        if type(self)._step_8bit is not LowBitAdam._step_8bit or self.format.name != "8bit" or self.stochastic_rounding:
+            # a subclass with its own 8-bit step, another state format, or stochastic rounding:
+            # one parameter at a time
+            for index, (group, p, param, grad) in enumerate(work):
+                self._update(group, p, param, grad, index)
             return
         # the 8-bit tensors of each group (and device) go to the backend together: one call for
         # the group where the backend can take them at once (the cpu backends), which saves most
@@ -214,7 +264,7 @@ class Adam8bit(torch.optim.Optimizer):
         # the CPU)
         batches: dict[tuple[int, torch.device], tuple[dict[str, Any], list]] = {}
         small: dict[tuple[int, torch.device, int], tuple[dict[str, Any], list]] = {}
-        own_32bit = type(self)._step_32bit is not Adam8bit._step_32bit
+        own_32bit = type(self)._step_32bit is not LowBitAdam._step_32bit
         for group, p, param, grad in work:
             state = self._prepare(group, p, param)
             if "state1" not in state:
@@ -251,13 +301,35 @@ class Adam8bit(torch.optim.Optimizer):
         state["step"] += 1
         return state
 
-    def _update(self, group: dict[str, Any], p: torch.Tensor, param: torch.Tensor, grad: torch.Tensor) -> None:
-        """Update one parameter: create or move its states, count the step, run the update."""
+    def _update(self, group: dict[str, Any], p: torch.Tensor, param: torch.Tensor, grad: torch.Tensor,
+                index: int = 0) -> None:
+        """Update one parameter: create or move its states, count the step, run the update. With
+        stochastic rounding the update works on an fp32 copy of the (bf16) parameter, which is then
+        rounded stochastically, seeded by the step count and the parameter's ``index``."""
         state = self._prepare(group, p, param)
-        if "state1" in state:
-            self._step_8bit(group, param, grad, state)
+        target = param.float() if self.stochastic_rounding else param
+        if "state1" in state and self.format.name != "8bit":
+            self._step_lowbit(group, target, grad, state)
+        elif "state1" in state:
+            self._step_8bit(group, target, grad, state)
         else:
-            self._step_32bit(group, param, grad, state)
+            self._step_32bit(group, target, grad, state)
+        if target is not param:
+            param.copy_(stochastic_round_to_bf16(target, step_generator(self.seed, state["step"], index, param.device)))
+
+    def _step_lowbit(self, group: dict[str, Any], p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any]) -> None:
+        """The reference step of any state format: decode m and v, the fp32 update, encode them again.
+        (fp32 temporaries the size of the tensor; the 8-bit format has fused backends instead.)"""
+        if not p.numel():
+            return
+        fmt, shape = self._format(group), tuple(p.shape)
+        m, v = fmt.decode(state, shape)
+        beta1, beta2 = group["betas"]
+        new = adam_update_fp32(p.reshape(-1).float(), grad.reshape(-1).float(), m, v, step=state["step"],
+                               lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                               weight_decay=group["weight_decay"])
+        p.copy_(new.view(shape))
+        fmt.encode_(state, m, v, shape)
 
     def _step_8bit_many(self, group: dict[str, Any], entries: list[tuple[torch.Tensor, torch.Tensor, dict]]) -> None:
         """The 8-bit update of several (non-empty) parameters of one group on one device, in one
@@ -313,13 +385,17 @@ class Adam8bit(torch.optim.Optimizer):
     # ------------------------------------------------------------------ copy / pickle
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()  # defaults, state, param_groups (as torch.optim)
-        state.update(backend=self.backend, qmap1=self.qmap1, qmap2=self.qmap2)
+        state.update(backend=self.backend, qmap1=self.qmap1, qmap2=self.qmap2, format=self.format,
+                     stochastic_rounding=self.stochastic_rounding, seed=self.seed)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         state = dict(state)
         backend = state.pop("backend", "auto")
         qmap1, qmap2 = state.pop("qmap1", None), state.pop("qmap2", None)
+        self.format = get_format(state.pop("format", type(self).state_format))
+        self.stochastic_rounding = state.pop("stochastic_rounding", False)
+        self.seed = state.pop("seed", 0)
         super().__setstate__(state)
         self.defaults.pop("differentiable", None)  # torch adds it; not a hyperparameter here
         self.backend = backend
@@ -337,15 +413,21 @@ class Adam8bit(torch.optim.Optimizer):
         a checkpoint is loaded only into an optimizer with the same maps, so its codes decode to
         the same values on any machine."""
         sd = super().state_dict()
-        fingerprint = map_fingerprint(self.qmap1, self.qmap2)
         params = [(group, p) for group in self.param_groups for p in group["params"]]
         for index, (group, p) in enumerate(params):
             if index in sd["state"]:
                 saved = to_checkpoint_state(p, sd["state"][index], group["blocksize"])
                 if "state1" in saved:
-                    saved = {**saved, MAPS_KEY: fingerprint}
+                    saved = {**saved, MAPS_KEY: self._codes_fingerprint(group)}
                 sd["state"][index] = saved
         return sd
+
+    def _codes_fingerprint(self, group: dict[str, Any]) -> str:
+        """What a saved state's codes need to be decoded: the two maps' fingerprint (8-bit format;
+        the block size is checked by the absmax's size), or the whole format's (maps, packing, scales)."""
+        if self.format.name == "8bit":
+            return map_fingerprint(self.qmap1, self.qmap2)
+        return self._format(group).fingerprint()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a checkpoint of this class (``state_dict()``), keeping uint8 codes and fp32 absmax
@@ -414,11 +496,11 @@ class Adam8bit(torch.optim.Optimizer):
             p = id_to_param[pid]
             where = f"state of parameter {pid!r} (shape {tuple(p.shape)})"
             if isinstance(saved, dict) and "state1" in saved:
-                self._check_maps(saved.get(MAPS_KEY), where, origin)
+                self._check_maps(saved.get(MAPS_KEY), id_to_group[pid], where, origin)
                 saved = {k: v for k, v in saved.items() if k != MAPS_KEY}
             if isinstance(saved, dict):  # DCP / another world size: this rank's plain local state
                 saved = to_local_state(p, saved, id_to_group[pid]["blocksize"], (self.qmap1, self.qmap2))
-            _check_saved_state(p, saved, id_to_group[pid], where, origin)
+            _check_saved_state(p, saved, self._format(id_to_group[pid]), where, origin)
             new_state[p] = {
                 k: (v.detach().to(p.device).reshape(local_tensor(p).shape if k in _STATE_KEYS_32BIT else -1).clone(
                     memory_format=torch.contiguous_format) if torch.is_tensor(v) else v)
@@ -426,11 +508,17 @@ class Adam8bit(torch.optim.Optimizer):
             }
         return new_groups, new_state
 
-    def _check_maps(self, saved: Any, where: str, origin: str) -> None:
+    def _check_maps(self, saved: Any, group: dict[str, Any], where: str, origin: str) -> None:
         """ValueError unless a saved state's codes index this optimizer's maps (same fingerprint)."""
-        ours = map_fingerprint(self.qmap1, self.qmap2)
+        ours = self._codes_fingerprint(group)
         if saved == ours:
             return
+        if isinstance(saved, str) and (":" in saved or ":" in ours):  # another state format, or other maps in one
+            raise ValueError(
+                f"{where}: its low-bit states were stored in format {saved.split(':')[0]!r} ({saved!r}); this "
+                f"optimizer stores {self.format.name!r} ({ours!r}): decoded in this format, every state would change. "
+                f"Load it into an optimizer with the state format that saved it."
+            )
         if saved is None:
             raise ValueError(
                 f"{where} has 8-bit states but no {MAPS_KEY!r}: it was saved before checkpoints named the maps their "
@@ -452,8 +540,45 @@ class Adam8bit(torch.optim.Optimizer):
         return super().__repr__().replace(type(self).__name__ + " (", f"{type(self).__name__} (backend: {self.backend}", 1)
 
 
+class Adam8bit(LowBitAdam):
+    """Adam with 8-bit states (lesson 07): uint8 codes into the dynamic maps, one fp32 absmax per block
+    of 256, fp32 states for tensors under ``min_8bit_size``; the fused backends of
+    :mod:`adam8lib.kernels`. Arguments: :class:`LowBitAdam`'s."""
+
+    state_format = "8bit"
+
+
 class AdamW8bit(Adam8bit):
     """:class:`Adam8bit` with AdamW's default ``weight_decay=1e-2`` (decay is decoupled in both)."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, **kwargs):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **kwargs)
+
+
+class Adam4bit(LowBitAdam):
+    """Adam with 4-bit states (lesson 12; Li et al. 2023): two codes per byte; m on the 4-bit
+    dynamic map with blocks of 128, v on a map without zero with rank-1 normalization for matrices
+    (blocks of 128 for vectors). About 1 byte per parameter. Arguments: :class:`LowBitAdam`'s."""
+
+    state_format = "4bit"
+
+
+class AdamW4bit(Adam4bit):
+    """:class:`Adam4bit` with AdamW's default ``weight_decay=1e-2``."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, **kwargs):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **kwargs)
+
+
+class AdamFp8(LowBitAdam):
+    """Adam with FP8 states (lesson 12; as torchao's ``AdamWFp8``): float8 e4m3 numbers, one fp32
+    scale per block of 256. About 2 bytes per parameter. Arguments: :class:`LowBitAdam`'s."""
+
+    state_format = "fp8"
+
+
+class AdamWFp8(AdamFp8):
+    """:class:`AdamFp8` with AdamW's default ``weight_decay=1e-2``."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, **kwargs):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **kwargs)
@@ -538,15 +663,15 @@ def _foreign_origin(state_dict: dict[str, Any]) -> str:
     return ""
 
 
-def _check_saved_state(p: torch.Tensor, saved: Any, group: dict[str, Any], where: str, origin: str) -> None:
+def _check_saved_state(p: torch.Tensor, saved: Any, fmt: StateFormat, where: str, origin: str) -> None:
     if not isinstance(saved, dict):
         raise ValueError(f"{where} must be a dict, got {type(saved).__name__}")
     local = local_tensor(p)  # a DTensor (FSDP2) parameter keeps the states of its local shard
     n = local.numel()
     if "state1" in saved:
-        blocks = num_blocks(n, group["blocksize"])
-        expected = {"state1": ((n,), torch.uint8), "state2": ((n,), torch.uint8),
-                    "absmax1": ((blocks,), torch.float32), "absmax2": ((blocks,), torch.float32)}
+        expected = {k: ((count,), dtype) for k, (count, dtype) in fmt.state_spec(tuple(local.shape)).items()}
+        if fmt.name == "8bit":  # the codes of a shard: one per element, whatever its shape
+            expected["state1"] = expected["state2"] = ((n,), torch.uint8)
     elif "exp_avg" in saved:
         expected = {k: (tuple(local.shape), torch.float32) for k in _STATE_KEYS_32BIT}
     else:
@@ -571,6 +696,8 @@ def _check_saved_state(p: torch.Tensor, saved: Any, group: dict[str, Any], where
                 f"{where}: {key!r} should be {dtype}[{math.prod(shape)}], got {value.dtype}[{value.numel()}]{origin}"
             )
         if key in ("state1", "state2"):
+            if not (fmt.m if key == "state1" else fmt.v).codes_are_valid(value):  # fp8 bytes that are NaN
+                raise ValueError(f"{where}: {key!r} has codes that decode to NaN (a corrupt checkpoint)")
             continue
         if not bool(torch.isfinite(value).all()):
             raise ValueError(f"{where}: {key!r} has NaN or Inf values (a corrupt checkpoint)")

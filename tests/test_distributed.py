@@ -271,6 +271,14 @@ CRASH = textwrap.dedent("""
         print("optimizer: no error", flush=True)
     except (TypeError, ValueError) as e:
         print("optimizer:", type(e).__name__, e, flush=True)
+    from adam8lib import AdamW4bit
+    p4 = torch.nn.Parameter(distribute_tensor(torch.randn(64, 128), mesh, [Shard(0)]))
+    p4.grad = distribute_tensor(torch.randn(64, 128), mesh, [Shard(0)])
+    try:
+        AdamW4bit([p4]).step()
+        print("4-bit: no error", flush=True)
+    except (TypeError, ValueError) as e:
+        print("4-bit:", type(e).__name__, e, flush=True)
     q = lambda: distribute_tensor(torch.zeros(8192, dtype=torch.uint8), mesh, [Shard(0)])
     z = lambda: distribute_tensor(torch.zeros(32), mesh, [Shard(0)])
     try:
@@ -293,6 +301,12 @@ def crash_run():
 
 def test_dtensor_with_plain_gradient_is_a_clear_error_not_a_crash(crash_run):
     assert "optimizer: TypeError" in crash_run.stdout and "needs a DTensor gradient" in crash_run.stdout
+
+
+def test_sharded_parameter_with_a_format_that_cannot_shard_is_a_clear_error(crash_run):
+    """FSDP2-sharded states exist for the 8-bit format; the others say so instead of stepping wrong."""
+    assert "4-bit: ValueError state_format='4bit' does not shard its states with FSDP2 yet" in crash_run.stdout, \
+        crash_run.stdout + crash_run.stderr[-2000:]
 
 
 def test_dtensor_at_the_kernel_boundary_is_a_clear_error_not_a_crash(crash_run):
