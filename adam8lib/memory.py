@@ -10,7 +10,13 @@ adam8bit      2 + 8/blocksize — uint8 codes for ``m`` and ``v`` plus two fp32 
 adafactor     ≈ 4·(rows + cols) per matrix instead of 4·rows·cols — factored second
               moment, no first moment (``transformers.optimization.Adafactor`` defaults);
               vectors keep a full fp32 second moment
+adam4bit      1 + 4/128 + 4·(rows + cols)/(rows·cols) for a matrix — two 4-bit codes per byte,
+              m's absmax per block of 128, v's rank-1 scales (:mod:`adam8lib.formats`)
+adamfp8       2 + 8/256 — one float8 byte for m and v, two fp32 scales per block of 256
 ============  ===========================================================================
+
+The low-bit kinds count what :class:`adam8lib.optim.LowBitAdam` stores for each format
+(``StateFormat.state_spec``); with a bare parameter count every tensor is taken as one vector.
 
 "MB" follows the source chapter and means MiB (2**20 bytes): 65,783,042 parameters ×
 2 bytes = 125.5 MB.
@@ -25,7 +31,8 @@ from typing import Any, Iterable, Mapping
 import torch
 from torch import nn
 
-from .quant import check_blocksize, num_blocks
+from .formats import get_format
+from .quant import check_blocksize
 
 __all__ = [
     "MB", "OptimizerMemory", "estimate_optimizer_memory", "compute_optimizer_size", "KINDS",
@@ -33,7 +40,9 @@ __all__ = [
 ]
 
 MB = 2**20
-KINDS = ("adamw", "adam8bit", "adafactor")
+KINDS = ("adamw", "adam8bit", "adafactor", "adam4bit", "adamfp8")
+#: The state format of each low-bit kind (adam8lib.formats).
+_FORMAT_OF = {"adam8bit": "8bit", "adam4bit": "4bit", "adamfp8": "fp8"}
 
 
 @dataclass(frozen=True)
@@ -42,8 +51,8 @@ class OptimizerMemory:
 
     kind: str
     num_params: int
-    code_bytes: int = 0  # 8-bit codes (adam8bit)
-    absmax_bytes: int = 0  # per-block fp32 scales (adam8bit)
+    code_bytes: int = 0  # low-bit codes (adam8bit, adam4bit, adamfp8)
+    absmax_bytes: int = 0  # fp32 scales: per block, or rank-1 axis maxima
     fp32_bytes: int = 0  # full fp32 states (adamw; adam8bit's small tensors; adafactor's vectors)
     factored_bytes: int = 0  # adafactor's row and column statistics
 
@@ -86,7 +95,7 @@ def estimate_optimizer_memory(
     params: int | torch.nn.Module | Iterable[torch.Tensor] | Iterable[Iterable[int]],
     kind: str = "adam8bit",
     *,
-    blocksize: int = 256,
+    blocksize: int | None = None,
     min_8bit_size: int = 4096,
 ) -> OptimizerMemory:
     """Estimate the optimizer-state bytes for ``params``.
@@ -96,6 +105,8 @@ def estimate_optimizer_memory(
     """
     if kind not in KINDS:
         raise ValueError(f"Unknown optimizer kind {kind!r}; choose one of {KINDS}")
+    fmt = get_format(_FORMAT_OF.get(kind, "8bit"))
+    blocksize = fmt.blocksize if blocksize is None else blocksize
     check_blocksize(blocksize)
     shapes = _shapes(params)
     if shapes is None:
@@ -111,12 +122,15 @@ def estimate_optimizer_memory(
         n = sum(shapes_n)
     if kind == "adamw":
         return OptimizerMemory(kind, n, fp32_bytes=8 * n)
-    if kind == "adam8bit":
+    if kind in _FORMAT_OF:
+        fmt = fmt.with_blocksize(blocksize)
         code = absmax = fp32 = 0
-        for size in shapes_n:
+        for shape in (shapes if shapes is not None else [(size,) for size in shapes_n]):
+            size = math.prod(shape)
             if size >= min_8bit_size:
-                code += 2 * size
-                absmax += 2 * 4 * num_blocks(size, blocksize)
+                spec = fmt.state_spec(tuple(shape))
+                code += sum(count * 1 for key, (count, _) in spec.items() if key.startswith("state"))
+                absmax += sum(4 * count for key, (count, _) in spec.items() if key.startswith("absmax"))
             else:
                 fp32 += 8 * size
         return OptimizerMemory(kind, n, code_bytes=code, absmax_bytes=absmax, fp32_bytes=fp32)
@@ -189,16 +203,16 @@ def saved_activation_bytes(model: nn.Module, batch: dict[str, torch.Tensor], dty
 
 
 def materialize_state(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """Create every per-parameter state of an ``Adam8bit`` (or AdamW) now, without a step.
+    """Create every per-parameter state of a low-bit Adam (or AdamW) now, without a step.
 
     Optimizers create their states lazily, at the first ``step()``. To *measure* the state of
-    a big model (``compute_optimizer_size``) no update is needed: for :class:`Adam8bit` this
+    a big model (``compute_optimizer_size``) no update is needed: for a low-bit Adam this
     allocates exactly what the first step would (codes, absmax or fp32 moments); other
     optimizers take one step on zero gradients with ``lr`` set to 0 for that step.
     """
-    from .optim import Adam8bit
+    from .optim import LowBitAdam
 
-    if isinstance(optimizer, Adam8bit):
+    if isinstance(optimizer, LowBitAdam):
         optimizer.init_state()
         return optimizer
     saved = [(g["lr"], g.get("weight_decay")) for g in optimizer.param_groups]

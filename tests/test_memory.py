@@ -116,3 +116,20 @@ def test_materialize_state_equals_the_first_steps_state(kind):
         assert {k: (v.dtype, v.shape) for k, v in a.state[p].items() if torch.is_tensor(v)} == \
                {k: (v.dtype, v.shape) for k, v in b.state[p].items() if torch.is_tensor(v)}
 
+
+
+@pytest.mark.parametrize("kind, cls", [("adam4bit", "AdamW4bit"), ("adamfp8", "AdamWFp8"), ("adam8bit", "AdamW8bit")])
+def test_low_bit_estimates_equal_the_measured_state_of_distilbert(distilbert, kind, cls):
+    """The full DistilBERT (65,783,042 parameters): the estimate from shapes, in exact bytes, equals
+    the bytes the optimizer allocates (states created without a step)."""
+    import adam8lib
+
+    opt = M.materialize_state(getattr(adam8lib, cls)(distilbert.parameters()))
+    measured = sum(t.numel() * t.element_size() for st in opt.state.values() for t in st.values() if torch.is_tensor(t))
+    estimate = estimate_optimizer_memory(distilbert, kind)
+    assert estimate.total_bytes == measured
+    per_param = {"adam4bit": (1.03, 1.06), "adamfp8": (2.03, 2.04), "adam8bit": (2.03, 2.04)}[kind]
+    assert per_param[0] < estimate.bytes_per_param < per_param[1]
+    # a bare count takes every tensor as one vector: blocks only, no rank-1 scales
+    flat = estimate_optimizer_memory(DISTILBERT_NUM_PARAMS, kind)
+    assert flat.code_bytes == (DISTILBERT_NUM_PARAMS if kind == "adam4bit" else 2 * DISTILBERT_NUM_PARAMS)
