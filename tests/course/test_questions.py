@@ -98,3 +98,44 @@ def test_lesson_11_answers_agree_with_the_library():
                    and min(256 * k + 256, n) - 256 * k == min(256, hi - 256 * k) for lo, hi in ranges)
                for k in range(-(-n // 256)))
     assert a["11.d"] == kept
+
+
+def test_lesson_12_answers_agree_with_the_library():
+    import torch
+
+    from adam8lib import AdamW8bit, AdamW4bit
+
+    a = {k: q.answer for k, q in QUESTIONS.items()}
+    w = torch.nn.Parameter(torch.zeros(768, 3072))
+    state = AdamW4bit([w]).init_state().state[w]
+    assert a["12.a"] == state["state1"].numel() + state["state2"].numel()
+    assert a["12.c"] == state["absmax2"].numel()  # v's rank-1 scales
+    assert a["12.b"] == 1e-4 / 1e-8  # lr * m / (sqrt(0) + eps), in units of lr
+    p = torch.nn.Parameter(torch.ones(4096, dtype=torch.bfloat16))
+    opt = AdamW8bit([p], lr=1e-4, weight_decay=0.0)
+    for _ in range(100):
+        p.grad = torch.ones_like(p)
+        opt.step()
+    assert bool((p == a["12.d"]).all())
+
+
+def test_reveal_checks_the_measurement_and_recalls_the_prediction(capsys):
+    from adam8lib.course.checks import questions as q
+
+    q.ask("03.a", None)
+    q.reveal("03.a", 0.9995)
+    assert "you made no prediction" in capsys.readouterr().out
+    q.ask("03.a", 0.5)
+    q.reveal("03.a", 1.0)
+    out = capsys.readouterr().out
+    assert "you predicted 0.5" in out and "✘" in out.splitlines()[-1]
+    q.ask("03.a", 1)
+    q.reveal("03.a", 1.0)
+    assert "✔ your prediction was right" in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="disagree"):
+        q.reveal("03.a", 2.0)
+    with pytest.raises(ValueError, match="unknown question"):
+        q.reveal("99.z", 1.0)
+    with pytest.raises(TypeError, match="wrong kind"):
+        q.reveal("03.c", 1.0)
+    q.ask("03.a", None)  # leave no prediction behind for other tests

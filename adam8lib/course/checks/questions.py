@@ -13,6 +13,19 @@ id that does not exist or an answer of the wrong kind. The explanation follows i
 after the cell. Answers live here, in :data:`QUESTIONS`, so the lesson's source does not give
 them away; ``tests/course/test_questions.py`` checks each one against the library.
 
+Predict before the reveal: a question placed *before* the experiment that answers it is asked
+with :func:`ask` (which remembers the prediction), and the experiment's cell ends with
+:func:`reveal`, which checks the measured value against the stored answer (an AssertionError if the
+experiment and the answer disagree) and compares it with the learner's prediction::
+
+    ask("03.a", prediction)            # the question cell  (metadata adam8.predicts = "03.a")
+    ...                                # the experiment
+    reveal("03.a", measured)           # the revealing cell (metadata adam8.reveals = "03.a",
+                                       #  its output collapsed: jupyter.outputs_hidden)
+
+The line :func:`reveal` prints shows the stored answer (rounded as the question states), never
+the raw measurement, so a compared output is the same on every machine.
+
 Numeric answers are right within ``rel_tol`` (relative) of the value; multiple-choice answers
 are one letter, case-insensitive.
 """
@@ -23,7 +36,7 @@ import math
 import numbers
 from dataclasses import dataclass
 
-__all__ = ["Question", "QUESTIONS", "ask", "verdict"]
+__all__ = ["Question", "QUESTIONS", "ask", "verdict", "reveal", "reveal_line"]
 
 
 @dataclass(frozen=True)
@@ -109,6 +122,11 @@ QUESTIONS: dict[str, Question] = {
     "11.b": Question(8, rel_tol=0),
     "11.c": Question("b", choices="abc"),
     "11.d": Question(8, rel_tol=0),
+    # 12 · beyond 8 bits
+    "12.a": Question(768 * 3072, rel_tol=0, shown="2,359,296 (two half-byte codes per parameter: 1 byte)"),
+    "12.b": Question(1e4, rel_tol=0.01, shown="10,000 (lr x m / eps = lr x 1e-4 / 1e-8)"),
+    "12.c": Question(768 + 3072, rel_tol=0, shown="3,840 (one per row and one per column)"),
+    "12.d": Question(1.0, rel_tol=0, shown="1.0 (every step is lost)"),
 }
 
 
@@ -125,6 +143,39 @@ def verdict(question_id: str, prediction) -> str:
     return f"✘ Question {question_id}: not quite — you said {prediction!r}; the answer is {q.display()}. See why below."
 
 
+#: The learner's latest prediction per question (set by :func:`ask`, read by :func:`reveal`).
+PREDICTIONS: dict[str, object] = {}
+
+
 def ask(question_id: str, prediction) -> None:
     """Print whether ``prediction`` answers lesson question ``question_id`` (None: not answered yet)."""
-    print(verdict(question_id, prediction))
+    line = verdict(question_id, prediction)  # validates the id and the kind of answer first
+    if prediction is None:
+        PREDICTIONS.pop(question_id, None)
+    else:
+        PREDICTIONS[question_id] = prediction
+    print(line)
+
+
+def reveal_line(question_id: str, measured, prediction=None) -> str:
+    """The line :func:`reveal` prints; raises AssertionError when ``measured`` is not the answer."""
+    if question_id not in QUESTIONS:
+        raise ValueError(f"unknown question {question_id!r}; known: {', '.join(QUESTIONS)}")
+    q = QUESTIONS[question_id]
+    try:
+        agrees = q.is_right(measured)
+    except TypeError as err:
+        raise TypeError(f"reveal({question_id!r}, ...): the measured value is of the wrong kind: {err}") from None
+    if not agrees:
+        raise AssertionError(f"Question {question_id}: the experiment measured {measured!r}, but the stored answer "
+                             f"is {q.display()} (tolerance {q.rel_tol:g} relative): the lesson and its answer disagree")
+    head = f"▶ Question {question_id}: the experiment says {q.display()}"
+    if prediction is None:
+        return head + " (you made no prediction above)."
+    mark = "✔ your prediction was right" if q.is_right(prediction) else f"✘ you predicted {prediction!r}"
+    return f"{head}; {mark}."
+
+
+def reveal(question_id: str, measured) -> None:
+    """End an experiment: check ``measured`` against the stored answer and show the learner's prediction."""
+    print(reveal_line(question_id, measured, PREDICTIONS.get(question_id)))
