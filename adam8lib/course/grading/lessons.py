@@ -6,9 +6,10 @@ with the lesson ``notebooks/NN_topic.ipynb`` (same name); :data:`SECTIONS` names
 id, the heading of the section (its text as written after the ``#`` marks).
 
 Lessons have no anchors of their own. Jupyter gives every rendered heading an ``id``: its text
-with spaces turned into ``-`` (JupyterLab, Notebook 7 and nbconvert's HTML do the same), so
-``notebooks/02_ema.ipynb#Bias-correction`` opens the section where the notebook is served by
-Jupyter; elsewhere the link opens the lesson file and the page names the section.
+with spaces turned into ``-`` (JupyterLab's ``createHeaderId``; nbconvert's HTML also URL-quotes
+it, as :func:`heading_anchor` does), so the link is ``notebooks/02_ema.ipynb#Bias-correction``;
+where a viewer ignores the fragment the link still opens the lesson, and the page names the
+section in words.
 A course test checks that every exercise of the manifest has a section and that the heading
 exists in its lesson.
 """
