@@ -269,7 +269,7 @@ def test_reports_keep_the_failed_checks_message(graded):
 # without grading
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["ada", "Bo.Smith-2", "con", "Zoë", "a b", "a_b", "..", "-x", "#1?", "x" * 200,
-                                  "<b>", "名前", "ada.html"])  # fmt: skip
+                                  "<b>", "名前", "ada.html", "not-utf8-\udcff"])  # fmt: skip
 def test_page_names_are_plain_and_distinct(name):
     page = page_name(name)
     assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*\.html", page) and len(page) <= 100, page

@@ -146,24 +146,43 @@ def _environment():
     )
 
 
-def _exercise(grade, spec: CheckSpec, lessons: Path | None, page_dir: Path) -> ExerciseView:
+class _Links:
+    """Lesson links as seen from one folder of pages, each worked out once per run."""
+
+    def __init__(self, lessons: Path | None, page_dir: Path):
+        self.lessons, self.page_dir, self.memo = lessons, page_dir, {}
+
+    def section(self, spec: CheckSpec) -> LessonSection:
+        key = ("section", spec.exercise, spec.notebook)
+        if key not in self.memo:
+            self.memo[key] = lesson_section(spec.exercise, spec.notebook, self.lessons, self.page_dir)
+        return self.memo[key]
+
+    def lesson(self, notebook: str) -> LessonSection:
+        key = ("lesson", notebook)
+        if key not in self.memo:
+            self.memo[key] = lesson_file(notebook, self.lessons, self.page_dir)
+        return self.memo[key]
+
+
+def _exercise(grade, spec: CheckSpec, links: _Links) -> ExerciseView:
     status, detail = grade.statuses.get(spec.exercise, ("not run", ""))
     hint, message = split_hint(grade.errors.get(spec.exercise, "")) if status == "failed" else (None, [])
     if not message and detail and status not in ("passed", *UNGRADED) and detail not in grade.notes:
         message = [detail]
     return ExerciseView(spec, grade.points.get(spec.exercise, 0), status, STATUS_TEXT.get(status, status), hint,
-                        message[:_ERROR_LINES], lesson_section(spec.exercise, spec.notebook, lessons, page_dir))  # fmt: skip
+                        message[:_ERROR_LINES], links.section(spec))  # fmt: skip
 
 
-def learner_view(grade, manifest: Manifest, lessons: Path | None, page_dir: Path, page: str) -> LearnerView:
+def learner_view(grade, manifest: Manifest, links: _Links, page: str) -> LearnerView:
     """What a learner's page shows, from their grade (:class:`~.gradebook.LearnerGrade`)."""
     workbooks, claimed = [], set()
     for name, specs in manifest.notebooks.items():
         notes = [n for n in grade.notes if n.startswith(name)]
         claimed.update(notes)
-        exercises = [_exercise(grade, spec, lessons, page_dir) for spec in specs]
+        exercises = [_exercise(grade, spec, links) for spec in specs]
         workbooks.append(WorkbookView(name, sum(e.points for e in exercises), manifest.points(name), notes, exercises,
-                                      lesson_file(name, lessons, page_dir)))  # fmt: skip
+                                      links.lesson(name)))  # fmt: skip
     return LearnerView(
         name=grade.learner, page=page, total=grade.total, max_total=manifest.total_points,
         passed=sum(e.passed for w in workbooks for e in w.exercises), workbooks=workbooks,
@@ -171,7 +190,7 @@ def learner_view(grade, manifest: Manifest, lessons: Path | None, page_dir: Path
     )  # fmt: skip
 
 
-def class_view(views: list[LearnerView], manifest: Manifest, lessons: Path | None, page_dir: Path) -> dict:
+def class_view(views: list[LearnerView], manifest: Manifest, links: _Links) -> dict:
     """Pass rates per exercise and the most frequent hints (learners counted once per hint)."""
     size = len(views)
     rows = []
@@ -188,7 +207,7 @@ def class_view(views: list[LearnerView], manifest: Manifest, lessons: Path | Non
         passed = counts.pop("passed", 0)
         rows.append({"spec": spec, "passed": passed, "rate": 100.0 * passed / size if size else 0.0,
                      "others": [(SHORT.get(k, k), n) for k, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))],
-                     "lesson": lesson_section(spec.exercise, spec.notebook, lessons, page_dir)})  # fmt: skip
+                     "lesson": links.section(spec)})  # fmt: skip
         hints.update((spec.exercise, e.hint) for e in results if e.status == "failed" and e.hint)  # one per learner
     specs = {spec.exercise: spec for spec in manifest.checks}
     top = [{"spec": specs[ex], "hint": hint, "count": count, "share": 100.0 * count / size}
@@ -198,7 +217,7 @@ def class_view(views: list[LearnerView], manifest: Manifest, lessons: Path | Non
 
 def _write(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
+    tmp.write_text(text, encoding="utf-8", errors="replace")  # a name that is not UTF-8 shows "?"
     os.replace(tmp, path)
 
 
@@ -227,9 +246,9 @@ def write_pages(grades: list, manifest: Manifest, folder: Path, lessons: Path | 
     grades = sorted(grades, key=lambda g: g.learner)
     names = _page_names([g.learner for g in grades])
     views, written = [], {}
-    template = env.get_template("learner.html")
+    template, links = env.get_template("learner.html"), _Links(lessons, learners_dir)
     for grade in grades:
-        view = learner_view(grade, manifest, lessons, learners_dir, names[grade.learner])
+        view = learner_view(grade, manifest, links, names[grade.learner])
         views.append(view)
         path = learners_dir / view.page
         _write(path, template.render(learner=view, generator=GENERATOR, status_text=STATUS_TEXT))
@@ -238,7 +257,7 @@ def write_pages(grades: list, manifest: Manifest, folder: Path, lessons: Path | 
     for old in learners_dir.glob("*.html"):
         if old.name not in keep and f'content="{GENERATOR}"' in old.read_text(encoding="utf-8", errors="replace")[:2000]:
             old.unlink()
-    summary = class_view(views, manifest, lessons, folder)
+    summary = class_view(views, manifest, _Links(lessons, folder))
     class_page = folder / "class.html"
     _write(class_page, env.get_template("class.html").render(
         learners=views, links={v.name: "learners/" + quote(v.page) for v in views}, summary=summary,

@@ -434,7 +434,7 @@ class Grader:
         log: list[str] = []
         for name in self.manifest.notebooks:
 
-            def ungraded(status: str, note: str) -> None:  # every exercise of the workbook: 0, said once
+            def ungraded(status: str, note: str, name: str = name) -> None:  # the workbook's exercises: 0, noted once
                 grade.notes.append(note)
                 for spec in self.manifest.notebooks[name]:
                     grade.statuses[spec.exercise] = (status, note)

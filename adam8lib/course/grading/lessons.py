@@ -16,6 +16,7 @@ exists in its lesson.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -90,9 +91,19 @@ def heading_anchor(heading: str) -> str:
 def lesson_headings(path: str | os.PathLike) -> list[str]:
     """The headings of a lesson notebook's markdown cells, in order (empty if it cannot be read)."""
     try:
+        stat = os.stat(path)
+    except OSError:
+        return []
+    return list(_headings(os.path.realpath(path), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=64)
+def _headings(path: str, _mtime_ns: int, _size: int) -> tuple[str, ...]:
+    """Read once per version of the file: a class's pages ask for each lesson many times."""
+    try:
         nb = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return []
+        return ()
     found = []
     for cell in nb.get("cells", []) if isinstance(nb, dict) else []:
         if isinstance(cell, dict) and cell.get("cell_type") == "markdown":
@@ -101,7 +112,7 @@ def lesson_headings(path: str | os.PathLike) -> list[str]:
                 m = _HEADING.match(line)
                 if m:
                     found.append(m.group(1))
-    return found
+    return tuple(found)
 
 
 @dataclass(frozen=True)
