@@ -336,3 +336,15 @@ def test_templates_ship_with_the_package():
     assert templates and templates <= shipped
     extras = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
     assert any(re.match(r"jinja2\b", d, re.I) for d in extras["course"])
+
+
+def test_runner_keeps_the_hint_of_a_long_message():
+    """The grading child sends the first lines of a failed check's message and always its hint."""
+    from adam8lib.course.grading.runner import _message
+
+    text = "AssertionError: first\n" + "".join(f"line {i}\n\n" for i in range(30)) + "x" * 1000 + "\nHint: the hint\n"
+    sent = _message(text).splitlines()
+    assert sent[:2] == ["AssertionError: first", "line 0"] and len(sent) == 13
+    assert sent[-1] == "Hint: the hint"
+    assert split_hint(_message(text)) == ("the hint", sent[:-1])
+    assert _message("ValueError: " + "y" * 1000) == "ValueError: " + "y" * 285 + "..."
