@@ -73,6 +73,11 @@ SECTIONS: dict[str, str] = {
     "per_rank_bytes": "7B and 70B on 8 GPUs",
     "shard_range": "What 8-bit states need under FSDP2",
     "local_state_bytes": "What 8-bit states need under FSDP2",
+    # 12 · Beyond 8 bits
+    "pack_nibbles": "1 · Two codes per byte",
+    "zero_point_victims": "3 · The zero-point problem",
+    "rank1_scale": "4 · Rank-1 normalization",
+    "stochastic_round": "6 · bf16 weights and stochastic rounding",
 }
 
 _HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.+?)\s*#*\s*$")
