@@ -19,7 +19,7 @@ def dynamic(*, midpoints=True, signed_points="2**i", ends=(0.0, 1.0), dtype=torc
             values.append(torch.tensor([-1.0], dtype=dtype))
         for i in range(7):
             if signed:
-                n = (2**i if signed_points == "2**i" else 2 ** (i + 1)) + 1
+                n = (2 ** (i + 1) if signed_points == "2**(i+1)" else 2**i) + 1
             else:
                 n = (2 ** (i + 1) if signed_points != "unsigned_2**i" else 2**i) + 1
             grid = torch.linspace(0.1, 1.0, n, dtype=dtype)
@@ -69,7 +69,8 @@ def nearest(*, ties_up=False, only_searchsorted=False, clamp=True, dtype=torch.u
         hi = torch.searchsorted(code, flat)
         if only_searchsorted:
             return (hi.clamp(0, 255) if clamp else hi).to(dtype)
-        hi = hi.clamp(1, 255)
+        if clamp:
+            hi = hi.clamp(1, 255)
         lo = hi - 1
         d_hi, d_lo = code[hi] - flat, flat - code[lo]
         pick = d_hi <= d_lo if ties_up else d_hi < d_lo
@@ -162,8 +163,8 @@ WRONG = [
     Wrong("05.2", _N, nearest(ties_up=True), "ties to the upper index", "you broke ties towards the UPPER", True),
     Wrong("05.2", _N, nearest(only_searchsorted=True), "searchsorted alone",
           "you returned searchsorted's index", True),
-    Wrong("05.2", _N, nearest(only_searchsorted=True, clamp=False), "index 256 not clamped",
-          "your index 256 wrapped to 0", True),
+    Wrong("05.2", _N, nearest(clamp=False), "searchsorted's index not clamped (code[-1] is the last entry)",
+          "you did not clamp searchsorted's index", True),
     Wrong("05.2", _N, nearest(dtype=torch.int64), "int64 indices", "you returned torch.int64 indices", True),
     Wrong("05.2", _N, nearest(dtype=torch.int8), "int8 codes", "int8 holds only -128..127", True),
     Wrong("05.2", _N, nearest(flatten=True), "flattened result", "you returned a flat", True),
@@ -172,10 +173,11 @@ WRONG = [
     Wrong("05.2", _N, nearest(normalise=True), "x divided by its absmax again", "you divided x by its absmax", True),
     # 05.3
     Wrong("05.3", _D, decoder(midpoints=False), "grid point instead of midpoint",
-          "each value is the *midpoint*", True),
-    Wrong("05.3", _D, decoder(offset=7), "10**(i - 7)", "decade i is scaled by 10**(i - 6)", False),
+          "you took the grid point", True),
+    Wrong("05.3", _D, decoder(offset=7), "10**(i - 7)", "your values are 10x too small", True),
+    Wrong("05.3", _D, decoder(offset=5), "10**(i - 5)", "your values are 10x too large", True),
     Wrong("05.3", _D, decoder(mirror=False), "negative j = index (no mirror)",
-          "negative codes mirror the positive ones", False),
+          "you read negative entries like positive ones", True),
     Wrong("05.3", _D, decoder(mirror_off=True), "negative j = 127 - index", "you used j = 127 - index", True),
     Wrong("05.3", _D, decoder(unsigned_double=False), "unsigned read like the signed map",
           "you read the unsigned map like the signed one", True),
