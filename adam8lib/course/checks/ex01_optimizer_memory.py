@@ -77,7 +77,8 @@ def check_state_bytes_per_param(state_bytes_per_param) -> None:
                  hint="you returned None for an unknown kind: raise ValueError instead, so that a typo "
                       "('adam8bits') is an error and not a silent None.")
         fail(f"state_bytes_per_param('sgd') returned {got!r}.",
-             hint="you returned a value for an unknown kind: raise ValueError for anything but 'adamw' and 'adam8bit'.")
+             hint="you returned a value for an unknown kind: raise ValueError for an unknown optimizer kind "
+                  "(anything but 'adamw' and 'adam8bit').")
     passed("Exercise 01.1 · Bytes of state per parameter")
 
 
