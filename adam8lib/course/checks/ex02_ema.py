@@ -109,10 +109,11 @@ def _require_dtype(got, dtype, what: str) -> None:
 
 def _compare(got, m, v, b1, b2, t, what):
     _require_pair(got, what, "m_hat, v_hat")
-    if matches(got[0], v / bias_correction(b2, t)) and matches(got[1], m / bias_correction(b1, t)):
+    m_hat, v_hat = m / bias_correction(b1, t), v / bias_correction(b2, t)
+    if matches(got[0], v_hat) and matches(got[1], m_hat) and not matches(m_hat, v_hat):
         fail(f"{what} returned the moments in the wrong order.",
              hint="you returned (v_hat, m_hat): return m_hat first, then v_hat.")
-    want = (m / bias_correction(b1, t), v / bias_correction(b2, t))
+    want = (m_hat, v_hat)
 
     def corr(beta, s):
         return 1 - beta**s

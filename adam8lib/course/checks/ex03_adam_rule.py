@@ -17,7 +17,7 @@ _CASES = [  # lr, betas, eps, weight_decay, steps
 
 
 def _one_step(p, g, m, v, t, lr, betas, eps, wd, *, decay, bias1=True, bias2=True, eps_inside=False,
-              beta1_for_v=False, square=True, t_offset=0, changed="pmv", correct_in_place=False):
+              beta1_for_v=False, square=True, t_offset=0, changed="pmv", correct_in_place=False, eps_hat=False):
     """One fp32 step, with optional mistakes, on copies; returns (p, m, v) as the caller would see them.
 
     decay: "l2" (Adam), "decoupled" (AdamW), "none", "no_lr" (p *= 1 - wd), "after" (decoupled, after the
@@ -43,7 +43,10 @@ def _one_step(p, g, m, v, t, lr, betas, eps, wd, *, decay, bias1=True, bias2=Tru
     m_hat = m / (1 - b1**s) if bias1 else m
     v_hat = v / (1 - b2**s) if bias2 else v
     denom = torch.sqrt(v_hat + eps) if eps_inside else torch.sqrt(v_hat) + eps
-    p = p - lr * m_hat / denom
+    if eps_hat:  # the Adam paper's "efficient" form: correction folded into the step size, eps on sqrt(v)
+        p = p - lr * (1 - b2**s) ** 0.5 / (1 - b1**s) * m / (torch.sqrt(v) + eps)
+    else:
+        p = p - lr * m_hat / denom
     if decay == "after":
         p = p * (1 - lr * wd)
     if correct_in_place:
@@ -101,6 +104,9 @@ def _common_variants(variant):
         ("you bias-corrected m and v in place (m.div_(...)): the stored moments must stay uncorrected; compute "
          "m_hat = m / (1 - beta1**step) as a new tensor.", variant(correct_in_place=True)),
         ("you put eps inside the square root: torch adds it after, sqrt(v_hat) + eps.", variant(eps_inside=True)),
+        ("you folded the bias correction into the step size (lr * sqrt(1 - beta2**step) / (1 - beta1**step), the "
+         "Adam paper's efficient form): then eps is added to sqrt(v), not to sqrt(v_hat); torch (and this exercise) "
+         "use m_hat / (sqrt(v_hat) + eps).", variant(eps_hat=True)),
         ("you used beta1 for v: the second moment uses beta2.", variant(beta1_for_v=True)),
         ("you averaged g into v, not g * g: v is the moving average of the squared gradient.",
          variant(square=False)),

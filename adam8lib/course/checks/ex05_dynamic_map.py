@@ -89,9 +89,11 @@ def check_dynamic_map(dynamic_map_from_scratch) -> None:
                 hint = ("almost, but not bit-identical: compute the grid, the midpoints and the scaling in float32 "
                         "(as bitsandbytes does), not in float64 or NumPy and then cast.")
             elif torch.equal(got, _map_variant(signed, scale_offset=7)):
-                hint = "your decades are 10x too small: decade i (0..6) is scaled by 10**(i - 6), the largest ends at 1."
+                hint = ("your decades are 10x too small: decade i (0..6) is scaled by 10**(i - 6), the largest "
+                        "ends at 1.")
             elif torch.equal(got, _map_variant(signed, scale_offset=5)):
-                hint = "your decades are 10x too large: decade i (0..6) is scaled by 10**(i - 6), the largest ends at 1."
+                hint = ("your decades are 10x too large: decade i (0..6) is scaled by 10**(i - 6), the largest "
+                        "ends at 1.")
             elif got[0] == -1.0 or got.min() < want.min() - 1e-6:
                 hint = "the negative half has no -1.0: only the positive side gets the extra entry 1.0."
             else:

@@ -10,7 +10,7 @@ from . import Right, Wrong
 
 
 def step_rule(*, decay="l2", bias=True, eps_inside=False, t_offset=0, rebind="none", correct_in_place=False,
-              beta1_for_v=False):
+              beta1_for_v=False, paper_form=False):
     """One Adam/AdamW step written with a chosen mistake.
 
     decay: "l2" (Adam), "decoupled" (AdamW), "none", "both", "no_lr" (p *= 1 - wd), "after" (decoupled,
@@ -46,7 +46,10 @@ def step_rule(*, decay="l2", bias=True, eps_inside=False, t_offset=0, rebind="no
         else:
             m_hat, v_hat = m, v
         denom = (v_hat + eps).sqrt() if eps_inside else v_hat.sqrt() + eps
-        p.sub_(lr * m_hat / denom)
+        if paper_form:  # Kingma & Ba, section 2: alpha_t = lr * sqrt(1 - b2^t) / (1 - b1^t)
+            p.sub_(lr * (1 - b2**t) ** 0.5 / (1 - b1**t) * m / (v.sqrt() + eps))
+        else:
+            p.sub_(lr * m_hat / denom)
         if decay == "after":
             p.mul_(1 - lr * weight_decay)
         return p
@@ -112,6 +115,8 @@ WRONG = [
     Wrong("03.1", _A, step_rule(correct_in_place=True), "bias correction done in place on m and v",
           "you bias-corrected m and v in place", True),
     Wrong("03.1", _A, step_rule(beta1_for_v=True), "beta1 used for v", "you used beta1 for v", True),
+    Wrong("03.1", _A, step_rule(paper_form=True), "the Adam paper's efficient form (eps on sqrt(v))",
+          "you folded the bias correction into the step size", True),
     # 03.2 · AdamW (decoupled decay)
     Wrong("03.2", _W, step_rule(decay="l2"), "L2 decay through the gradient in AdamW",
           "you applied weight decay through the gradient: that is Adam with L2, not AdamW", True),
@@ -130,6 +135,8 @@ WRONG = [
           "you bias-corrected m and v in place", True),
     Wrong("03.2", _W, step_rule(decay="decoupled", eps_inside=True), "eps inside the square root",
           "you put eps inside the square root", True),
+    Wrong("03.2", _W, step_rule(decay="decoupled", paper_form=True), "the Adam paper's efficient form",
+          "you folded the bias correction into the step size", True),
 ]
 
 RIGHT = [

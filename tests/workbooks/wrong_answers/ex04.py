@@ -12,14 +12,14 @@ from . import Right, Wrong
 
 # ---------------------------------------------------------------------------- 04.1
 def quantize(*, scale=127.0, rounding="round", signed_max=False, guard=True, dtype=torch.int8, cast=True,
-             per_row=False, magnitude=False, to_float=True, swap=False):
+             per_row=False, magnitude=False, to_float=True, swap=False, mean=False):
     def absmax_quantize(x):
         if to_float:
             x = x.float()
         if per_row and x.dim() > 1:
             absmax = x.abs().amax(dim=-1, keepdim=True)
         else:
-            absmax = x.max() if signed_max else x.abs().max()
+            absmax = x.max() if signed_max else x.abs().mean() if mean else x.abs().max()
         if guard and bool((absmax == 0).all()):
             q, a = torch.zeros_like(x, dtype=dtype if cast else x.dtype), absmax
         else:
@@ -91,6 +91,9 @@ WRONG = [
     Wrong("04.1", _Q, quantize(to_float=False), "absmax left in the input's dtype",
           "your absmax is torch.bfloat16 (the input's dtype)", True),
     Wrong("04.1", _Q, quantize(swap=True), "returns (absmax, q)", "you returned (absmax, q)", True),
+    # not recognised: the check can only restate the rule
+    Wrong("04.1", _Q, quantize(mean=True), "scale from the mean magnitude (codes overflow int8)",
+          "absmax = max(|x|) over the WHOLE tensor", False),
     # 04.2
     Wrong("04.2", _D, dequantize("128"), "divided by 128", "you divided by 128", True),
     Wrong("04.2", _D, dequantize("no_absmax"), "absmax not multiplied", "you did not multiply by absmax", True),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from adam8lib.course import checks
@@ -12,7 +11,7 @@ from . import Right, Wrong
 
 # ---------------------------------------------------------------------------- 05.1
 def dynamic(*, midpoints=True, signed_points="2**i", ends=(0.0, 1.0), dtype=torch.float32, cast_back=False,
-            offset=6, sort=True, as_list=False, extra_minus_one=False):
+            offset=6, sort=True, as_list=False, extra_minus_one=False, geometric=False):
     def dynamic_map_from_scratch(signed=True):
         values = [torch.tensor(list(ends), dtype=dtype)] if ends else []
         if extra_minus_one and signed:
@@ -23,7 +22,10 @@ def dynamic(*, midpoints=True, signed_points="2**i", ends=(0.0, 1.0), dtype=torc
             else:
                 n = (2 ** (i + 1) if signed_points != "unsigned_2**i" else 2**i) + 1
             grid = torch.linspace(0.1, 1.0, n, dtype=dtype)
-            dec = ((grid[:-1] + grid[1:]) / 2 if midpoints else grid) * 10.0 ** (i - offset)
+            if geometric:  # a "midpoint on the log scale"
+                dec = (grid[:-1] * grid[1:]).sqrt() * 10.0 ** (i - offset)
+            else:
+                dec = ((grid[:-1] + grid[1:]) / 2 if midpoints else grid) * 10.0 ** (i - offset)
             values.append(dec)
             if signed:
                 values.append(-dec)
@@ -139,6 +141,22 @@ def decode_with_strings(index, signed=True):
     return sign, decade, fraction, value
 
 
+def decode_by_shifting(index, signed=True):
+    zero = 127 if signed else 0
+    if index in (zero, 255):
+        return (0, 0, 0, 0.0) if index == zero else (1, 7, 0, 1.0)
+    negative = signed and index < 127
+    tree = (126 - index if negative else index - 128) + 1 if signed else index + 1
+    position = 0
+    while tree >> (position + 1):
+        position += 1
+    fraction = tree - (1 << position)
+    decade = position if signed else position - 1
+    n_values = 1 << position
+    value = (0.1 + 0.9 * (2 * fraction + 1) / (2 * n_values)) / 10 ** (6 - decade)
+    return (-1 if negative else 1), decade, fraction, (-value if negative else value)
+
+
 _M, _N, _D = checks.check_dynamic_map, checks.check_nearest_code, checks.check_decode_code
 
 WRONG = [
@@ -159,6 +177,9 @@ WRONG = [
     Wrong("05.1", _M, dynamic(offset=5), "decades scaled by 10**(i - 5)", "your decades are 10x too large", True),
     Wrong("05.1", _M, dynamic(sort=False), "not sorted", "you did not sort", True),
     Wrong("05.1", _M, dynamic(as_list=True), "a Python list", "you returned a list", True),
+    # not recognised: the check can only restate the rule
+    Wrong("05.1", _M, dynamic(geometric=True), "geometric midpoints sqrt(a * b)",
+          "decade i: midpoints of linspace(0.1, 1, n_i)", False),
     # 05.2
     Wrong("05.2", _N, nearest(ties_up=True), "ties to the upper index", "you broke ties towards the UPPER", True),
     Wrong("05.2", _N, nearest(only_searchsorted=True), "searchsorted alone",
@@ -194,5 +215,6 @@ RIGHT = [
     Right("05.1", _M, dynamic_with_unfold, how="unfold(0, 2, 1) pairs, 1 << i, Tensor.sort"),
     Right("05.2", _N, nearest_by_argmin, how="broadcast |x - code| and argmin (first minimum on ties)"),
     Right("05.2", _N, nearest_right_searchsorted, how="searchsorted(right=True), abs distances, .byte()"),
+    Right("05.3", _D, decode_by_shifting, how="leading 1 found by shifting, value divided by 10**(6 - decade)"),
     Right("05.3", _D, decode_with_strings, how="bit strings with format(…, 'b') and str.index"),
 ]
