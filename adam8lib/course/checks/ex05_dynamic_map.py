@@ -107,9 +107,13 @@ def check_dynamic_map(dynamic_map_from_scratch) -> None:
 
 # ---------------------------------------------------------------------------- 05.2
 def _ties(code: torch.Tensor) -> torch.Tensor:
-    """Values exactly halfway between two neighbouring map entries (in fp32 arithmetic)."""
+    """Values exactly halfway between two neighbouring map entries: a tie in fp32 arithmetic AND in exact
+    arithmetic (float64 holds these differences exactly), so that a learner who measures the distances in
+    float64 sees the same ties as one who measures them in fp32."""
     mid = (code[:-1] + code[1:]) / 2
     exact = (mid - code[:-1]) == (code[1:] - mid)
+    lo64, mid64, hi64 = code[:-1].double(), mid.double(), code[1:].double()
+    exact &= (mid64 - lo64) == (hi64 - mid64)
     return mid[exact & (mid > code[:-1]) & (mid < code[1:])]
 
 

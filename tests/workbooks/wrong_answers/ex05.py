@@ -85,6 +85,11 @@ def nearest_by_argmin(x, code):
     return (x.float().unsqueeze(-1) - code).abs().argmin(dim=-1).to(torch.uint8)
 
 
+def nearest_by_float64_distances(x, code):
+    distances = (x.double().unsqueeze(-1) - code.double()).abs()
+    return distances.argmin(dim=-1).to(torch.uint8)
+
+
 def nearest_right_searchsorted(x, code):
     x = x.to(code.dtype)
     upper = torch.searchsorted(code, x, right=True).clamp(1, len(code) - 1)
@@ -214,6 +219,7 @@ RIGHT = [
     Right("05.1", _M, dynamic_with_loops, how="Python loops over grid pairs, .item(), sorted() and torch.tensor"),
     Right("05.1", _M, dynamic_with_unfold, how="unfold(0, 2, 1) pairs, 1 << i, Tensor.sort"),
     Right("05.2", _N, nearest_by_argmin, how="broadcast |x - code| and argmin (first minimum on ties)"),
+    Right("05.2", _N, nearest_by_float64_distances, how="argmin of |x - code| measured in float64"),
     Right("05.2", _N, nearest_right_searchsorted, how="searchsorted(right=True), abs distances, .byte()"),
     Right("05.3", _D, decode_by_shifting, how="leading 1 found by shifting, value divided by 10**(6 - decade)"),
     Right("05.3", _D, decode_with_strings, how="bit strings with format(…, 'b') and str.index"),
