@@ -6,6 +6,7 @@ import torch
 
 from ...ema import adam_moments, bias_correction, ema_update
 from ._common import call, fail, passed, require_callable
+from ._shapes import call_any_shape
 from ._variants import expect_close, matches
 
 __all__ = ["check_adam_moments", "check_bias_correct"]
@@ -29,7 +30,7 @@ def check_adam_moments(adam_moments_fn) -> None:
     for i, (shape, dtype, b1, b2) in enumerate(cases):
         m, v, g = _inputs(shape, dtype, seed=i)
         want_m, want_v = adam_moments(m, v, g, b1, b2)
-        got = call(adam_moments_fn, m.clone(), v.clone(), g.clone(), b1, b2)
+        got = call_any_shape(adam_moments_fn, shape, m.clone(), v.clone(), g.clone(), b1, b2)
         what = f"adam_moments(shape={shape}, dtype={dtype}, beta1={b1}, beta2={b2})"
         _require_pair(got, what, "m, v")
         got_m, got_v = got
@@ -87,7 +88,7 @@ def check_bias_correct(bias_correct) -> None:
                                       ((3,), 0.9, 0.999, 10_000)]:
         m = torch.randn(shape, generator=gen)
         v = torch.rand(shape, generator=gen)
-        got = call(bias_correct, m.clone(), v.clone(), beta1, beta2, step)
+        got = call_any_shape(bias_correct, shape, m.clone(), v.clone(), beta1, beta2, step)
         _compare(got, m, v, beta1, beta2, step, f"bias_correct(shape={shape}, beta1={beta1}, beta2={beta2}, "
                                                  f"step={step})")
     passed("Exercise 02.2 · Bias correction")

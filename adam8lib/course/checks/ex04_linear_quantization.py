@@ -7,6 +7,7 @@ from torch.overrides import TorchFunctionMode
 
 from ...quant import absmax_dequantize, absmax_quantize
 from ._common import assert_close, call, fail, passed, require_callable
+from ._shapes import call_any_shape
 from ._variants import expect_close
 
 __all__ = ["check_absmax_quantize", "check_absmax_dequantize"]
@@ -90,7 +91,7 @@ def check_absmax_quantize(absmax_quantize_fn) -> None:
         want_q, want_a = absmax_quantize(x)
         watch = _NaNCastWatch()
         with watch:
-            got = call(absmax_quantize_fn, x.clone())
+            got = call_any_shape(absmax_quantize_fn, x.shape, x.clone())
         what = f"absmax_quantize({label})"
         if got is None:
             fail(f"{what} returned None.", hint="you returned None: end the function with `return q, absmax`.")
@@ -158,7 +159,7 @@ def check_absmax_dequantize(absmax_dequantize_fn) -> None:
     for label, x in _cases():
         q, a = absmax_quantize(x)
         want = absmax_dequantize(q, a)
-        got = call(absmax_dequantize_fn, q.clone(), a.clone())
+        got = call_any_shape(absmax_dequantize_fn, q.shape, q.clone(), a.clone())
         what = f"absmax_dequantize(absmax_quantize({label}))"
         qf = q.float()
         if isinstance(got, torch.Tensor) and got.dtype != torch.float32:

@@ -6,6 +6,7 @@ import torch
 
 from ...quant import dynamic_map, linear_map, nearest_code
 from ._common import assert_equal, call, fail, passed, require_callable
+from ._shapes import call_any_shape
 from ._variants import matches
 
 __all__ = ["check_dynamic_map", "check_nearest_code", "check_decode_code", "decode_fields"]
@@ -171,9 +172,9 @@ def check_nearest_code(nearest_code_fn) -> None:
         want = nearest_code(x, code)
         what = f"nearest_code for {label}"
         try:
-            got = call(nearest_code_fn, x.clone(), code.clone())
+            got = call_any_shape(nearest_code_fn, x.shape, x.clone(), code.clone())
         except AssertionError as err:
-            if isinstance(err.__cause__, IndexError):
+            if x.dim() == 1 and isinstance(err.__cause__, IndexError):
                 fail(str(err), hint=_NO_CLAMP)
             raise
         if got is None:

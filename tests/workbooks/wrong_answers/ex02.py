@@ -32,6 +32,14 @@ def moments(*, m_rule="ok", v_rule="ok", order="mv", double=False):
     return adam_moments
 
 
+def moments_by_index(m, v, g, beta1, beta2):
+    m_new, v_new = m.clone(), v.clone()
+    for i in range(len(m)):  # a vector habit: len() of a 0-d tensor fails
+        m_new[i] = beta1 * m[i] + (1 - beta1) * g[i]
+        v_new[i] = beta2 * v[i] + (1 - beta2) * g[i] * g[i]
+    return m_new, v_new
+
+
 def moments_in_place(m, v, g, beta1, beta2):
     m.mul_(beta1).add_(g, alpha=1 - beta1)
     v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
@@ -102,6 +110,7 @@ WRONG = [
     Wrong("02.1", _C1, moments(double=True), "computes in float64",
           "your result is torch.float64 but the inputs are torch.float32", True),
     Wrong("02.1", _C1, moments(order="none"), "no return statement", "you returned None", True),
+    Wrong("02.1", _C1, moments_by_index, "a loop over range(len(m))", "your function failed on a 0-d tensor", True),
     # 02.2
     Wrong("02.2", _C2, corrected("none"), "no bias correction", "you returned m and v uncorrected", True),
     Wrong("02.2", _C2, corrected("m_only"), "only m corrected", "you corrected m only", True),

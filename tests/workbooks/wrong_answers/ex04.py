@@ -31,6 +31,18 @@ def quantize(*, scale=127.0, rounding="round", signed_max=False, guard=True, dty
     return absmax_quantize
 
 
+def quantize_by_loop(x):
+    x = x.float()
+    absmax = x.abs().max()
+    if absmax == 0:
+        return torch.zeros_like(x, dtype=torch.int8), absmax
+    return torch.tensor([round(float(value) * 127 / float(absmax)) for value in x], dtype=torch.int8), absmax
+
+
+def dequantize_by_loop(q, absmax):
+    return torch.tensor([int(code) * float(absmax) / 127 for code in q], dtype=torch.float32)
+
+
 def quantize_with_where(x):
     x = x.to(torch.float32)
     absmax = x.abs().amax()
@@ -91,6 +103,8 @@ WRONG = [
     Wrong("04.1", _Q, quantize(to_float=False), "absmax left in the input's dtype",
           "your absmax is torch.bfloat16 (the input's dtype)", True),
     Wrong("04.1", _Q, quantize(swap=True), "returns (absmax, q)", "you returned (absmax, q)", True),
+    Wrong("04.1", _Q, quantize_by_loop, "a Python loop over the elements (1-D only)",
+          "your function failed on a tensor of shape (4, 33)", True),
     # not recognised: the check can only restate the rule
     Wrong("04.1", _Q, quantize(mean=True), "scale from the mean magnitude (codes overflow int8)",
           "absmax = max(|x|) over the WHOLE tensor", False),
@@ -105,6 +119,8 @@ WRONG = [
     Wrong("04.2", _D, dequantize("floor_div"), "// (floor division)", "you used // (floor division)", True),
     Wrong("04.2", _D, dequantize("rounded"), "result rounded", "you rounded the result", True),
     Wrong("04.2", _D, dequantize("unsigned"), "q read as uint8", "you read q as unsigned", True),
+    Wrong("04.2", _D, dequantize_by_loop, "a Python loop over the codes (1-D only)",
+          "your function failed on a tensor of shape (4, 33)", True),
     Wrong("04.2", _D, dequantize("none"), "no return statement", "did you forget to `return` the result?", True),
 ]
 

@@ -81,6 +81,10 @@ def nearest(*, ties_up=False, only_searchsorted=False, clamp=True, dtype=torch.u
     return nearest_code
 
 
+def nearest_by_loop(x, code):
+    return torch.tensor([int((code - float(value)).abs().argmin()) for value in x], dtype=torch.uint8)
+
+
 def nearest_by_argmin(x, code):
     return (x.float().unsqueeze(-1) - code).abs().argmin(dim=-1).to(torch.uint8)
 
@@ -196,6 +200,8 @@ WRONG = [
     Wrong("05.2", _N, nearest(flatten=True), "flattened result", "you returned a flat", True),
     Wrong("05.2", _N, nearest(linear=True), "index from a linear formula",
           "you computed the index with a linear formula", True),
+    Wrong("05.2", _N, nearest_by_loop, "a Python loop over the values (1-D only)",
+          "your function failed on a tensor of shape (3, 7)", True),
     Wrong("05.2", _N, nearest(normalise=True), "x divided by its absmax again", "you divided x by its absmax", True),
     # 05.3
     Wrong("05.3", _D, decoder(midpoints=False), "grid point instead of midpoint",
