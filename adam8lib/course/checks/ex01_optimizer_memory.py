@@ -183,11 +183,13 @@ def _states_shared_map() -> list[dict]:
 _MOMENT_KEYS = {"exp_avg", "exp_avg_sq", "state1", "state2"}
 
 
-def _variant_size(states, *, divisor=MB, dedupe=True, itemsize=None, only_moments=False, count_tensors=False):
+def _variant_size(states, *, divisor=MB, dedupe=True, itemsize=None, only_moments=False, count_tensors=False,
+                  skip_0d=False):
     seen, nbytes, elements = set(), 0, 0
     for state in states:
         for key, value in state.items():
-            if not torch.is_tensor(value) or (only_moments and key not in _MOMENT_KEYS):
+            if not torch.is_tensor(value) or (only_moments and key not in _MOMENT_KEYS) \
+                    or (skip_0d and value.dim() == 0):
                 continue
             if dedupe:
                 if id(value) in seen:
@@ -208,7 +210,8 @@ def check_compute_optimizer_size(compute_optimizer_size_fn) -> None:
     for label, make in cases:
         states = make()
         expected = compute_optimizer_size(states)
-        got = call(compute_optimizer_size_fn, iter(states))  # optimizer.state.values() is an iterable view
+        # what optimizer.state.values() is: a view of a dict (it can be looped over more than once)
+        got = call(compute_optimizer_size_fn, dict(enumerate(states)).values())
         if not isinstance(got, tuple) or len(got) != 2:
             fail(f"for {label}: returned {type(got).__name__}, expected a tuple (megabytes, elements).",
                  hint="return megabytes, number_of_elements")
@@ -226,16 +229,13 @@ def check_compute_optimizer_size(compute_optimizer_size_fn) -> None:
                           "numel() * element_size().", lambda: _variant_size(states, itemsize=4)),
                          ("you returned (elements, megabytes): return (megabytes, elements), in that order.",
                           lambda: tuple(reversed(compute_optimizer_size(states)))),
-                         ("you counted only the moments: count every tensor of the state dict (absmax, qmap, "
-                          "tensor step counters too).", lambda: _variant_size(states, only_moments=True)),
+                         ("you left out some of the state's tensors (only the moments counted, or the 0-d `step` "
+                          "tensors skipped): count every tensor of each state dict, absmax, qmap and step too.",
+                          lambda: _variant_size(states, only_moments=True)),
+                         ("you left out some of the state's tensors (the 0-d `step` tensors): count every tensor "
+                          "of each state dict, step counters included.", lambda: _variant_size(states, skip_0d=True)),
                          ("you counted tensors, not elements: the element count is the sum of numel().",
                           lambda: (expected[0], _variant_size(states, count_tensors=True)[1])),
-                         ("you looped over optimizer_states twice: optimizer.state.values() can be used up by "
-                          "the first loop (here it is an iterator); sum bytes and elements in ONE loop, or "
-                          "list(...) it first.", lambda: (expected[0], 0) if states else None),
-                         ("you looped over optimizer_states twice: optimizer.state.values() can be used up by "
-                          "the first loop (here it is an iterator); sum bytes and elements in ONE loop, or "
-                          "list(...) it first.", lambda: (0.0, expected[1]) if states else None),
                      ])
         assert_equal(type(got[1]).__name__, "int", what=f"for {label}: type of the element count",
                      hint="the number of elements is an int (sum of numel()).")
