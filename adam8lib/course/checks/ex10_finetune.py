@@ -299,7 +299,8 @@ def _first_step(what, name, dtype, model, w0, seen, events, caught) -> None:
                  hint="you asked for autocast on 'cuda', but the model is on the CPU: take the device type from "
                       "the model, device_type = next(model.parameters()).device.type")
         fail(f"{what}: the forward pass did not run under autocast (the Linear gave {out_dtype}).",
-             hint="wrap the forward in `with torch.autocast(device_type, dtype=dtype):`")
+             hint="your forward ran in fp32, without autocast: wrap it in "
+                  "`with torch.autocast(device_type, dtype=dtype):`")
     if out_dtype != dtype:
         fail(f"{what}: autocast ran in {out_dtype}, asked for {name}.",
              hint="pass the `dtype` argument to torch.autocast instead of a fixed dtype")
@@ -327,7 +328,8 @@ def _diagnose_step(training_step: Callable, dtype: torch.dtype, seed: int) -> st
         return "compare your step with: autocast forward → backward → optimizer.step() → scheduler.step() → zero_grad"
     reference(ref_model, batches[0], ref_opt, ref_sched, dtype=dtype)
     if sched.last_epoch == 0:
-        return "call scheduler.step() once per training step (after optimizer.step())"
+        return ("your step never calls scheduler.step(), so the learning rate never moves: call scheduler.step() "
+                "once per training step (after optimizer.step())")
     if sched.last_epoch > 1:
         return f"scheduler.step() ran {sched.last_epoch} times in one training step: call it once"
     if not torch.allclose(model.hidden.weight, ref_model.hidden.weight, atol=1e-5):
@@ -591,12 +593,14 @@ def check_accelerate_epoch(train_epoch: Callable) -> None:
     for hint, flags in [
         ("call model.train() first: the model may come back from evaluation, and dropout must be on while training.",
          dict(train=False)),
-        ("zero the gradients after each step (optimizer.zero_grad()): otherwise they add up across batches.", dict(zero=False)),
-        ("clip after backward and before the step: accelerator.clip_grad_norm_(model.parameters(), max_grad_norm).",
-         dict(clip=False)),
-        ("advance the schedule after each optimizer step: scheduler.step().", dict(sched=False)),
-        ("run the forward under `with accelerator.autocast():` (the accelerator's mixed precision, bf16 here).",
-         dict(autocast=False)),
+        ("the gradients are never zeroed, so they add up across batches: zero the gradients after each step "
+         "(optimizer.zero_grad()).", dict(zero=False)),
+        ("the gradients are not clipped: clip after backward and before the step, "
+         "accelerator.clip_grad_norm_(model.parameters(), max_grad_norm).", dict(clip=False)),
+        ("the learning rate never moves: advance the schedule after each optimizer step, scheduler.step().",
+         dict(sched=False)),
+        ("your forward ran in fp32: run it under `with accelerator.autocast():` (the accelerator's mixed "
+         "precision, bf16 here).", dict(autocast=False)),
         ("you clipped at a fixed norm: pass the max_grad_norm argument to accelerator.clip_grad_norm_.",
          dict(clip_norm=1.0)),
     ]:
@@ -683,7 +687,7 @@ def check_amp_step(amp_step: Callable) -> None:
         fail(f"amp_step never used the scaler it was given (it called: {', '.join(record[0])})",
              "use the `scaler` argument — scaler.scale(loss).backward(), scaler.unscale_, scaler.step, "
              "scaler.update — not a GradScaler of your own: the scale must carry over from step to step.")
-    hint = order_hint(record[0])
+    hint = order_hint(record[0], backward="scaler.scale(loss).backward()")
     if hint is not None:
         fail(f"amp_step called, in this order: {', '.join(record[0])}", hint)
     if math.isclose(losses[0], 1024.0 * want[0][0], rel_tol=1e-3):
@@ -703,10 +707,12 @@ def check_amp_step(amp_step: Callable) -> None:
     for hint, flags in [
         ("unscale before clipping: scaler.unscale_(optimizer), then clip_grad_norm_ — otherwise you clip the "
          "scaled gradients (1024 times too large) and the step is far too small.", dict(unscale=False)),
-        ("zero the gradients after each step (optimizer.zero_grad()).", dict(zero=False)),
+        ("the gradients are never zeroed, so they add up across steps: zero the gradients after each step "
+         "(optimizer.zero_grad()).", dict(zero=False)),
         ("you clipped at a fixed norm: clip_grad_norm_(model.parameters(), max_norm) with the max_norm argument.",
          dict(max_norm_instead=1.0)),
-        ("autocast with dtype=torch.float16: fp16 is what overflows and needs the scaler (bf16 has fp32's range).",
+        ("your forward ran in bf16, not fp16: autocast with dtype=torch.float16 — fp16 is what overflows and needs "
+         "the scaler (bf16 has fp32's range).",
          dict(dtype=torch.bfloat16)),
     ]:
         try:
@@ -726,10 +732,11 @@ def _scaler_refusal_hint(text: str, record: list[list[str]]) -> str | None:
     earlier = [e for step in record[:-1] for e in step]
     if "_scale is None" in text and "scale" not in events:
         return "backward the SCALED loss: scaler.scale(loss).backward(); the scaler divides by the same scale later."
-    if "update" in events and ("scaler.step" not in events or events.index("update") < events.index("scaler.step")):
+    if any("update" in one and ("scaler.step" not in one or one.index("update") < one.index("scaler.step"))
+           for one in record):
         return "call scaler.update() AFTER scaler.step(optimizer): update ends the iteration; step needs its inf checks."
     if "No inf checks were recorded for this optimizer" in text:
-        hint = order_hint(events)
+        hint = order_hint(events, backward="scaler.scale(loss).backward()")
         return hint or ("scaler.step found no gradients: backward the scaled loss and keep the gradients until "
                         "scaler.step(optimizer) (zero them after it).")
     if "after step()" in text or "has already been called" in text:
