@@ -36,8 +36,8 @@ class Calls:
         self.events: list[str] = []
         self._depth = 0
         model.register_forward_hook(lambda m, i, o: self.events.append("forward"))
-        last = [p for p in model.parameters() if p.requires_grad][0]
-        last.register_post_accumulate_grad_hook(self._backward)
+        first = next(p for p in model.parameters() if p.requires_grad)  # every backward reaches it
+        first.register_post_accumulate_grad_hook(self._backward)
         optimizer.register_step_pre_hook(self._step)
         self._wrap(optimizer, "zero_grad", "zero")
         self._wrap(model, "zero_grad", "zero")

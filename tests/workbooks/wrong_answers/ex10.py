@@ -430,7 +430,8 @@ def epoch_train_inside(accelerator, model, optimizer, loader, scheduler, max_gra
         with accelerator.autocast():
             output = model(**batch)
         accelerator.backward(output.loss)
-        accelerator.clip_grad_norm_(list(model.parameters()), max_norm=max_grad_norm)
+        if accelerator.sync_gradients:  # accelerate's idiom (always true without gradient accumulation)
+            accelerator.clip_grad_norm_(list(model.parameters()), max_norm=max_grad_norm)
         optimizer.step()
         scheduler.step()
         model.zero_grad(set_to_none=True)
@@ -630,7 +631,7 @@ RIGHT = [
     Right("10.3", C.check_trainer_8bit, trainer_adamw8bit_with_keywords,
           "AdamW8bit (decoupled decay, same rule), betas as a list, positional model and args"),
     Right("10.4", C.check_accelerate_epoch, epoch_train_inside,
-          "model.train() in the loop, model.zero_grad(set_to_none=True)"),
+          "model.train() in the loop, clip under `if accelerator.sync_gradients`, model.zero_grad(set_to_none=True)"),
     Right("10.4", C.check_accelerate_epoch, make_epoch(zero="start"), "zero_grad at the start of each batch"),
     Right("10.5", C.check_amp_step, amp_zero_first, "zero_grad first, nn.utils alias, float(loss.detach())"),
 ]
