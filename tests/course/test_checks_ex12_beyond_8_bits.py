@@ -42,7 +42,7 @@ def test_pack_fails(pack, hint):
 @pytest.mark.parametrize("unpack, hint", [
     (lambda b, n: torch.stack([b & 0x0F, b >> 4], dim=1).reshape(-1)[:n], "the high nibble (byte >> 4) is element 2i"),
     (lambda b, n: torch.stack([b >> 4, b & 0x0F], dim=1).reshape(-1), "keep the first n codes"),
-    (lambda b, n: torch.cat([b >> 4, b & 0x0F])[:n], "interleave them in that order"),
+    (lambda b, n: torch.cat([b >> 4, b & 0x0F])[:n], "torch.cat puts all the high nibbles first"),
     (lambda b, n: torch.stack([b >> 4, b & 0x0F], dim=1).reshape(-1)[:n].long(), "expected a uint8 tensor"),
     (stub, "not implemented yet"),
 ])
@@ -75,7 +75,7 @@ def victims(*, whole_tensor=False, ignore_m=False, threshold=None, floor=False):
     (victims(whole_tensor=True), "absmax of ITS block"),
     (victims(ignore_m=True), "Require m != 0 too"),
     (victims(threshold=0.0033), "not just small"),
-    (victims(floor=True), "not just small"),
+    (victims(floor=True), "you rounded down to the map entry below"),
     (lambda m, v, q, b: torch.zeros(v.shape[0] + 1, dtype=torch.bool), "one flag per element of v"),
     (stub, "not implemented yet"),
 ])
@@ -91,7 +91,7 @@ def test_zero_point_victims_fails(fn, hint):
     (lambda x: torch.minimum(x.amax(1, keepdim=True), x.amax(0, keepdim=True)), "maxima of |x|"),
     (lambda x: x.abs().amax(1, keepdim=True) * x.abs().amax(0, keepdim=True), "not the product of the maxima"),
     (lambda x: torch.minimum(x.abs().amax(1), x.abs().amax(1)), "broadcast the row maxima"),
-    (lambda x: x.abs().max().expand_as(x), "scale[i, j] = min"),
+    (lambda x: x.abs().max().expand_as(x), "one absmax for the whole matrix"),
     (stub, "not implemented yet"),
 ])
 def test_rank1_scale_fails(fn, hint):
