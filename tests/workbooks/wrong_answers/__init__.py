@@ -15,7 +15,7 @@ solution, and correct answers written differently from the solution::
     RIGHT = [Right("03.1", checks.check_adam_step, adam_written_with_torch_lerp,
                    how="m and v updated with torch.lerp")]
 
-``tests/workbooks/test_wrong_answers.py`` asserts each one: a wrong answer's check raises an
+``tests/course/test_wrong_answers.py`` asserts each one: a wrong answer's check raises an
 AssertionError whose message contains ``hint`` (so it is caught, and caught *for that reason*),
 a right one passes. ``names_mistake`` records whether the hint says what was done wrong in the
 learner's terms (True) or only reminds of the rule (False); the counts are printed by::
