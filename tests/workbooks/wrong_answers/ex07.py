@@ -1,0 +1,328 @@
+"""Workbook 07 · the 8-bit Adam step, the optimizer, the stable embedding, training: what learners write."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from adam8lib.adam import adam_step
+from adam8lib.course import checks
+from adam8lib.course.checks.ex07_adam8bit_step import mlp_task
+from adam8lib.kernels.reference import adam8bit_step as reference_step
+from adam8lib.quant import dequantize_blocks, dynamic_map, nearest_code, quantize_blocks
+from tests.workbooks.wrong_answers import Right, Wrong
+
+STEP, OPT = checks.check_adam8bit_step, checks.check_adam8bit_optimizer
+EMB, TRAIN = checks.check_stable_embedding, checks.check_trains_like_adam
+
+
+# ------------------------------------------------------------------ 07.1 · the 8-bit step
+def _requantize_with(x, qmap, blocksize, absmax):
+    """Codes of x normalised by a given absmax per block (keep_sign), e.g. the OLD one."""
+    n = x.numel()
+    scale = torch.where(absmax > 0, absmax, torch.ones_like(absmax)).repeat_interleave(blocksize)[:n]
+    return nearest_code(x / scale, qmap, keep_sign=True)
+
+
+def make_step(name, *, sign_m=True, sign_v=True, bias=True, step_offset=0, sqrt_c2=True, eps_inside=False,
+              l2=False, decay_lr=True, old_absmax=False, swap_maps=False, v_signed_map=False, nan_rule=True,
+              square=True, sign=1.0):
+    """The solution's step with one slip, as a learner would write it."""
+
+    @torch.no_grad()
+    def adam8bit_step(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, *, step, lr, beta1, beta2, eps,
+                      weight_decay, blocksize):
+        map_m, map_v = (qmap2, qmap1) if swap_maps else (qmap1, qmap1 if v_signed_map else qmap2)
+        m = dequantize_blocks(state1, absmax1, map_m, blocksize)
+        v = dequantize_blocks(state2, absmax2, map_v, blocksize)
+        grad = g.float()
+        param = p.float()
+        if l2:
+            grad = grad + weight_decay * param  # Adam's L2 decay, through the gradient
+        finite = torch.isfinite(grad)
+        m = beta1 * m + (1 - beta1) * grad
+        v = beta2 * v + (1 - beta2) * (grad * grad if square else grad)
+        if nan_rule:
+            m, v = torch.where(finite, m, 0.0), torch.where(finite, v, 0.0)
+        new = param if l2 else param * (1 - (lr if decay_lr else 1.0) * weight_decay)
+        t = step + step_offset
+        c1 = 1 - beta1**t if bias else 1.0
+        c2 = (math.sqrt(1 - beta2**t) if sqrt_c2 else 1 - beta2**t) if bias else 1.0
+        denom = (v / c2**2 + eps).sqrt() if eps_inside else v.sqrt() / c2 + eps
+        new = new - sign * lr / c1 * m / denom
+        p.copy_(torch.where(finite, new, param) if nan_rule else new)
+        if old_absmax:
+            state1[:] = _requantize_with(m, map_m, blocksize, absmax1)
+            state2[:] = _requantize_with(v, map_v, blocksize, absmax2)
+        else:
+            state1[:], absmax1[:] = quantize_blocks(m, map_m, blocksize, keep_sign=sign_m)
+            state2[:], absmax2[:] = quantize_blocks(v, map_v, blocksize, keep_sign=sign_v)
+
+    adam8bit_step.__name__ = name
+    return adam8bit_step
+
+
+@torch.no_grad()
+def rebinds_p(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, *, step, lr, beta1, beta2, eps,
+              weight_decay, blocksize):
+    """States written in place, but `p = ...` only rebinds the name: the caller's parameter never moves."""
+    m = dequantize_blocks(state1, absmax1, qmap1, blocksize)
+    v = dequantize_blocks(state2, absmax2, qmap2, blocksize)
+    grad = g.float()
+    finite = torch.isfinite(grad)
+    m = torch.where(finite, beta1 * m + (1 - beta1) * grad, 0.0)
+    v = torch.where(finite, beta2 * v + (1 - beta2) * grad * grad, 0.0)
+    new = p.float() * (1 - lr * weight_decay)
+    new = new - lr / (1 - beta1**step) * m / (v.sqrt() / math.sqrt(1 - beta2**step) + eps)
+    p = torch.where(finite, new, p.float()).to(p.dtype)  # noqa: F841 - the slip
+    state1[:], absmax1[:] = quantize_blocks(m, qmap1, blocksize, keep_sign=True)
+    state2[:], absmax2[:] = quantize_blocks(v, qmap2, blocksize, keep_sign=True)
+
+
+@torch.no_grad()
+def returns_new_tensors(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, **hp):
+    """Everything computed right, returned as new tensors; nothing written into the arguments."""
+    p2, s1, s2, a1, a2 = p.clone(), state1.clone(), state2.clone(), absmax1.clone(), absmax2.clone()
+    reference_step(p2, g, s1, s2, a1, a2, qmap1, qmap2, **hp)
+    return p2, s1, s2, a1, a2
+
+
+@torch.no_grad()
+def step_with_lerp_and_masked_fill(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, *, step, lr, beta1,
+                                   beta2, eps, weight_decay, blocksize):
+    """Right: torch.lerp / addcmul for the moments, masked_fill for the NaN rule, bias correction folded
+    into the step size, in-place ops on p."""
+    m = dequantize_blocks(state1, absmax1, qmap1, blocksize)
+    v = dequantize_blocks(state2, absmax2, qmap2, blocksize)
+    grad = g.float()
+    bad = ~torch.isfinite(grad)
+    grad = grad.masked_fill(bad, 0.0)
+    m = torch.lerp(m, grad, 1 - beta1).masked_fill(bad, 0.0)
+    v = (v * beta2).addcmul(grad, grad, value=1 - beta2).masked_fill(bad, 0.0)
+    step_size = lr * math.sqrt(1 - beta2**step) / (1 - beta1**step)
+    eps_hat = eps * math.sqrt(1 - beta2**step)
+    param = p.float()
+    new = param * (1 - lr * weight_decay) - step_size * m / (v.sqrt() + eps_hat)
+    p.copy_(torch.where(bad, param, new))
+    c1, a1 = quantize_blocks(m, qmap1, blocksize, keep_sign=True)
+    c2, a2 = quantize_blocks(v, qmap2, blocksize, keep_sign=True)
+    state1.copy_(c1), absmax1.copy_(a1), state2.copy_(c2), absmax2.copy_(a2)
+
+
+@torch.no_grad()
+def step_block_by_block(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, *, step, lr, beta1, beta2, eps,
+                        weight_decay, blocksize):
+    """Right: a Python loop over blocks, each dequantized, updated and requantized on its own."""
+    for b, start in enumerate(range(0, p.numel(), blocksize)):
+        sl = slice(start, start + blocksize)
+        m = qmap1[state1[sl].long()] * absmax1[b]
+        v = qmap2[state2[sl].long()] * absmax2[b]
+        grad = g[sl].float()
+        ok = torch.isfinite(grad)
+        m = torch.where(ok, beta1 * m + (1 - beta1) * grad, torch.zeros_like(m))
+        v = torch.where(ok, beta2 * v + (1 - beta2) * grad**2, torch.zeros_like(v))
+        old = p[sl].float()
+        new = old * (1 - lr * weight_decay) - lr / (1 - beta1**step) * m / (
+            (v / (1 - beta2**step)).sqrt() + eps)
+        p[sl] = torch.where(ok, new, old).to(p.dtype)
+        state1[sl], absmax1[b: b + 1] = quantize_blocks(m, qmap1, blocksize, keep_sign=True)
+        state2[sl], absmax2[b: b + 1] = quantize_blocks(v, qmap2, blocksize, keep_sign=True)
+
+
+WRONG_STEP = [
+    Wrong("07.1", STEP, make_step("no_keep_sign", sign_m=False, sign_v=False), "keep_sign off for m and v",
+          "sign lost on requantize", True),
+    Wrong("07.1", STEP, make_step("no_keep_sign_m", sign_m=False), "keep_sign off for m only",
+          "keep_sign=True for m", True),
+    Wrong("07.1", STEP, make_step("no_keep_sign_v", sign_v=False), "keep_sign off for v (bitsandbytes' rule)",
+          "a tiny positive v must not round to 0", True),
+    Wrong("07.1", STEP, make_step("no_bias_correction", bias=False), "no bias correction",
+          "no bias correction", True),
+    Wrong("07.1", STEP, make_step("bias_step_plus_one", step_offset=1), "bias correction with step + 1",
+          "bias correction is off by one step", True),
+    Wrong("07.1", STEP, make_step("bias2_without_sqrt", sqrt_c2=False), "sqrt(v) divided by (1 - beta2**t), no sqrt",
+          "under the square root", True),
+    Wrong("07.1", STEP, make_step("eps_inside_sqrt", eps_inside=True), "eps added under the square root",
+          "eps goes OUTSIDE the square root", True),
+    Wrong("07.1", STEP, make_step("l2_decay", l2=True), "weight decay through the gradient (Adam's L2)",
+          "you applied weight decay through the gradient", True),
+    Wrong("07.1", STEP, make_step("decay_without_lr", decay_lr=False), "p *= 1 - weight_decay (no lr)",
+          "the decay is scaled by lr", True),
+    Wrong("07.1", STEP, make_step("old_absmax", old_absmax=True), "requantized with the old absmax",
+          "FRESH absmax", True),
+    Wrong("07.1", STEP, make_step("swapped_maps", swap_maps=True), "m with qmap2 and v with qmap1",
+          "the maps are swapped", True),
+    Wrong("07.1", STEP, make_step("v_with_signed_map", v_signed_map=True), "v quantized with the signed map qmap1",
+          "v is quantized with the signed map qmap1", True),
+    Wrong("07.1", STEP, make_step("no_nan_rule", nan_rule=False), "NaN/Inf gradients not handled",
+          "NaN handling", True),
+    Wrong("07.1", STEP, make_step("g_not_squared", square=False), "v = beta2 v + (1 - beta2) g (not g * g)",
+          "v is the average of g * g", True),
+    Wrong("07.1", STEP, make_step("update_added", sign=-1.0), "update added to p instead of subtracted",
+          "you ADDED the update", True),
+    Wrong("07.1", STEP, rebinds_p, "p = ... rebinds the name, p never changes", "`p = ...` only rebinds", True),
+    Wrong("07.1", STEP, returns_new_tensors, "returns new tensors instead of writing in place", "nothing changed",
+          True),
+]
+RIGHT_STEP = [
+    Right("07.1", STEP, step_with_lerp_and_masked_fill, "lerp/addcmul moments, masked_fill, folded bias correction"),
+    Right("07.1", STEP, step_block_by_block, "a Python loop over blocks"),
+]
+
+
+# ------------------------------------------------------------------ 07.2 · the optimizer class
+def make_optimizer(name, *, strict=False, quantize_all=False, defaults_only=False, no_decay=False, step_rule="state",
+                   own_attributes=False, skip_none=True, flat_grad=True, eager_state=False, count="numel"):
+    """The solution's MyAdam8bit with one slip. step_rule: "state" (right), "always_one", "after" (increased
+    after the update, so the first update runs with step 0), "global" (one counter for all parameters)."""
+
+    class MyAdam8bit(torch.optim.Optimizer):
+        def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, blocksize=256,
+                     min_8bit_size=4096):
+            defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, blocksize=blocksize,
+                            min_8bit_size=min_8bit_size)
+            super().__init__(params, defaults)
+            self.hyper = defaults  # the constructor's values, for the defaults_only slip
+            self.qmap1, self.qmap2 = dynamic_map(signed=True), dynamic_map(signed=False)
+            self.mine, self.t = {}, 0
+            if eager_state:
+                for group in self.param_groups:
+                    for p in group["params"]:
+                        self._init_state(self.state[p], p, group)
+
+        def _init_state(self, state, p, group):
+            n = p.numel() if count == "numel" else p.shape[0]
+            state["step"] = 0
+            big = quantize_all or (n > group["min_8bit_size"] if strict else n >= group["min_8bit_size"])
+            if big:
+                blocks = -(-p.numel() // group["blocksize"])
+                state["state1"] = torch.full((p.numel(),), 127, dtype=torch.uint8)
+                state["state2"] = torch.zeros(p.numel(), dtype=torch.uint8)
+                state["absmax1"], state["absmax2"] = torch.zeros(blocks), torch.zeros(blocks)
+            else:
+                state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
+                state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+
+        def load_state_dict(self, state_dict):
+            super().load_state_dict(state_dict)
+            for state in self.state.values():
+                for key in ("state1", "state2"):
+                    if key in state:
+                        state[key] = state[key].to(torch.uint8)
+
+        @torch.no_grad()
+        def step(self):
+            for group in self.param_groups:
+                hp = self.hyper if defaults_only else group
+                beta1, beta2 = hp["betas"]
+                for p in group["params"]:
+                    if p.grad is None and skip_none:
+                        continue
+                    state = self.mine.setdefault(p, {}) if own_attributes else self.state[p]
+                    if not state:
+                        self._init_state(state, p, group)
+                    if step_rule == "global":
+                        self.t += 1
+                        state["step"] = self.t
+                    elif step_rule == "always_one":
+                        state["step"] = 1
+                    elif step_rule == "state":
+                        state["step"] += 1
+                    common = dict(step=state["step"], lr=hp["lr"], eps=hp["eps"],
+                                  weight_decay=0.0 if no_decay else hp["weight_decay"])
+                    if "state1" in state:
+                        reference_step(p.view(-1), p.grad.view(-1) if flat_grad else p.grad, state["state1"],
+                                       state["state2"], state["absmax1"], state["absmax2"], self.qmap1, self.qmap2,
+                                       beta1=beta1, beta2=beta2, blocksize=group["blocksize"], **common)
+                    else:
+                        adam_step(p, p.grad, state["exp_avg"], state["exp_avg_sq"], betas=(beta1, beta2), **common)
+                    if step_rule == "after":
+                        state["step"] += 1
+
+    MyAdam8bit.__name__ = name
+    return MyAdam8bit
+
+
+class Adam8bitInlineFp32(torch.optim.Optimizer):
+    """Right: fp32 states updated inline (AdamW maths written out), states made with torch.full_like,
+    views by p.flatten(), the step count kept as a Python int."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, blocksize=256,
+                 min_8bit_size=4096):
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
+                                  "blocksize": blocksize, "min_8bit_size": min_8bit_size})
+        self.maps = (dynamic_map(True), dynamic_map(False))
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        for state in self.state.values():
+            for key in ("state1", "state2"):
+                if key in state:
+                    state[key] = state[key].to(torch.uint8)
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+            for p in (q for q in group["params"] if q.grad is not None):
+                st = self.state[p]
+                if len(st) == 0:
+                    st["step"] = 0
+                    if p.numel() < group["min_8bit_size"]:
+                        st["exp_avg"], st["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
+                    else:
+                        flat = p.flatten()
+                        nb = (p.numel() + group["blocksize"] - 1) // group["blocksize"]
+                        st["state1"] = torch.full_like(flat, 127, dtype=torch.uint8)
+                        st["state2"] = torch.zeros_like(flat, dtype=torch.uint8)
+                        st["absmax1"], st["absmax2"] = torch.zeros(nb), torch.zeros(nb)
+                st["step"] += 1
+                t = st["step"]
+                if "exp_avg" in st:
+                    m, v = st["exp_avg"], st["exp_avg_sq"]
+                    p.mul_(1 - lr * wd)
+                    m.mul_(b1).add_(p.grad, alpha=1 - b1)
+                    v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                    denom = (v / (1 - b2**t)).sqrt().add_(eps)
+                    p.addcdiv_(m, denom, value=-lr / (1 - b1**t))
+                else:
+                    reference_step(p.flatten(), p.grad.flatten(), st["state1"], st["state2"], st["absmax1"],
+                                   st["absmax2"], *self.maps, step=t, lr=lr, beta1=b1, beta2=b2, eps=eps,
+                                   weight_decay=wd, blocksize=group["blocksize"])
+
+
+WRONG_OPTIMIZER = [
+    Wrong("07.2", OPT, make_optimizer("strict_threshold", strict=True), "n > min_8bit_size (4096 stays fp32)",
+          "min_8bit_size is inclusive", True),
+    Wrong("07.2", OPT, make_optimizer("all_8bit", quantize_all=True), "small tensors not kept in fp32",
+          "fewer than min_8bit_size elements keep fp32 states", True),
+    Wrong("07.2", OPT, make_optimizer("defaults_only", defaults_only=True), "hyperparameters from the constructor, "
+          "not the param group", "from each param group", True),
+    Wrong("07.2", OPT, make_optimizer("no_weight_decay", no_decay=True), "weight_decay never passed to the step",
+          "apply each group's weight_decay", True),
+    Wrong("07.2", OPT, make_optimizer("step_always_one", step_rule="always_one"), "step count never grows (always 1)",
+          "the step count stays at 1", True),
+    Wrong("07.2", OPT, make_optimizer("step_increased_after", step_rule="after"), "step increased after the update "
+          "(the first update runs with step 0)", "increase the count BEFORE the update", True),
+    Wrong("07.2", OPT, make_optimizer("global_step", step_rule="global"), "one step counter for all parameters",
+          "one counter for all parameters", True),
+    Wrong("07.2", OPT, make_optimizer("own_attributes", own_attributes=True), "states kept in self.mine, "
+          "not self.state[p]", "self.state[p] is empty", True),
+    Wrong("07.2", OPT, make_optimizer("no_none_skip", skip_none=False), "parameters without .grad not skipped",
+          "skip parameters whose .grad is None", True),
+    Wrong("07.2", OPT, make_optimizer("grad_not_flat", flat_grad=False), "p.view(-1) but p.grad unflattened",
+          "flatten the gradient too", True),
+    Wrong("07.2", OPT, make_optimizer("state_in_init", eager_state=True), "states created in __init__ for every "
+          "parameter", "create a parameter's state on its first step", True),
+    Wrong("07.2", OPT, make_optimizer("len_not_numel", count="len"), "size compared with p.shape[0], not numel()",
+          "count elements with p.numel()", True),
+]
+RIGHT_OPTIMIZER = [
+    Right("07.2", OPT, Adam8bitInlineFp32, "fp32 AdamW written inline, p.flatten() views, full_like states"),
+    Right("07.2", OPT, make_optimizer("solution_twin"), "the solution's structure with a helper for the state"),
+]
+
+WRONG = WRONG_STEP + WRONG_OPTIMIZER
+RIGHT = RIGHT_STEP + RIGHT_OPTIMIZER
