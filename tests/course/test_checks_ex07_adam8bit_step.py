@@ -270,8 +270,8 @@ def _loss_after_step(optimizer_class, steps=200, lr=1e-2):
 
 
 @pytest.mark.parametrize("train_fn, hint", [
-    (_loss_after_step, "record loss.item() (before the step)"),
-    (lambda optimizer_class, steps=200, lr=1e-2: reference_train(optimizer_class, steps, 1e-3), "record loss.item()"),
+    (_loss_after_step, "you recorded the loss AFTER opt.step()"),
+    (lambda optimizer_class, steps=200, lr=1e-2: reference_train(optimizer_class, steps, 1e-3), "lr=lr"),
     (lambda optimizer_class, steps=200, lr=1e-2: None, "return the list of losses"),
     (stub, "not implemented yet"),
 ])

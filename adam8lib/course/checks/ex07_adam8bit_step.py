@@ -164,7 +164,7 @@ def check_adam8bit_step(adam8bit_step_fn) -> None:
             elif torch.equal(mine["p"], pre["p"]) and not torch.equal(ref["p"], pre["p"]):
                 hint = ("p did not change although the states did: `p = ...` only rebinds the name inside your "
                         "function; write into the parameter with p.copy_(...) (or p[:] = ...).")
-            elif bool(nan_p.any()) and bool((finite | ~nan_p).all()) and not bool(finite.all()):
+            elif bool(nan_p.any()) and bool((~finite | ~nan_p).all()):
                 hint = ("NaN handling: where the gradient is NaN or Inf, reset m and v to 0 and leave the parameter "
                         "unchanged (torch.isfinite(g) gives the mask).")
             else:
@@ -369,17 +369,37 @@ def check_stable_embedding(stable_embedding_class) -> None:
     if not isinstance(emb, torch.nn.Embedding) or not isinstance(norm, torch.nn.LayerNorm):
         fail(f"StableEmbedding has embedding={type(emb).__name__}, norm={type(norm).__name__}",
              "keep the table in self.embedding (an nn.Embedding) and the LayerNorm in self.norm.")
+    if tuple(emb.weight.shape) == (64, 1000):
+        fail("self.embedding.weight has shape (64, 1000), expected (1000, 64)",
+             "you swapped the arguments: nn.Embedding(num_embeddings, embedding_dim) has one row of embedding_dim "
+             "values per token.")
+    if tuple(norm.normalized_shape) != (64,):
+        fail(f"self.norm normalises over {tuple(norm.normalized_shape)}, expected (64,)",
+             "the LayerNorm normalises each embedding VECTOR: nn.LayerNorm(embedding_dim), not num_embeddings.")
     w = emb.weight.detach()
     bound = math.sqrt(6.0 / (1000 + 64))
-    if w.abs().max() > bound * 1.0001 or not (0.9 < w.std().item() * math.sqrt(3) / bound < 1.1):
+    std_ratio = w.std().item() * math.sqrt(3) / bound
+    if w.abs().max() > bound * 1.0001 or not (0.9 < std_ratio < 1.1):
+        if 0.9 < std_ratio < 1.1:
+            hint = ("the std is right but values reach past the bound: that is a NORMAL initialisation "
+                    "(xavier_normal_?). The paper's layer draws uniformly: nn.init.xavier_uniform_(self.embedding.weight).")
+        elif 0.9 < w.std().item() < 1.1:
+            hint = ("the table still has nn.Embedding's default init N(0, 1): call "
+                    "nn.init.xavier_uniform_(self.embedding.weight) in __init__.")
+        else:
+            hint = "initialise the table with nn.init.xavier_uniform_(self.embedding.weight) (nn.Embedding's default is N(0, 1))."
         fail(f"embedding weights: std {w.std().item():.4f}, max |w| {w.abs().max().item():.3f}; "
-             f"xavier-uniform gives std {bound / math.sqrt(3):.4f}, |w| <= {bound:.3f}",
-             "initialise the table with nn.init.xavier_uniform_(self.embedding.weight) (nn.Embedding's default is N(0, 1)).")
+             f"xavier-uniform gives std {bound / math.sqrt(3):.4f}, |w| <= {bound:.3f}", hint)
     x = torch.tensor([[1, 5, 999], [0, 0, 42]])
     out = call(module, x)
     want = torch.nn.functional.layer_norm(w[x], (64,), norm.weight.detach(), norm.bias.detach(), norm.eps)
     if isinstance(out, torch.Tensor) and out.shape == want.shape and torch.allclose(out, w[x]):
         fail("StableEmbedding(x) returns the looked-up vectors unchanged", "apply self.norm to the looked-up vectors.")
+    if isinstance(out, torch.Tensor) and out.shape == want.shape and \
+            torch.allclose(out, torch.nn.functional.normalize(w[x], dim=-1), atol=1e-6):
+        fail("StableEmbedding(x) has vectors of length 1",
+             "that is L2 normalisation (F.normalize): apply the LayerNorm self.norm, which subtracts each vector's "
+             "mean, divides by its std, then scales and shifts.")
     assert_close(out, want, what="StableEmbedding(x)", hint="return self.norm(self.embedding(x)).")
     try:
         import contextlib as _cl
@@ -396,11 +416,19 @@ def check_stable_embedding(stable_embedding_class) -> None:
         module = stable_embedding_class(1000, 64)
         opt = bnb.optim.Adam8bit(module.parameters(), lr=1e-3)
         module(x).pow(2).sum().backward()
-        opt.step()
+        try:
+            opt.step()
+        except AttributeError as err:  # a registered (module, name) pair that is not a parameter
+            fail(f"bitsandbytes' Adam8bit could not apply your override: {err}",
+                 "register the table itself: register_module_override(self.embedding, 'weight', {'optim_bits': 32}) "
+                 "— the override names a module and the name of ITS parameter.")
         state = opt.state[module.embedding.weight]
         if state["state1"].dtype != torch.float32:
+            registered = any(any(p is module.embedding.weight for p in (getattr(mod, name, None),))
+                             for mod, name, _ in bnb.optim.GlobalOptimManager.get_instance().module_weight_config_triple)
             fail(f"bitsandbytes' Adam8bit keeps the embedding's state as {state['state1'].dtype}",
-                 "register the table for 32-bit optimizer states in __init__: bnb.optim.GlobalOptimManager.get_instance()"
+                 ("" if registered else "you did not register the table for 32-bit states: ") +
+                 "register it in __init__: bnb.optim.GlobalOptimManager.get_instance()"
                  ".register_module_override(self.embedding, 'weight', {'optim_bits': 32}).")
     passed("Exercise 07.3 · The stable embedding")
 
@@ -420,17 +448,31 @@ def mlp_task(seed: int = 0):
     return x, y, model
 
 
-def _train(make_optimizer, steps: int = 200, step_fn=None) -> list[float]:
-    """Full-batch training of :func:`mlp_task`'s MLP: the mean squared error before each step."""
+def _train(make_optimizer, steps: int = 200, step_fn=None, *, record: str = "before", zero: str = "before",
+           fresh_optimizer: bool = False, reduction: str = "mean") -> list[float]:
+    """Full-batch training of :func:`mlp_task`'s MLP: the mean squared error before each step.
+
+    The keywords reproduce a learner's slips (for the hints): ``record="after"`` (loss after the step),
+    ``zero="none"`` / ``"between"`` (no zero_grad / zero_grad between backward and step),
+    ``fresh_optimizer`` (a new optimizer every step), ``reduction="sum"``."""
     x, y, model = mlp_task()
-    opt = make_optimizer(model.parameters())
+    params = list(model.parameters())
+    opt = make_optimizer(params)
     losses = []
     for _ in range(steps):
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x), y)
+        if fresh_optimizer:
+            opt = make_optimizer(params)
+        if zero == "before":
+            opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y, reduction=reduction)
         loss.backward()
-        losses.append(loss.item())
+        if record == "before":
+            losses.append(loss.item())
+        if zero == "between":
+            opt.zero_grad()
         opt.step() if step_fn is None else step_fn(opt)
+        if record == "after":
+            losses.append(torch.nn.functional.mse_loss(model(x), y, reduction=reduction).item())
     return losses
 
 
@@ -458,11 +500,38 @@ def check_trains_like_adam(train_fn, optimizer_class) -> None:
         got_curve = [float(v) for v in got_curve]
     except (TypeError, ValueError):
         fail(f"train(torch.optim.Adam, steps=20) returned {type(got_curve).__name__}", "return a list of floats (loss.item()).")
-    if len(got_curve) != 20 or not all(math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-7) for a, b in zip(got_curve, want_curve)):
+    def same(curve, reference):
+        return len(curve) == len(reference) and all(
+            math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-7) for a, b in zip(curve, reference))
+
+    if not same(got_curve, want_curve):
+        hint = ("one full-batch step per iteration: opt.zero_grad(), loss = mse_loss(model(x), y), loss.backward(), "
+                "record loss.item() (before the step), opt.step(); build the optimizer with "
+                "optimizer_class(model.parameters(), lr=lr).")
+        adam = lambda ps: torch.optim.Adam(ps, lr=1e-2)  # noqa: E731
+        if len(got_curve) != 20 and same(got_curve[:20], want_curve):
+            hint = (f"take `steps` steps: the check called train(..., steps=20) and got {len(got_curve)} losses "
+                    "(use range(steps), not a fixed number).")
+        else:
+            for h, make in [
+                ("you recorded the loss AFTER opt.step(): record loss.item() of the loss you backpropagate, before "
+                 "the step (the first entry is the untrained model's loss).", lambda: _train(adam, 20, record="after")),
+                ("pass lr to the optimizer: optimizer_class(model.parameters(), lr=lr) — without it the optimizer "
+                 "uses its default learning rate.", lambda: _train(lambda ps: torch.optim.Adam(ps), 20)),
+                ("call opt.zero_grad() every step: without it the gradients add up across steps (backward() "
+                 "accumulates into .grad).", lambda: _train(adam, 20, zero="none")),
+                ("you zeroed the gradients between backward() and step(): the step then sees no gradient. Call "
+                 "opt.zero_grad() before backward().", lambda: _train(adam, 20, zero="between")),
+                ("build the optimizer ONCE, before the loop: a new optimizer every step forgets m, v and the step "
+                 "count.", lambda: _train(adam, 20, fresh_optimizer=True)),
+                ("you summed the squared errors: the loss is their MEAN, mse_loss(model(x), y) "
+                 "(reduction='mean').", lambda: _train(adam, 20, reduction="sum")),
+            ]:
+                if same(got_curve, make()):
+                    hint = h
+                    break
         fail(f"train(torch.optim.Adam, steps=20) gave {len(got_curve)} losses {got_curve[:3]}...; the reference loop "
-             f"gives 20: {[round(v, 6) for v in want_curve[:3]]}...",
-             "one full-batch step per iteration: opt.zero_grad(), loss = mse_loss(model(x), y), loss.backward(), "
-             "record loss.item() (before the step), opt.step(); build the optimizer with optimizer_class(model.parameters(), lr=lr).")
+             f"gives 20: {[round(v, 6) for v in want_curve[:3]]}...", hint)
     curves = train_side_by_side(optimizer_class)
     (name, yours), (_, ref) = curves.items()
     first, last, want = yours[0], yours[-1], ref[-1]

@@ -324,5 +324,161 @@ RIGHT_OPTIMIZER = [
     Right("07.2", OPT, make_optimizer("solution_twin"), "the solution's structure with a helper for the state"),
 ]
 
-WRONG = WRONG_STEP + WRONG_OPTIMIZER
-RIGHT = RIGHT_STEP + RIGHT_OPTIMIZER
+
+# ------------------------------------------------------------------ 07.3 · the stable embedding
+def make_embedding(name, *, init="xavier_uniform", norm="layer", override="embedding", swap_args=False,
+                   norm_dim="embedding_dim"):
+    """The solution's StableEmbedding with one slip."""
+    import bitsandbytes as bnb
+
+    class StableEmbedding(nn.Module):
+        def __init__(self, num_embeddings, embedding_dim):
+            super().__init__()
+            self.embedding = nn.Embedding(*((embedding_dim, num_embeddings) if swap_args
+                                            else (num_embeddings, embedding_dim)))
+            if init == "xavier_uniform":
+                nn.init.xavier_uniform_(self.embedding.weight)
+            elif init == "xavier_normal":
+                nn.init.xavier_normal_(self.embedding.weight)
+            self.norm = nn.LayerNorm(embedding_dim if norm_dim == "embedding_dim" else num_embeddings)
+            target = {"embedding": self.embedding, "self": self, "norm": self.norm}.get(override)
+            if target is not None:
+                bnb.optim.GlobalOptimManager.get_instance().register_module_override(target, "weight",
+                                                                                     {"optim_bits": 32})
+
+        def forward(self, x):
+            e = self.embedding(x)
+            if norm == "layer":
+                return self.norm(e)
+            if norm == "l2":
+                return nn.functional.normalize(e, dim=-1)
+            return e
+
+    StableEmbedding.__name__ = name
+    return StableEmbedding
+
+
+def plain_embedding(num_embeddings, embedding_dim):
+    return nn.Embedding(num_embeddings, embedding_dim)
+
+
+class StableEmbeddingByHand(nn.Module):
+    """Right: the uniform bound written out, F.layer_norm with the module's parameters, the override
+    registered with a dict() config."""
+
+    def __init__(self, num_embeddings, embedding_dim):
+        super().__init__()
+        import bitsandbytes as bnb
+
+        bound = math.sqrt(6.0 / (num_embeddings + embedding_dim))
+        self.embedding = nn.Embedding(num_embeddings, embedding_dim,
+                                      _weight=torch.empty(num_embeddings, embedding_dim).uniform_(-bound, bound))
+        self.norm = nn.LayerNorm(embedding_dim)
+        bnb.optim.GlobalOptimManager.get_instance().register_module_override(self.embedding, "weight",
+                                                                             dict(optim_bits=32))
+
+    def forward(self, x):
+        n = self.norm
+        return nn.functional.layer_norm(self.embedding(x), n.normalized_shape, n.weight, n.bias, n.eps)
+
+
+WRONG_EMBEDDING = [
+    Wrong("07.3", EMB, make_embedding("default_init", init="default"), "nn.Embedding's N(0, 1) init kept",
+          "still has nn.Embedding's default init", True),
+    Wrong("07.3", EMB, make_embedding("xavier_normal", init="xavier_normal"), "xavier_normal_ instead of uniform",
+          "that is a NORMAL initialisation", True),
+    Wrong("07.3", EMB, make_embedding("no_layer_norm", norm="none"), "StableEmbedding without the layer norm",
+          "apply self.norm", True),
+    Wrong("07.3", EMB, make_embedding("l2_normalize", norm="l2"), "F.normalize (L2) instead of the LayerNorm",
+          "that is L2 normalisation", True),
+    Wrong("07.3", EMB, make_embedding("no_override", override=None), "no 32-bit override for the table",
+          "you did not register the table for 32-bit states", True),
+    Wrong("07.3", EMB, make_embedding("override_on_self", override="self"), "override registered on the module "
+          "itself, which has no .weight", "register the table itself", True),
+    Wrong("07.3", EMB, make_embedding("override_on_norm", override="norm"), "override registered on the LayerNorm",
+          "register_module_override(self.embedding, 'weight'", False),
+    Wrong("07.3", EMB, plain_embedding, "a plain nn.Embedding", "self.embedding (an nn.Embedding)", True),
+    Wrong("07.3", EMB, make_embedding("norm_over_vocab", norm_dim="num_embeddings"), "nn.LayerNorm(num_embeddings)",
+          "LayerNorm normalises each embedding VECTOR", True),
+    Wrong("07.3", EMB, make_embedding("swapped_args", swap_args=True), "nn.Embedding(embedding_dim, num_embeddings)",
+          "you swapped the arguments", True),
+]
+RIGHT_EMBEDDING = [
+    Right("07.3", EMB, StableEmbeddingByHand, "uniform bound by hand, F.layer_norm with the module's parameters"),
+]
+
+
+# ------------------------------------------------------------------ 07.4 · training with the optimizer
+def make_train(name, *, record="before", use_lr=True, zero="before", fresh_optimizer=False, reduction="mean",
+               fixed_steps=None, give_back=True):
+    """The solution's train() with one slip. zero: "before" (right), "none", "between" (after backward, before
+    the step)."""
+
+    def train(optimizer_class, steps=200, lr=1e-2):
+        x, y, model = mlp_task()
+        make = (lambda: optimizer_class(model.parameters(), lr=lr)) if use_lr else \
+            (lambda: optimizer_class(model.parameters()))
+        opt = make()
+        losses = []
+        for _ in range(fixed_steps or steps):
+            if fresh_optimizer:
+                opt = make()
+            if zero == "before":
+                opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y, reduction=reduction)
+            loss.backward()
+            if record == "before":
+                losses.append(loss.item())
+            if zero == "between":
+                opt.zero_grad()
+            opt.step()
+            if record == "after":
+                losses.append(nn.functional.mse_loss(model(x), y, reduction=reduction).item())
+        return losses if give_back else None
+
+    train.__name__ = name
+    return train
+
+
+def train_with_module_loss(optimizer_class, steps=200, lr=1e-2):
+    """Right: nn.MSELoss, model.zero_grad(set_to_none=True), loss.item() read after the step (same value)."""
+    x, y, model = mlp_task()
+    criterion = nn.MSELoss()
+    opt = optimizer_class(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        model.zero_grad(set_to_none=True)
+        loss = criterion(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())  # after the step, but the tensor still holds the loss from before it
+    return losses
+
+
+_SOLUTION_OPTIMIZER = make_optimizer("MyAdam8bit")  # the 07.2 solution, for 07.4's second argument
+
+WRONG_TRAIN = [
+    Wrong("07.4", TRAIN, make_train("loss_after_step", record="after"), "loss recorded after opt.step()",
+          "you recorded the loss AFTER opt.step()", True, (_SOLUTION_OPTIMIZER,)),
+    Wrong("07.4", TRAIN, make_train("lr_not_passed", use_lr=False), "optimizer built without lr=lr",
+          "pass lr to the optimizer", True, (_SOLUTION_OPTIMIZER,)),
+    Wrong("07.4", TRAIN, make_train("no_zero_grad", zero="none"), "opt.zero_grad() never called",
+          "gradients add up across steps", True, (_SOLUTION_OPTIMIZER,)),
+    Wrong("07.4", TRAIN, make_train("zero_grad_before_step", zero="between"), "zero_grad between backward and step",
+          "zeroed the gradients between backward() and step()", True, (_SOLUTION_OPTIMIZER,)),
+    Wrong("07.4", TRAIN, make_train("optimizer_in_loop", fresh_optimizer=True), "a new optimizer every step",
+          "build the optimizer ONCE", True, (_SOLUTION_OPTIMIZER,)),
+    Wrong("07.4", TRAIN, make_train("summed_loss", reduction="sum"), "sum of squared errors, not the mean",
+          "you summed the squared errors", True, (_SOLUTION_OPTIMIZER,)),
+    Wrong("07.4", TRAIN, make_train("steps_ignored", fixed_steps=200), "200 steps whatever `steps` says",
+          "take `steps` steps", True, (_SOLUTION_OPTIMIZER,)),
+    Wrong("07.4", TRAIN, make_train("no_return", give_back=False), "losses not returned",
+          "return the list of losses", True, (_SOLUTION_OPTIMIZER,)),
+]
+RIGHT_TRAIN = [
+    Right("07.4", TRAIN, train_with_module_loss, "nn.MSELoss, model.zero_grad, loss.item() read after the step",
+          (_SOLUTION_OPTIMIZER,)),
+]
+
+WRONG = WRONG_STEP + WRONG_OPTIMIZER + WRONG_EMBEDDING + WRONG_TRAIN
+RIGHT = RIGHT_STEP + RIGHT_OPTIMIZER + RIGHT_EMBEDDING + RIGHT_TRAIN
