@@ -87,7 +87,7 @@ _STEP_SLIPS = [
     ("the maps are swapped: m (signed) uses qmap1, v (non-negative) uses qmap2.", {"swap_maps": True}),
     ("v is quantized with the signed map qmap1: v is non-negative, dequantize and requantize it with the "
      "unsigned map qmap2 (all 256 codes for values >= 0).", {"v_signed_map": True}),
-    ("NaN handling: where the gradient is not finite, reset m and v to 0 and leave p unchanged.",
+    ("NaN handling is missing: where the gradient is not finite, reset m and v to 0 and leave p unchanged.",
      {"nan_rule": False}),
     ("v is the average of g * g: v = beta2 * v + (1 - beta2) * g * g (you averaged g, so v goes negative "
      "and sqrt(v) is NaN).", {"square": False}),
@@ -165,7 +165,7 @@ def check_adam8bit_step(adam8bit_step_fn) -> None:
                 hint = ("p did not change although the states did: `p = ...` only rebinds the name inside your "
                         "function; write into the parameter with p.copy_(...) (or p[:] = ...).")
             elif bool(nan_p.any()) and bool((~finite | ~nan_p).all()):
-                hint = ("NaN handling: where the gradient is NaN or Inf, reset m and v to 0 and leave the parameter "
+                hint = ("NaN handling is missing: where the gradient is NaN or Inf, reset m and v to 0 and leave the parameter "
                         "unchanged (torch.isfinite(g) gives the mask).")
             else:
                 hint = ("dequantize m and v (qmap[state] * absmax of the block), update them and p in fp32 like AdamW, "
@@ -308,14 +308,16 @@ def check_adam8bit_optimizer(optimizer_class) -> None:
             fail(f"{name}: the {p.numel()}-element parameter has no uint8 codes in its state", hint)
         if kind == "fp32" and (has_codes or not any(v.dtype == torch.float32 and v.shape == p.shape for v in tensors)):
             fail(f"{name}: the {p.numel()}-element parameter should keep fp32 states exp_avg/exp_avg_sq",
-                 "tensors with fewer than min_8bit_size elements keep fp32 states (and the plain fp32 Adam update).")
+                 "you gave this small tensor 8-bit states: tensors with fewer than min_8bit_size elements keep fp32 "
+                 "states (and the plain fp32 Adam update).")
     ref_params = _optimizer_params()
     _run(_reference, 3, ref_params)
     if not _same(params, ref_params):
         variants = [
             ("read lr, betas, eps and weight_decay from each param group (group['lr'], group['betas'], …), not from the defaults.",
              dict(lr=1e-3, betas=(0.9, 0.999), weight_decay=0.0)),
-            ("apply each group's weight_decay (decoupled: p *= 1 - lr * weight_decay, inside the step).", dict(weight_decay=0.0)),
+            ("no weight decay was applied: apply each group's weight_decay (decoupled: p *= 1 - lr * weight_decay, "
+             "inside the step).", dict(weight_decay=0.0)),
         ]
         for hint, kw in variants:
             alt = _optimizer_params()

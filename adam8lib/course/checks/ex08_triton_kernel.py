@@ -277,9 +277,11 @@ def check_ema_requantize_kernel(ema_requantize_kernel) -> None:
             ("masked lanes must not count in the new absmax: set them to 0 (m = tl.where(mask, m, 0.0)) before "
              "tl.max — a masked code load with other=0 reads map entry 0 = -0.99 * absmax.",
              lambda: tail.abs().amax(1)),
-            ("the new absmax is the largest MAGNITUDE of the updated state: tl.max(tl.abs(m), axis=0).",
+            ("you took tl.max(m), the largest value: the new absmax is the largest MAGNITUDE of the updated state, "
+             "tl.max(tl.abs(m), axis=0).",
              lambda: blocks.amax(1)),
-            ("the new absmax is taken AFTER the update (m = beta * m + (1 - beta) * g), not from the old state.",
+            ("you kept the old absmax: the new absmax is taken AFTER the update (m = beta * m + (1 - beta) * g), "
+             "not from the old state.",
              lambda: absmax),
             ("beta multiplies the OLD state: m = beta * m + (1 - beta) * g (you swapped beta and 1 - beta).",
              lambda: block_absmax((1 - beta) * m_old + beta * g)),

@@ -72,7 +72,8 @@ def check_state_megabytes(state_megabytes) -> None:
                           "8 in fp32.", lambda: (codes + absmax) / 2 / MB),
                          ("you counted ONE state: Adam keeps two (m and v), so 2 bytes/param of codes in 8-bit.",
                           lambda: (codes / 2 + absmax) / MB),
-                         ("one absmax per block for EACH of the two states (8 bytes per block).",
+                         ("you counted one absmax per block: there is one absmax per block for EACH of the two "
+                          "states (8 bytes per block).",
                           lambda: (codes + absmax / 2) / MB),
                          ("kind='adamw' keeps fp32 m and v: 8 bytes per parameter, no codes and no absmax.",
                           lambda: (2 * n + 8 * blocks) / MB),
@@ -123,14 +124,17 @@ def check_training_memory(training_memory) -> None:
                      default="weights and gradients: numel * element_size of each parameter; optimizer: the "
                              "per-tensor state bytes of exercise 01.2; total: their sum (bytes, ints).",
                      variants=[
-                         ("gradients take as much memory as the weights (one per parameter, same dtype).",
+                         ("you left out the gradients: gradients take as much memory as the weights (one per "
+                          "parameter, same dtype).",
                           lambda: _budget_variant(model, kind, bs, min_size, grads=False)),
-                         ("use each parameter's element_size(): bf16/fp16 weights and gradients take 2 bytes.",
+                         ("you counted 4 bytes per element: use each parameter's element_size(): bf16/fp16 weights "
+                          "and gradients take 2 bytes.",
                           lambda: _budget_variant(model, kind, bs, min_size, itemsize=4)),
                          ("you counted the gradients as fp32: gradients have the parameter's dtype (2 bytes each "
                           "for bf16/fp16 parameters).",
                           lambda: _budget_variant(model, kind, bs, min_size, grad_itemsize=4)),
-                         ("small-tensor rule: tensors under min_8bit_size elements keep fp32 states (8 bytes/param).",
+                         ("you gave every tensor 8-bit states: the small-tensor rule keeps tensors under "
+                          "min_8bit_size elements in fp32 (8 bytes/param).",
                           lambda: _budget_variant(model, kind, bs, min_size, small_rule=False)),
                          ("min_8bit_size is inclusive: a tensor with exactly min_8bit_size elements (4096 here) "
                           "gets 8-bit states (n >= min_8bit_size).",
@@ -190,9 +194,11 @@ def check_adamw_state_elements(adamw_state_elements) -> None:
                          ("torch's AdamW also keeps a `step` counter per parameter tensor, as a 1-element tensor: "
                           "2 * numel + 1 per tensor (the seed's 131,566,188 = 2 * 65,783,042 + 104 tensors).",
                           lambda: _adamw_elements(model, steps=False)),
-                         ("frozen parameters (requires_grad=False) get no gradient and no state.",
+                         ("you counted frozen parameters: frozen parameters (requires_grad=False) get no gradient "
+                          "and no state.",
                           lambda: _adamw_elements(model, frozen=True)),
-                         ("frozen parameters (requires_grad=False) get no gradient and no state.",
+                         ("you counted frozen parameters: frozen parameters (requires_grad=False) get no gradient "
+                          "and no state.",
                           lambda: _adamw_elements(model, frozen=True, steps=False)),
                          ("the step counter is one element per tensor, not one per parameter.",
                           lambda: _adamw_elements(model, per_param_step=True)),

@@ -404,9 +404,9 @@ WRONG = [
           "program pid uses absmax[pid]", True),
     Wrong("08.4", EMA, _SwitchedEma("ema_masked_lanes_count", ZERO_MASKED=False), "masked lanes not zeroed before "
           "the max", "masked lanes must not count in the new absmax", True),
-    Wrong("08.4", EMA, _SwitchedEma("ema_signed_max", ABS=False), "tl.max(m) without tl.abs", "largest MAGNITUDE", True),
+    Wrong("08.4", EMA, _SwitchedEma("ema_signed_max", ABS=False), "tl.max(m) without tl.abs", "you took tl.max(m)", True),
     Wrong("08.4", EMA, _SwitchedEma("ema_old_absmax", NEW_ABSMAX=False), "the old absmax kept and used",
-          "AFTER the update", True),
+          "you kept the old absmax", True),
     Wrong("08.4", EMA, _SwitchedEma("ema_beta_swapped", SWAP_BETA=True), "m = (1 - beta) m + beta g",
           "beta multiplies the OLD state", True),
     Wrong("08.4", EMA, _SwitchedEma("ema_unmasked_store", MASK_STORE=False), "code store without a mask",
