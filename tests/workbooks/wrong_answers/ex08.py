@@ -85,6 +85,14 @@ def absmax_program_id_1(x_ptr, absmax_ptr, n, BLOCK: tl.constexpr):
     tl.store(absmax_ptr + pid, tl.max(tl.abs(x), axis=0))
 
 
+@triton.jit
+def absmax_no_store(x_ptr, absmax_ptr, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    absmax = tl.max(tl.abs(x), axis=0)  # computed, never stored  # noqa: F841
+
+
 def absmax_not_jitted(x_ptr, absmax_ptr, n, BLOCK):
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
@@ -373,6 +381,8 @@ WRONG = [
     Wrong("08.1", ABSMAX, absmax_store_at_zero, "store at absmax_ptr without + pid", "every program stored into absmax[0]",
           True),
     Wrong("08.1", ABSMAX, absmax_program_id_1, "tl.program_id(1) on a 1-D grid", "tl.program_id(0)", True),
+    Wrong("08.1", ABSMAX, absmax_no_store, "absmax computed but never stored", "nothing was written into absmax",
+          True),
     Wrong("08.1", ABSMAX, absmax_not_jitted, "no @triton.jit", "decorate the kernel function with @triton.jit", True),
     Wrong("08.2", DEQ, deq_no_mask, "no masks at all", "wrote past the end of the output", True),
     Wrong("08.2", DEQ, deq_store_unmasked, "loads masked, store not", "wrote past the end of the output", True),
