@@ -426,8 +426,8 @@ def check_stable_embedding(stable_embedding_class) -> None:
                  "— the override names a module and the name of ITS parameter.")
         state = opt.state[module.embedding.weight]
         if state["state1"].dtype != torch.float32:
-            registered = any(any(p is module.embedding.weight for p in (getattr(mod, name, None),))
-                             for mod, name, _ in bnb.optim.GlobalOptimManager.get_instance().module_weight_config_triple)
+            overrides = bnb.optim.GlobalOptimManager.get_instance().module_weight_config_triple
+            registered = any(getattr(mod, name, None) is module.embedding.weight for mod, name, _ in overrides)
             fail(f"bitsandbytes' Adam8bit keeps the embedding's state as {state['state1'].dtype}",
                  ("" if registered else "you did not register the table for 32-bit states: ") +
                  "register it in __init__: bnb.optim.GlobalOptimManager.get_instance()"

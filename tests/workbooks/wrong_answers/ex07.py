@@ -396,7 +396,7 @@ WRONG_EMBEDDING = [
     Wrong("07.3", EMB, make_embedding("override_on_self", override="self"), "override registered on the module "
           "itself, which has no .weight", "register the table itself", True),
     Wrong("07.3", EMB, make_embedding("override_on_norm", override="norm"), "override registered on the LayerNorm",
-          "register_module_override(self.embedding, 'weight'", False),
+          "you did not register the table for 32-bit states", True),
     Wrong("07.3", EMB, plain_embedding, "a plain nn.Embedding", "self.embedding (an nn.Embedding)", True),
     Wrong("07.3", EMB, make_embedding("norm_over_vocab", norm_dim="num_embeddings"), "nn.LayerNorm(num_embeddings)",
           "LayerNorm normalises each embedding VECTOR", True),
