@@ -25,13 +25,14 @@ def _fresh_state(n: int, blocksize: int) -> dict[str, torch.Tensor]:
 
 def _variant(pre, g, qmap1, qmap2, hp, *, keep_sign=True, keep_sign_v=True, bias=True, nan_rule=True,
              fresh_absmax=True, decay_on_m=False, swap_maps=False, step_offset=0, sqrt_c2=True, eps_inside=False,
-             decay_lr=True, v_signed_map=False, square=True, sign=1.0):
+             decay_lr=True, v_signed_map=False, square=True, sign=1.0, update_with="new"):
     """One 8-bit step with one deliberate mistake (plain fp32 maths, no chunks)."""
     bs, t = hp["blocksize"], hp["step"] + step_offset
     b1, b2, lr, eps, wd = hp["beta1"], hp["beta2"], hp["lr"], hp["eps"], hp["weight_decay"]
     map_m, map_v = (qmap2, qmap1) if swap_maps else (qmap1, qmap1 if v_signed_map else qmap2)
     m = dequantize_blocks(pre["state1"], pre["absmax1"], map_m, bs)
     v = dequantize_blocks(pre["state2"], pre["absmax2"], map_v, bs)
+    m_old, v_old = m, v
     p = pre["p"].float()
     grad = g.float()
     if decay_on_m and wd:
@@ -44,8 +45,14 @@ def _variant(pre, g, qmap1, qmap2, hp, *, keep_sign=True, keep_sign_v=True, bias
     new = p * (1 - (lr if decay_lr else 1.0) * wd) if (wd and not decay_on_m) else p.clone()
     c1 = 1 - b1**t if bias else 1.0
     c2 = (math.sqrt(1 - b2**t) if sqrt_c2 else 1 - b2**t) if bias else 1.0
-    denom = (v / c2**2 + eps).sqrt() if eps_inside else v.sqrt() / c2 + eps
-    new = new - sign * lr / c1 * m / denom
+    m_u, v_u = m, v
+    if update_with == "old":  # the moments from before this step's EMA
+        m_u, v_u = m_old, v_old
+    elif update_with == "stored":  # the moments after a round trip through their 8-bit codes
+        m_u = dequantize_blocks(*quantize_blocks(m, map_m, bs, keep_sign=True), map_m, bs)
+        v_u = dequantize_blocks(*quantize_blocks(v, map_v, bs, keep_sign=True), map_v, bs)
+    denom = (v_u / c2**2 + eps).sqrt() if eps_inside else v_u.sqrt() / c2 + eps
+    new = new - sign * lr / c1 * m_u / denom
     if nan_rule:
         new = torch.where(finite, new, p)
     out = {"p": new.to(pre["p"].dtype)}
@@ -61,6 +68,9 @@ def _variant(pre, g, qmap1, qmap2, hp, *, keep_sign=True, keep_sign_v=True, bias
             out["absmax" + key] = am.clone()
     return out
 
+
+_OLD_MOMENTS = ("you updated p with m and v from BEFORE this step's EMA: first m = beta1 * m + (1 - beta1) * g "
+                "(and v), then the parameter update with the new m and v.")
 
 # (hint, knobs of _variant): the first variant the learner's result matches names the mistake
 _STEP_SLIPS = [
@@ -93,6 +103,9 @@ _STEP_SLIPS = [
      "and sqrt(v) is NaN).", {"square": False}),
     ("you ADDED the update: Adam steps against the gradient, p = p - lr * m_hat / (sqrt(v_hat) + eps).",
      {"sign": -1.0}),
+    (_OLD_MOMENTS, {"update_with": "old"}),
+    ("you updated p from the requantized (8-bit) m and v: update p with the fp32 m and v, then requantize them "
+     "— the codes are only how the states are stored between steps.", {"update_with": "stored"}),
 ]
 
 
@@ -162,8 +175,15 @@ def check_adam8bit_step(adam8bit_step_fn) -> None:
             if all(torch.equal(mine[k], pre[k]) for k in _FIELDS):
                 hint = "nothing changed: update p and the four state tensors IN PLACE (copy_ / slice assignment)."
             elif torch.equal(mine["p"], pre["p"]) and not torch.equal(ref["p"], pre["p"]):
-                hint = ("p did not change although the states did: `p = ...` only rebinds the name inside your "
-                        "function; write into the parameter with p.copy_(...) (or p[:] = ...).")
+                # p stuck: rebinding `p = ...`, or an update from the moments before the EMA (0 on step 1)?
+                probe = {k: v.clone() for k, v in mine.items()}
+                call(adam8bit_step_fn, probe["p"], g.clone(), probe["state1"], probe["state2"], probe["absmax1"],
+                     probe["absmax2"], qmap1.clone(), qmap2.clone(), **dict(kw, step=t + 1))
+                if torch.equal(probe["p"], mine["p"]):
+                    hint = ("p did not change although the states did: `p = ...` only rebinds the name inside your "
+                            "function; write into the parameter with p.copy_(...) (or p[:] = ...).")
+                else:
+                    hint = _OLD_MOMENTS  # p moves on step 2: the update used m and v from before the EMA
             elif bool(nan_p.any()) and bool((~finite | ~nan_p).all()):
                 hint = ("NaN handling is missing: where the gradient is NaN or Inf, reset m and v to 0 and leave the parameter "
                         "unchanged (torch.isfinite(g) gives the mask).")

@@ -28,7 +28,7 @@ def _requantize_with(x, qmap, blocksize, absmax):
 
 def make_step(name, *, sign_m=True, sign_v=True, bias=True, step_offset=0, sqrt_c2=True, eps_inside=False,
               l2=False, decay_lr=True, old_absmax=False, swap_maps=False, v_signed_map=False, nan_rule=True,
-              square=True, sign=1.0):
+              square=True, sign=1.0, update_with="new"):
     """The solution's step with one slip, as a learner would write it."""
 
     @torch.no_grad()
@@ -37,6 +37,7 @@ def make_step(name, *, sign_m=True, sign_v=True, bias=True, step_offset=0, sqrt_
         map_m, map_v = (qmap2, qmap1) if swap_maps else (qmap1, qmap1 if v_signed_map else qmap2)
         m = dequantize_blocks(state1, absmax1, map_m, blocksize)
         v = dequantize_blocks(state2, absmax2, map_v, blocksize)
+        m_before, v_before = m, v
         grad = g.float()
         param = p.float()
         if l2:
@@ -50,9 +51,17 @@ def make_step(name, *, sign_m=True, sign_v=True, bias=True, step_offset=0, sqrt_
         t = step + step_offset
         c1 = 1 - beta1**t if bias else 1.0
         c2 = (math.sqrt(1 - beta2**t) if sqrt_c2 else 1 - beta2**t) if bias else 1.0
-        denom = (v / c2**2 + eps).sqrt() if eps_inside else v.sqrt() / c2 + eps
-        new = new - sign * lr / c1 * m / denom
+        if update_with == "stored":  # requantize first, then read the states back for the update
+            state1[:], absmax1[:] = quantize_blocks(m, map_m, blocksize, keep_sign=sign_m)
+            state2[:], absmax2[:] = quantize_blocks(v, map_v, blocksize, keep_sign=sign_v)
+            m = dequantize_blocks(state1, absmax1, map_m, blocksize)
+            v = dequantize_blocks(state2, absmax2, map_v, blocksize)
+        mu, vu = (m_before, v_before) if update_with == "old" else (m, v)
+        denom = (vu / c2**2 + eps).sqrt() if eps_inside else vu.sqrt() / c2 + eps
+        new = new - sign * lr / c1 * mu / denom
         p.copy_(torch.where(finite, new, param) if nan_rule else new)
+        if update_with == "stored":
+            return
         if old_absmax:
             state1[:] = _requantize_with(m, map_m, blocksize, absmax1)
             state2[:] = _requantize_with(v, map_v, blocksize, absmax2)
@@ -162,6 +171,10 @@ WRONG_STEP = [
           "v is the average of g * g", True),
     Wrong("07.1", STEP, make_step("update_added", sign=-1.0), "update added to p instead of subtracted",
           "you ADDED the update", True),
+    Wrong("07.1", STEP, make_step("update_with_old_moments", update_with="old"), "p updated with m and v from "
+          "before the EMA", "m and v from BEFORE this step's EMA", True),
+    Wrong("07.1", STEP, make_step("update_after_requantize", update_with="stored"), "states requantized first, p "
+          "updated from the 8-bit m and v", "you updated p from the requantized (8-bit) m and v", True),
     Wrong("07.1", STEP, rebinds_p, "p = ... rebinds the name, p never changes", "`p = ...` only rebinds", True),
     Wrong("07.1", STEP, returns_new_tensors, "returns new tensors instead of writing in place", "nothing changed",
           True),
