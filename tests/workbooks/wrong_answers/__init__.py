@@ -29,11 +29,17 @@ variant accepted) are asserted by the test module.
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
+
+if not torch.cuda.is_available():  # workbook 08's kernels: Triton must be imported in interpreter mode (as in
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # tests/conftest.py), and an earlier exNN may import it first
 
 __all__ = ["Wrong", "Right", "collect", "counts", "MIN_WRONG_PER_EXERCISE", "MIN_NAMED_SHARE"]
 
