@@ -65,6 +65,8 @@ def order_problems(nb) -> list[str]:
         elif predicts[qid] > index:
             problems.append(f"question {qid} is asked in cell {predicts[qid]}, after its reveal in cell {index}")
         lines = [line for line in _outputs_text(nb.cells[index]).splitlines() if line.startswith("▶")]
+        if not any(f"Question {qid}" in line for line in lines):
+            problems.append(f"cell {index}: reveals {qid} but its stored output has no reveal line (run the notebook)")
         for earlier in range(index):
             cell = nb.cells[earlier]
             if cell.cell_type == "code" and not _collapsed(cell) and any(line in _outputs_text(cell) for line in lines):
@@ -123,7 +125,8 @@ def _good_notebook():
               "▶ Question 99.a: the experiment says 2 (you made no prediction above).\n"),
         md("**Predict 99.b.** Which one?"),
         _code('ask("99.b", prediction)', {"adam8": {"predicts": "99.b"}}),
-        _code('reveal("99.b", "a")', {"adam8": {"reveals": "99.b"}, "jupyter": {"outputs_hidden": True}}),
+        _code('reveal("99.b", "a")', {"adam8": {"reveals": "99.b"}, "jupyter": {"outputs_hidden": True}},
+              "▶ Question 99.b: the experiment says (a) (you made no prediction above).\n"),
         md("## Recap: check yourself"),
         _code('ask("99.c", prediction)'),
     ])
@@ -159,6 +162,7 @@ def test_the_checker_fails_an_answer_shown_before_the_collapsed_reveal():
     (lambda nb: nb.cells[7].metadata.pop("adam8"), "at least 2 needed"),
     (lambda nb: nb.cells.__setitem__(4, _code("print(x)", nb.cells[4].metadata)), "does not call reveal"),
     (lambda nb: nb.cells.insert(3, _code('ask("99.d", prediction)')), "without being a prediction"),
+    (lambda nb: setattr(nb.cells[7], "outputs", []), "no reveal line"),
 ])
 def test_the_checker_names_each_other_broken_rule(break_it, expected):
     nb = _good_notebook()
