@@ -42,6 +42,17 @@ for signed in (True, False):
           f"(within 2 ulp: {within_ulps(dynamic_map(signed), t64, 2)})")
 '''
 
+# lesson 05, cell 13, before issue 29: the same body on a given grid, in NumPy float32
+LESSON_05_TREE_MAP_FROM = '''def tree_map_from(linspace, signed=True):
+    # the dynamic map built on a given linspace: fp32 midpoints, scaled in fp32 by 10**(i - 6)
+    values = [0.0, 1.0]
+    for i in range(7):
+        grid = np.array(linspace(0.1, 1.0, (2**i if signed else 2 ** (i + 1)) + 1), dtype=np.float32)
+        decade = (grid[:-1] + grid[1:]) / np.float32(2) * np.float32(10.0 ** (i - 6))
+        values += decade.tolist() + ((-decade).tolist() if signed else [])
+    return torch.tensor(sorted(values))
+'''
+
 # lesson 05 before issue 13: the same algorithm in torch float64
 OLD_LESSON_05 = '''def tree_map_float64(signed=True):
     parts = [torch.tensor([0.0, 1.0], dtype=torch.float64)]
@@ -62,6 +73,7 @@ def test_the_detector_flags_lesson_05s_old_float64_map():
     assert len(body.tokens) >= MIN_TOKENS
     kinds = [leak(body, u) for u in cell_units(LESSON_05_TREE_MAP_FLOAT64)]
     assert any(k and k.startswith("near") for k in kinds), kinds
+    assert any(leak(body, u) for u in cell_units(LESSON_05_TREE_MAP_FROM))
     assert any(leak(body, u) for u in cell_units(OLD_LESSON_05))
 
 
