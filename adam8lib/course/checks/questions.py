@@ -75,7 +75,7 @@ QUESTIONS: dict[str, Question] = {
     # 00 · tour
     "00.a": Question(8, rel_tol=0),
     "00.b": Question("c", choices="abcd"),
-    "00.c": Question(2.0, rel_tol=0.05),
+    "00.c": Question(2.0, rel_tol=0.05, shown="≈ 2.03 (2 bytes of codes + 8/256 of fp32 scales)"),
     # 01 · optimizer memory
     "01.a": Question(8 * DISTILBERT / MiB, rel_tol=0.005, shown="501.9 MiB"),
     "01.b": Question("b", choices="ab"),
