@@ -4,7 +4,7 @@ Each step requantizes ``v`` to the nearest entry of the unsigned map times its b
 When ``v`` changes by less than half the distance to the neighbouring code, the nearest code is
 the one it already had, and the stored ``v`` does not move at all. With ``beta2 = 0.999`` and a
 zero gradient ``v`` shrinks by ``1 - beta2 = 0.1 %`` per step, less than half a code gap anywhere
-on the unsigned map (the smallest, between its two top entries, is 0.175 %: see
+on the unsigned map (the smallest, between its two top entries, is 0.18 %: see
 :func:`relative_half_gaps`). So an entry whose gradient stops, in a block whose absmax another
 entry keeps up, keeps its code for good: its ``v`` is frozen (or, if that absmax grows, even
 rises) while fp32 Adam's decays by ``beta2`` per step. Too large a ``v`` means too small a step
