@@ -27,7 +27,7 @@ help:
 	@echo "make outputs    - re-execute lessons and solutions on the CPU and store their outputs"
 	@echo "make exercises  - regenerate exercises/ (the learners' workbooks) from solutions/"
 	@echo "make grade      - grade a class: SUBMISSIONS=folder -> grades/gradebook.csv"
-	@echo "make bench      - side-by-side CPU benchmark of the 8-bit step (writes bench/README.md)"
+	@echo "make bench      - side-by-side CPU benchmarks: the 8-bit step, then 4-bit/FP8 next to torchao (bench/README.md)"
 	@echo "make clean      - remove .venv and test caches"
 
 # ---- starting a server the same way for everyone ----
@@ -133,4 +133,5 @@ grade: setup
 bench: setup
 	$(PY) -m pip install -q -c constraints.txt -e ".[bench]"
 	$(PY) bench/bench_step.py
+	$(PY) bench/bench_formats.py
 
