@@ -39,6 +39,7 @@ def test_distilbert_seed_numbers(distilbert):
     assert round(ours_mb) == 128
     # the estimate from shapes is the measurement, minus 8 bytes per param tensor (no step tensor)
     assert ours_mb * MB == exact.total_bytes
+    bnb.optim.GlobalOptimManager.get_instance().initialize()  # no override left by another test (keyed by id)
     bnb_mb, _ = one_step(model, bnb.optim.Adam8bit(model.parameters()))
     assert abs(bnb_mb - ours_mb) < 0.01  # bnb adds its two shared 1 KiB maps
     adamw_mb, adamw_n = one_step(model, torch.optim.AdamW(model.parameters()))

@@ -433,26 +433,35 @@ def check_stable_embedding(stable_embedding_class) -> None:
         bnb = None
     if bnb is not None:
         # forget earlier registrations: they are keyed by id(parameter), and ids of dead modules get reused
-        bnb.optim.GlobalOptimManager.get_instance().initialize()
-        torch.manual_seed(0)
-        module = stable_embedding_class(1000, 64)
-        opt = bnb.optim.Adam8bit(module.parameters(), lr=1e-3)
-        module(x).pow(2).sum().backward()
+        manager = bnb.optim.GlobalOptimManager.get_instance()
+        manager.initialize()
         try:
-            opt.step()
-        except AttributeError as err:  # a registered (module, name) pair that is not a parameter
-            fail(f"bitsandbytes' Adam8bit could not apply your override: {err}",
-                 "register the table itself: register_module_override(self.embedding, 'weight', {'optim_bits': 32}) "
-                 "— the override names a module and the name of ITS parameter.")
-        state = opt.state[module.embedding.weight]
-        if state["state1"].dtype != torch.float32:
-            overrides = bnb.optim.GlobalOptimManager.get_instance().module_weight_config_triple
-            registered = any(getattr(mod, name, None) is module.embedding.weight for mod, name, _ in overrides)
-            fail(f"bitsandbytes' Adam8bit keeps the embedding's state as {state['state1'].dtype}",
-                 ("" if registered else "you did not register the table for 32-bit states: ") +
-                 "register it in __init__: bnb.optim.GlobalOptimManager.get_instance()"
-                 ".register_module_override(self.embedding, 'weight', {'optim_bits': 32}).")
+            _check_override(bnb, stable_embedding_class, x)
+        finally:  # and leave none behind: a later optimizer could take a dead parameter's override by its id
+            manager.initialize()
     passed("Exercise 07.3 · The stable embedding")
+
+
+def _check_override(bnb, stable_embedding_class, x) -> None:
+    """bitsandbytes' Adam8bit keeps the learner's embedding table in 32-bit states."""
+    torch.manual_seed(0)
+    module = stable_embedding_class(1000, 64)
+    opt = bnb.optim.Adam8bit(module.parameters(), lr=1e-3)
+    module(x).pow(2).sum().backward()
+    try:
+        opt.step()
+    except AttributeError as err:  # a registered (module, name) pair that is not a parameter
+        fail(f"bitsandbytes' Adam8bit could not apply your override: {err}",
+             "register the table itself: register_module_override(self.embedding, 'weight', {'optim_bits': 32}) "
+             "— the override names a module and the name of ITS parameter.")
+    state = opt.state[module.embedding.weight]
+    if state["state1"].dtype != torch.float32:
+        overrides = bnb.optim.GlobalOptimManager.get_instance().module_weight_config_triple
+        registered = any(getattr(mod, name, None) is module.embedding.weight for mod, name, _ in overrides)
+        fail(f"bitsandbytes' Adam8bit keeps the embedding's state as {state['state1'].dtype}",
+             ("" if registered else "you did not register the table for 32-bit states: ") +
+             "register it in __init__: bnb.optim.GlobalOptimManager.get_instance()"
+             ".register_module_override(self.embedding, 'weight', {'optim_bits': 32}).")
 
 
 # ---------------------------------------------------------------------------- 07.4
