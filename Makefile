@@ -10,7 +10,7 @@ TORCH_INDEX ?=
 EXTRAS ?= course,test,gpu
 PYTEST := $(PY) -m pytest
 
-.PHONY: lab test unit setup exercises outputs grade grade-solutions bench clean help browser-test \
+.PHONY: lab test unit setup exercises outputs grade grade-solutions bench clean help browser-test wrong-answers \
         test-second-machine test-gpu
 
 help:
@@ -21,13 +21,14 @@ help:
 	@echo "make unit       - only the unit tests (pytest tests), no notebooks"
 	@echo "make test-second-machine - the notebooks again under another numeric configuration, and the"
 	@echo "                  solutions graded there (what CI runs after make test)"
+	@echo "make wrong-answers - the plausible wrong answers to every exercise through their checks (counts)"
 	@echo "make grade-solutions - grade the course's own solutions as a class of one: full marks or exit 3"
 	@echo "make test-gpu   - the notebooks under nbval on a CUDA GPU, then the GPU kernel tests"
 	@echo "make setup      - create .venv and install $(TORCH_PIN) + the course (extras: $(EXTRAS))"
 	@echo "make outputs    - re-execute lessons and solutions on the CPU and store their outputs"
 	@echo "make exercises  - regenerate exercises/ (the learners' workbooks) from solutions/"
 	@echo "make grade      - grade a class: SUBMISSIONS=folder -> grades/gradebook.csv"
-	@echo "make bench      - side-by-side CPU benchmark of the 8-bit step (writes bench/README.md)"
+	@echo "make bench      - side-by-side CPU benchmarks: the 8-bit step, then 4-bit/FP8 next to torchao (bench/README.md)"
 	@echo "make clean      - remove .venv and test caches"
 
 # ---- starting a server the same way for everyone ----
@@ -83,6 +84,11 @@ test-second-machine: setup
 	$(SECOND) $(MAKE) --no-print-directory grade-solutions
 
 # The course's own solutions as one learner's submission, graded like a class: every point or exit 3.
+# Every plausible wrong answer of tests/workbooks/wrong_answers through its check: per exercise how many
+# are caught with their hint, how many hints name the mistake, how many right variants pass.
+wrong-answers: setup
+	$(PY) -m tests.workbooks.wrong_answers
+
 grade-solutions: setup
 	@tmp=$$(mktemp -d); mkdir -p "$$tmp/submissions/solutions"; cp solutions/*.ipynb "$$tmp/submissions/solutions/"; \
 	$(PY) -m adam8lib.course.grading.gradebook "$$tmp/submissions" --out "$$tmp/grades/gradebook.csv" \
@@ -133,4 +139,5 @@ grade: setup
 bench: setup
 	$(PY) -m pip install -q -c constraints.txt -e ".[bench]"
 	$(PY) bench/bench_step.py
+	$(PY) bench/bench_formats.py
 

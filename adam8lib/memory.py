@@ -18,8 +18,10 @@ adamfp8       2 + 8/256 — one float8 byte for m and v, two fp32 scales per blo
 The low-bit kinds count what :class:`adam8lib.optim.LowBitAdam` stores for each format
 (``StateFormat.state_spec``); with a bare parameter count every tensor is taken as one vector.
 
-"MB" follows the source chapter and means MiB (2**20 bytes): 65,783,042 parameters ×
-2 bytes = 125.5 MB.
+Units: :data:`MiB` is 2**20 bytes (65,783,042 parameters × 2 bytes = 125.5 MiB), and the course
+prints it as "MiB". The source chapter writes the same unit "MB"; :data:`MB`, ``megabytes`` and
+``code_megabytes`` are kept as aliases of :data:`MiB`, ``mebibytes`` and ``code_mebibytes`` (they
+are 2**20-byte units too, not 10**6).
 """
 
 from __future__ import annotations
@@ -35,11 +37,13 @@ from .formats import get_format
 from .quant import check_blocksize
 
 __all__ = [
-    "MB", "OptimizerMemory", "estimate_optimizer_memory", "compute_optimizer_size", "KINDS",
+    "MiB", "MB", "OptimizerMemory", "estimate_optimizer_memory", "compute_optimizer_size", "KINDS",
     "saved_activation_bytes", "materialize_state",
 ]
 
-MB = 2**20
+MiB = 2**20
+#: The chapter's name for :data:`MiB` (2**20 bytes, not 10**6), kept for compatibility.
+MB = MiB
 KINDS = ("adamw", "adam8bit", "adafactor", "adam4bit", "adamfp8")
 #: The state format of each low-bit kind (adam8lib.formats).
 _FORMAT_OF = {"adam8bit": "8bit", "adam4bit": "4bit", "adamfp8": "fp8"}
@@ -65,13 +69,18 @@ class OptimizerMemory:
         return self.total_bytes / self.num_params if self.num_params else 0.0
 
     @property
-    def megabytes(self) -> float:
-        return self.total_bytes / MB
+    def mebibytes(self) -> float:
+        """The total in MiB (2**20 bytes)."""
+        return self.total_bytes / MiB
 
     @property
-    def code_megabytes(self) -> float:
-        """The chapter's "2 bytes per parameter" figure for 8-bit Adam (codes only)."""
-        return self.code_bytes / MB
+    def code_mebibytes(self) -> float:
+        """The chapter's "2 bytes per parameter" figure for 8-bit Adam (codes only), in MiB."""
+        return self.code_bytes / MiB
+
+    #: Aliases (the chapter's "MB" is MiB): the same values.
+    megabytes = mebibytes
+    code_megabytes = code_mebibytes
 
 
 def _shapes(params: Any) -> list[tuple[int, ...]] | None:
@@ -147,7 +156,7 @@ def estimate_optimizer_memory(
 def compute_optimizer_size(optimizer_states: Iterable[Mapping[str, Any]]) -> tuple[float, int]:
     """Measure a live optimizer: ``compute_optimizer_size(optimizer.state.values())``.
 
-    Returns ``(megabytes, number_of_elements)`` summed over every tensor in every
+    Returns ``(mebibytes, number_of_elements)`` (MiB = 2**20 bytes) summed over every tensor in every
     per-parameter state (codes, absmax, fp32 moments, step counters). A tensor that several
     states share (bitsandbytes keeps the same quantization map in each) is counted once. A
     DTensor (sharded state) counts its local shard: the bytes this rank holds.
@@ -168,7 +177,7 @@ def compute_optimizer_size(optimizer_states: Iterable[Mapping[str, Any]]) -> tup
             seen.add(key)
             nbytes += value.numel() * value.element_size()
             elements += value.numel()
-    return nbytes / MB, elements
+    return nbytes / MiB, elements
 
 
 # ---------------------------------------------------------------------- measuring memory

@@ -5,7 +5,8 @@ The step, the parameter groups, checkpoints, torch.optim's conventions and FSDP2
 once, here; how the two moments are stored is the state format's business (:mod:`adam8lib.formats`:
 ``"8bit"``, ``"4bit"``, ``"4bit-naive"``, ``"fp8"``). The 8-bit format runs through the fused
 backends of :mod:`adam8lib.kernels`; the others through the reference step (decode, the fp32 update,
-encode) in plain PyTorch. ``stochastic_rounding=True`` writes bf16 parameters with stochastic
+encode) in plain PyTorch, and ``"fp8"`` also through a fused Triton kernel (``backend="triton"``, or
+``"auto"`` on CUDA; :func:`adam8lib.kernels.triton.fp8_step_triton`). ``stochastic_rounding=True`` writes bf16 parameters with stochastic
 rounding (:mod:`adam8lib.rounding`), so that updates smaller than half a bf16 ulp survive on average.
 
 What is 8-bit (or 4-bit), and what is not:
@@ -99,7 +100,7 @@ class LowBitAdam(torch.optim.Optimizer):
         min_8bit_size: tensors with fewer elements keep fp32 states (4096, as bitsandbytes).
         backend: ``"auto"``, ``"torch"`` (reference), ``"cpu"``, ``"triton"``, or another
             registered backend (see :mod:`adam8lib.kernels`); formats other than ``"8bit"`` run
-            the reference step (``"auto"`` or ``"torch"``).
+            the reference step (``"auto"`` or ``"torch"``), ``"fp8"`` also ``"triton"`` (:data:`LOWBIT_KERNELS`).
         state_format: ``"8bit"``, ``"4bit"``, ``"4bit-naive"``, ``"fp8"`` or a
             :class:`~adam8lib.formats.StateFormat`; ``None``: the class's (:attr:`state_format`).
         stochastic_rounding: write bf16 parameters with stochastic rounding (every parameter
@@ -133,9 +134,10 @@ class LowBitAdam(torch.optim.Optimizer):
         _check_flags(torch_flags, f"{type(self).__name__}()")
         _check_backend_name(backend)
         fmt = get_format(type(self).state_format if state_format is None else state_format)
-        if fmt.name != "8bit" and backend not in ("auto", "torch"):
-            raise ValueError(f"state_format={fmt.name!r} runs the reference step (backend 'auto' or 'torch'); "
-                             f"backend {backend!r} is a kernel of the 8-bit format")
+        if fmt.name != "8bit" and backend not in ("auto", "torch") + LOWBIT_KERNELS.get(fmt.name, ()):
+            kernels_here = ("auto", "torch") + LOWBIT_KERNELS.get(fmt.name, ())
+            raise ValueError(f"state_format={fmt.name!r} has the backends {', '.join(map(repr, kernels_here))}; "
+                             f"backend {backend!r} is a kernel of the 8-bit format only")
         if not isinstance(stochastic_rounding, bool):
             raise TypeError(f"stochastic_rounding must be a bool, got {type(stochastic_rounding).__name__}")
         if isinstance(seed, bool) or not isinstance(seed, int):
@@ -323,6 +325,9 @@ class LowBitAdam(torch.optim.Optimizer):
         if not p.numel():
             return
         fmt, shape = self._format(group), tuple(p.shape)
+        if self._fused_lowbit(fmt, p.device):
+            self._step_fp8_triton(group, fmt, p, grad, state)
+            return
         m, v = fmt.decode(state, shape)
         beta1, beta2 = group["betas"]
         new = adam_update_fp32(p.reshape(-1).float(), grad.reshape(-1).float(), m, v, step=state["step"],
@@ -330,6 +335,29 @@ class LowBitAdam(torch.optim.Optimizer):
                                weight_decay=group["weight_decay"])
         p.copy_(new.view(shape))
         fmt.encode_(state, m, v, shape)
+
+    def _fused_lowbit(self, fmt: StateFormat, device: torch.device) -> bool:
+        """Does this low-bit step run a fused kernel? The ``"fp8"`` format has the Triton one: with
+        ``backend="triton"`` (CUDA, or CPU in the interpreter) or ``"auto"`` on CUDA where Triton runs."""
+        if fmt.name != "fp8" or fmt.m.blocksize != fmt.v.blocksize or self.backend == "torch":
+            return False
+        if self.backend == "auto":
+            return device.type == "cuda" and "triton" in kernels.available_backends(device)
+        kernels.get_backend(self.backend, device)  # a clear error where it cannot run
+        return True
+
+    def _step_fp8_triton(self, group: dict[str, Any], fmt: StateFormat, p: torch.Tensor, grad: torch.Tensor,
+                         state: dict[str, Any]) -> None:
+        """The ``"fp8"`` step as one fused Triton kernel (same states as :meth:`_step_lowbit`'s reference)."""
+        from .kernels.triton import fp8_step_triton
+
+        flat = p.view(-1) if p.is_contiguous() else p.contiguous().view(-1)
+        beta1, beta2 = group["betas"]
+        fp8_step_triton(flat, grad.reshape(-1).contiguous(), state["state1"], state["state2"], state["absmax1"],
+                        state["absmax2"], step=state["step"], lr=group["lr"], beta1=beta1, beta2=beta2,
+                        eps=group["eps"], weight_decay=group["weight_decay"], blocksize=fmt.m.blocksize)
+        if flat.data_ptr() != p.data_ptr():
+            p.copy_(flat.view(p.shape))
 
     def _step_8bit_many(self, group: dict[str, Any], entries: list[tuple[torch.Tensor, torch.Tensor, dict]]) -> None:
         """The 8-bit update of several (non-empty) parameters of one group on one device, in one
@@ -585,6 +613,10 @@ class AdamWFp8(AdamFp8):
 
 
 # ---------------------------------------------------------------------- validation helpers
+#: Fused kernels of the formats other than "8bit" (the 8-bit format has every backend).
+LOWBIT_KERNELS: dict[str, tuple[str, ...]] = {"fp8": ("triton",)}
+
+
 def _check_backend_name(backend: str) -> None:
     if backend not in kernels.known_backend_names():
         raise ValueError(f"Unknown backend {backend!r}; choose one of {list(kernels.known_backend_names())}")

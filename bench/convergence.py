@@ -9,6 +9,10 @@ the data order, the same for every optimizer):
   (AdamW again with another thread count).
 * ``cls``: the lesson-10 fine-tune (synpara, small DistilBERT, ``bench/cls_task.py``),
   validation accuracy / F1 / loss; AdamW, adam8lib and bitsandbytes.
+* ``beyond``: the LM beyond 8 bits (lesson 12): adam8lib's 4-bit states, its naive 4-bit ablation
+  (v on a map with 0), FP8 states, bf16 weights with stochastic rounding or round-to-nearest (with
+  8-bit states), against fp32 AdamW and adam8lib 8-bit, with torchao's ``AdamW4bit`` and
+  ``AdamWFp8`` and bitsandbytes 8-bit as anchors (the LM's own runs are shared, not repeated).
 * ``ablation``: the LM (at its own learning rate) with adam8lib's teaching variants
   (``adam8lib.variants.Adam8bitVariant``): linear map with one scale per tensor, dynamic map
   with one scale per tensor, blockwise dynamic (= ``Adam8bit``), and 32-bit AdamW.
@@ -23,6 +27,7 @@ Run (one torch thread per run, ``--jobs`` runs at once, under ``nice``)::
     python bench/convergence.py lm          # ~8 seeds x 4 optimizers + noise floor
     python bench/convergence.py cls         # 10 seeds x 4 optimizers
     python bench/convergence.py ablation    # 6 variants x 8 seeds
+    python bench/convergence.py beyond      # 10 optimizers x 8 seeds (needs torchao: pip install -e .[bench])
     python bench/convergence.py report      # tables + plots from the stored results
     python bench/convergence.py lm --quick  # smoke run: tiny config, 2 seeds, writes nothing
 """
@@ -52,7 +57,8 @@ import stats  # noqa: E402
 
 RUNS = BENCH / "results" / "runs"
 PACKAGED = ROOT / "adam8lib" / "course" / "results"
-FILES = {"lm": "convergence_lm.json", "cls": "convergence_cls.json", "ablation": "ablation.json"}
+FILES = {"lm": "convergence_lm.json", "cls": "convergence_cls.json", "ablation": "ablation.json",
+         "beyond": "beyond_8_bits.json"}
 
 #: name -> label. Factories are in :func:`make_optimizer`.
 LABELS = {
@@ -69,7 +75,16 @@ LABELS = {
     "linear_block_nokeep": "8-bit, linear map, blockwise, signs not kept",
     "dynamic_tensor": "8-bit, dynamic map, one scale per tensor",
     "dynamic_block": "8-bit, dynamic map, blockwise (adam8lib Adam8bit)",
+    "adam4bit": "adam8lib Adam4bit (4-bit states; v: zero-free map, rank-1)",
+    "adam4bit_naive": "adam8lib 4-bit, v on a map with 0 (the zero-point ablation)",
+    "adamfp8": "adam8lib AdamFp8 (e4m3 states, blocks of 256)",
+    "bf16_sr_8bit": "bf16 weights + stochastic rounding, adam8lib 8-bit states",
+    "bf16_rne_8bit": "bf16 weights + round-to-nearest, adam8lib 8-bit states (the ablation)",
+    "torchao4bit": "torchao AdamW4bit",
+    "torchaofp8": "torchao AdamWFp8",
 }
+#: Kinds that train bf16 weights (the model is cast when its optimizer is made).
+BF16_WEIGHTS = ("bf16_sr_8bit", "bf16_rne_8bit")
 #: The root-cause rows: adam8lib's step with another rounding rule, compared with both libraries.
 ROOT_CAUSE = ("adam8bit_bnbround", "adam8bit_nokeep")
 DEFAULTS = {
@@ -78,6 +93,8 @@ DEFAULTS = {
     "cls": {"optimizers": ["adamw", "adam8bit", "adamw8bit", "bnb8bit"], "seeds": list(range(10))},
     "ablation": {"optimizers": ["adamw", "dynamic_block", "dynamic_tensor", "linear_tensor", "linear_tensor_nokeep",
                               "linear_block_nokeep"], "seeds": list(range(8))},
+    "beyond": {"optimizers": ["adamw", "adam8bit", "adam4bit", "adam4bit_naive", "adamfp8", "bf16_sr_8bit",
+                              "bf16_rne_8bit", "torchao4bit", "torchaofp8", "bnb8bit"], "seeds": list(range(8))},
 }
 
 
@@ -86,6 +103,22 @@ def make_optimizer(kind: str, groups: list[dict[str, Any]], lr: float, betas: tu
     """The optimizer ``kind`` over ``groups`` (each group carries its weight decay)."""
     import torch
 
+    if kind in BF16_WEIGHTS:  # pure bf16 training: the weights themselves become bf16
+        for group in groups:
+            for p in group["params"]:
+                p.data = p.data.to(torch.bfloat16)
+        from adam8lib import Adam8bit
+
+        return Adam8bit(groups, lr=lr, betas=betas, stochastic_rounding=kind == "bf16_sr_8bit")
+    if kind in ("adam4bit", "adam4bit_naive", "adamfp8"):
+        from adam8lib.optim import LowBitAdam
+
+        state_format = {"adam4bit": "4bit", "adam4bit_naive": "4bit-naive", "adamfp8": "fp8"}[kind]
+        return LowBitAdam(groups, lr=lr, betas=betas, state_format=state_format)
+    if kind in ("torchao4bit", "torchaofp8"):
+        from torchao.optim import AdamW4bit, AdamWFp8
+
+        return (AdamW4bit if kind == "torchao4bit" else AdamWFp8)(groups, lr=lr, betas=betas)
     if kind == "adamw":
         return torch.optim.AdamW(groups, lr=lr, betas=betas)
     if kind == "adamw_fused":  # the same maths in one fused kernel: a few last-bit differences per step
@@ -121,7 +154,7 @@ def task_config(task: str, overrides: dict[str, Any] | None = None):
     import cls_task
     import lm_task
 
-    cfg = lm_task.LMConfig() if task in ("lm", "ablation") else cls_task.ClsConfig()
+    cfg = lm_task.LMConfig() if task in ("lm", "ablation", "beyond") else cls_task.ClsConfig()
     if task == "ablation":
         cfg = replace(cfg, lr=ABLATION_LR)
     return replace(cfg, **(overrides or {}))
@@ -137,7 +170,7 @@ def run_path(task: str, kind: str, seed: int, threads: int, cfg) -> Path:
     """Where a run is stored. An ablation run at the LM's own configuration *is* an LM run
     (``dynamic_block`` is ``Adam8bit``: the ``adam8bit`` run), so it is stored with those."""
     tag = "quick-" if getattr(cfg, "steps", 0) and cfg.steps < 50 else ""
-    if task == "ablation" and cfg == task_config("lm"):
+    if task in ("ablation", "beyond") and cfg == task_config("lm"):
         task, kind = "lm", {"dynamic_block": "adam8bit"}.get(kind, kind)
     return RUNS / task / f"{tag}{kind}-lr{cfg.lr:g}-t{threads}-s{seed}.json"
 
@@ -149,7 +182,7 @@ def run_one(task: str, kind: str, seed: int, threads: int, cfg) -> dict[str, Any
     def factory(groups, c):
         return make_optimizer(kind, groups, c.lr, tuple(c.betas))
 
-    if task in ("lm", "ablation"):
+    if task in ("lm", "ablation", "beyond"):
         record = lm_task.run(factory, seed, cfg, threads=threads, eval_every=50)
     else:
         record = cls_task.run(factory, seed, cfg, threads=threads)
@@ -326,6 +359,15 @@ def summarize(task: str, records: list[dict[str, Any]], optimizers: list[str], s
                 "label": f"torch AdamW with {t} torch threads", "threads": t, "seeds": list(ns),
                 "bit_identical": _same_runs(one, other),
                 **compare(one, other)}
+    if task == "beyond":  # each fix against its ablation, and each adam8lib format against its torchao anchor
+        pairs = {}
+        for ours, other in (("adam4bit", "adam4bit_naive"), ("bf16_sr_8bit", "bf16_rne_8bit"),
+                            ("adam4bit", "torchao4bit"), ("adamfp8", "torchaofp8"), ("bf16_sr_8bit", "adam8bit")):
+            if ours in optimizers and other in optimizers:
+                pairs[f"{ours}_vs_{other}"] = {"label": f"{LABELS[ours]} vs {LABELS[other]}",
+                                               **compare([by[(other, s, 1)] for s in seeds],
+                                                         [by[(ours, s, 1)] for s in seeds])}
+        result["pairs"] = pairs
     if task == "lm":
         root = {}
         for kind in ROOT_CAUSE:
@@ -350,7 +392,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         _shard(argv[1])
         return None
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("experiment", choices=["lm", "cls", "ablation", "report"])
+    parser.add_argument("experiment", choices=["lm", "cls", "ablation", "beyond", "report"])
     parser.add_argument("--seeds", type=int, nargs="+")
     parser.add_argument("--optimizers", nargs="+", choices=list(LABELS))
     parser.add_argument("--lr", type=float, help="override the task's learning rate")

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import inspect
 import os
 import re
 import subprocess
@@ -113,6 +114,9 @@ def _compile(arch: int, kernel: str, types: dict, constexprs: dict, hyper: dict 
     fn = getattr(kt, kernel)
     constexprs = {"BLOCKSIZE": BLOCKSIZE, "ROWS": rows, **step_flags(tile=rows * BLOCKSIZE, **(hyper or BENCH)),
                   **constexprs}
+    for param in fn.params:  # constexprs with a default (e.g. FP8=False) compile as that default, as a launch does
+        if param.is_constexpr and param.name not in constexprs and param.default is not inspect.Parameter.empty:
+            constexprs[param.name] = param.default
     names = list(fn.arg_names)
     signature = {name: "constexpr" if name in constexprs else
                  types.get(name, "*fp32" if name.endswith("_ptr") else "fp32") for name in names}

@@ -149,7 +149,7 @@ def eval_batch(stream: torch.Tensor, cfg: LMConfig) -> torch.Tensor:
 
 
 def lm_loss(model, windows: torch.Tensor) -> torch.Tensor:
-    logits = model(input_ids=windows[:, :-1]).logits
+    logits = model(input_ids=windows[:, :-1]).logits.float()  # (a bf16 model's logits: the loss in fp32)
     return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), windows[:, 1:].reshape(-1))
 
 

@@ -147,6 +147,14 @@ def section(results: dict[str, dict[str, Any]]) -> str:
                 "counted, and left out of the mean and of the paired interval).", "",
                 evidence.markdown_table(ab), "", f"- Measured on: {_env_line(ab)}.", "",
                 "![ablation](results/ablation.png)", ""]
+    beyond = results.get("beyond_8_bits")
+    if beyond:
+        same = lm is not None and lm["description"]["config"] == beyond["description"]["config"]
+        out += [f"**Beyond 8 bits** (lesson 12; {'the LM above: its AdamW, adam8lib 8-bit and bitsandbytes rows are its runs' if same else 'the LM above, same configuration'}; "
+                f"seeds {beyond['seeds']}; bf16 rows train bf16 weights, their loss in fp32; diverged and spikes as in the "
+                "ablation).", "", evidence.markdown_table(beyond), ""]
+        out += [f"- {line}." for line in evidence.verdict(beyond).split("\n")]
+        out += [f"- Measured on: {_env_line(beyond)}.", "", "![beyond 8 bits](results/beyond_8_bits.png)", ""]
     return "\n".join(out).rstrip()
 
 

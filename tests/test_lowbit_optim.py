@@ -162,7 +162,7 @@ def test_corrupt_fp8_codes_are_refused():
 
 def test_bad_input_is_a_clear_error():
     params = list(mlp().parameters())
-    with pytest.raises(ValueError, match="reference step"):
+    with pytest.raises(ValueError, match="kernel of the 8-bit format only"):
         Adam4bit(params, backend="cpu")
     with pytest.raises(ValueError, match="Unknown state_format"):
         LowBitAdam(params, state_format="2bit")

@@ -133,3 +133,14 @@ def test_low_bit_estimates_equal_the_measured_state_of_distilbert(distilbert, ki
     # a bare count takes every tensor as one vector: blocks only, no rank-1 scales
     flat = estimate_optimizer_memory(DISTILBERT_NUM_PARAMS, kind)
     assert flat.code_bytes == (DISTILBERT_NUM_PARAMS if kind == "adam4bit" else 2 * DISTILBERT_NUM_PARAMS)
+
+
+def test_mib_is_the_unit_and_the_chapters_mb_names_stay_aliases():
+    """The course prints 2**20 bytes as MiB; MB / megabytes / code_megabytes keep working (same values)."""
+    from adam8lib import memory
+
+    assert memory.MiB == memory.MB == 2**20
+    est = estimate_optimizer_memory(DISTILBERT_NUM_PARAMS, "adam8bit")
+    assert est.mebibytes == est.megabytes == est.total_bytes / 2**20
+    assert est.code_mebibytes == est.code_megabytes == 2 * DISTILBERT_NUM_PARAMS / 2**20
+    assert round(est.code_mebibytes, 1) == 125.5

@@ -189,3 +189,54 @@ def draw_memory_bill(ax, bills: dict[str, Bill]) -> dict[str, Bill]:
     ax.set_xlim(0, max(b.total for b in bills.values()) / MB * 1.2)
     ax.legend(fontsize=8, ncol=4, loc="lower right")
     return bills
+
+
+def draw_nibble_packing(ax, codes) -> list[int]:
+    """Lesson 12: 4-bit codes, two per byte. Draws the codes (top), the bytes they pack into (bottom,
+    element ``2i`` in the high nibble), each byte's bits and value. Returns the packed bytes (what
+    :func:`adam8lib.formats.pack_nibbles` gives)."""
+    from matplotlib.patches import Rectangle
+
+    from ..formats import pack_nibbles
+
+    codes = torch.as_tensor(codes, dtype=torch.uint8).flatten()
+    if codes.numel() == 0 or codes.numel() > 12 or bool((codes > 15).any()):
+        raise ValueError("draw 1 to 12 codes, each 0..15")
+    packed = pack_nibbles(codes).tolist()
+    for i, c in enumerate(codes.tolist()):
+        ax.add_patch(Rectangle((i, 1.6), 0.92, 0.8, color="#1f77b4" if i % 2 == 0 else "#ff7f0e", alpha=0.25))
+        ax.text(i + 0.46, 2.0, f"code {i}\n{c} = {c:04b}", ha="center", va="center", fontsize=8)
+        ax.annotate("", xy=(2 * (i // 2) + (0.5 if i % 2 == 0 else 1.4), 0.85), xytext=(i + 0.46, 1.6),
+                    arrowprops=dict(arrowstyle="->", lw=0.7, color="#555555"))
+    for b, byte in enumerate(packed):
+        ax.add_patch(Rectangle((2 * b, 0.05), 0.94, 0.8, color="#1f77b4", alpha=0.35))
+        ax.add_patch(Rectangle((2 * b + 0.94, 0.05), 0.94, 0.8, color="#ff7f0e", alpha=0.35))
+        ax.text(2 * b + 0.94, 0.45, f"{byte >> 4:04b} {byte & 15:04b}\nbyte {b} = {byte}", ha="center",
+                va="center", fontsize=8)
+    ax.set(xlim=(-0.2, max(codes.numel(), 2 * len(packed)) + 0.2), ylim=(0, 2.6),
+           title=f"{codes.numel()} codes of 4 bits -> {len(packed)} bytes (high nibble: even index)")
+    ax.axis("off")
+    return packed
+
+
+def draw_rank1(ax_matrix, ax_scale, x: torch.Tensor) -> torch.Tensor:
+    """Lesson 12: rank-1 normalization of a small matrix. Left: |x| with each row's and column's
+    maximum; right: the scale ``min(row max, column max)`` of every entry. Returns the scale."""
+    x = x.detach().float().cpu()
+    if x.dim() != 2 or x.numel() == 0 or max(x.shape) > 16:
+        raise ValueError("draw a 2-D matrix of at most 16 x 16")
+    a = x.abs()
+    rows, cols = a.amax(dim=1), a.amax(dim=0)
+    scale = torch.minimum(rows[:, None], cols[None, :])
+    top = float(a.max()) or 1.0
+    for ax, values, title in ((ax_matrix, a, "|v|, with row and column maxima"),
+                              (ax_scale, scale, "scale = min(row max, column max)")):
+        ax.imshow(values, cmap="viridis", vmin=0, vmax=top)
+        for (i, j), value in ((ij, float(values[ij])) for ij in [(i, j) for i in range(x.shape[0]) for j in range(x.shape[1])]):
+            ax.text(j, i, f"{value:.2g}", ha="center", va="center", fontsize=7, color="w" if value < 0.6 * top else "k")
+        ax.set(title=title, xticks=[], yticks=[])
+    for i, r in enumerate(rows.tolist()):
+        ax_matrix.text(x.shape[1] - 0.3, i, f"  {r:.2g}", va="center", fontsize=7, color="#d62728")
+    for j, c in enumerate(cols.tolist()):
+        ax_matrix.text(j, -0.8, f"{c:.2g}", ha="center", fontsize=7, color="#d62728")
+    return scale

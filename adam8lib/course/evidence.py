@@ -31,7 +31,7 @@ from typing import Any
 __all__ = ["EXPERIMENTS", "LOSS_TARGET", "load", "rows", "table", "markdown_table", "verdict", "plot"]
 
 #: The stored experiments (file ``results/<name>.json``).
-EXPERIMENTS = ("convergence_lm", "convergence_cls", "ablation")
+EXPERIMENTS = ("convergence_lm", "convergence_cls", "ablation", "beyond_8_bits")
 #: The course's target for the LM: 8-bit's validation loss within ±1 % (relative) of AdamW's,
 #: with the whole 95 % confidence interval inside that band.
 LOSS_TARGET = 0.01
@@ -108,6 +108,9 @@ def verdict(result: dict[str, Any]) -> str:
     for rc in result.get("root_cause", {}).values():  # adam8lib's step with another rounding rule
         if metric in rc.get("vs_bnb8bit", {}):
             comps.append((rc["label"] + " vs bitsandbytes", rc["vs_bnb8bit"][metric]))
+    for pair in result.get("pairs", {}).values():  # beyond 8 bits: fixes vs ablations, formats vs anchors
+        if metric in pair:
+            comps.append((pair["label"], pair[metric]))
     for name, d in comps:
         lo, hi = scale * d["ci_low"], scale * d["ci_high"]
         text = f"{name}: {scale * d['mean']:+.2f}{unit}, 95% CI [{lo:+.2f}, {hi:+.2f}]{unit} (n={d['n']})"

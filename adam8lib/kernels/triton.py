@@ -197,6 +197,36 @@ def _codes(x, qmap_ptr, steps_ptr, KEEP_SIGN: tl.constexpr, USE_TABLE: tl.conste
 
 
 @triton.jit
+def _fp8_codes(x, KEEP_SIGN: tl.constexpr):
+    """The float8 e4m3 byte of ``x * 448`` for block-normalized ``|x| <= 1`` (the ``"fp8"`` state
+    format), rounded to nearest even like torch's ``.to(torch.float8_e4m3fn)``, from the fp32 bits:
+
+    * normal range (``|y| >= 2**-6``): e4m3 keeps 3 of fp32's 23 mantissa bits, so round the bit
+      pattern at bit 20 (half to even), shift, and rebase the exponent (bias 127 -> 7); a carry
+      out of the mantissa moves to the next power of two by itself;
+    * subnormals (steps of ``2**-9``): the code is ``|y| * 512`` rounded half to even (8 is the
+      smallest normal, code 0x08, so the two ranges meet);
+    * the sign bit is y's (so -0.0 gives 0x80), and with ``KEEP_SIGN`` a non-zero value whose code
+      is a zero gets the smallest subnormal of its sign instead (0x01 or 0x81), as the reference.
+    """
+    y = x * 448.0
+    a = tl.abs(y)
+    bits = a.to(tl.uint32, bitcast=True)
+    normal = (((bits + 0x7FFFF + ((bits >> 20) & 1)) >> 20) - (120 << 3)).to(tl.int32)
+    t = a * 512.0
+    whole = tl.floor(t)
+    frac = t - whole
+    low = whole.to(tl.int32)
+    up = (frac > 0.5) | ((frac == 0.5) & ((low & 1) == 1))
+    sub = low + up.to(tl.int32)
+    mag = tl.where(a >= 0.015625, normal, sub)
+    if KEEP_SIGN:
+        mag = tl.where((mag == 0) & (y != 0), 1, mag)
+    sign = (y.to(tl.uint32, bitcast=True) >> 31).to(tl.int32)
+    return (sign << 7) | mag
+
+
+@triton.jit
 def _to_dtype(x, DTYPE: tl.constexpr):
     """fp32 -> DTYPE, rounding to nearest even like torch's ``.to()``.
 
@@ -215,15 +245,20 @@ def _to_dtype(x, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _quantize_tile(x, qmap_ptr, steps_ptr, KEEP_SIGN: tl.constexpr, USE_TABLE: tl.constexpr):
+def _quantize_tile(x, qmap_ptr, steps_ptr, KEEP_SIGN: tl.constexpr, USE_TABLE: tl.constexpr,
+                   FP8: tl.constexpr = False):
     """Blockwise quantization of a [ROWS, BLOCKSIZE] fp32 tile: (codes int32, absmax [ROWS]).
+    ``FP8``: the codes are float8 e4m3 bytes of x / absmax * 448 (:func:`_fp8_codes`), not map indices.
 
     The tile's elements past the end of the tensor must be 0 (so they leave absmax alone)."""
     absmax = tl.max(tl.abs(x), axis=1)  # absmax[b] = max_i |x_bi|
     # inv = 1/absmax, or 0 for an all-zero block (so its codes are the code of 0.0)
     safe = tl.where(absmax > 0, absmax, 1.0)
     inv = tl.where(absmax > 0, tl.math.div_rn(1.0, safe), 0.0)
-    codes = _codes(x * inv[:, None], qmap_ptr, steps_ptr, KEEP_SIGN, USE_TABLE)
+    if FP8:
+        codes = _fp8_codes(x * inv[:, None], KEEP_SIGN)
+    else:
+        codes = _codes(x * inv[:, None], qmap_ptr, steps_ptr, KEEP_SIGN, USE_TABLE)
     return codes, absmax
 
 
@@ -258,12 +293,12 @@ def _adam8bit_kernel(p_ptr, g_ptr, state1_ptr, state2_ptr, absmax1_ptr, absmax2_
                      decay, neg_step_size, bias_correction2_sqrt,
                      BLOCKSIZE: tl.constexpr, ROWS: tl.constexpr, USE_TABLE: tl.constexpr,
                      DECAY: tl.constexpr, RESET_KEEPS_P: tl.constexpr,
-                     INT64: tl.constexpr):
+                     INT64: tl.constexpr, FP8: tl.constexpr = False):
     blocks, offsets, mask = _tile(n, BLOCKSIZE, ROWS, INT64)
     _step_tile(p_ptr, g_ptr, state1_ptr, state2_ptr, absmax1_ptr, absmax2_ptr, qmap1_ptr, qmap2_ptr,
                steps1_ptr, steps2_ptr, blocks, offsets, mask, blocks < n_blocks,
                beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay, neg_step_size, bias_correction2_sqrt,
-               USE_TABLE, DECAY, RESET_KEEPS_P)
+               USE_TABLE, DECAY, RESET_KEEPS_P, FP8)
 
 
 @triton.jit
@@ -317,8 +352,11 @@ def _adam8bit_many_kernel(meta_ptr, scalars_ptr, programs_ptr, qmap1_ptr, qmap2_
 def _step_tile(p_ptr, g_ptr, state1_ptr, state2_ptr, absmax1_ptr, absmax2_ptr, qmap1_ptr, qmap2_ptr,
                steps1_ptr, steps2_ptr, blocks, offsets, mask, block_mask,
                beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay, neg_step_size, bias_correction2_sqrt,
-               USE_TABLE: tl.constexpr, DECAY: tl.constexpr, RESET_KEEPS_P: tl.constexpr):
-    """The step of one program's ``[ROWS, BLOCKSIZE]`` tile, for ``_adam8bit_kernel`` and ``_adam8bit_many_kernel``."""
+               USE_TABLE: tl.constexpr, DECAY: tl.constexpr, RESET_KEEPS_P: tl.constexpr,
+               FP8: tl.constexpr = False):
+    """The step of one program's ``[ROWS, BLOCKSIZE]`` tile, for ``_adam8bit_kernel`` and ``_adam8bit_many_kernel``.
+    ``FP8`` (the ``"fp8"`` state format): the codes are float8 e4m3 bytes; ``qmap1``/``qmap2`` are then
+    the table of every byte's value / 448 (:func:`fp8_table`), so decoding is the same lookup."""
     # 1. load and dequantize the states: m = qmap1[state1] * absmax1, v = qmap2[state2] * absmax2
     code1 = tl.load(state1_ptr + offsets, mask=mask, other=0).to(tl.int32)
     code2 = tl.load(state2_ptr + offsets, mask=mask, other=0).to(tl.int32)
@@ -358,8 +396,8 @@ def _step_tile(p_ptr, g_ptr, state1_ptr, state2_ptr, absmax1_ptr, absmax2_ptr, q
     tl.store(p_ptr + offsets, _to_dtype(new_p, p_ptr.dtype.element_ty), mask=mask)
 
     # 4. requantize with fresh per-block absmax; a non-zero m or v never rounds to 0 or flips sign
-    code1, absmax1 = _quantize_tile(m, qmap1_ptr, steps1_ptr, True, USE_TABLE)
-    code2, absmax2 = _quantize_tile(v, qmap2_ptr, steps2_ptr, True, USE_TABLE)
+    code1, absmax1 = _quantize_tile(m, qmap1_ptr, steps1_ptr, True, USE_TABLE, FP8)
+    code2, absmax2 = _quantize_tile(v, qmap2_ptr, steps2_ptr, True, USE_TABLE, FP8)
     tl.store(state1_ptr + offsets, code1.to(tl.uint8), mask=mask)
     tl.store(state2_ptr + offsets, code2.to(tl.uint8), mask=mask)
     tl.store(absmax1_ptr + blocks, absmax1, mask=block_mask)
@@ -498,7 +536,8 @@ def _code_tables(qmap1: torch.Tensor, qmap2: torch.Tensor) -> tuple[torch.Tensor
     return (steps1, steps2, True) if table1 and table2 else (qmap1, qmap2, False)
 
 
-def _launch_one(item, qmap1, qmap2, tables, config, *, step, lr, beta1, beta2, eps, weight_decay, blocksize) -> None:
+def _launch_one(item, qmap1, qmap2, tables, config, *, step, lr, beta1, beta2, eps, weight_decay, blocksize,
+                fp8=False) -> None:
     """One launch of ``_adam8bit_kernel`` for one checked, non-empty ``item`` (p, g, state1,
     state2, absmax1, absmax2); ``tables`` from :func:`_code_tables`, ``config`` = (rows, warps)."""
     p = item[0]
@@ -511,10 +550,46 @@ def _launch_one(item, qmap1, qmap2, tables, config, *, step, lr, beta1, beta2, e
         _adam8bit_kernel, n_blocks, rows, warps,
         *item, qmap1, qmap2, steps1, steps2, n, n_blocks,
         beta1, 1.0 - beta1, beta2, 1.0 - beta2, eps, decay, neg_step_size, bias_correction2_sqrt,
-        BLOCKSIZE=blocksize, USE_TABLE=use_table,
+        BLOCKSIZE=blocksize, USE_TABLE=use_table, FP8=fp8,
         **step_specialization(n_blocks * blocksize, rows * blocksize, decay=decay, neg_step_size=neg_step_size,
                               bias_correction2_sqrt=bias_correction2_sqrt, eps=eps),
     )
+
+
+def fp8_table(device: torch.device | str) -> torch.Tensor:
+    """fp32 value / 448 of each of the 256 float8 e4m3 bytes (NaN for 0x7F and 0xFF): the FP8
+    format's decode as a table lookup, the same fp32 numbers as ``codes.view(e4m3).float() / 448``."""
+    device = torch.device(device)
+    table = _FP8_TABLES.get(device)
+    if table is None:
+        codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+        table = _FP8_TABLES[device] = (codes.view(torch.float8_e4m3fn).float() / 448.0).to(device)
+    return table
+
+
+_FP8_TABLES: dict[torch.device, torch.Tensor] = {}
+
+
+@torch.no_grad()
+def fp8_step_triton(p: torch.Tensor, g: torch.Tensor, state1: torch.Tensor, state2: torch.Tensor,
+                    absmax1: torch.Tensor, absmax2: torch.Tensor, *, step: int, lr: float, beta1: float,
+                    beta2: float, eps: float, weight_decay: float, blocksize: int = 256,
+                    tile: int | None = None, num_warps: int | None = None) -> None:
+    """One fused Adam/AdamW step of the ``"fp8"`` state format (:data:`adam8lib.formats.FORMATS`):
+    both moments float8 e4m3 bytes with one fp32 scale per block of ``blocksize``, in place. The
+    8-bit kernel's tile with e4m3 coding: the same reference order of fp32 operations, so the states
+    equal the reference step's (``LowBitAdam._step_lowbit``) bit for bit on the CPU."""
+    check_blocksize(blocksize)
+    n = p.numel()
+    table = fp8_table(p.device)
+    _check_step_tensors(p, g, state1, state2, absmax1, absmax2, table, table, n, blocksize)
+    check_step(step)
+    _check_runnable(p.device)
+    if n == 0:
+        return
+    _launch_one((p, g, state1, state2, absmax1, absmax2), table, table, (table, table, False),
+                launch_config(blocksize, tile, num_warps), step=step, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+                weight_decay=weight_decay, blocksize=blocksize, fp8=True)
 
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}

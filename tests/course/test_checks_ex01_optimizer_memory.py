@@ -48,8 +48,8 @@ def _state_bytes(shapes, kind="adam8bit", blocksize=256, min_8bit_size=4096, *, 
 
 @pytest.mark.parametrize("fn, hint", [
     (bpp_no_absmax, "you forgot the absmax"),
-    (bpp_one_absmax, "one absmax per block for each of the TWO states"),
-    (bpp_adamw_one_state, "AdamW keeps TWO fp32 states"),
+    (bpp_one_absmax, "you counted one absmax per block, for one state only"),
+    (bpp_adamw_one_state, "you counted ONE fp32 state for AdamW"),
     (bpp_no_error, "raise ValueError for an unknown optimizer kind"),
     (stub, "not implemented yet"),
 ])
@@ -58,8 +58,8 @@ def test_state_bytes_per_param_fails(fn, hint):
 
 
 @pytest.mark.parametrize("kw, hint", [
-    (dict(ceil=False), "the ragged tail is a block too"),
-    (dict(rule=False), "small-tensor rule missing"),
+    (dict(ceil=False), "you dropped the ragged tail"),
+    (dict(rule=False), "you made every tensor 8-bit"),
     (dict(strict=True), "n >= min_8bit_size"),
 ])
 def test_optimizer_state_bytes_fails(kw, hint):
@@ -88,8 +88,8 @@ def _size(states, *, divisor=2**20, dedupe=True):
 
 
 @pytest.mark.parametrize("fn, hint", [
-    (lambda states: _size(states, divisor=1e6), "divide the bytes by 2**20"),
-    (lambda states: _size(states, dedupe=False), "must be counted once"),
+    (lambda states: _size(states, divisor=1e6), "you divided by 10**6"),
+    (lambda states: _size(states, dedupe=False), "you counted the shared qmap tensors once per state"),
     (lambda states: tuple(reversed(_size(states))), "in that order"),
     (stub, "not implemented yet"),
 ])

@@ -27,9 +27,9 @@ def moments_swapped(m, v, g, b1, b2):
 
 
 @pytest.mark.parametrize("fn, hint", [
-    (moments_g_not_squared, "g not squared"),
-    (moments_beta1_for_v, "beta1 used for v"),
-    (moments_swapped, "are swapped"),
+    (moments_g_not_squared, "you averaged g, not g * g"),
+    (moments_beta1_for_v, "you used beta1 for v"),
+    (moments_swapped, "you gave beta to the new g"),
     (stub, "not implemented yet"),
 ])
 def test_adam_moments_fails(fn, hint):
@@ -37,9 +37,9 @@ def test_adam_moments_fails(fn, hint):
 
 
 @pytest.mark.parametrize("fn, hint", [
-    (lambda m, v, b1, b2, t: (m, v), "no bias correction"),
+    (lambda m, v, b1, b2, t: (m, v), "you returned m and v uncorrected"),
     (lambda m, v, b1, b2, t: (m / (1 - b1**t), v), "v needs its own correction"),
-    (lambda m, v, b1, b2, t: (m / (1 - b1 ** (t + 1)), v / (1 - b2 ** (t + 1))), "step counts from 1"),
+    (lambda m, v, b1, b2, t: (m / (1 - b1 ** (t + 1)), v / (1 - b2 ** (t + 1))), "you used step + 1"),
     (lambda m, v, b1, b2, t: (m / (1 - b1**t), v / (1 - b1**t)), "each moment uses its own beta"),
     (stub, "not implemented yet"),
 ])

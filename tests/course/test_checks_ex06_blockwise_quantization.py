@@ -36,12 +36,12 @@ def make_quantize_blockwise(*, floor_blocks=False, zero_guard=True, signed_max=F
 
 
 @pytest.mark.parametrize("fn, hint", [
-    (make_quantize_blockwise(floor_blocks=True), "wrong block count for a ragged tail"),
+    (make_quantize_blockwise(floor_blocks=True), "the last, shorter block needs its own absmax"),
     (make_quantize_blockwise(zero_guard=False), "an all-zero block"),
     (make_quantize_blockwise(signed_max=True), "the largest MAGNITUDE"),
     (make_quantize_blockwise(global_scale=True), "not by the whole tensor's"),
     (lambda x, code, blocksize=256: quant.quantize_blockwise(x.reshape(-1), code, blocksize),
-     "give the codes the shape of x"),
+     "give them the shape of x"),
     (stub, "not implemented yet"),
 ])
 def test_quantize_blockwise_fails(fn, hint):
@@ -60,7 +60,7 @@ def deq_no_lookup(codes, absmax, code, blocksize=256):
 
 @pytest.mark.parametrize("fn, hint", [
     (deq_modulo, "element i belongs to block i // blocksize"),
-    (deq_no_lookup, "look the codes up in the map first"),
+    (deq_no_lookup, "look them up in the map first"),
     (lambda codes, absmax, code, blocksize=256: code[codes.long()], "multiply by the block's absmax"),
     (stub, "not implemented yet"),
 ])

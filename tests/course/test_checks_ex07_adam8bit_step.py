@@ -150,7 +150,7 @@ def test_adam8bit_optimizer_check_passes_the_solution_the_library_and_a_rewrite(
     (make_optimizer_class(quantize_all=True), "fewer than min_8bit_size elements keep fp32 states"),
     (make_optimizer_class(defaults_only=True), "from each param group"),
     (make_optimizer_class(no_decay=True), "apply each group's weight_decay"),
-    (make_optimizer_class(step_from_one=True), "keep a step count per parameter"),
+    (make_optimizer_class(step_from_one=True), "the step count stays at 1"),
     (make_optimizer_class(touch_no_grad=True), "skip parameters whose .grad is None"),
     (make_optimizer_class(own_attributes=True), "no uint8 codes in its state"),
     (stub, "not implemented yet"),
@@ -270,8 +270,8 @@ def _loss_after_step(optimizer_class, steps=200, lr=1e-2):
 
 
 @pytest.mark.parametrize("train_fn, hint", [
-    (_loss_after_step, "record loss.item() (before the step)"),
-    (lambda optimizer_class, steps=200, lr=1e-2: reference_train(optimizer_class, steps, 1e-3), "record loss.item()"),
+    (_loss_after_step, "you recorded the loss AFTER opt.step()"),
+    (lambda optimizer_class, steps=200, lr=1e-2: reference_train(optimizer_class, steps, 1e-3), "lr=lr"),
     (lambda optimizer_class, steps=200, lr=1e-2: None, "return the list of losses"),
     (stub, "not implemented yet"),
 ])

@@ -86,7 +86,7 @@ def stub_kernel(codes_ptr, absmax_ptr, qmap_ptr, out_ptr, n, BLOCK: tl.constexpr
 
 @pytest.mark.parametrize("kernel, hint", [
     (dequantize_no_mask, "wrote past the end of the output"),
-    (dequantize_no_lookup, "look the codes up in the map"),
+    (dequantize_no_lookup, "look them up in the map first"),
     (dequantize_first_absmax, "program pid uses absmax[pid]"),
     (stub_kernel, "not implemented yet"),
 ])

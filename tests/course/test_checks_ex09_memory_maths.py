@@ -131,7 +131,7 @@ def test_seed_adam8bit_check_passes_the_solution_and_a_rewrite():
     (make_seed_adam8bit(betas=False), "betas=(args.adam_beta1, args.adam_beta2)"),
     (make_seed_adam8bit(eps=False), "eps=args.adam_epsilon"),
     (make_seed_adam8bit(lr=False), "lr=args.learning_rate"),
-    (make_seed_adam8bit(decay_all=True), "0.0 for biases and LayerNorm"),
+    (make_seed_adam8bit(decay_all=True), "every parameter decays"),
     (make_seed_adam8bit(wd=False), "TrainingArguments' default is 0.0"),
     (make_seed_adam8bit(library=True), "the seed builds bitsandbytes' optimizer"),
     (stub, "not implemented yet"),

@@ -178,7 +178,7 @@ def test_step_check_passes_reference_and_solution(capsys):
     (step_no_scheduler, "call scheduler.step() once per training step"),
     (step_scheduler_first, "AFTER optimizer.step()"),
     (step_returns_tensor, "return loss.item()"),
-    (step_no_optimizer, "call optimizer.step()"),
+    (step_no_optimizer, "never calls optimizer.step()"),
     (step_casts_model, "do not call model.to(dtype)"),
     (stub, "not implemented yet"),
 ])

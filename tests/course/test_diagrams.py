@@ -79,3 +79,32 @@ def test_memory_bill_numbers():
     with pytest.raises(ValueError):
         memory_bill(-1, "adamw")
     plt.close(fig)
+
+
+def test_nibble_packing_draws_the_library_bytes():
+    from adam8lib.course.diagrams import draw_nibble_packing
+    from adam8lib.formats import pack_nibbles
+
+    fig, ax = plt.subplots()
+    codes = [1, 2, 15, 0, 7]
+    assert draw_nibble_packing(ax, codes) == pack_nibbles(torch.tensor(codes, dtype=torch.uint8)).tolist() == [18, 240, 112]
+    texts = [t.get_text() for t in ax.texts]
+    assert "0001 0010\nbyte 0 = 18" in texts and "code 4\n7 = 0111" in texts
+    for bad in ([], [16], list(range(13))):
+        with pytest.raises(ValueError):
+            draw_nibble_packing(ax, bad)
+    plt.close(fig)
+
+
+def test_rank1_draws_the_scale_of_the_format():
+    from adam8lib.course.diagrams import draw_rank1
+    from adam8lib.formats import rank1_scales
+
+    fig, (a, b) = plt.subplots(1, 2)
+    x = torch.randn(5, 7)
+    rows, cols = rank1_scales(x)
+    assert torch.equal(draw_rank1(a, b, x), torch.minimum(rows[:, None], cols[None, :]))
+    assert len(b.texts) == 35 and len(a.texts) == 35 + 5 + 7
+    with pytest.raises(ValueError):
+        draw_rank1(a, b, torch.randn(3))
+    plt.close(fig)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -16,6 +17,34 @@ __all__ = ["check_state_bytes_per_param", "check_optimizer_state_bytes", "check_
 
 
 # ---------------------------------------------------------------------------- 01.1
+def _bytes_per_param_variants(kind: str, b: int):
+    """(hint, value) of the usual wrong counts for one kind and blocksize."""
+    if kind == "adamw":
+        return [
+            ("you counted ONE fp32 state for AdamW: it keeps m and v, 2 x 4 bytes.", lambda: 4.0),
+            ("you counted the parameter and its gradient too: they are not optimizer state (every optimizer "
+             "has them); AdamW's state is m and v, 2 x 4 bytes.", lambda: 16.0),
+            ("you counted the parameter too: only m and v are optimizer state, 2 x 4 bytes.", lambda: 12.0),
+            ("you counted bits: an fp32 value is 4 bytes (32 bits), so m and v are 8 bytes.", lambda: 64.0),
+        ]
+    return [
+        ("you forgot the absmax: each of the two states also stores one fp32 absmax (4 bytes) per block of "
+         "`blocksize` values, 2 x 4 / blocksize per parameter.", lambda: 2.0),
+        ("you counted one absmax per block, for one state only: m and v each have their own absmax, "
+         "2 x 4 / blocksize per parameter.", lambda: 2 + 4 / b),
+        ("you counted ONE uint8 code: 8-bit Adam keeps two states (m and v), one byte each, plus their absmax.",
+         lambda: 1 + 4 / b),
+        ("you counted ONE uint8 code: 8-bit Adam keeps two states (m and v), one byte each, plus their absmax.",
+         lambda: 1 + 8 / b),
+        ("you ignored the blocksize argument (your figure is the one for blocksize=256): the absmax costs "
+         "2 x 4 / blocksize.", lambda: 2 + 8 / 256),
+        ("you counted the absmax as 32 bytes: an fp32 absmax is 4 bytes (32 bits).", lambda: 2 + 64 / b),
+        ("you counted bits: a uint8 code is 1 byte and an fp32 absmax 4 bytes.", lambda: 16 + 64 / b),
+        ("you counted the absmax as a per-parameter value (4 bytes each): it is one fp32 number per BLOCK of "
+         "`blocksize` values.", lambda: 2 + 8.0),
+    ]
+
+
 def check_state_bytes_per_param(state_bytes_per_param) -> None:
     """``state_bytes_per_param(kind, blocksize=256)``: 8 for AdamW, 2 + 8/blocksize for 8-bit Adam."""
     require_callable(state_bytes_per_param, "state_bytes_per_param")
@@ -27,45 +56,43 @@ def check_state_bytes_per_param(state_bytes_per_param) -> None:
             expect_close(got, expected, what=f"state_bytes_per_param({kind!r}, blocksize={blocksize})",
                          rtol=1e-9, atol=1e-12,
                          default="AdamW: two fp32 states; 8-bit Adam: two uint8 codes + two fp32 absmax per block.",
-                         variants=[
-                             ("AdamW keeps TWO fp32 states (m and v): 2 x 4 bytes.", lambda: 4.0),
-                             ("count only the optimizer's states: parameters and gradients are the same for every "
-                              "optimizer and are not part of this figure.", lambda: 16.0),
-                             ("you forgot the absmax: each block of `blocksize` values stores an fp32 absmax "
-                              "(4 bytes) for m and another for v.", lambda: 2.0),
-                             ("one absmax per block for each of the TWO states: 2 x 4 / blocksize.",
-                              lambda b=blocksize: 2 + 4 / b),
-                             ("8-bit Adam has two states (m and v), one byte each, plus their absmax.",
-                              lambda b=blocksize: 1 + 4 / b),
-                         ])
+                         variants=_bytes_per_param_variants(kind, blocksize))
     got = call(state_bytes_per_param, "adam8bit")
     expect_close(got, 2 + 8 / 256, what="state_bytes_per_param('adam8bit') with the default blocksize",
                  rtol=1e-9, atol=1e-12, default="the default blocksize is 256 (as in bitsandbytes).")
     try:
-        state_bytes_per_param("sgd")
+        got = state_bytes_per_param("sgd")
     except ValueError:
         pass
     except NotImplementedError:
         raise AssertionError("state_bytes_per_param is not implemented yet") from None
     except Exception as exc:  # noqa: BLE001 - any other error is the wrong kind
-        fail(f"state_bytes_per_param('sgd') raised {type(exc).__name__}, expected ValueError.",
-             hint="raise ValueError for an unknown optimizer kind.")
+        hint = "raise ValueError for an unknown optimizer kind."
+        if isinstance(exc, KeyError):
+            hint = "a dict lookup raises KeyError: test the kind yourself and raise ValueError for an unknown one."
+        fail(f"state_bytes_per_param('sgd') raised {type(exc).__name__}, expected ValueError.", hint=hint)
     else:
-        fail("state_bytes_per_param('sgd') returned a value.", hint="raise ValueError for an unknown optimizer kind.")
+        if got is None:
+            fail("state_bytes_per_param('sgd') returned None.",
+                 hint="you returned None for an unknown kind: raise ValueError instead, so that a typo "
+                      "('adam8bits') is an error and not a silent None.")
+        fail(f"state_bytes_per_param('sgd') returned {got!r}.",
+             hint="you returned a value for an unknown kind: raise ValueError for an unknown optimizer kind "
+                  "(anything but 'adamw' and 'adam8bit').")
     passed("Exercise 01.1 · Bytes of state per parameter")
 
 
 # ---------------------------------------------------------------------------- 01.2
 def _variant_bytes(shapes, kind, blocksize, min_8bit_size, *, absmax_per_block=8, ceil=True, strict=False,
-                   small_rule=True, per_tensor=True, adamw=8):
-    sizes = [math.prod(s) for s in shapes]
-    if kind == "adamw":
+                   small_rule=True, per_tensor=True, adamw=8, small_bytes=8, first_dim=False, adamw_as_8bit=False):
+    sizes = [(s[0] if s else 1) if first_dim else math.prod(s) for s in shapes]
+    if kind == "adamw" and not adamw_as_8bit:
         return adamw * sum(sizes)
     big = [n for n in sizes if not small_rule or (n > min_8bit_size if strict else n >= min_8bit_size)]
     small = sum(sizes) - sum(big)
     blocks = (lambda n: -(-n // blocksize)) if ceil else (lambda n: n // blocksize)
     nblocks = sum(blocks(n) for n in big) if per_tensor else blocks(sum(big))
-    return 2 * sum(big) + absmax_per_block * nblocks + 8 * small
+    return 2 * sum(big) + absmax_per_block * nblocks + small_bytes * small
 
 
 _STATE_CASES = [
@@ -97,20 +124,30 @@ def check_optimizer_state_bytes(optimizer_state_bytes) -> None:
         expect_close(got, expected, what=what, rtol=0, atol=0, default=(
             "per tensor: n >= min_8bit_size -> 2 bytes/param + 2 fp32 absmax per block (ceil(n / blocksize) "
             "blocks); smaller tensors -> 8 bytes/param (fp32 m and v)."), variants=[
-            ("AdamW keeps two fp32 states: 8 bytes per parameter.", v(adamw=4)),
-            ("the ragged tail is a block too: use ceil(n / blocksize) blocks, not n // blocksize.", v(ceil=False)),
-            ("you forgot the absmax: 2 fp32 values (m's and v's) per block.", v(absmax_per_block=0)),
-            ("one absmax per block for EACH state: 2 x 4 bytes per block.", v(absmax_per_block=4)),
-            ("small-tensor rule missing: tensors with fewer than min_8bit_size elements keep fp32 states "
-             "(8 bytes/param).", v(small_rule=False)),
-            ("the rule is n >= min_8bit_size for 8-bit states (a tensor of exactly 4096 elements is 8-bit).",
-             v(strict=True)),
-            ("blocks are counted per tensor (each tensor's last block may be short), not over the whole model.",
-             v(per_tensor=False)),
+            ("you counted ONE fp32 state for AdamW: it keeps m and v, 8 bytes per parameter.", v(adamw=4)),
+            ("you ignored kind='adamw': with AdamW every tensor costs 8 bytes per parameter (fp32 m and v), "
+             "whatever its size.", v(adamw_as_8bit=True)),
+            ("you dropped the ragged tail: n // blocksize misses a tensor's last, short block; use "
+             "ceil(n / blocksize) = -(-n // blocksize) blocks.", v(ceil=False)),
+            ("you forgot the absmax: an 8-bit tensor also stores 2 fp32 absmax (m's and v's) per block, "
+             "8 bytes per block.", v(absmax_per_block=0)),
+            ("you counted one absmax per block: m and v have one each, 2 x 4 bytes per block.",
+             v(absmax_per_block=4)),
+            ("you made every tensor 8-bit: the small-tensor rule keeps tensors with fewer than min_8bit_size "
+             "elements in fp32 (8 bytes/param).", v(small_rule=False)),
+            ("you kept a tensor of exactly min_8bit_size elements in fp32: the rule is n >= min_8bit_size "
+             "for 8-bit states.", v(strict=True)),
+            ("you counted blocks over all tensors together: each tensor has its own blocks (and its own short "
+             "last block).", v(per_tensor=False)),
+            ("you counted ONE fp32 state for the small tensors: they keep m and v in fp32, 8 bytes/param.",
+             v(small_bytes=4)),
+            ("you counted only the first dimension of each shape: a (768, 768) tensor has math.prod(shape) "
+             "elements.", v(first_dim=True)),
         ])
-        if not isinstance(got, int) or isinstance(got, bool):
-            fail(f"{what} returned {type(got).__name__}, expected an int number of bytes.",
-                 hint="bytes are whole numbers: use integer arithmetic (// and a ceil division) and return an int.")
+        if not isinstance(got, numbers.Integral) or isinstance(got, bool):
+            fail(f"{what} returned {type(got).__name__} {got!r}, expected an int number of bytes.",
+                 hint=f"you returned a {type(got).__name__}: bytes are whole numbers; count with integers "
+                      "(// and a ceil division, no true division) and return an int.")
     passed("Exercise 01.2 · Optimizer state bytes of a model")
 
 
@@ -143,18 +180,23 @@ def _states_shared_map() -> list[dict]:
     return states
 
 
-def _variant_size(states, *, divisor=MB, dedupe=True, itemsize=None):
+_MOMENT_KEYS = {"exp_avg", "exp_avg_sq", "state1", "state2"}
+
+
+def _variant_size(states, *, divisor=MB, dedupe=True, itemsize=None, only_moments=False, count_tensors=False,
+                  skip_0d=False):
     seen, nbytes, elements = set(), 0, 0
     for state in states:
-        for value in state.values():
-            if not torch.is_tensor(value):
+        for key, value in state.items():
+            if not torch.is_tensor(value) or (only_moments and key not in _MOMENT_KEYS) \
+                    or (skip_0d and value.dim() == 0):
                 continue
             if dedupe:
                 if id(value) in seen:
                     continue
                 seen.add(id(value))
             nbytes += value.numel() * (itemsize or value.element_size())
-            elements += value.numel()
+            elements += 1 if count_tensors else value.numel()
     return nbytes / divisor, elements
 
 
@@ -168,22 +210,32 @@ def check_compute_optimizer_size(compute_optimizer_size_fn) -> None:
     for label, make in cases:
         states = make()
         expected = compute_optimizer_size(states)
-        got = call(compute_optimizer_size_fn, iter(states))  # optimizer.state.values() is an iterable view
+        # what optimizer.state.values() is: a view of a dict (it can be looped over more than once)
+        got = call(compute_optimizer_size_fn, dict(enumerate(states)).values())
         if not isinstance(got, tuple) or len(got) != 2:
             fail(f"for {label}: returned {type(got).__name__}, expected a tuple (megabytes, elements).",
                  hint="return megabytes, number_of_elements")
         expect_close(got, expected, what=f"for {label}: (megabytes, elements)", rtol=1e-9, atol=1e-12,
                      default="sum numel() * element_size() over every tensor of every state dict; MB = 2**20 bytes.",
                      variants=[
-                         ("'MB' here is MiB: divide the bytes by 2**20, not 10**6.",
+                         ("you divided by 10**6: 'MB' here means MiB, 2**20 bytes.",
                           lambda: _variant_size(states, divisor=1e6)),
-                         ("a tensor shared by several states (bitsandbytes keeps ONE qmap in each) must be "
-                          "counted once: remember the tensors you have seen.",
+                         ("you returned bytes, not megabytes: divide the bytes by 2**20.",
+                          lambda: _variant_size(states, divisor=1)),
+                         ("you counted the shared qmap tensors once per state: bitsandbytes puts the SAME "
+                          "qmap1/qmap2 tensor in every state; count each tensor once (remember id(tensor)).",
                           lambda: _variant_size(states, dedupe=False)),
-                         ("bytes = numel() * element_size(): uint8 codes take 1 byte, fp32 4.",
-                          lambda: _variant_size(states, itemsize=4)),
-                         ("return (megabytes, elements) in that order.",
+                         ("you counted every element as 4 bytes: uint8 codes take 1 byte; use "
+                          "numel() * element_size().", lambda: _variant_size(states, itemsize=4)),
+                         ("you returned (elements, megabytes): return (megabytes, elements), in that order.",
                           lambda: tuple(reversed(compute_optimizer_size(states)))),
+                         ("you left out some of the state's tensors (only the moments counted, or the 0-d `step` "
+                          "tensors skipped): count every tensor of each state dict, absmax, qmap and step too.",
+                          lambda: _variant_size(states, only_moments=True)),
+                         ("you left out some of the state's tensors (the 0-d `step` tensors): count every tensor "
+                          "of each state dict, step counters included.", lambda: _variant_size(states, skip_0d=True)),
+                         ("you counted tensors, not elements: the element count is the sum of numel().",
+                          lambda: (expected[0], _variant_size(states, count_tensors=True)[1])),
                      ])
         assert_equal(type(got[1]).__name__, "int", what=f"for {label}: type of the element count",
                      hint="the number of elements is an int (sum of numel()).")

@@ -16,27 +16,42 @@ _CASES = [  # lr, betas, eps, weight_decay, steps
 ]
 
 
-def _one_step(p, g, m, v, t, lr, betas, eps, wd, *, decoupled, bias1=True, bias2=True, eps_inside=False,
-              beta1_for_v=False, square=True, t_offset=0, decay="lr", in_place=True):
-    """One fp32 step, with optional mistakes, on copies; returns (p, m, v)."""
+def _one_step(p, g, m, v, t, lr, betas, eps, wd, *, decay, bias1=True, bias2=True, eps_inside=False,
+              beta1_for_v=False, square=True, t_offset=0, changed="pmv", correct_in_place=False, eps_hat=False):
+    """One fp32 step, with optional mistakes, on copies; returns (p, m, v) as the caller would see them.
+
+    decay: "l2" (Adam), "decoupled" (AdamW), "none", "no_lr" (p *= 1 - wd), "after" (decoupled, after the
+    update), "constant" (p -= lr * wd), "both" (decoupled, then L2 with the decayed p), "both_l2_first".
+    changed: which of p, m, v the caller sees updated (the others were rebound to new tensors).
+    """
     b1, b2 = betas
-    p, m, v = p.clone(), m.clone(), v.clone()
-    if not in_place:
-        return p, m, v
-    if wd:
-        if decoupled and decay != "after":
-            p = p * (1 - (lr * wd if decay == "lr" else wd))
-        elif decay != "none":
-            g = g + wd * p
+    p0, m0, v0 = p.clone(), m.clone(), v.clone()
+    if decay == "both_l2_first":
+        g = g + wd * p
+    if decay in ("decoupled", "both", "both_l2_first"):
+        p = p * (1 - lr * wd)
+    elif decay == "no_lr":
+        p = p * (1 - wd)
+    elif decay == "constant":
+        p = p - lr * wd
+    if decay in ("l2", "both"):
+        g = g + wd * p
+    bv = b1 if beta1_for_v else b2
     m = b1 * m + (1 - b1) * g
-    v = (b1 if beta1_for_v else b2) * v + (1 - (b1 if beta1_for_v else b2)) * (g * g if square else g)
+    v = bv * v + (1 - bv) * (g * g if square else g)
     s = t + t_offset
     m_hat = m / (1 - b1**s) if bias1 else m
     v_hat = v / (1 - b2**s) if bias2 else v
     denom = torch.sqrt(v_hat + eps) if eps_inside else torch.sqrt(v_hat) + eps
-    if decoupled and decay == "after":
-        return (p - lr * m_hat / denom) * (1 - lr * wd), m, v
-    return p - lr * m_hat / denom, m, v
+    if eps_hat:  # the Adam paper's "efficient" form: correction folded into the step size, eps on sqrt(v)
+        p = p - lr * (1 - b2**s) ** 0.5 / (1 - b1**s) * m / (torch.sqrt(v) + eps)
+    else:
+        p = p - lr * m_hat / denom
+    if decay == "after":
+        p = p * (1 - lr * wd)
+    if correct_in_place:
+        m, v = m_hat, v_hat
+    return (p if "p" in changed else p0), (m if "m" in changed else m0), (v if "v" in changed else v0)
 
 
 def _run(step_fn, decoupled: bool, title: str, variants_for) -> None:
@@ -63,7 +78,8 @@ def _run(step_fn, decoupled: bool, title: str, variants_for) -> None:
                     f"torch.optim.{torch_cls.__name__}: (p, m, v)")
 
             def variant(**kw):
-                return lambda: _one_step(p0, g, m0, v0, t, lr, betas, eps, wd, **{"decoupled": decoupled, **kw})
+                return lambda: _one_step(p0, g, m0, v0, t, lr, betas, eps, wd,
+                                         **{"decay": "decoupled" if decoupled else "l2", **kw})
 
             expect_close((p_l, m_l, v_l), want, what=what, rtol=1e-5, atol=1e-6,
                          default=variants_for(None), variants=variants_for(variant))
@@ -73,15 +89,27 @@ def _run(step_fn, decoupled: bool, title: str, variants_for) -> None:
 
 def _common_variants(variant):
     return [
-        ("update p, m and v IN PLACE (p.sub_(...), m.mul_(...).add_(...)); the caller keeps its own tensors.",
-         variant(in_place=False)),
-        ("no bias correction: use m / (1 - beta1**step) and v / (1 - beta2**step).", variant(bias1=False, bias2=False)),
-        ("v is not bias-corrected: sqrt(v / (1 - beta2**step)).", variant(bias2=False)),
-        ("m is not bias-corrected: m / (1 - beta1**step).", variant(bias1=False)),
-        ("step counts from 1 (the first call has step=1): don't add 1 to it.", variant(t_offset=1)),
-        ("eps goes outside the square root: sqrt(v_hat) + eps.", variant(eps_inside=True)),
-        ("beta1 used for v: the second moment uses beta2.", variant(beta1_for_v=True)),
-        ("g not squared: v = beta2 * v + (1 - beta2) * g * g.", variant(square=False)),
+        ("p, m and v did not change: you made new tensors (p = p - ..., m = beta1 * m + ...) instead of "
+         "updating the caller's; update them in place (p.sub_(...), m.mul_(beta1).add_(...), "
+         "v.mul_(beta2).addcmul_(...)).", variant(changed="")),
+        ("p changed but m and v did not: `m = beta1 * m + ...` makes a new tensor the caller never sees; update "
+         "m and v in place (m.mul_(beta1).add_(g, alpha=1 - beta1), v.mul_(beta2).addcmul_(g, g, ...)).",
+         variant(changed="p")),
+        ("you left out the bias correction: divide m by 1 - beta1**step and v by 1 - beta2**step before the "
+         "update.", variant(bias1=False, bias2=False)),
+        ("you bias-corrected m but not v: use sqrt(v / (1 - beta2**step)).", variant(bias2=False)),
+        ("you bias-corrected v but not m: use m / (1 - beta1**step).", variant(bias1=False)),
+        ("you used step + 1 in the bias correction: step already counts from 1 (the first call has step=1).",
+         variant(t_offset=1)),
+        ("you bias-corrected m and v in place (m.div_(...)): the stored moments must stay uncorrected; compute "
+         "m_hat = m / (1 - beta1**step) as a new tensor.", variant(correct_in_place=True)),
+        ("you put eps inside the square root: torch adds it after, sqrt(v_hat) + eps.", variant(eps_inside=True)),
+        ("you folded the bias correction into the step size (lr * sqrt(1 - beta2**step) / (1 - beta1**step), the "
+         "Adam paper's efficient form): then eps is added to sqrt(v), not to sqrt(v_hat); torch (and this exercise) "
+         "use m_hat / (sqrt(v_hat) + eps).", variant(eps_hat=True)),
+        ("you used beta1 for v: the second moment uses beta2.", variant(beta1_for_v=True)),
+        ("you averaged g into v, not g * g: v is the moving average of the squared gradient.",
+         variant(square=False)),
     ]
 
 
@@ -94,9 +122,14 @@ def check_adam_step(adam_step) -> None:
             return ("Adam: g = g + weight_decay * p; m, v = EMAs of g and g*g; "
                     "p -= lr * m_hat / (sqrt(v_hat) + eps).")
         return _common_variants(variant) + [
-            ("that is AdamW's decoupled decay; Adam's weight_decay is L2: add weight_decay * p to the gradient "
-             "BEFORE the moments.", variant(decoupled=True)),
-            ("weight_decay is ignored: Adam adds weight_decay * p to the gradient.", variant(decay="none")),
+            ("that is AdamW's decoupled decay (p *= 1 - lr * weight_decay); Adam's weight_decay is L2: add "
+             "weight_decay * p to the gradient BEFORE the moments.", variant(decay="decoupled")),
+            ("you ignored weight_decay: Adam adds weight_decay * p to the gradient before the moments.",
+             variant(decay="none")),
+            ("you applied weight decay twice (through the gradient AND p *= 1 - lr * weight_decay): Adam's L2 only "
+             "goes through the gradient.", variant(decay="both")),
+            ("you applied weight decay twice (through the gradient AND p *= 1 - lr * weight_decay): Adam's L2 only "
+             "goes through the gradient.", variant(decay="both_l2_first")),
         ]
 
     _run(adam_step, False, "Exercise 03.1 · The Adam step", variants_for)
@@ -110,13 +143,19 @@ def check_adamw_step(adamw_step) -> None:
         if variant is None:
             return ("AdamW: p *= 1 - lr * weight_decay first, then the Adam update with the plain gradient.")
         return _common_variants(variant) + [
-            ("decay applied to m (through the gradient): that is Adam's L2. AdamW decays p directly: "
-             "p *= 1 - lr * weight_decay.", variant(decoupled=False)),
-            ("decay multiplies by 1 - lr * weight_decay (the learning rate scales the decay too).",
-             variant(decay="plain")),
-            ("decay first, as torch does: p *= 1 - lr * weight_decay BEFORE the Adam update.",
-             variant(decay="after")),
+            ("you applied weight decay through the gradient: that is Adam with L2, not AdamW. AdamW decays p "
+             "directly, p *= 1 - lr * weight_decay, and the moments see the plain gradient.", variant(decay="l2")),
+            ("you left lr out of the decay: AdamW multiplies p by 1 - lr * weight_decay.", variant(decay="no_lr")),
+            ("you decayed p after the Adam update: torch decays first, p *= 1 - lr * weight_decay, then the "
+             "update.", variant(decay="after")),
+            ("you applied weight decay twice: p *= 1 - lr * weight_decay AND weight_decay * p in the gradient; "
+             "AdamW only does the first.", variant(decay="both")),
+            ("you applied weight decay twice: p *= 1 - lr * weight_decay AND weight_decay * p in the gradient; "
+             "AdamW only does the first.", variant(decay="both_l2_first")),
+            ("you ignored weight_decay: AdamW multiplies p by 1 - lr * weight_decay before the update.",
+             variant(decay="none")),
+            ("you subtracted lr * weight_decay: the decay is proportional to p, p *= 1 - lr * weight_decay.",
+             variant(decay="constant")),
         ]
 
     _run(adamw_step, True, "Exercise 03.2 · The AdamW step", variants_for)
-

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from ...quant import absmax_dequantize, absmax_quantize
 from ._common import assert_close, call, fail, passed, require_callable
+from ._shapes import call_any_shape
 from ._variants import expect_close
 
 __all__ = ["check_absmax_quantize", "check_absmax_dequantize"]
@@ -41,12 +43,44 @@ def _codes_match(got, want) -> bool:
     return bool(diff.max() <= 1) and int((diff > 0).sum()) <= max(1, want.numel() // 100)
 
 
-def _quant_variant(x, *, scale=127.0, rounding="round", signed_max=False):
+def _quant_variant(x, *, scale=127.0, rounding="round", signed_max=False, magnitude=False, per_row=False):
     x = x.float()
-    a = x.max() if signed_max else x.abs().max()
-    y = x * (scale / a) if a != 0 else torch.zeros_like(x)
+    if per_row and x.dim() > 1:
+        a = x.abs().amax(dim=-1, keepdim=True)
+    else:
+        a = x.max() if signed_max else x.abs().max()
+    y = (x.abs() if magnitude else x) * (scale / a) if bool((a != 0).all()) else torch.zeros_like(x)
     y = {"round": torch.round, "floor": torch.floor, "trunc": lambda t: t}[rounding](y)
     return y.to(torch.int8)  # note: 128 wraps around to -128, as a careless cast does
+
+
+class _NaNCastWatch(TorchFunctionMode):
+    """Notices a torch operation that turns a tensor holding NaN into an integer tensor (NaN cast to int8)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not self.seen and isinstance(out, torch.Tensor) and out.dtype in _INT_DTYPES:
+            self.seen = any(isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel() > 0
+                            and bool(torch.isnan(a).any()) for a in args)
+        return out
+
+
+_INT_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
+
+
+def _q_dtype_hint(q) -> str:
+    if not isinstance(q, torch.Tensor):
+        return f"you returned q as a {type(q).__name__}: return a torch.int8 tensor."
+    if q.dtype == torch.uint8:
+        return ("uint8 has no negative values (it wraps -1 to 255): q is signed, convert with .to(torch.int8).")
+    if q.is_floating_point():
+        return ("you returned the rounded floats: cast them with .to(torch.int8) (one byte per value).")
+    return (f"you returned {q.dtype} codes: they take one byte each, convert the rounded values with "
+            ".to(torch.int8) (one byte per value).")
 
 
 # ---------------------------------------------------------------------------- 04.1
@@ -55,24 +89,49 @@ def check_absmax_quantize(absmax_quantize_fn) -> None:
     require_callable(absmax_quantize_fn, "absmax_quantize")
     for label, x in _cases():
         want_q, want_a = absmax_quantize(x)
-        got = call(absmax_quantize_fn, x.clone())
+        watch = _NaNCastWatch()
+        with watch:
+            got = call_any_shape(absmax_quantize_fn, x.shape, x.clone())
         what = f"absmax_quantize({label})"
+        if got is None:
+            fail(f"{what} returned None.", hint="you returned None: end the function with `return q, absmax`.")
         if not isinstance(got, (tuple, list)) or len(got) != 2:
             fail(f"{what} returned {type(got).__name__}, expected a pair (q, absmax).", hint="return q, absmax")
         q, a = got
+        if isinstance(a, torch.Tensor) and isinstance(q, torch.Tensor) and a.shape == x.shape and q.numel() == 1 \
+                and x.numel() > 1:
+            fail(f"{what} returned a scalar first and a tensor of x's shape second.",
+                 hint="you returned (absmax, q): return q first, then absmax.")
         if not isinstance(q, torch.Tensor) or q.dtype != torch.int8:
             fail(f"{what}: q has dtype {getattr(q, 'dtype', type(q).__name__)}, expected torch.int8.",
-                 hint="convert the rounded values with .to(torch.int8) (one byte per value).")
+                 hint=_q_dtype_hint(q))
+        if isinstance(a, torch.Tensor) and a.numel() > 1:
+            fail(f"{what}: absmax has shape {tuple(a.shape)}, expected one number.",
+                 hint="you took one absmax per row (or per element): absmax is ONE number for the whole tensor, "
+                      "x.abs().max().")
+        if isinstance(a, torch.Tensor) and a.is_floating_point() and a.dtype != torch.float32:
+            whose = " (the input's dtype)" if a.dtype == x.dtype else ""
+            fail(f"{what}: absmax has dtype {a.dtype}, expected torch.float32.",
+                 hint=f"your absmax is {a.dtype}{whose}: work in float32 (x = x.float() first) and return a 0-d "
+                      "fp32 tensor.")
+        if watch.seen:
+            fail(f"{what}: a tensor holding NaN was cast to an integer type.",
+                 hint="your all-zero x went through 0 / 0 = NaN: absmax is 0, and casting NaN to int8 is undefined "
+                      "(it happens to give 0 here). Guard it: if absmax == 0, return zeros.")
         if not _codes_match(q, want_q):
             variants = [
-                ("absmax is max(|x|): a NEGATIVE value can be the largest in magnitude.",
+                ("you took max(x), not max(|x|): a NEGATIVE value can be the largest in magnitude.",
                  lambda: _quant_variant(x, signed_max=True)),
-                ("scale by 127, not 128: int8 stops at 127 and 128 overflows to -128.",
+                ("you scaled by 128: scale by 127, not 128 (int8 stops at 127, and 128 overflows to -128).",
                  lambda: _quant_variant(x, scale=128.0)),
-                ("round to the nearest integer (torch.round) before casting: .to(torch.int8) truncates.",
-                 lambda: _quant_variant(x, rounding="trunc")),
-                ("round to the nearest integer (torch.round), not down (floor).",
+                ("you cast to int8 without rounding: .to(torch.int8) truncates toward zero; round to the nearest "
+                 "integer (torch.round) before casting.", lambda: _quant_variant(x, rounding="trunc")),
+                ("you rounded down (floor): round to the nearest integer (torch.round).",
                  lambda: _quant_variant(x, rounding="floor")),
+                ("you quantized |x|: keep the sign, q = round(127 * x / absmax) is negative where x is.",
+                 lambda: _quant_variant(x, magnitude=True)),
+                ("you took one absmax per row: absmax is ONE number for the whole tensor, x.abs().max().",
+                 lambda: _quant_variant(x, per_row=True)),
             ]
             hint = "q = round(x * 127 / absmax) with absmax = max(|x|) over the WHOLE tensor."
             for h, make in variants:
@@ -88,7 +147,8 @@ def check_absmax_quantize(absmax_quantize_fn) -> None:
             a = torch.tensor(float(a))
         expect_close(a.float().reshape(()) if a.numel() == 1 else a, want_a, what=f"{what}: absmax",
                      default="absmax = x.abs().max(): ONE number for the whole tensor.",
-                     variants=[("absmax is max(|x|), not max(x).", lambda: x.float().max())])
+                     variants=[("you took max(x), not max(|x|): a NEGATIVE value can be the largest in magnitude.",
+                                lambda: x.float().max())])
     passed("Exercise 04.1 · Absmax int8 quantization")
 
 
@@ -99,16 +159,28 @@ def check_absmax_dequantize(absmax_dequantize_fn) -> None:
     for label, x in _cases():
         q, a = absmax_quantize(x)
         want = absmax_dequantize(q, a)
-        got = call(absmax_dequantize_fn, q.clone(), a.clone())
+        got = call_any_shape(absmax_dequantize_fn, q.shape, q.clone(), a.clone())
         what = f"absmax_dequantize(absmax_quantize({label}))"
         qf = q.float()
+        if isinstance(got, torch.Tensor) and got.dtype != torch.float32:
+            fail(f"{what} has dtype {got.dtype}, expected torch.float32.",
+                 hint=f"your result is {got.dtype}: return float32, e.g. q.float() * absmax / 127.")
         expect_close(got, want, what=what, dtype=torch.float32, rtol=1e-6, atol=1e-7,
                      default="x ≈ q * absmax / 127, returned as float32.",
                      variants=[
-                         ("divide by 127, the same number you scaled by (not 128).", lambda: qf * a / 128),
-                         ("multiply by the absmax: q / 127 is only the normalized value.", lambda: qf / 127),
-                         ("x = q * absmax / 127 (you multiplied by 127).", lambda: qf * a * 127),
-                         ("x = q * absmax / 127 (you divided by absmax).", lambda: qf / a / 127),
+                         ("you divided by 128: divide by 127, the same number you scaled by.", lambda: qf * a / 128),
+                         ("you did not multiply by absmax: q / 127 is only the normalized value; multiply by the "
+                          "absmax.", lambda: qf / 127),
+                         ("you multiplied by 127: x = q * absmax / 127.", lambda: qf * a * 127),
+                         ("you divided by absmax: x = q * absmax / 127.", lambda: qf / a / 127),
+                         ("you used // (floor division): use / (true division), x = q * absmax / 127.",
+                          lambda: qf * a // 127),
+                         ("you used // (floor division): use / (true division), x = q * absmax / 127.",
+                          lambda: qf * (a // 127)),
+                         ("you rounded the result: dequantization returns q * absmax / 127 as it is, unrounded.",
+                          lambda: torch.round(qf * a / 127)),
+                         ("you read q as unsigned (uint8): negative codes became 129..255; q is int8, q.float() "
+                          "keeps the sign.", lambda: q.view(torch.uint8).float() * a / 127),
                      ])
     # the round trip: error at most half a step (absmax / 254) per element
     x = torch.randn(513, generator=torch.Generator().manual_seed(1))

@@ -24,25 +24,35 @@ def _fresh_state(n: int, blocksize: int) -> dict[str, torch.Tensor]:
 
 
 def _variant(pre, g, qmap1, qmap2, hp, *, keep_sign=True, keep_sign_v=True, bias=True, nan_rule=True,
-             fresh_absmax=True, decay_on_m=False, swap_maps=False):
+             fresh_absmax=True, decay_on_m=False, swap_maps=False, step_offset=0, sqrt_c2=True, eps_inside=False,
+             decay_lr=True, v_signed_map=False, square=True, sign=1.0, update_with="new"):
     """One 8-bit step with one deliberate mistake (plain fp32 maths, no chunks)."""
-    bs, t = hp["blocksize"], hp["step"]
+    bs, t = hp["blocksize"], hp["step"] + step_offset
     b1, b2, lr, eps, wd = hp["beta1"], hp["beta2"], hp["lr"], hp["eps"], hp["weight_decay"]
-    map_m, map_v = (qmap2, qmap1) if swap_maps else (qmap1, qmap2)
+    map_m, map_v = (qmap2, qmap1) if swap_maps else (qmap1, qmap1 if v_signed_map else qmap2)
     m = dequantize_blocks(pre["state1"], pre["absmax1"], map_m, bs)
     v = dequantize_blocks(pre["state2"], pre["absmax2"], map_v, bs)
+    m_old, v_old = m, v
     p = pre["p"].float()
     grad = g.float()
     if decay_on_m and wd:
         grad = grad + wd * p
     finite = torch.isfinite(grad)
     m = b1 * m + (1 - b1) * grad
-    v = b2 * v + (1 - b2) * grad * grad
+    v = b2 * v + (1 - b2) * (grad * grad if square else grad)
     if nan_rule:
         m, v = m.masked_fill(~finite, 0.0), v.masked_fill(~finite, 0.0)
-    new = p * (1 - lr * wd) if (wd and not decay_on_m) else p.clone()
-    c1, c2 = (1 - b1**t, math.sqrt(1 - b2**t)) if bias else (1.0, 1.0)
-    new = new - lr / c1 * m / (v.sqrt() / c2 + eps)
+    new = p * (1 - (lr if decay_lr else 1.0) * wd) if (wd and not decay_on_m) else p.clone()
+    c1 = 1 - b1**t if bias else 1.0
+    c2 = (math.sqrt(1 - b2**t) if sqrt_c2 else 1 - b2**t) if bias else 1.0
+    m_u, v_u = m, v
+    if update_with == "old":  # the moments from before this step's EMA
+        m_u, v_u = m_old, v_old
+    elif update_with == "stored":  # the moments after a round trip through their 8-bit codes
+        m_u = dequantize_blocks(*quantize_blocks(m, map_m, bs, keep_sign=True), map_m, bs)
+        v_u = dequantize_blocks(*quantize_blocks(v, map_v, bs, keep_sign=True), map_v, bs)
+    denom = (v_u / c2**2 + eps).sqrt() if eps_inside else v_u.sqrt() / c2 + eps
+    new = new - sign * lr / c1 * m_u / denom
     if nan_rule:
         new = torch.where(finite, new, p)
     out = {"p": new.to(pre["p"].dtype)}
@@ -57,6 +67,46 @@ def _variant(pre, g, qmap1, qmap2, hp, *, keep_sign=True, keep_sign_v=True, bias
             out["state" + key] = nearest_code(blocks.reshape(-1)[: val.numel()], qmap, keep_sign=keep)
             out["absmax" + key] = am.clone()
     return out
+
+
+_OLD_MOMENTS = ("you updated p with m and v from BEFORE this step's EMA: first m = beta1 * m + (1 - beta1) * g "
+                "(and v), then the parameter update with the new m and v.")
+
+# (hint, knobs of _variant): the first variant the learner's result matches names the mistake
+_STEP_SLIPS = [
+    ("sign lost on requantize: a small non-zero m must keep a code of its own sign, never 0 "
+     "(keep_sign=True when quantizing m and v).", {"keep_sign": False, "keep_sign_v": False}),
+    ("sign lost on requantize: a small non-zero m must keep a code of its own sign (keep_sign=True for m).",
+     {"keep_sign": False}),
+    ("v loses its sign on requantize: a tiny positive v must not round to 0 (keep_sign=True for v "
+     "too), or the next update is m / eps.", {"keep_sign_v": False}),
+    ("no bias correction: step size lr / (1 - beta1**step), denominator "
+     "sqrt(v) / sqrt(1 - beta2**step) + eps.", {"bias": False}),
+    ("your bias correction is off by one step: `step` is already the number of this step (1 on the first "
+     "call), so use 1 - beta1**step and 1 - beta2**step, not step + 1.", {"step_offset": 1}),
+    ("you divided sqrt(v) by (1 - beta2**step): the second moment's correction goes under the square root, "
+     "sqrt(v) / sqrt(1 - beta2**step).", {"sqrt_c2": False}),
+    ("you added eps under the square root: eps goes OUTSIDE the square root, sqrt(v_hat) + eps.",
+     {"eps_inside": True}),
+    ("you applied weight decay through the gradient (g + weight_decay * p): that is Adam with L2, not "
+     "AdamW. Decay p directly: p *= 1 - lr * weight_decay.", {"decay_on_m": True}),
+    ("you decayed p by (1 - weight_decay): the decay is scaled by lr, p *= 1 - lr * weight_decay.",
+     {"decay_lr": False}),
+    ("you requantized with the OLD absmax: take a FRESH absmax per block from the updated m and v (max "
+     "|m|, max v of the updated values), not the old one.", {"fresh_absmax": False}),
+    ("the maps are swapped: m (signed) uses qmap1, v (non-negative) uses qmap2.", {"swap_maps": True}),
+    ("v is quantized with the signed map qmap1: v is non-negative, dequantize and requantize it with the "
+     "unsigned map qmap2 (all 256 codes for values >= 0).", {"v_signed_map": True}),
+    ("NaN handling is missing: where the gradient is not finite, reset m and v to 0 and leave p unchanged.",
+     {"nan_rule": False}),
+    ("v is the average of g * g: v = beta2 * v + (1 - beta2) * g * g (you averaged g, so v goes negative "
+     "and sqrt(v) is NaN).", {"square": False}),
+    ("you ADDED the update: Adam steps against the gradient, p = p - lr * m_hat / (sqrt(v_hat) + eps).",
+     {"sign": -1.0}),
+    (_OLD_MOMENTS, {"update_with": "old"}),
+    ("you updated p from the requantized (8-bit) m and v: update p with the fp32 m and v, then requantize them "
+     "— the codes are only how the states are stored between steps.", {"update_with": "stored"}),
+]
 
 
 def _close(got: dict, want: dict, pdtype) -> str | None:
@@ -120,31 +170,27 @@ def check_adam8bit_step(adam8bit_step_fn) -> None:
             bad = _close(mine, ref, pdtype)
             if bad is None:
                 continue
-            if torch.isnan(mine["p"].float()).any() and not torch.isnan(ref["p"].float()).any():
-                hint = ("NaN handling: where the gradient is NaN or Inf, reset m and v to 0 and leave the parameter "
-                        "unchanged (torch.isfinite(g) gives the mask).")
-            elif all(torch.equal(mine[k], pre[k]) for k in _FIELDS):
+            finite = torch.isfinite(g.float())
+            nan_p = torch.isnan(mine["p"].float()) & ~torch.isnan(ref["p"].float())
+            if all(torch.equal(mine[k], pre[k]) for k in _FIELDS):
                 hint = "nothing changed: update p and the four state tensors IN PLACE (copy_ / slice assignment)."
+            elif torch.equal(mine["p"], pre["p"]) and not torch.equal(ref["p"], pre["p"]):
+                # p stuck: rebinding `p = ...`, or an update from the moments before the EMA (0 on step 1)?
+                probe = {k: v.clone() for k, v in mine.items()}
+                call(adam8bit_step_fn, probe["p"], g.clone(), probe["state1"], probe["state2"], probe["absmax1"],
+                     probe["absmax2"], qmap1.clone(), qmap2.clone(), **dict(kw, step=t + 1))
+                if torch.equal(probe["p"], mine["p"]):
+                    hint = ("p did not change although the states did: `p = ...` only rebinds the name inside your "
+                            "function; write into the parameter with p.copy_(...) (or p[:] = ...).")
+                else:
+                    hint = _OLD_MOMENTS  # p moves on step 2: the update used m and v from before the EMA
+            elif bool(nan_p.any()) and bool((~finite | ~nan_p).all()):
+                hint = ("NaN handling is missing: where the gradient is NaN or Inf, reset m and v to 0 and leave the parameter "
+                        "unchanged (torch.isfinite(g) gives the mask).")
             else:
                 hint = ("dequantize m and v (qmap[state] * absmax of the block), update them and p in fp32 like AdamW, "
                         "then requantize with a fresh absmax per block.")
-                for h, kwv in [
-                    ("sign lost on requantize: a small non-zero m must keep a code of its own sign, never 0 "
-                     "(keep_sign=True when quantizing m and v).", {"keep_sign": False, "keep_sign_v": False}),
-                    ("sign lost on requantize: a small non-zero m must keep a code of its own sign (keep_sign=True for m).",
-                     {"keep_sign": False}),
-                    ("v loses its sign on requantize: a tiny positive v must not round to 0 (keep_sign=True for v "
-                     "too), or the next update is m / eps.", {"keep_sign_v": False}),
-                    ("no bias correction: step size lr / (1 - beta1**step), denominator "
-                     "sqrt(v) / sqrt(1 - beta2**step) + eps.", {"bias": False}),
-                    ("requantize with a FRESH absmax per block (max |m|, max v of the updated values), not the old one.",
-                     {"fresh_absmax": False}),
-                    ("decay applied to m (through the gradient): 8-bit AdamW decays p directly, "
-                     "p *= 1 - lr * weight_decay.", {"decay_on_m": True}),
-                    ("the maps are swapped: m (signed) uses qmap1, v (non-negative) uses qmap2.", {"swap_maps": True}),
-                    ("NaN handling: where the gradient is not finite, reset m and v to 0 and leave p unchanged.",
-                     {"nan_rule": False}),
-                ]:
+                for h, kwv in _STEP_SLIPS:
                     try:
                         if _close(mine, _variant(pre, g, qmap1, qmap2, kw, **kwv), pdtype) is None:
                             hint = h
@@ -196,38 +242,116 @@ def _same(a, b) -> bool:
     return all(torch.allclose(x.detach(), y.detach(), rtol=1e-4, atol=1e-6) for x, y in zip(a, b))
 
 
+class _StepRuleAdam8bit(torch.optim.Optimizer):
+    """The 07.2 optimizer with a wrong step count: "always_one" (never grows) or "global" (one counter
+    increased for every parameter of every step)."""
+
+    def __init__(self, params, rule: str):
+        super().__init__(params, dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0))
+        self.rule, self.count = rule, 0
+        self.maps = dynamic_map(True), dynamic_map(False)
+
+    @torch.no_grad()
+    def step(self):
+        from ...adam import adam_step
+
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                if not st:
+                    n = p.numel()
+                    st.update(_fresh_state(n, 256) if n >= 4096 else
+                              dict(exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p)))
+                self.count += 1
+                t = 1 if self.rule == "always_one" else self.count
+                kw = dict(step=t, lr=group["lr"], eps=group["eps"], weight_decay=group["weight_decay"])
+                if "state1" in st:
+                    adam8bit_step(p.view(-1), p.grad.view(-1), st["state1"], st["state2"], st["absmax1"],
+                                  st["absmax2"], *self.maps, beta1=b1, beta2=b2, blocksize=256, **kw)
+                else:
+                    adam_step(p, p.grad, st["exp_avg"], st["exp_avg_sq"], betas=(b1, b2), **kw)
+
+
+def _crash_hint(text: str) -> str | None:
+    """A hint for the usual ways a learner's optimizer crashes in step()."""
+    if "NoneType" in text:
+        return ("skip parameters whose .grad is None (`if p.grad is None: continue`): one parameter here never gets "
+                "a gradient.")
+    if "must match the size" in text or "flat contiguous 1-D" in text:
+        return ("flatten the gradient too: the 8-bit step works on flat tensors, so pass p.view(-1) AND "
+                "p.grad.view(-1).")
+    if ("step" in text and "got 0" in text) or "ZeroDivisionError" in text:
+        return ("the first update ran with step = 0 (1 - beta1**0 = 0 divides by zero): increase the count BEFORE "
+                "the update, so the first step is step 1.")
+    return None
+
+
 def check_adam8bit_optimizer(optimizer_class) -> None:
     """``optimizer_class(params_or_groups, lr, betas, eps, weight_decay, blocksize=256, min_8bit_size=4096)``."""
     require_callable(optimizer_class, "the optimizer class")
     name = getattr(optimizer_class, "__name__", "your optimizer")
     params = _optimizer_params()
     before = [p.detach().clone() for p in params]
-    opt = call(lambda: _run(lambda ps: optimizer_class(_groups(ps)), 3, params))
+    try:
+        opt = call(lambda: _run(lambda ps: optimizer_class(_groups(ps)), 3, params))
+    except AssertionError as err:
+        hint = _crash_hint(str(err))
+        if hint is None:
+            raise
+        fail(str(err), hint)
     if not isinstance(opt, torch.optim.Optimizer):
         fail(f"{name}(...) is a {type(opt).__name__}", "subclass torch.optim.Optimizer and call super().__init__(params, defaults).")
-    if not torch.equal(params[4], before[4]) or opt.state.get(params[4]):
-        fail(f"{name}: a parameter without a gradient changed or got a state", "skip parameters whose .grad is None.")
+    if not torch.equal(params[4], before[4]):
+        fail(f"{name}: a parameter without a gradient changed", "skip parameters whose .grad is None.")
+    if opt.state.get(params[4]):
+        fail(f"{name}: a parameter that never got a gradient has a state",
+             "create a parameter's state on its first step, in step() (`if not state: ...`), not in __init__: a "
+             "parameter that never gets a gradient has no state.")
     for p, kind in zip(params[:4], ("8-bit", "8-bit", "fp32", "fp32")):
         tensors = [v for v in opt.state[p].values() if torch.is_tensor(v) and v.numel() > 1]
         has_codes = any(v.dtype == torch.uint8 and v.numel() == p.numel() for v in tensors)
         if kind == "8-bit" and not has_codes:
-            fail(f"{name}: the {p.numel()}-element parameter has no uint8 codes in its state",
-                 "min_8bit_size is inclusive: a tensor with n >= min_8bit_size elements (4096 too) gets 8-bit states"
-                 if p.numel() == 4096 else "keep the two states of a large tensor as uint8 codes (+ fp32 absmax per block) in self.state[p].")
+            if p.numel() == 4096:
+                hint = ("min_8bit_size is inclusive: a tensor with n >= min_8bit_size elements (4096 too) gets 8-bit "
+                        "states")
+            elif not opt.state.get(p):
+                hint = ("self.state[p] is empty: keep the two states of a large tensor as uint8 codes (+ fp32 absmax "
+                        "per block) in self.state[p] — state_dict() saves only that, not attributes of your own.")
+            elif p.dim() > 1 and p.shape[0] < 4096 and tensors:
+                hint = (f"count elements with p.numel() ({' x '.join(map(str, p.shape))} = {p.numel()}), not len(p) "
+                        "or p.shape[0]: the rule is about the number of elements.")
+            else:
+                hint = "keep the two states of a large tensor as uint8 codes (+ fp32 absmax per block) in self.state[p]."
+            fail(f"{name}: the {p.numel()}-element parameter has no uint8 codes in its state", hint)
         if kind == "fp32" and (has_codes or not any(v.dtype == torch.float32 and v.shape == p.shape for v in tensors)):
             fail(f"{name}: the {p.numel()}-element parameter should keep fp32 states exp_avg/exp_avg_sq",
-                 "tensors with fewer than min_8bit_size elements keep fp32 states (and the plain fp32 Adam update).")
+                 "you gave this small tensor 8-bit states: tensors with fewer than min_8bit_size elements keep fp32 "
+                 "states (and the plain fp32 Adam update).")
     ref_params = _optimizer_params()
     _run(_reference, 3, ref_params)
     if not _same(params, ref_params):
         variants = [
             ("read lr, betas, eps and weight_decay from each param group (group['lr'], group['betas'], …), not from the defaults.",
              dict(lr=1e-3, betas=(0.9, 0.999), weight_decay=0.0)),
-            ("apply each group's weight_decay (decoupled: p *= 1 - lr * weight_decay, inside the step).", dict(weight_decay=0.0)),
+            ("no weight decay was applied: apply each group's weight_decay (decoupled: p *= 1 - lr * weight_decay, "
+             "inside the step).", dict(weight_decay=0.0)),
         ]
         for hint, kw in variants:
             alt = _optimizer_params()
             _run(lambda ps, kw=kw: _reference(ps, **kw), 3, alt)
+            if _same(params, alt):
+                fail(f"{name}: parameters after 3 steps differ from adam8lib.optim.Adam8bit", hint)
+        for hint, rule in [
+            ("the step count stays at 1: it must grow, 1, 2, 3 … per parameter (state['step'] += 1 before each "
+             "update), or the bias correction keeps dividing as if every step were the first.", "always_one"),
+            ("you keep one counter for all parameters (increased for every tensor): each parameter needs its own "
+             "count in self.state[p]['step'], 1 on its first update.", "global"),
+        ]:
+            alt = _optimizer_params()
+            _run(lambda ps, rule=rule: _StepRuleAdam8bit(_groups(ps), rule), 3, alt)
             if _same(params, alt):
                 fail(f"{name}: parameters after 3 steps differ from adam8lib.optim.Adam8bit", hint)
         fail(f"{name}: parameters after 3 steps differ from adam8lib.optim.Adam8bit (groups with different lr, "
@@ -267,17 +391,37 @@ def check_stable_embedding(stable_embedding_class) -> None:
     if not isinstance(emb, torch.nn.Embedding) or not isinstance(norm, torch.nn.LayerNorm):
         fail(f"StableEmbedding has embedding={type(emb).__name__}, norm={type(norm).__name__}",
              "keep the table in self.embedding (an nn.Embedding) and the LayerNorm in self.norm.")
+    if tuple(emb.weight.shape) == (64, 1000):
+        fail("self.embedding.weight has shape (64, 1000), expected (1000, 64)",
+             "you swapped the arguments: nn.Embedding(num_embeddings, embedding_dim) has one row of embedding_dim "
+             "values per token.")
+    if tuple(norm.normalized_shape) != (64,):
+        fail(f"self.norm normalises over {tuple(norm.normalized_shape)}, expected (64,)",
+             "the LayerNorm normalises each embedding VECTOR: nn.LayerNorm(embedding_dim), not num_embeddings.")
     w = emb.weight.detach()
     bound = math.sqrt(6.0 / (1000 + 64))
-    if w.abs().max() > bound * 1.0001 or not (0.9 < w.std().item() * math.sqrt(3) / bound < 1.1):
+    std_ratio = w.std().item() * math.sqrt(3) / bound
+    if w.abs().max() > bound * 1.0001 or not (0.9 < std_ratio < 1.1):
+        if 0.9 < std_ratio < 1.1:
+            hint = ("the std is right but values reach past the bound: that is a NORMAL initialisation "
+                    "(xavier_normal_?). The paper's layer draws uniformly: nn.init.xavier_uniform_(self.embedding.weight).")
+        elif 0.9 < w.std().item() < 1.1:
+            hint = ("the table still has nn.Embedding's default init N(0, 1): call "
+                    "nn.init.xavier_uniform_(self.embedding.weight) in __init__.")
+        else:
+            hint = "initialise the table with nn.init.xavier_uniform_(self.embedding.weight) (nn.Embedding's default is N(0, 1))."
         fail(f"embedding weights: std {w.std().item():.4f}, max |w| {w.abs().max().item():.3f}; "
-             f"xavier-uniform gives std {bound / math.sqrt(3):.4f}, |w| <= {bound:.3f}",
-             "initialise the table with nn.init.xavier_uniform_(self.embedding.weight) (nn.Embedding's default is N(0, 1)).")
+             f"xavier-uniform gives std {bound / math.sqrt(3):.4f}, |w| <= {bound:.3f}", hint)
     x = torch.tensor([[1, 5, 999], [0, 0, 42]])
     out = call(module, x)
     want = torch.nn.functional.layer_norm(w[x], (64,), norm.weight.detach(), norm.bias.detach(), norm.eps)
     if isinstance(out, torch.Tensor) and out.shape == want.shape and torch.allclose(out, w[x]):
         fail("StableEmbedding(x) returns the looked-up vectors unchanged", "apply self.norm to the looked-up vectors.")
+    if isinstance(out, torch.Tensor) and out.shape == want.shape and \
+            torch.allclose(out, torch.nn.functional.normalize(w[x], dim=-1), atol=1e-6):
+        fail("StableEmbedding(x) has vectors of length 1",
+             "that is L2 normalisation (F.normalize): apply the LayerNorm self.norm, which subtracts each vector's "
+             "mean, divides by its std, then scales and shifts.")
     assert_close(out, want, what="StableEmbedding(x)", hint="return self.norm(self.embedding(x)).")
     try:
         import contextlib as _cl
@@ -294,11 +438,19 @@ def check_stable_embedding(stable_embedding_class) -> None:
         module = stable_embedding_class(1000, 64)
         opt = bnb.optim.Adam8bit(module.parameters(), lr=1e-3)
         module(x).pow(2).sum().backward()
-        opt.step()
+        try:
+            opt.step()
+        except AttributeError as err:  # a registered (module, name) pair that is not a parameter
+            fail(f"bitsandbytes' Adam8bit could not apply your override: {err}",
+                 "register the table itself: register_module_override(self.embedding, 'weight', {'optim_bits': 32}) "
+                 "— the override names a module and the name of ITS parameter.")
         state = opt.state[module.embedding.weight]
         if state["state1"].dtype != torch.float32:
+            overrides = bnb.optim.GlobalOptimManager.get_instance().module_weight_config_triple
+            registered = any(getattr(mod, name, None) is module.embedding.weight for mod, name, _ in overrides)
             fail(f"bitsandbytes' Adam8bit keeps the embedding's state as {state['state1'].dtype}",
-                 "register the table for 32-bit optimizer states in __init__: bnb.optim.GlobalOptimManager.get_instance()"
+                 ("" if registered else "you did not register the table for 32-bit states: ") +
+                 "register it in __init__: bnb.optim.GlobalOptimManager.get_instance()"
                  ".register_module_override(self.embedding, 'weight', {'optim_bits': 32}).")
     passed("Exercise 07.3 · The stable embedding")
 
@@ -318,17 +470,31 @@ def mlp_task(seed: int = 0):
     return x, y, model
 
 
-def _train(make_optimizer, steps: int = 200, step_fn=None) -> list[float]:
-    """Full-batch training of :func:`mlp_task`'s MLP: the mean squared error before each step."""
+def _train(make_optimizer, steps: int = 200, step_fn=None, *, record: str = "before", zero: str = "before",
+           fresh_optimizer: bool = False, reduction: str = "mean") -> list[float]:
+    """Full-batch training of :func:`mlp_task`'s MLP: the mean squared error before each step.
+
+    The keywords reproduce a learner's slips (for the hints): ``record="after"`` (loss after the step),
+    ``zero="none"`` / ``"between"`` (no zero_grad / zero_grad between backward and step),
+    ``fresh_optimizer`` (a new optimizer every step), ``reduction="sum"``."""
     x, y, model = mlp_task()
-    opt = make_optimizer(model.parameters())
+    params = list(model.parameters())
+    opt = make_optimizer(params)
     losses = []
     for _ in range(steps):
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x), y)
+        if fresh_optimizer:
+            opt = make_optimizer(params)
+        if zero == "before":
+            opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y, reduction=reduction)
         loss.backward()
-        losses.append(loss.item())
+        if record == "before":
+            losses.append(loss.item())
+        if zero == "between":
+            opt.zero_grad()
         opt.step() if step_fn is None else step_fn(opt)
+        if record == "after":
+            losses.append(torch.nn.functional.mse_loss(model(x), y, reduction=reduction).item())
     return losses
 
 
@@ -356,11 +522,38 @@ def check_trains_like_adam(train_fn, optimizer_class) -> None:
         got_curve = [float(v) for v in got_curve]
     except (TypeError, ValueError):
         fail(f"train(torch.optim.Adam, steps=20) returned {type(got_curve).__name__}", "return a list of floats (loss.item()).")
-    if len(got_curve) != 20 or not all(math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-7) for a, b in zip(got_curve, want_curve)):
+    def same(curve, reference):
+        return len(curve) == len(reference) and all(
+            math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-7) for a, b in zip(curve, reference))
+
+    if not same(got_curve, want_curve):
+        hint = ("one full-batch step per iteration: opt.zero_grad(), loss = mse_loss(model(x), y), loss.backward(), "
+                "record loss.item() (before the step), opt.step(); build the optimizer with "
+                "optimizer_class(model.parameters(), lr=lr).")
+        adam = lambda ps: torch.optim.Adam(ps, lr=1e-2)  # noqa: E731
+        if len(got_curve) != 20 and same(got_curve[:20], want_curve):
+            hint = (f"take `steps` steps: the check called train(..., steps=20) and got {len(got_curve)} losses "
+                    "(use range(steps), not a fixed number).")
+        else:
+            for h, make in [
+                ("you recorded the loss AFTER opt.step(): record loss.item() of the loss you backpropagate, before "
+                 "the step (the first entry is the untrained model's loss).", lambda: _train(adam, 20, record="after")),
+                ("pass lr to the optimizer: optimizer_class(model.parameters(), lr=lr) — without it the optimizer "
+                 "uses its default learning rate.", lambda: _train(lambda ps: torch.optim.Adam(ps), 20)),
+                ("call opt.zero_grad() every step: without it the gradients add up across steps (backward() "
+                 "accumulates into .grad).", lambda: _train(adam, 20, zero="none")),
+                ("you zeroed the gradients between backward() and step(): the step then sees no gradient. Call "
+                 "opt.zero_grad() before backward().", lambda: _train(adam, 20, zero="between")),
+                ("build the optimizer ONCE, before the loop: a new optimizer every step forgets m, v and the step "
+                 "count.", lambda: _train(adam, 20, fresh_optimizer=True)),
+                ("you summed the squared errors: the loss is their MEAN, mse_loss(model(x), y) "
+                 "(reduction='mean').", lambda: _train(adam, 20, reduction="sum")),
+            ]:
+                if same(got_curve, make()):
+                    hint = h
+                    break
         fail(f"train(torch.optim.Adam, steps=20) gave {len(got_curve)} losses {got_curve[:3]}...; the reference loop "
-             f"gives 20: {[round(v, 6) for v in want_curve[:3]]}...",
-             "one full-batch step per iteration: opt.zero_grad(), loss = mse_loss(model(x), y), loss.backward(), "
-             "record loss.item() (before the step), opt.step(); build the optimizer with optimizer_class(model.parameters(), lr=lr).")
+             f"gives 20: {[round(v, 6) for v in want_curve[:3]]}...", hint)
     curves = train_side_by_side(optimizer_class)
     (name, yours), (_, ref) = curves.items()
     first, last, want = yours[0], yours[-1], ref[-1]

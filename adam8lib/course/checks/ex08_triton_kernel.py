@@ -12,7 +12,7 @@ import os
 
 import torch
 
-from ...quant import dequantize_blockwise, dynamic_map, num_blocks, quantize_blockwise
+from ...quant import dequantize_blockwise, dynamic_map, nearest_code, num_blocks, quantize_blockwise
 from ._common import assert_close, call, fail, passed, require_callable
 from ._variants import diagnose
 
@@ -48,9 +48,9 @@ def _launch(kernel, grid, *args, **kwargs) -> None:
         raise
 
 
-def _padded(values: torch.Tensor, fill) -> tuple[torch.Tensor, torch.Tensor]:
-    """(buffer, view): the view holds ``values``; the buffer continues with ``_PAD`` sentinels."""
-    buf = torch.full((values.numel() + _PAD,), fill, dtype=values.dtype, device=values.device)
+def _padded(values: torch.Tensor, fill, pad: int = _PAD) -> tuple[torch.Tensor, torch.Tensor]:
+    """(buffer, view): the view holds ``values``; the buffer continues with ``pad`` sentinels."""
+    buf = torch.full((values.numel() + pad,), fill, dtype=values.dtype, device=values.device)
     buf[: values.numel()] = values.reshape(-1)
     return buf, buf[: values.numel()]
 
@@ -76,14 +76,29 @@ def check_absmax_kernel(absmax_kernel) -> None:
             fail(f"{what} wrote past the {nb} absmax entries.", hint="program `pid` writes exactly one value: "
                                                                    "tl.store(absmax_ptr + pid, ...).")
         blocks = torch.nn.functional.pad(x, (0, nb * bs - n)).view(nb, bs)
+        sentinel = torch.cat([x, torch.full((_PAD,), 1e6)])
+        shifted = torch.stack([sentinel[b: b + bs].masked_fill(torch.arange(b, b + bs) >= n, 0.0).abs().amax()
+                               for b in range(nb)])
+        only_first = torch.zeros(nb)
         hint = diagnose(out.cpu(), [
-            ("mask the load: the last block is ragged, so load with mask=offs < n and other=0.0 "
-             "(without it the kernel reads past the end of x).",
+            ("the last block read past the end of x (the values there are 1e6 here): mask the load with "
+             "mask=offs < n (strictly less) and other=0.0 — the last block is ragged.",
              lambda: torch.cat([want[:-1], torch.tensor([1e6])])),
-            ("absmax is the largest MAGNITUDE: tl.max(tl.abs(x), axis=0), not tl.max(x).",
+            ("you took the max of x itself (tl.max(x), or tl.abs after the max): absmax is the largest MAGNITUDE, "
+             "tl.max(tl.abs(x), axis=0) — abs first (here a block's biggest magnitude is -7.5).",
              lambda: blocks.amax(dim=1)),
-            ("each program handles its own block: offsets = pid * BLOCK + tl.arange(0, BLOCK).",
+            ("every program read (almost) block 0: the offsets must start at pid * BLOCK, offs = pid * BLOCK + "
+             "tl.arange(0, BLOCK) — not at 0, and not at pid.",
              lambda: blocks[0].abs().amax().expand(nb)),
+            ("the offsets start at pid * BLOCK, not at pid: program pid reads elements pid*BLOCK … pid*BLOCK + "
+             "BLOCK - 1.", lambda: shifted),
+            ("every program stored into absmax[0] (one of them wins): store at absmax_ptr + pid.",
+             lambda: torch.cat([out.cpu()[:1], only_first[1:]])
+             if nb > 1 and out.cpu()[0] != 0 and bool((out.cpu()[0] == want[1:]).any()) else None),
+            ("the grid is 1-D: pid = tl.program_id(0) (axis 0); tl.program_id(1) is always 0, so only block 0 "
+             "was computed.", lambda: torch.cat([want[:1], only_first[1:]])),
+            ("nothing was written into absmax: end the kernel with tl.store(absmax_ptr + pid, block_absmax).",
+             lambda: only_first),
         ], "absmax[pid] = max |x| over offsets pid*BLOCK ... pid*BLOCK + BLOCK - 1 (masked at n).", rtol=0, atol=0)
         assert_close(out.cpu(), want, what=what, hint=hint, rtol=0, atol=0)
     passed("Exercise 08.1 · A Triton absmax-per-block kernel")
@@ -106,7 +121,7 @@ def check_dequantize_kernel(dequantize_kernel) -> None:
             want = dequantize_blockwise(codes, absmax, qmap, bs)
             nb = absmax.numel()
             _, codes_view = _padded(codes.to(device), 255)
-            _, absmax_view = _padded(absmax.to(device), 1e6)
+            absmax_buf, absmax_view = _padded(absmax.to(device), 1e6, pad=max(_PAD, n))  # room for absmax_ptr + offs
             out_buf, out = _padded(torch.zeros(n, device=device), -12345.0)
             _launch(dequantize_kernel, (nb,), codes_view, absmax_view, qmap.to(device), out, n, BLOCK=bs)
             what = f"dequantize_kernel on {n} codes, blocksize {bs} ({nb} blocks, {'signed' if signed else 'unsigned'} map)"
@@ -114,14 +129,24 @@ def check_dequantize_kernel(dequantize_kernel) -> None:
                 fail(f"{what} wrote past the end of the output.",
                      hint="mask the store (and the loads): mask = offs < n — the last block is ragged.")
             idx = torch.arange(n)
+            values = qmap[codes.long()]
             hint = diagnose(out.cpu(), [
-                ("look the codes up in the map: tl.load(qmap_ptr + codes) (codes are indices, not values).",
+                ("you multiplied the codes themselves: look them up in the map first, tl.load(qmap_ptr + codes) "
+                 "(codes are indices, not values).",
                  lambda: codes.float() * absmax[idx // bs]),
-                ("multiply by the block's absmax: tl.load(absmax_ptr + pid).", lambda: qmap[codes.long()]),
-                ("one absmax per block: program pid uses absmax[pid], not absmax[0].",
-                 lambda: qmap[codes.long()] * absmax[0]),
+                ("you forgot the scale: qmap[codes] is the normalized value; multiply it by the block's absmax, "
+                 "tl.load(absmax_ptr + pid).", lambda: values),
+                ("one absmax per block: program pid uses absmax[pid], not absmax[0] (tl.load(absmax_ptr + pid)).",
+                 lambda: values * absmax[0]),
+                ("you divided by absmax: quantizing divided by it, dequantizing multiplies.",
+                 lambda: values / absmax[idx // bs]),
+                ("the offsets start at pid * BLOCK, not at pid: offs = pid * BLOCK + tl.arange(0, BLOCK).",
+                 lambda: torch.where(idx < nb - 1 + bs, values * absmax[idx.clamp(max=nb - 1)], 0.0)),
+                ("absmax has one entry per BLOCK: load the single scale tl.load(absmax_ptr + pid), not "
+                 "absmax_ptr + offs (that reads one 'absmax' per element).",
+                 lambda: values * absmax_buf.cpu()[:n]),
             ], "out[i] = qmap[codes[i]] * absmax[pid] for offsets i = pid*BLOCK + tl.arange(0, BLOCK) (masked).",
-                rtol=0, atol=0)
+                rtol=1e-6, atol=0)
             assert_close(out.cpu(), want, what=what, hint=hint, rtol=1e-6, atol=0)
     passed("Exercise 08.2 · A Triton blockwise dequantization kernel")
 
@@ -157,7 +182,8 @@ def check_quantize_kernel(quantize_kernel) -> None:
             _, x_view = _padded(x.to(device), 0.5)
             _, absmax_view = _padded(absmax.to(device), 1e6)
             out_buf, out = _padded(torch.zeros(n, dtype=torch.uint8, device=device), 77)
-            _launch(quantize_kernel, (nb,), x_view, absmax_view, qmap.to(device), out, n, BLOCK=bs)
+            _, qmap_view = _padded(qmap.to(device), -1e30, pad=16)  # reading qmap[256] finds a huge negative
+            _launch(quantize_kernel, (nb,), x_view, absmax_view, qmap_view, out, n, BLOCK=bs)
             what = f"quantize_kernel on {n} values, blocksize {bs} ({'signed' if signed else 'unsigned'} map)"
             if bool((out_buf[n:] != 77).any()):
                 fail(f"{what} wrote past the end of the codes.", hint="mask the store: tl.store(codes_ptr + offs, codes, mask=offs < n).")
@@ -166,21 +192,36 @@ def check_quantize_kernel(quantize_kernel) -> None:
                 continue
             scaled = x / torch.where(absmax > 0, absmax, torch.ones(())).repeat_interleave(bs)[:n]
             report = _codes_report(got, want, qmap, scaled)
-            zero_block = n >= 2 * bs and not torch.equal(got[:bs], want[:bs])
             lo = torch.searchsorted(qmap, scaled.contiguous(), right=True).clamp(min=1) - 1  # last entry <= x
+
+            def nearer(below):  # the nearer of qmap[below] and qmap[below + 1], ties to the lower
+                above = (below + 1).clamp(max=255)
+                return torch.where(qmap[above] - scaled < scaled - qmap[below], above, below)
+
+            rep = absmax.repeat_interleave(bs)[:n]
             hint = diagnose(got.long(), [
-                ("an all-zero block has absmax 0: divide by tl.where(absmax > 0, absmax, 1.0), or 0/0 gives NaN codes.",
-                 lambda: want.long() if not zero_block else None),
+                ("an all-zero block has absmax 0: divide by tl.where(absmax > 0, absmax, 1.0), or 0/0 gives NaN, "
+                 "every comparison is False and the block gets code 0 instead of the code of 0.0.",
+                 lambda: torch.where(rep == 0, 0, want.long())),
                 ("on an exact tie between two map entries take the LOWER index: move up only when the upper entry is "
                  "strictly closer (above - x < x - below).",
                  lambda: torch.where((qmap[(lo + 1).clamp(max=255)] - scaled) <= (scaled - qmap[lo]), (lo + 1).clamp(max=255), lo)),
-                ("the binary search gives the last entry <= x; the nearest entry is that one or the next: compare both.",
+                ("you always kept the lower neighbour: the binary search gives the last entry <= x, but the nearest "
+                 "entry is that one or the next: compare both.",
                  lambda: lo),
+                ("you always took the upper neighbour lo + 1: the nearest entry is lo or lo + 1, whichever is closer.",
+                 lambda: (lo + 1).clamp(max=255)),
+                ("the search needs 8 halvings (128, 64, …, 1) to reach all 256 entries: with 7 it never gets past "
+                 "index 127.", lambda: nearer(lo.clamp(max=127))),
+                ("keep the upper neighbour inside the map, hi = tl.minimum(lo + 1, 255): for x = 1 (an element equal "
+                 "to its block's absmax) lo is 255 and lo + 1 reads past the end of qmap.",
+                 lambda: torch.where(lo == 255, 0, want.long())),
+                ("you multiplied x by absmax: normalise by DIVIDING, x / absmax, so the block's values land in [-1, 1].",
+                 lambda: nearest_code(x * rep, qmap).long()),
+                ("one absmax per block: program pid uses absmax[pid], not absmax[0] (tl.load(absmax_ptr + pid)).",
+                 lambda: nearest_code(x / (absmax[0] if absmax[0] > 0 else 1.0), qmap).long()),
             ], "normalise by the block's absmax, binary-search the sorted map (8 halvings: 128, 64, …, 1), then pick the "
                "nearer of the two neighbours (ties: the lower index).", rtol=0, atol=0)
-            if zero_block:
-                hint = ("an all-zero block has absmax 0: divide by tl.where(absmax > 0, absmax, 1.0), or 0/0 gives "
-                        "NaN and a wrong code.")
             fail(f"{what}: {report}", hint)
         # a uint8 output, not int32 written into a uint8 buffer by accident
     passed("Exercise 08.3 · A Triton nearest-code kernel (binary search)")
@@ -219,23 +260,50 @@ def check_ema_requantize_kernel(ema_requantize_kernel) -> None:
             fail(f"{what} wrote past the end of the codes or of the absmax.",
                  hint="mask the code store with offs < n, and store one absmax per program (absmax_ptr + pid).")
         got_codes, got_absmax = codes_view.cpu(), absmax_view.cpu()
-        m_new = dequantize_blockwise(codes, absmax, qmap, bs) * beta + (1 - beta) * g
+        m_old = dequantize_blockwise(codes, absmax, qmap, bs)
+        m_new = m_old * beta + (1 - beta) * g
         blocks = torch.nn.functional.pad(m_new, (0, nb * bs - n)).view(nb, bs)
         tail = torch.cat([m_new, qmap[0] * absmax[-1] * beta + torch.zeros(nb * bs - n)]).view(nb, bs)
+
+        def block_absmax(m):
+            return torch.nn.functional.pad(m, (0, nb * bs - n)).view(nb, bs).abs().amax(1)
+
+        def close_codes(a, b):
+            d = (a.long() - b.long()).abs()
+            return bool(d.max() <= 1 and (d > 0).float().mean() <= 0.002)
+
+        if torch.equal(got_absmax, absmax) and not torch.equal(absmax, want_absmax) and close_codes(got_codes, want_codes):
+            fail(f"{what}: the absmax did not change (the codes did)",
+                 "you did not store the new absmax: the codes are normalised by it, so write it back too, "
+                 "tl.store(absmax_ptr + pid, new_absmax).")
         hint = diagnose(got_absmax, [
             ("masked lanes must not count in the new absmax: set them to 0 (m = tl.where(mask, m, 0.0)) before "
              "tl.max — a masked code load with other=0 reads map entry 0 = -0.99 * absmax.",
              lambda: tail.abs().amax(1)),
-            ("the new absmax is the largest MAGNITUDE of the updated state: tl.max(tl.abs(m), axis=0).",
+            ("you took tl.max(m), the largest value: the new absmax is the largest MAGNITUDE of the updated state, "
+             "tl.max(tl.abs(m), axis=0).",
              lambda: blocks.amax(1)),
-            ("the new absmax is taken AFTER the update (m = beta * m + (1 - beta) * g), not from the old state.",
+            ("you kept the old absmax: the new absmax is taken AFTER the update (m = beta * m + (1 - beta) * g), "
+             "not from the old state.",
              lambda: absmax),
+            ("beta multiplies the OLD state: m = beta * m + (1 - beta) * g (you swapped beta and 1 - beta).",
+             lambda: block_absmax((1 - beta) * m_old + beta * g)),
+            ("dequantize first: m = qmap[codes] * absmax[pid] — qmap[codes] alone is the normalised value in "
+             "[-1, 1], not the state.",
+             lambda: block_absmax(beta * qmap[codes.long()] + (1 - beta) * g)),
         ], "absmax[pid] = max |beta * m + (1 - beta) * g| over the block's valid elements.", rtol=1e-6, atol=0)
         assert_close(got_absmax, want_absmax, what=f"{what}: the new absmax", hint=hint, rtol=1e-6, atol=0)
-        if not torch.equal(got_codes, want_codes):
-            differ = (got_codes.long() - want_codes.long()).abs()
-            if differ.max() > 1 or (differ > 0).float().mean() > 0.002:
-                scaled = m_new / torch.where(want_absmax > 0, want_absmax, torch.ones(())).repeat_interleave(bs)[:n]
-                fail(f"{what}: {_codes_report(got_codes, want_codes, qmap, scaled)}",
-                     "requantize the updated state with the NEW absmax: nearest code of m / absmax_new (your 08.3 search).")
+        if not close_codes(got_codes, want_codes):
+            scaled = m_new / torch.where(want_absmax > 0, want_absmax, torch.ones(())).repeat_interleave(bs)[:n]
+            rep_old = torch.where(absmax > 0, absmax, torch.ones(())).repeat_interleave(bs)[:n]
+            zero = (want_absmax == 0).repeat_interleave(bs)[:n]
+            hint = "requantize the updated state with the NEW absmax: nearest code of m / absmax_new (your 08.3 search)."
+            if close_codes(got_codes, nearest_code(m_new / rep_old, qmap)):
+                hint = ("you normalised by the OLD absmax: requantize m / new_absmax (the absmax you store), so the "
+                        "codes and the stored scale agree.")
+            elif bool(zero.any()) and not torch.equal(got_codes[zero], want_codes[zero]) and \
+                    torch.equal(got_codes[~zero], want_codes[~zero]):
+                hint = ("an all-zero block has absmax 0: divide by tl.where(absmax > 0, absmax, 1.0), or 0/0 gives "
+                        "NaN and the block gets code 0 instead of the code of 0.0.")
+            fail(f"{what}: {_codes_report(got_codes, want_codes, qmap, scaled)}", hint)
     passed("Exercise 08.4 · A fused 8-bit EMA kernel")

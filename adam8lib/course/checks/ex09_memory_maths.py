@@ -56,26 +56,47 @@ def check_state_megabytes(state_megabytes) -> None:
                      variants=[
                          ("'MB' here is MiB (2**20 bytes), as in the chapter: divide by 2**20, not 10**6.",
                           lambda: (codes + absmax) / 1e6),
+                         ("you divided by 2**30 (GiB): the result is in MiB, bytes / 2**20.",
+                          lambda: (codes + absmax) / 2**30),
+                         ("you returned bytes: return MiB, the bytes divided by 2**20.",
+                          lambda: codes + absmax),
                          ("you forgot the absmax: 2 fp32 scales (8 bytes) per block of blocksize parameters.",
                           lambda: codes / MB),
-                         ("the ragged tail is a block too: ceil(n / blocksize) blocks.",
+                         ("the ragged tail is a block too, with a full absmax: a whole number of blocks, "
+                          "ceil(n / blocksize) — not n // blocksize, nor the fraction n / blocksize.",
                           lambda: (codes + 8 * (n // bs)) / MB),
-                         ("Adam has two states (m and v): 2 bytes/param in 8-bit, 8 in fp32.",
-                          lambda: (codes + absmax) / 2 / MB),
-                         ("one absmax per block for EACH of the two states (8 bytes per block).",
+                         ("the ragged tail is a block too, with a full absmax: a whole number of blocks, "
+                          "ceil(n / blocksize) — not n // blocksize, nor the fraction n / blocksize.",
+                          lambda: (codes + (8 * n / bs if kind == "adam8bit" else 0)) / MB),
+                         ("you counted ONE state: Adam keeps two (m and v), 2 bytes/param in 8-bit (one code each), "
+                          "8 in fp32.", lambda: (codes + absmax) / 2 / MB),
+                         ("you counted ONE state: Adam keeps two (m and v), so 2 bytes/param of codes in 8-bit.",
+                          lambda: (codes / 2 + absmax) / MB),
+                         ("you counted one absmax per block: there is one absmax per block for EACH of the two "
+                          "states (8 bytes per block).",
                           lambda: (codes + absmax / 2) / MB),
+                         ("kind='adamw' keeps fp32 m and v: 8 bytes per parameter, no codes and no absmax.",
+                          lambda: (2 * n + 8 * blocks) / MB),
                      ])
     passed("Exercise 09.1 · The seed numbers")
 
 
 # ---------------------------------------------------------------------------- 09.2
-def _budget_variant(model, kind, bs, min_size, *, grads=True, itemsize=None, small_rule=True):
+def _budget_variant(model, kind, bs, min_size, *, grads=True, itemsize=None, grad_itemsize=None, small_rule=True,
+                    strict=False, absmax=True, state_itemsize=False, total_grads=True, unit=1):
     params = list(model.parameters())
     w = sum(p.numel() * (itemsize or p.element_size()) for p in params)
-    opt = estimate_optimizer_memory([p.shape for p in params], kind, blocksize=bs,
-                                    min_8bit_size=min_size if small_rule else 0).total_bytes
-    g = w if grads else 0
-    return {"weights": w, "gradients": g, "optimizer": opt, "total": w + g + opt}
+    g = sum(p.numel() * (grad_itemsize or itemsize or p.element_size()) for p in params) if grads else 0
+    opt = 0
+    for p in params:
+        n = p.numel()
+        big = kind == "adam8bit" and (not small_rule or (n > min_size if strict else n >= min_size))
+        if big:
+            opt += 2 * n + (8 * (-(-n // bs)) if absmax else 0)
+        else:
+            opt += 2 * n * (p.element_size() if state_itemsize else 4)
+    out = {"weights": w, "gradients": g, "optimizer": opt, "total": w + opt + (g if total_grads else 0)}
+    return out if unit == 1 else {k: v / unit for k, v in out.items()}
 
 
 def check_training_memory(training_memory) -> None:
@@ -89,7 +110,9 @@ def check_training_memory(training_memory) -> None:
              ("DistilBERT in bf16", _ShapesModel(distilbert_shapes(), torch.bfloat16), "adam8bit", 256, 4096),
              ("a small MLP", mlp, "adam8bit", 256, 4096), ("a small MLP", mlp, "adamw", 256, 4096),
              ("a small MLP, blocksize 64, min_8bit_size 0", mlp, "adam8bit", 64, 0),
-             ("a small MLP in fp16", torch.nn.Linear(100, 64).to(torch.float16), "adam8bit", 256, 4096)]
+             ("a small MLP in fp16", torch.nn.Linear(100, 64).to(torch.float16), "adam8bit", 256, 4096),
+             ("a 64x64 layer (its weight has exactly min_8bit_size elements)", torch.nn.Linear(64, 64), "adam8bit",
+              256, 4096)]
     for label, model, kind, bs, min_size in cases:
         want = _budget_variant(model, kind, bs, min_size)
         got = call(training_memory, model, kind, blocksize=bs, min_8bit_size=min_size)
@@ -101,12 +124,31 @@ def check_training_memory(training_memory) -> None:
                      default="weights and gradients: numel * element_size of each parameter; optimizer: the "
                              "per-tensor state bytes of exercise 01.2; total: their sum (bytes, ints).",
                      variants=[
-                         ("gradients take as much memory as the weights (one per parameter, same dtype).",
+                         ("you left out the gradients: gradients take as much memory as the weights (one per "
+                          "parameter, same dtype).",
                           lambda: _budget_variant(model, kind, bs, min_size, grads=False)),
-                         ("use each parameter's element_size(): bf16/fp16 weights and gradients take 2 bytes.",
+                         ("you counted 4 bytes per element: use each parameter's element_size(): bf16/fp16 weights "
+                          "and gradients take 2 bytes.",
                           lambda: _budget_variant(model, kind, bs, min_size, itemsize=4)),
-                         ("small-tensor rule: tensors under min_8bit_size elements keep fp32 states (8 bytes/param).",
+                         ("you counted the gradients as fp32: gradients have the parameter's dtype (2 bytes each "
+                          "for bf16/fp16 parameters).",
+                          lambda: _budget_variant(model, kind, bs, min_size, grad_itemsize=4)),
+                         ("you gave every tensor 8-bit states: the small-tensor rule keeps tensors under "
+                          "min_8bit_size elements in fp32 (8 bytes/param).",
                           lambda: _budget_variant(model, kind, bs, min_size, small_rule=False)),
+                         ("min_8bit_size is inclusive: a tensor with exactly min_8bit_size elements (4096 here) "
+                          "gets 8-bit states (n >= min_8bit_size).",
+                          lambda: _budget_variant(model, kind, bs, min_size, strict=True)),
+                         ("you left out the absmax: each 8-bit tensor also stores 2 fp32 absmax per block "
+                          "(8 bytes per block of blocksize elements).",
+                          lambda: _budget_variant(model, kind, bs, min_size, absmax=False)),
+                         ("Adam's fp32 states take 8 bytes per parameter whatever the parameter's dtype (m and v "
+                          "are fp32 even for bf16 weights).",
+                          lambda: _budget_variant(model, kind, bs, min_size, state_itemsize=True)),
+                         ("the total is weights + gradients + optimizer: you left the gradients out of it.",
+                          lambda: _budget_variant(model, kind, bs, min_size, total_grads=False)),
+                         ("return BYTES as ints, not MiB: the caller divides by 2**20 when it prints.",
+                          lambda: _budget_variant(model, kind, bs, min_size, unit=MB)),
                      ])
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in got.values()):
             fail(f"{what}: the values should be ints (bytes).", hint="count bytes with integer arithmetic")
@@ -119,9 +161,10 @@ def check_training_memory(training_memory) -> None:
 
 
 # ---------------------------------------------------------------------------- 09.3
-def _adamw_elements(model, *, steps=True, frozen=False, per_param_step=False) -> int:
+def _adamw_elements(model, *, steps=True, frozen=False, per_param_step=False, moments=2, size=None) -> int:
     params = [p for p in model.parameters() if frozen or p.requires_grad]
-    return sum(2 * p.numel() + ((p.numel() if per_param_step else 1) if steps else 0) for p in params)
+    size = size or (lambda p: p.numel())
+    return sum(moments * size(p) + ((size(p) if per_param_step else 1) if steps else 0) for p in params)
 
 
 def _small_models():
@@ -151,12 +194,25 @@ def check_adamw_state_elements(adamw_state_elements) -> None:
                          ("torch's AdamW also keeps a `step` counter per parameter tensor, as a 1-element tensor: "
                           "2 * numel + 1 per tensor (the seed's 131,566,188 = 2 * 65,783,042 + 104 tensors).",
                           lambda: _adamw_elements(model, steps=False)),
-                         ("frozen parameters (requires_grad=False) get no gradient and no state.",
+                         ("you counted frozen parameters: frozen parameters (requires_grad=False) get no gradient "
+                          "and no state.",
                           lambda: _adamw_elements(model, frozen=True)),
-                         ("frozen parameters (requires_grad=False) get no gradient and no state.",
+                         ("you counted frozen parameters: frozen parameters (requires_grad=False) get no gradient "
+                          "and no state.",
                           lambda: _adamw_elements(model, frozen=True, steps=False)),
                          ("the step counter is one element per tensor, not one per parameter.",
                           lambda: _adamw_elements(model, per_param_step=True)),
+                         ("AdamW keeps two moment tensors per parameter, exp_avg (m) and exp_avg_sq (v): "
+                          "2 * numel + 1 per tensor.",
+                          lambda: _adamw_elements(model, moments=1)),
+                         ("one step counter per parameter TENSOR (104 for DistilBERT), not one for the whole "
+                          "optimizer.",
+                          lambda: _adamw_elements(model, steps=False) + 1),
+                         ("count elements, not bytes: the seed's number is numel() summed over the state tensors "
+                          "(you multiplied by 4 bytes).",
+                          lambda: 4 * _adamw_elements(model)),
+                         ("numel() counts every element; len(p) is only the first dimension of p.",
+                          lambda: _adamw_elements(model, size=len)),
                      ])
     passed("Exercise 09.3 · The seed's 131,566,188")
 
@@ -191,22 +247,50 @@ def check_seed_adam8bit(seed_adam8bit) -> None:
     names = dict(model.named_parameters())
     decay = {"emb.weight", "lin.weight", "head.weight"}
     args = _seed_args()
-    opt = call(seed_adam8bit, model, args)
+    try:
+        opt = call(seed_adam8bit, model, args)
+    except AssertionError as err:
+        if "more than one parameter group" not in str(err):
+            raise
+        fail(str(err), "each parameter must be in exactly one group: build the no-decay list from the names NOT in "
+                       "the decay list.")
     if not isinstance(opt, bnb.optim.Adam8bit):
-        fail(f"seed_adam8bit returned a {type(opt).__module__}.{type(opt).__name__}",
-             "the seed builds bitsandbytes' optimizer: bnb.optim.Adam8bit(groups, betas=..., eps=..., lr=...).")
+        kind = f"{type(opt).__module__}.{type(opt).__name__}"
+        hint = "the seed builds bitsandbytes' optimizer: bnb.optim.Adam8bit(groups, betas=..., eps=..., lr=...)."
+        if isinstance(opt, bnb.optim.AdamW8bit):
+            hint = ("you built bitsandbytes.optim.AdamW8bit: the seed builds bnb.optim.Adam8bit (whose decay comes "
+                    "from the groups' weight_decay).")
+        elif type(opt).__module__.startswith("torch.optim"):
+            hint = (f"you built torch.optim.{type(opt).__name__}: the seed's optimizer is bitsandbytes' 8-bit Adam, "
+                    "bnb.optim.Adam8bit(groups, betas=..., eps=..., lr=...).")
+        fail(f"seed_adam8bit returned a {kind}", hint)
     by_param = {id(p): g for g in opt.param_groups for p in g["params"]}
     if set(by_param) != {id(p) for p in names.values()}:
-        fail("the optimizer's groups do not hold every parameter exactly once", "two groups: decay and no-decay.")
+        missing = [n for n, p in names.items() if id(p) not in by_param]
+        fail("the optimizer's groups do not hold every parameter exactly once",
+             f"{', '.join(missing)} are in no group: the second group holds the biases and LayerNorm parameters, "
+             "with weight_decay 0.0." if missing else "two groups: decay and no-decay.")
+    wrong = {n for n, p in names.items() if by_param[id(p)]["weight_decay"] != (args.weight_decay if n in decay else 0.0)}
+    if wrong and wrong == set(names) - decay:
+        fail(f"{', '.join(sorted(wrong))} have weight_decay {args.weight_decay}, expected 0.0",
+             "every parameter decays: biases and LayerNorm parameters need their own group with 'weight_decay': 0.0 "
+             "(a weight_decay given to the optimizer applies to every group that does not set its own).")
     for name, p in names.items():
         g = by_param[id(p)]
         want_wd = args.weight_decay if name in decay else 0.0
         if g["weight_decay"] != want_wd:
-            fail(f"{name} has weight_decay {g['weight_decay']}, expected {want_wd}",
-                 "weight decay (args.weight_decay) for weights outside LayerNorm; 0.0 for biases and LayerNorm "
-                 "parameters (the seed's get_parameter_names(model, [nn.LayerNorm]) minus names with 'bias')."
-                 if not (name in decay and g["weight_decay"] == 0.0) else
-                 "the decay group takes args.weight_decay (TrainingArguments' default is 0.0, so the check sets it).")
+            if name in decay and g["weight_decay"] == 0.0:
+                hint = "the decay group takes args.weight_decay (TrainingArguments' default is 0.0, so the check sets it)."
+            elif name == "ln.weight":
+                hint = ("ln.weight is a LayerNorm parameter: LayerNorm weights get no decay either. The seed finds "
+                        "them by module type, get_parameter_names(model, [nn.LayerNorm]); the class name is not in "
+                        "the parameter's name.")
+            elif name.endswith("bias"):
+                hint = f"{name} is a bias: biases get weight_decay 0.0 (drop names containing 'bias' from the decay list)."
+            else:
+                hint = ("weight decay (args.weight_decay) for weights outside LayerNorm; 0.0 for biases and LayerNorm "
+                        "parameters (the seed's get_parameter_names(model, [nn.LayerNorm]) minus names with 'bias').")
+            fail(f"{name} has weight_decay {g['weight_decay']}, expected {want_wd}", hint)
         for key, want, hint in [("lr", args.learning_rate, "lr=args.learning_rate"),
                                 ("betas", (args.adam_beta1, args.adam_beta2), "betas=(args.adam_beta1, args.adam_beta2)"),
                                 ("eps", args.adam_epsilon, "eps=args.adam_epsilon")]:

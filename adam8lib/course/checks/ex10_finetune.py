@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ._common import assert_equal, call, fail, passed, require_callable
+from ._spy import Calls, order_hint
 from ._variants import matches
 
 __all__ = ["check_decay_parameter_names", "check_training_step", "check_trainer_8bit", "check_accelerate_epoch", "check_amp_step"]
@@ -31,12 +32,24 @@ class ScaleNorm(nn.Module):
         return self.gain * x / x.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
 
 
+class LayerScale(nn.Module):
+    """A per-channel gain (as in CaiT/ViT blocks): a 1-D parameter that is neither a bias nor a norm's."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((dim,), 0.1))
+
+    def forward(self, x):
+        return self.gamma * x
+
+
 class _Block(nn.Module):
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.attn = nn.Linear(dim, dim)  # weight decays, bias does not
         self.ln = nn.LayerNorm(dim)  # a LayerNorm whose *name* says nothing about norms
         self.ffn = nn.Sequential(nn.Linear(dim, 2 * dim, bias=False), nn.GELU(), nn.Linear(2 * dim, dim))
+        self.scale = LayerScale(dim)  # 1-D, decays: the "p.ndim >= 2" rule would leave it out
 
 
 class _CustomNet(nn.Module):
@@ -74,7 +87,8 @@ def _models() -> list[tuple[str, nn.Module]]:
         distilbert = build_distilbert(small=True)
     return [
         ("DistilBERT (small)", distilbert),
-        ("a custom model (LayerNorm named 'ln', an RMSNorm-like 'ScaleNorm', a Linear named 'denormalizer')",
+        ("a custom model (LayerNorm named 'ln', an RMSNorm-like 'ScaleNorm', a Linear named 'denormalizer', "
+         "a 1-D LayerScale gain)",
          _CustomNet()),
         ("nn.Sequential(Linear, LayerNorm, Linear without bias)",
          nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 2, bias=False))),
@@ -112,12 +126,28 @@ def check_decay_parameter_names(get_decay_parameter_names: Callable) -> None:
         if len(set(got)) != len(got):
             dup = next(n for n in got if got.count(n) > 1)
             fail(f"{what} lists {dup!r} more than once.",
-                 hint="each parameter once: walk model.named_parameters() (or named_modules with recurse=False)")
+                 hint="module.named_parameters() recurses into the submodules by default, so inside a "
+                      "named_modules() loop each parameter comes once per ancestor: use "
+                      "module.named_parameters(recurse=False) (or walk model.named_parameters() once)")
         unknown = [n for n in got if n not in all_names]
         if unknown:
-            fail(f"{what} returned names that are not parameters of the model, e.g. {unknown[0]!r}.",
-                 hint="use the full dotted names of model.named_parameters(), e.g. 'blocks.0.attn.weight'")
+            if unknown[0].startswith(".") and unknown[0][1:] in all_names:
+                hint = (f"the model's own parameter is called {unknown[0][1:]!r}, not {unknown[0]!r}: the model "
+                        "itself comes first from named_modules() with the name '' — no dot before its parameters")
+            else:
+                hint = "use the full dotted names of model.named_parameters(), e.g. 'blocks.0.attn.weight'"
+            fail(f"{what} returned names that are not parameters of the model, e.g. {unknown[0]!r}.", hint=hint)
         want = decay_parameter_names(model)
+        if got and set(got) <= set(all_names) - set(want):
+            fail(f"{what} returned only parameters that should NOT decay, e.g. {got[0]!r}.",
+                 hint="every name you returned is a bias or a norm-layer parameter — the ones to EXCLUDE; the "
+                      "list is of the names that GET weight decay (all the others)")
+        if set(got) != set(want) and set(got) == {n for n, p in model.named_parameters() if p.ndim >= 2}:
+            one_d = next(n for n in want if model.get_parameter(n).ndim < 2)
+            fail(f"{what}: {one_d!r} is missing — it should decay.",
+                 hint=f"you kept the parameters with 2 or more dimensions (p.ndim >= 2), but {one_d!r} is 1-D and "
+                      "neither a bias nor in a norm layer: decide by the name ('bias') and the module's type, "
+                      "not by the shape")
         extra = [n for n in got if n not in want]
         missing = [n for n in want if n not in got]
         norms = _norm_param_names(model)
@@ -142,6 +172,9 @@ def check_decay_parameter_names(get_decay_parameter_names: Callable) -> None:
                         "weight: decide by the module's type, not by a substring of the name")
             elif "." not in name:
                 hint = f"{name!r} is a parameter of the model itself (no submodule): include it too"
+            elif isinstance(_owner(model, name), nn.Embedding):
+                hint = (f"{name!r} is an nn.Embedding's weight: embeddings decay too — only biases and the "
+                        "parameters of norm layers are left out")
             else:
                 hint = "every weight outside norm layers decays (embeddings and Linear weights included)"
             fail(f"{what}: {name!r} is missing — it should decay.", hint=hint)
@@ -214,13 +247,17 @@ def check_training_step(training_step: Callable) -> None:
         batches = _tiny_batches(16, seed)
         model, opt, sched = _setup(seed)
         w0 = model.hidden.weight.detach().clone()
-        seen: list[tuple[bool, torch.dtype, torch.dtype]] = []
+        seen: list[tuple[bool, bool, torch.dtype]] = []
         model.hidden.register_forward_hook(
-            lambda m, i, o: seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), o.dtype)))
+            lambda m, i, o: seen.append((torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda"), o.dtype)))
+        calls = Calls(model, opt, sched)
         losses = []
         name = {torch.bfloat16: "torch.bfloat16", torch.float16: "torch.float16"}[dtype]
         for step, batch in enumerate(batches):
-            loss = call(training_step, model, batch, opt, sched, dtype=dtype)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                loss = call(training_step, model, batch, opt, sched, dtype=dtype)
+            events = calls.clear()
             what = f"training_step(..., dtype={name}) at step {step + 1}"
             if loss is None:
                 fail(f"{what} returned None.", hint="return the loss as a Python float: `return loss.item()`")
@@ -230,25 +267,17 @@ def check_training_step(training_step: Callable) -> None:
             if not isinstance(loss, float):
                 fail(f"{what} returned {type(loss).__name__}, expected a float.", hint="return loss.item()")
             if step == 0:
-                if not seen:
-                    fail(f"{what} never called the model.", hint="loss = model(**batch).loss")
-                enabled, ac_dtype, out_dtype = seen[0]
-                if not enabled:
-                    fail(f"{what}: the forward pass did not run under autocast (the Linear gave {out_dtype}).",
-                         hint="wrap the forward in `with torch.autocast(device_type, dtype=dtype):`")
-                if out_dtype != dtype:
-                    fail(f"{what}: autocast ran in {out_dtype}, asked for {name}.",
-                         hint="pass the `dtype` argument to torch.autocast instead of a fixed dtype")
-                if torch.equal(model.hidden.weight.detach(), w0):
-                    fail(f"{what} did not change the weights.", hint="call optimizer.step() after loss.backward()")
-                if model.hidden.weight.dtype != torch.float32:
-                    fail(f"{what} changed the weights' dtype to {model.hidden.weight.dtype}.",
-                         hint="autocast keeps fp32 weights; do not call model.to(dtype) / .half() / .bfloat16()")
+                _first_step(what, name, dtype, model, w0, seen, events, caught)
             losses.append(loss)
         want = _reference_run(batches, seed, dtype)
         for step, (got, ref) in enumerate(zip(losses, want)):
             if abs(got - ref) > 1e-4 + 1e-3 * abs(ref):
-                hint = _diagnose_step(training_step, dtype, seed)
+                batch_size = len(batches[step]["labels"])
+                if step == 0 and math.isclose(got, batch_size * ref, rel_tol=1e-3):
+                    hint = (f"your loss is {batch_size} times the reference: the SUM over the batch's {batch_size} "
+                            "examples. Use the model's loss (model(**batch).loss), which is their mean")
+                else:
+                    hint = _diagnose_step(training_step, dtype, seed)
                 fail(f"training_step(..., dtype={name}): loss at step {step + 1} is {got:.5f}, the reference "
                      f"step gives {ref:.5f} (same model, data, optimizer and schedule).", hint=hint)
         first, last = sum(losses[:4]) / 4, sum(losses[-4:]) / 4
@@ -257,6 +286,32 @@ def check_training_step(training_step: Callable) -> None:
                  f"{first:.4f}, of the last 4 {last:.4f}).",
                  hint="backward, optimizer.step(), scheduler.step(), zero_grad — all four, every step")
     passed("Exercise 10.2 · Mixed-precision training step")
+
+
+def _first_step(what, name, dtype, model, w0, seen, events, caught) -> None:
+    """What the first call of the learner's step must already show: autocast, an update, fp32 weights."""
+    if not seen:
+        fail(f"{what} never called the model.", hint="loss = model(**batch).loss")
+    on_cpu, on_cuda, out_dtype = seen[0]
+    if not on_cpu:
+        if on_cuda or any("Disabling autocast" in str(w.message) for w in caught):
+            fail(f"{what}: the forward pass did not run under CPU autocast (the Linear gave {out_dtype}).",
+                 hint="you asked for autocast on 'cuda', but the model is on the CPU: take the device type from "
+                      "the model, device_type = next(model.parameters()).device.type")
+        fail(f"{what}: the forward pass did not run under autocast (the Linear gave {out_dtype}).",
+             hint="your forward ran in fp32, without autocast: wrap it in "
+                  "`with torch.autocast(device_type, dtype=dtype):`")
+    if out_dtype != dtype:
+        fail(f"{what}: autocast ran in {out_dtype}, asked for {name}.",
+             hint="pass the `dtype` argument to torch.autocast instead of a fixed dtype")
+    if model.hidden.weight.dtype != torch.float32:
+        fail(f"{what} changed the weights' dtype to {model.hidden.weight.dtype}.",
+             hint="autocast keeps fp32 weights; do not call model.to(dtype) / .half() / .bfloat16()")
+    hint = order_hint(events)
+    if hint is not None:
+        fail(f"{what} called, in this order: {', '.join(events)}.", hint=hint)
+    if torch.equal(model.hidden.weight.detach(), w0):
+        fail(f"{what} did not change the weights.", hint="call optimizer.step() after loss.backward()")
 
 
 def _diagnose_step(training_step: Callable, dtype: torch.dtype, seed: int) -> str:
@@ -273,7 +328,8 @@ def _diagnose_step(training_step: Callable, dtype: torch.dtype, seed: int) -> st
         return "compare your step with: autocast forward → backward → optimizer.step() → scheduler.step() → zero_grad"
     reference(ref_model, batches[0], ref_opt, ref_sched, dtype=dtype)
     if sched.last_epoch == 0:
-        return "call scheduler.step() once per training step (after optimizer.step())"
+        return ("your step never calls scheduler.step(), so the learning rate never moves: call scheduler.step() "
+                "once per training step (after optimizer.step())")
     if sched.last_epoch > 1:
         return f"scheduler.step() ran {sched.last_epoch} times in one training step: call it once"
     if not torch.allclose(model.hidden.weight, ref_model.hidden.weight, atol=1e-5):
@@ -309,10 +365,19 @@ def check_trainer_8bit(make_trainer_8bit: Callable) -> None:
                                  report_to=[], use_cpu=not torch.cuda.is_available(), max_steps=4)
         data = [{"input_ids": torch.tensor([101, 7, 8, 102]), "attention_mask": torch.ones(4, dtype=torch.long),
                  "labels": torch.tensor(i % 2)} for i in range(8)]
-        trainer = call(make_trainer_8bit, model, args, data)
+        try:
+            trainer = call(make_trainer_8bit, model, args, data)
+        except AssertionError as exc:
+            if "cannot unpack non-iterable" in str(exc):
+                fail(f"{str(exc).splitlines()[0]}",
+                     "`optimizers` takes a pair, not the optimizer alone: optimizers=(optimizer, None).")
+            raise
     if not isinstance(trainer, Trainer):
         fail(f"make_trainer_8bit returned {type(trainer).__name__}", "return the transformers.Trainer you built.")
     opt = trainer.optimizer
+    if opt is None and isinstance(trainer.lr_scheduler, torch.optim.Optimizer):
+        fail("trainer.optimizer is None and trainer.lr_scheduler is your optimizer",
+             "the pair is (optimizer, scheduler): you passed (None, optimizer); write optimizers=(optimizer, None).")
     if opt is None:
         fail("trainer.optimizer is None: the Trainer will build its own AdamW when training starts",
              "pass your optimizer in: Trainer(..., optimizers=(optimizer, None)).")
@@ -324,21 +389,46 @@ def check_trainer_8bit(make_trainer_8bit: Callable) -> None:
              "schedule (warmup, decay) around your optimizer from the TrainingArguments.")
     decay = set(decay_parameter_names(model))
     by_param = {id(p): g for g in opt.param_groups for p in g["params"]}
-    for name, p in model.named_parameters():
-        g = by_param.get(id(p))
-        if g is None:
-            fail(f"{name} is in no optimizer group", "every parameter of trainer.model goes into one of the two groups.")
-        want = args.weight_decay if name in decay else 0.0
-        if g["weight_decay"] != want:
-            fail(f"{name}: weight_decay {g['weight_decay']}, expected {want}",
-                 "two groups: names from get_decay_parameter_names (10.1) get args.weight_decay, all others 0.0.")
+    named = list(model.named_parameters())
+    left_out = [n for n, p in named if id(p) not in by_param]
+    if left_out:
+        hint = "every parameter of trainer.model goes into one of the two groups."
+        if not set(left_out) & decay:
+            hint = ("the no-decay group is missing: biases and norm parameters are still trained, in a second "
+                    "group with weight_decay 0.0.")
+        elif set(left_out) >= decay:
+            hint = "the decay group is missing: the names from get_decay_parameter_names go in a group of their own."
+        fail(f"{left_out[0]} is in no optimizer group", hint)
+    wd = {n: by_param[id(p)]["weight_decay"] for n, p in named}
+    if any(wd[n] != (args.weight_decay if n in decay else 0.0) for n in wd):
+        in_decay = {wd[n] for n in decay}
+        in_rest = {wd[n] for n in wd if n not in decay}
+        bad = next(n for n in wd if wd[n] != (args.weight_decay if n in decay else 0.0))
+        if in_decay == {0.0} and in_rest == {args.weight_decay}:
+            hint = ("the two groups are swapped: the names from get_decay_parameter_names get args.weight_decay, "
+                    "the others 0.0.")
+        elif in_decay == {0.0} and in_rest == {0.0}:
+            hint = (f"no parameter gets weight decay (e.g. {bad!r}): give the decay group "
+                    "weight_decay=args.weight_decay — the Trainer does not set it on an optimizer you build.")
+        elif in_rest == in_decay and len(in_decay) == 1:
+            hint = (f"every parameter has weight_decay {in_decay.pop()}, biases and norm weights too (e.g. {bad!r}): "
+                    "two groups, args.weight_decay for the names from get_decay_parameter_names, 0.0 for the others.")
+        elif len(in_decay) == 1 and in_rest == {0.0}:
+            hint = (f"the decay group has weight_decay {in_decay.pop()}, the arguments say {args.weight_decay}: use "
+                    "args.weight_decay, not a number of your own.")
+        else:
+            hint = "two groups: names from get_decay_parameter_names (10.1) get args.weight_decay, all others 0.0."
+        fail(f"{bad}: weight_decay {wd[bad]}, expected {args.weight_decay if bad in decay else 0.0}", hint)
+    for name, p in named:
+        g = by_param[id(p)]
         for key, value, hint in [("lr", args.learning_rate, "lr=args.learning_rate"),
                                  ("betas", (args.adam_beta1, args.adam_beta2), "betas=(args.adam_beta1, args.adam_beta2)"),
                                  ("eps", args.adam_epsilon, "eps=args.adam_epsilon")]:
             got = tuple(g[key]) if key == "betas" else g[key]
             if got != value:
-                fail(f"{name}: {key} {got}, expected {value}",
-                     f"the Trainer does not pass its arguments to an optimizer you build: use {hint}.")
+                fail(f"{name}: {key} {got}, expected {value} (from the TrainingArguments)",
+                     f"your optimizer's {key} is not the one in args — the Trainer does not pass its arguments to an "
+                     f"optimizer you build: use {hint}.")
     if trainer.model is not model:
         fail("trainer.model is not the model you were given", "Trainer(model=model, args=args, train_dataset=...).")
     with _quiet():
@@ -376,8 +466,9 @@ def _batches(n=5, seed=0, scale=3.0):
 class _SpyAccelerator:
     """Delegates to a real Accelerator and counts what the loop calls."""
 
-    def __init__(self, real) -> None:
+    def __init__(self, real, events: list[str] | None = None) -> None:
         self.real, self.calls = real, {"backward": 0, "autocast": 0, "clip_grad_norm_": 0}
+        self.events = events if events is not None else []
 
     def backward(self, loss, **kw):
         self.calls["backward"] += 1
@@ -389,6 +480,7 @@ class _SpyAccelerator:
 
     def clip_grad_norm_(self, *a, **kw):
         self.calls["clip_grad_norm_"] += 1
+        self.events.append("clip")
         return self.real.clip_grad_norm_(*a, **kw)
 
     def __getattr__(self, name):
@@ -396,7 +488,7 @@ class _SpyAccelerator:
 
 
 def _reference_epoch(model, optimizer, loader, scheduler, max_grad_norm, *, train=True, zero=True, clip=True,
-                     sched=True, autocast=True):
+                     sched=True, autocast=True, clip_norm=None, sched_per_epoch=False):
     model.train(train)
     losses = []
     for batch in loader:
@@ -404,14 +496,43 @@ def _reference_epoch(model, optimizer, loader, scheduler, max_grad_norm, *, trai
             loss = model(**batch).loss
         loss.backward()
         if clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm or max_grad_norm)
         optimizer.step()
-        if sched and scheduler is not None:
+        if sched and scheduler is not None and not sched_per_epoch:
             scheduler.step()
         if zero:
             optimizer.zero_grad()
         losses.append(float(loss.detach()))
+    if sched_per_epoch:
+        scheduler.step()
     return losses, [p.detach().clone() for p in model.parameters()]
+
+
+def _per_batch(events: list[str]) -> list[list[str]]:
+    """The epoch's events cut at each forward (what came before the first forward goes with it)."""
+    cuts = [i for i, e in enumerate(events) if e == "forward"]
+    if not cuts:
+        return [events]
+    return [events[(0 if k == 0 else c):(cuts[k + 1] if k + 1 < len(cuts) else len(events))]
+            for k, c in enumerate(cuts)]
+
+
+def _epoch_order_hint(events: list[str], n_batches: int) -> str | None:
+    """What the events of a whole epoch say about the order of the calls, or None."""
+    batches = _per_batch(events)
+    for one in batches[:-1] or batches:  # the last batch may carry a once-per-epoch call
+        hint = order_hint(one, backward="accelerator.backward(loss)")
+        if hint is not None:
+            return hint
+        if "clip" in one and "step" in one and one.index("clip") > one.index("step"):
+            return "you clip after optimizer.step(): clip between accelerator.backward(loss) and the step."
+        back = next((i for i, e in enumerate(one) if e.startswith("backward")), None)
+        if "clip" in one and back is not None and one.index("clip") < back:
+            return ("you clip before accelerator.backward(loss): there are no gradients yet; clip after backward "
+                    "and before the step.")
+    if n_batches > 1 and events.count("sched") == 1 and "sched" not in batches[0]:
+        return "scheduler.step() ran once per epoch: call it once per batch, after optimizer.step()."
+    return None
 
 
 def _epoch_setup(seed=0):
@@ -432,9 +553,15 @@ def check_accelerate_epoch(train_epoch: Callable) -> None:
         spy = _SpyAccelerator(fresh_accelerator(cpu=True, mixed_precision="bf16"))
     loader = _batches()
     model, opt, sched = _epoch_setup()
+    calls = Calls(model, opt, sched)
+    spy.events = calls.events
     torch.manual_seed(1)
     got = call(train_epoch, spy, model, opt, loader, sched, max_grad_norm=0.5)
+    events = calls.clear()
     params = [p.detach().clone() for p in model.parameters()]
+    if isinstance(got, (float, int)) or torch.is_tensor(got) and got.numel() == 1:
+        fail(f"train_epoch returned one number ({float(got):.4g}), not a list",
+             f"return the list of the {len(loader)} batches' losses (one float per batch), not their mean or sum.")
     if not isinstance(got, list) or len(got) != len(loader):
         fail(f"train_epoch returned {type(got).__name__} of length {len(got) if hasattr(got, '__len__') else '?'}",
              f"return a list with one loss per batch ({len(loader)} batches).")
@@ -452,18 +579,30 @@ def check_accelerate_epoch(train_epoch: Callable) -> None:
 
     want_losses, want_params = reference()
     same = lambda a, b: all(torch.allclose(x, y, rtol=1e-4, atol=1e-6) for x, y in zip(a, b))  # noqa: E731
+    hint = _epoch_order_hint(events, len(loader))
+    if hint is not None:
+        fail(f"train_epoch's first batch called, in this order: {', '.join(_per_batch(events)[0])}", hint)
     if matches(got, want_losses, rtol=1e-4, atol=1e-6) and same(params, want_params):
+        if spy.calls["clip_grad_norm_"] != len(loader):
+            fail(f"accelerator.clip_grad_norm_ was called {spy.calls['clip_grad_norm_']} times for {len(loader)} "
+                 "batches",
+                 "clip with accelerator.clip_grad_norm_(model.parameters(), max_grad_norm), not torch's: under fp16 "
+                 "accelerate's version unscales the gradients first, torch's would clip the scaled ones.")
         passed("Exercise 10.4 · The accelerate training loop")
         return
     for hint, flags in [
         ("call model.train() first: the model may come back from evaluation, and dropout must be on while training.",
          dict(train=False)),
-        ("zero the gradients after each step (optimizer.zero_grad()): otherwise they add up across batches.", dict(zero=False)),
-        ("clip after backward and before the step: accelerator.clip_grad_norm_(model.parameters(), max_grad_norm).",
-         dict(clip=False)),
-        ("advance the schedule after each optimizer step: scheduler.step().", dict(sched=False)),
-        ("run the forward under `with accelerator.autocast():` (the accelerator's mixed precision, bf16 here).",
-         dict(autocast=False)),
+        ("the gradients are never zeroed, so they add up across batches: zero the gradients after each step "
+         "(optimizer.zero_grad()).", dict(zero=False)),
+        ("the gradients are not clipped: clip after backward and before the step, "
+         "accelerator.clip_grad_norm_(model.parameters(), max_grad_norm).", dict(clip=False)),
+        ("the learning rate never moves: advance the schedule after each optimizer step, scheduler.step().",
+         dict(sched=False)),
+        ("your forward ran in fp32: run it under `with accelerator.autocast():` (the accelerator's mixed "
+         "precision, bf16 here).", dict(autocast=False)),
+        ("you clipped at a fixed norm: pass the max_grad_norm argument to accelerator.clip_grad_norm_.",
+         dict(clip_norm=1.0)),
     ]:
         losses, ps = reference(**flags)
         if matches(got, losses, rtol=1e-4, atol=1e-6) and same(params, ps):
@@ -478,13 +617,13 @@ def _matches_list(a, b):
 
 # ---------------------------------------------------------------------- exercise 10.5
 def _amp_reference(model, batch, optimizer, scaler, max_norm, *, scale=True, unscale=True, via_scaler=True,
-                   update=True, zero=True, dtype=torch.float16):
+                   update=True, zero=True, dtype=torch.float16, max_norm_instead=None):
     with torch.autocast("cpu", dtype=dtype):
         loss = model(**batch).loss
     (scaler.scale(loss) if scale else loss).backward()
     if unscale:
         scaler.unscale_(optimizer)
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm_instead or max_norm)
     if via_scaler:
         scaler.step(optimizer)
     else:
@@ -496,17 +635,23 @@ def _amp_reference(model, batch, optimizer, scaler, max_norm, *, scale=True, uns
     return float(loss.detach())
 
 
-def _amp_run(step, **flags):
+def _amp_run(step, record: list[list[str]] | None = None, **flags):
+    """Four steps (the third overflows); ``record`` gets each call's events (the last one maybe cut short)."""
     torch.manual_seed(0)
     model = _TinyClassifier().train()
     model.drop.p = 0.0  # no dropout randomness: compare runs exactly
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    calls = Calls(model, opt, None, scaler) if record is not None else None
     batches = _batches(4, seed=3, scale=5.0)
     batches[2] = {**batches[2], "overflow": True}
     losses, scales, params = [], [], []
     for batch in batches:
+        if calls is not None:
+            record.append(calls.events)
         losses.append(step(model, batch, opt, scaler, 0.5, **flags))
+        if calls is not None:
+            calls.clear()
         scales.append(scaler.get_scale())
         params.append([p.detach().clone() for p in model.parameters()])
     return losses, scales, params
@@ -515,18 +660,20 @@ def _amp_run(step, **flags):
 def check_amp_step(amp_step: Callable) -> None:
     """``amp_step(model, batch, optimizer, scaler, max_norm)``: fp16 autocast + GradScaler + clipping, with a fake overflow."""
     require_callable(amp_step, "amp_step")
+    record: list[list[str]] = []
     try:
+        def four_steps():
+            return _amp_run(amp_step, record)
+
+        four_steps.__name__ = "amp_step"
         with _quiet():
-            got = call(_amp_run, amp_step)
-    except AssertionError as exc:  # torch's GradScaler asserts on a wrong order of calls
-        text = str(exc)
-        if "_scale is None" in text:
-            fail(f"the GradScaler refused: {text.splitlines()[-1][:160]}",
-                 "backward the SCALED loss: scaler.scale(loss).backward(); the scaler divides by the same scale later.")
-        if "after step()" in text or "already been called since the last update()" in text:
-            fail(f"the GradScaler refused: {text.splitlines()[-1][:160]}",
-                 "call scaler.update() after scaler.step(): it ends the iteration (and halves the scale after an overflow).")
-        raise
+            got = call(four_steps)
+    except AssertionError as exc:  # torch's GradScaler asserts (or raises) on a wrong order of calls
+        hint = _scaler_refusal_hint(str(exc), record)
+        if hint is None:
+            raise
+        fail(f"the GradScaler refused: {str(exc).splitlines()[-1][:160]} (your step called, in this order: "
+             f"{', '.join(record[-1])})", hint)
     want = _amp_run(_amp_reference)
     losses, scales, params = got
     finite = lambda v: isinstance(v, float) and not math.isnan(v)  # noqa: E731
@@ -536,6 +683,16 @@ def check_amp_step(amp_step: Callable) -> None:
 
     if not all(isinstance(v, float) for v in losses):
         fail("amp_step should return the loss as a Python float", "return loss.item().")
+    if not any(e in record[0] for e in ("scale", "unscale", "scaler.step", "update")):
+        fail(f"amp_step never used the scaler it was given (it called: {', '.join(record[0])})",
+             "use the `scaler` argument — scaler.scale(loss).backward(), scaler.unscale_, scaler.step, "
+             "scaler.update — not a GradScaler of your own: the scale must carry over from step to step.")
+    hint = order_hint(record[0], backward="scaler.scale(loss).backward()")
+    if hint is not None:
+        fail(f"amp_step called, in this order: {', '.join(record[0])}", hint)
+    if math.isclose(losses[0], 1024.0 * want[0][0], rel_tol=1e-3):
+        fail(f"amp_step returned {losses[0]:.4g}, 1024 times the loss ({want[0][0]:.4g})",
+             "you returned the SCALED loss (scaler.scale(loss)): scale only what you backward, return loss.item().")
     if any(not bool(torch.isfinite(p).all()) for p in params[2]):
         fail("after the step whose gradients overflowed (inf), the parameters are no longer finite",
              "step through the scaler, scaler.step(optimizer): it skips optimizer.step() when the unscaled "
@@ -550,8 +707,12 @@ def check_amp_step(amp_step: Callable) -> None:
     for hint, flags in [
         ("unscale before clipping: scaler.unscale_(optimizer), then clip_grad_norm_ — otherwise you clip the "
          "scaled gradients (1024 times too large) and the step is far too small.", dict(unscale=False)),
-        ("zero the gradients after each step (optimizer.zero_grad()).", dict(zero=False)),
-        ("autocast with dtype=torch.float16: fp16 is what overflows and needs the scaler (bf16 has fp32's range).",
+        ("the gradients are never zeroed, so they add up across steps: zero the gradients after each step "
+         "(optimizer.zero_grad()).", dict(zero=False)),
+        ("you clipped at a fixed norm: clip_grad_norm_(model.parameters(), max_norm) with the max_norm argument.",
+         dict(max_norm_instead=1.0)),
+        ("your forward ran in bf16, not fp16: autocast with dtype=torch.float16 — fp16 is what overflows and needs "
+         "the scaler (bf16 has fp32's range).",
          dict(dtype=torch.bfloat16)),
     ]:
         try:
@@ -563,3 +724,27 @@ def check_amp_step(amp_step: Callable) -> None:
     fail(f"amp_step: scales {scales} (expected {want[1]}) or parameters differ from the reference",
          "autocast(fp16) forward -> scaler.scale(loss).backward() -> scaler.unscale_(optimizer) -> clip -> "
          "scaler.step(optimizer) -> scaler.update() -> zero_grad.")
+
+
+def _scaler_refusal_hint(text: str, record: list[list[str]]) -> str | None:
+    """The hint for a GradScaler error, from the order of the calls of the step that raised it."""
+    events = record[-1] if record else []
+    earlier = [e for step in record[:-1] for e in step]
+    if "_scale is None" in text and "scale" not in events:
+        return "backward the SCALED loss: scaler.scale(loss).backward(); the scaler divides by the same scale later."
+    if any("update" in one and ("scaler.step" not in one or one.index("update") < one.index("scaler.step"))
+           for one in record):
+        return "call scaler.update() AFTER scaler.step(optimizer): update ends the iteration; step needs its inf checks."
+    if "No inf checks were recorded for this optimizer" in text:
+        hint = order_hint(events, backward="scaler.scale(loss).backward()")
+        return hint or ("scaler.step found no gradients: backward the scaled loss and keep the gradients until "
+                        "scaler.step(optimizer) (zero them after it).")
+    if "after step()" in text or "has already been called" in text:
+        if record[:-1] and "update" not in earlier:
+            return ("call scaler.update() after scaler.step(): it ends the iteration (and halves the scale after "
+                    "an overflow).")
+        if "unscale_() is being called after step()" in text:
+            return "unscale before the step: scaler.unscale_(optimizer), clip, then scaler.step(optimizer)."
+        if events.count("unscale") > 1:
+            return "call scaler.unscale_(optimizer) once per step (scaler.step does not need a second one)."
+    return None

@@ -75,7 +75,7 @@ QUESTIONS: dict[str, Question] = {
     # 00 · tour
     "00.a": Question(8, rel_tol=0),
     "00.b": Question("c", choices="abcd"),
-    "00.c": Question(2.0, rel_tol=0.05),
+    "00.c": Question(2.0, rel_tol=0.05, shown="≈ 2.03 (2 bytes of codes + 8/256 of fp32 scales)"),
     # 01 · optimizer memory
     "01.a": Question(8 * DISTILBERT / MiB, rel_tol=0.005, shown="501.9 MiB"),
     "01.b": Question("b", choices="ab"),
@@ -105,10 +105,13 @@ QUESTIONS: dict[str, Question] = {
     "07.a": Question(127, rel_tol=0),
     "07.b": Question("b", choices="abc"),
     "07.c": Question(2 + 8 / 256, rel_tol=1e-6, shown="2.03125"),
+    "07.d": Question(0, rel_tol=0, shown="0 (a 0.1 % change is less than half a code gap: every code stays)"),
+    "07.e": Question(11.1, rel_tol=0.1, shown="≈ 11 (frozen codes times an absmax that grew 1.5×, against fp32's 0.999^2000 ≈ 1 / 7.4)"),
     # 08 · Triton
     "08.a": Question(16, rel_tol=0),
     "08.b": Question(391, rel_tol=0),
     "08.c": Question(20, rel_tol=0.25, shown="≈ 20"),
+    "08.d": Question(0, rel_tol=0, shown="0 (the table is the search's answer, sampled wherever it changes)"),
     # 09 · memory maths
     "09.a": Question(2 * DISTILBERT + 104, rel_tol=0, shown="131,566,188"),
     "09.b": Question(22_662_144 / DISTILBERT, rel_tol=0.02, shown="0.34 (34 %)"),

@@ -10,6 +10,10 @@
 * :mod:`adam8lib.course.grading.gradebook` — ``make grade SUBMISSIONS=dir`` → grades/gradebook.csv:
   each learner workbook graded by :mod:`~adam8lib.course.grading.runner` (a process the notebook
   never ran in) inside :mod:`~adam8lib.course.grading.sandbox` (bubblewrap when available).
+* :mod:`adam8lib.course.grading.feedback` — after grading, ``grades/learners/<learner>.html`` (score per
+  exercise, hints, the lesson section to read again) and ``grades/class.html`` (pass rates, the most
+  frequent hints), from the Jinja2 templates in ``templates/``; sections per exercise in
+  :mod:`~adam8lib.course.grading.lessons`.
 * :mod:`adam8lib.course.grading.channel` — the gradebook's side of a grading child (pipes, deadlines, kill).
 * :mod:`adam8lib.course.grading.selfcheck` — a learner's ``pytest --nbval`` self-check without the
   folder's conftest.py / pytest.ini / manifest.

@@ -8,7 +8,11 @@
 * check cells keep their source but lose their stored outputs (a learner never sees
   "all checks passed" under an unsolved exercise); their expected success line
   ``✔ <title>: all checks passed`` is written to the manifest, and the grading plugin gives it
-  back to nbval when it runs the cell, so a stub fails exactly there; other cells are kept as they are;
+  back to nbval when it runs the cell, so a stub fails exactly there;
+* a cell that runs the learner's code — it uses a function or class an exercise cell defines, or a
+  name that such a cell assigned — loses its stored outputs too and is tagged ``nbval-ignore-output``:
+  its stored result came from the solution, and a learner must not see it before writing anything
+  (:func:`learner_dependent`); other cells are kept as they are;
 * Colab badges and links to ``…/solutions/…`` point to ``…/exercises/…``;
 
 and it writes ``exercises/.manifest.json`` (see :mod:`adam8lib.course.grading.conventions`).
@@ -66,7 +70,7 @@ from .conventions import (
     unique,
 )
 
-__all__ = ["generate_notebook", "generate", "main"]
+__all__ = ["generate_notebook", "generate", "learner_dependent", "main"]
 
 _LINK = re.compile(r"(/blob/[^/\s)\"']+/)solutions/")
 #: Anything that looks like a solution marker (the exact ones are ``### BEGIN/END SOLUTION``).
@@ -138,6 +142,60 @@ def _check_arguments(source: str, check: str, defined: set[str], where: str) -> 
         )
 
 
+def _loaded_names(source: str) -> set[str]:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+def _exercise_definitions(source: str) -> set[str]:
+    """Top-level functions and classes of an exercise cell (those the learner writes or completes)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+
+
+def _assigned_names(source: str) -> set[str]:
+    """Names a cell binds at its top level, imports left out (an import does not carry the learner's code)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif not isinstance(node, (ast.Import, ast.ImportFrom)):
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                    names.add(sub.id)
+    return names
+
+
+def learner_dependent(nb) -> list[int]:
+    """Indices of the code cells that are neither exercise nor check cells but run the learner's code.
+
+    The learner's code is every function or class an exercise cell (one with solution markers)
+    defines; a cell that uses one of them, or a name assigned by such a cell (transitively), runs it.
+    """
+    learner: set[str] = set()
+    found = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        source = cell_source(cell)
+        if has_markers(source):
+            learner |= _exercise_definitions(source)
+        elif not check_calls(source) and _loaded_names(source) & learner:
+            found.append(index)
+            learner |= _assigned_names(source)
+    return found
+
+
 def notebook_extras(nb) -> dict:
     """The manifest's optional fields for solution notebook ``nb`` (see conventions.Manifest)."""
     imports: list[str] = []
@@ -171,6 +229,7 @@ def generate_notebook(nb, name: str, source_path: str | None = None) -> tuple[nb
     checks: list[CheckSpec] = []
     solved_since_check = solved_any = False
     defined: set[str] = set()
+    runs_learner_code = set(learner_dependent(nb))
     for index, cell in enumerate(nb.cells):
         where = f"{name}, cell {index}"
         source = cell_source(cell)
@@ -225,6 +284,10 @@ def generate_notebook(nb, name: str, source_path: str | None = None) -> tuple[nb
             )
             cell.outputs = []
             cell.execution_count = None
+        elif index in runs_learner_code:
+            cell.outputs = []
+            cell.execution_count = None
+            cell.metadata["tags"] = unique([*cell_tags(cell), IGNORE_OUTPUT_TAG])
         code_index += 1
     if not solved_any or not checks:
         raise WorkbookError(

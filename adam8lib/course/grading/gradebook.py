@@ -3,6 +3,7 @@
     python -m adam8lib.course.grading.gradebook SUBMISSIONS [--out grades/gradebook.csv]
         [--manifest exercises/.manifest.json] [--cell-timeout 120] [--learner-timeout 3600]
         [--jobs 1] [--sandbox auto|bwrap|none] [--memory-limit 8192] [--max-output 65536]
+        [--lessons notebooks]
 
 ``SUBMISSIONS`` holds one folder per learner with their ``NN_topic.ipynb`` workbooks (at any
 depth; a file is matched to a workbook by name, else by its ``NN_`` prefix).
@@ -25,7 +26,10 @@ learner can never score more than a workbook's maximum.
 by exercise id, in course order), ``total``, ``notes`` — appended to ``--out`` as soon as that
 learner is done (so an interrupted run keeps every finished row) and the file rewritten in
 learner order at the end. ``<out folder>/reports/<learner>.json`` holds every exercise's status
-and ``<learner>.log`` the children's (capped) output. Notes say what happened: missing or
+(and a failed check's message) and ``<learner>.log`` the children's (capped) output. Then
+:mod:`adam8lib.course.grading.feedback` writes the pages people read: ``<out folder>/learners/
+<learner>.html`` (score per exercise, hints, the lesson section to read again) and
+``<out folder>/class.html`` (pass rates, the most frequent hints, links to every learner's page). Notes say what happened: missing or
 unreadable workbooks, exercise cells that raised or timed out, a check that printed something
 else, a child killed (out of memory, signal) or stopped at the time limit, checks tampered with,
 course files changed during grading (restored; the learner scores 0), edited or deleted check
@@ -67,6 +71,7 @@ from .conventions import (
     is_solution_cell,
     source_hash,
 )
+from .feedback import write_pages
 
 __all__ = ["LearnerGrade", "Grader", "find_workbooks", "grade_learner", "grade_class", "write_gradebook", "main"]
 
@@ -82,6 +87,7 @@ class LearnerGrade:
     points: dict[str, int]  # exercise id -> points
     notes: list[str] = field(default_factory=list)
     statuses: dict[str, tuple[str, str]] = field(default_factory=dict)  # exercise -> (status, detail)
+    errors: dict[str, str] = field(default_factory=dict)  # exercise -> first lines of a failed check's message
 
     @property
     def total(self) -> int:
@@ -105,7 +111,8 @@ class LearnerGrade:
             "learner": self.learner,
             "total": self.total,
             "points": self.points,
-            "statuses": {k: {"status": s, "detail": d} for k, (s, d) in self.statuses.items()},
+            "statuses": {k: {"status": s, "detail": d, **({"error": self.errors[k]} if self.errors.get(k) else {})}
+                         for k, (s, d) in self.statuses.items()},
             "notes": self.notes,
         }
 
@@ -358,7 +365,7 @@ class Grader:
         return env
 
     def run_workbook(self, name: str, nb: dict, deadline: float, log: list[str]) -> tuple[dict, list[str]]:
-        """{exercise: (status, detail)} for one workbook of a learner, and notes."""
+        """{exercise: (status, detail, error)} for one workbook of a learner, and notes."""
         specs = self.manifest.notebooks[name]
         cells, taken = _exercise_cells(nb, name, specs)
         notes = _integrity_notes(nb, name, specs) + taken + _import_flags(cells, name, self.manifest)
@@ -388,7 +395,7 @@ class Grader:
         finally:
             _remove(scratch)
         log.append(f"===== {name} (sandbox: {self.mode}) =====\n{text}")
-        results: dict[str, tuple[str, str]] = {}
+        results: dict[str, tuple[str, str, str]] = {}
         if messages is None:
             notes.append(f"{name}: the result channel carried something that is not a result; scores 0")
             return {}, notes
@@ -408,7 +415,7 @@ class Grader:
                 if exercise not in known or exercise in results or status not in STATUSES:
                     notes.append(f"{name}: an invalid or repeated result on the result channel; scores 0")
                     return {}, notes
-                results[exercise] = (status, str(message.get("detail", ""))[:300])
+                results[exercise] = (status, str(message.get("detail", ""))[:300], str(message.get("error", ""))[:5000])
         if not finished:
             if self.stopped.is_set():
                 notes.append(f"{name}: grading was interrupted; exercises without a result score 0")
@@ -426,27 +433,35 @@ class Grader:
         deadline = time.monotonic() + self.learner_timeout
         log: list[str] = []
         for name in self.manifest.notebooks:
+
+            def ungraded(status: str, note: str, name: str = name) -> None:  # the workbook's exercises: 0, noted once
+                grade.notes.append(note)
+                for spec in self.manifest.notebooks[name]:
+                    grade.statuses[spec.exercise] = (status, note)
+
             if name not in notebooks:
-                grade.notes.append(f"{name} missing")
+                ungraded("missing", f"{name} missing")
                 continue
             if self.stopped.is_set():
-                grade.notes.append(f"{name}: not graded (grading was interrupted)")
+                ungraded("not run", f"{name}: not graded (grading was interrupted)")
                 continue
             try:
                 nb = json.loads(notebooks[name].decode("utf-8"))
                 if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
                     raise ValueError("not a notebook (no list of cells)")
             except (ValueError, UnicodeDecodeError) as exc:
-                grade.notes.append(f"{name} could not be read ({type(exc).__name__}: {str(exc)[:120]}); scores 0")
+                ungraded("unreadable", f"{name} could not be read ({type(exc).__name__}: {str(exc)[:120]}); scores 0")
                 continue
             if time.monotonic() >= deadline:
-                grade.notes.append(f"{name}: not graded, the learner time limit ({self.learner_timeout:g} s) was used up")
+                ungraded("not run", f"{name}: not graded, the learner time limit ({self.learner_timeout:g} s) was used up")
                 continue
             results, more = self.run_workbook(name, nb, deadline, log)
             grade.notes.extend(more)
             for spec in self.manifest.notebooks[name]:
-                status, detail = results.get(spec.exercise, ("not run", ""))
+                status, detail, error = results.get(spec.exercise, ("not run", "", ""))
                 grade.statuses[spec.exercise] = (status, detail)
+                if error:
+                    grade.errors[spec.exercise] = error
                 grade.points[spec.exercise] = spec.points if status == "passed" else 0
                 if status in NOTED:
                     grade.notes.append(f"{name} {spec.label} {spec.exercise}: {status} ({detail})")
@@ -631,6 +646,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="bwrap: require bubblewrap; none: plain child processes; auto (default): bwrap if it works")
     parser.add_argument("--memory-limit", type=int, default=8192, help="address-space cap per child, MiB (default 8192)")
     parser.add_argument("--max-output", type=int, default=65536, help="characters of a check's output kept (default 65536)")
+    parser.add_argument("--lessons", type=Path, default=None,
+                        help="folder of the lesson notebooks the feedback pages link to "
+                             "(default: notebooks/ next to the manifest's folder)")
     parser.add_argument("--require-full-marks", action="store_true",
                         help="exit with status 3 unless every learner scores every point (e.g. grading the course's "
                              "own solutions on your machine before grading a class: make grade-solutions)")
@@ -662,9 +680,18 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+    lessons = args.lessons if args.lessons is not None else Path(args.manifest).resolve().parent.parent / "notebooks"
+    try:
+        pages = write_pages(grades, manifest, args.out.parent, lessons if lessons.is_dir() else None)
+    except Exception as exc:  # the CSV and the reports are written: say so, and fail at the end
+        pages = None
+        print(f"error: the feedback pages could not be written ({type(exc).__name__}: {exc})", file=sys.stderr)
     print(f"graded {len(grades)} learner(s) out of {manifest.total_points} points -> {args.out}")
     for grade in grades:
         print(f"  {grade.learner}: {grade.total}/{manifest.total_points}" + (" (see notes)" if grade.notes else ""))
+    if pages is not None:
+        print(f"feedback pages: {pages.class_page} (the class) and {len(pages.learner_pages)} in "
+              f"{pages.class_page.parent / 'learners'} (one per learner)")
     if "signal" in holder:
         print(f"interrupted by {_signal_name(holder['signal'])}: unfinished learners are noted", file=sys.stderr)
         return 128 + holder["signal"]
@@ -677,7 +704,7 @@ def main(argv: list[str] | None = None) -> int:
         if not grades:
             print("not full marks: no learner was graded", file=sys.stderr)
         return 3
-    return 0
+    return 0 if pages is not None else 2
 
 
 if __name__ == "__main__":

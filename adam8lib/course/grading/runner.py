@@ -22,7 +22,8 @@ success line, plus the files the checks come from and their sha256. In order, th
    exactly its success line. A changed snapshot or file makes the exercise ``tampered`` (0 points).
 
 Results go to the parent through ``--result-fd``, a pipe the gradebook owns, one JSON line per
-exercise and a last ``{"kind": "done"}``, each carrying the job's random token; the gradebook
+exercise (a failed check also sends the first lines of its message, hint included, as ``error``)
+and a last ``{"kind": "done"}``, each carrying the job's random token; the gradebook
 never reads a file the learner could write, and points are computed by the gradebook from its
 own manifest. New threads or trace/profile hooks left by learner code also count as tampering.
 This process exits with ``os._exit`` so no learner ``atexit`` hook runs.
@@ -166,6 +167,16 @@ def _first_line(text: str, limit: int = 200) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
+def _message(text: str, lines: int = 12, width: int = 300) -> str:
+    """What a feedback page shows of a failed check's message: its first ``lines`` non-blank
+    lines, each cut to ``width`` characters, and its hint (the last line starting ``Hint:``
+    and what follows it, as the checks' ``fail`` writes it) even when the message is longer."""
+    every = [ln.rstrip() for ln in str(text).splitlines() if ln.strip()]
+    at = max((i for i, ln in enumerate(every) if ln.lstrip().startswith("Hint:")), default=len(every))
+    kept = every[:at][:lines] + every[at:][:4]
+    return "\n".join(ln if len(ln) <= width else ln[: width - 3] + "..." for ln in kept)
+
+
 def _split_check(source: str, check: str) -> tuple[list[ast.stmt], ast.Call]:
     """The import statements of a manifest check cell and its ``check_x(...)`` call."""
     tree = ast.parse(source)
@@ -286,7 +297,7 @@ def main(argv: list[str] | None = None) -> None:
             continue
         function, expression = resolved[exercise]
         out = _Capped(max(cap, 2 * len(spec["expected_output"])))
-        status, detail = "passed", ""
+        status, detail, error = "passed", "", ""
         sys.stdout = sys.stderr = out
         try:
             _alarm(cell_timeout)
@@ -298,6 +309,7 @@ def main(argv: list[str] | None = None) -> None:
         except BaseException as exc:  # noqa: BLE001
             _disarm()
             status, detail = "failed", f"{type(exc).__name__}: {_first_line(exc)}"
+            error = _message(f"{type(exc).__name__}: {exc}")
         finally:
             sys.stdout, sys.stderr = real_stdout, real_stderr
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
@@ -309,8 +321,8 @@ def main(argv: list[str] | None = None) -> None:
                 status, detail = "failed", f"the check printed {_first_line(text)!r}, not its success line"
         changed = snapshot.changes() + files_changed() + hooks_changed()
         if changed:
-            status, detail = "tampered", "learner code changed the checks or what they rely on: " + ", ".join(changed[:5])
-        send(kind="result", exercise=exercise, status=status, detail=detail)
+            status, detail, error = "tampered", "learner code changed the checks or what they rely on: " + ", ".join(changed[:5]), ""
+        send(kind="result", exercise=exercise, status=status, detail=detail, **({"error": error} if error else {}))
     send(kind="done")
     channel.close()
     os._exit(0)

@@ -15,7 +15,7 @@ solution, and correct answers written differently from the solution::
     RIGHT = [Right("03.1", checks.check_adam_step, adam_written_with_torch_lerp,
                    how="m and v updated with torch.lerp")]
 
-``tests/workbooks/test_wrong_answers.py`` asserts each one: a wrong answer's check raises an
+``tests/course/test_wrong_answers.py`` asserts each one: a wrong answer's check raises an
 AssertionError whose message contains ``hint`` (so it is caught, and caught *for that reason*),
 a right one passes. ``names_mistake`` records whether the hint says what was done wrong in the
 learner's terms (True) or only reminds of the rule (False); the counts are printed by::
@@ -29,11 +29,17 @@ variant accepted) are asserted by the test module.
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
+
+if not torch.cuda.is_available():  # workbook 08's kernels: Triton must be imported in interpreter mode (as in
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # tests/conftest.py), and an earlier exNN may import it first
 
 __all__ = ["Wrong", "Right", "collect", "counts", "MIN_WRONG_PER_EXERCISE", "MIN_NAMED_SHARE"]
 

@@ -1,4 +1,5 @@
-"""Every plausible wrong answer (tests/workbooks/wrong_answers/exNN.py) fails its check with the hint
+"""Every plausible wrong answer (tests/workbooks/wrong_answers/exNN.py; they test the checks, not a
+learner's workbook, so they live here, outside the workbook unit tests that grade stubs) fails its check with the hint
 written for it; every correct variant passes; the course's targets hold (≥ 5 wrong answers per
 exercise, ≥ 70 % of hints name the mistake, every exercise with a check has its list)."""
 

@@ -1,0 +1,346 @@
+"""Checks for workbook 12 · beyond 8 bits: packing 4-bit codes, the zero-point problem, rank-1
+normalization, stochastic rounding to bf16."""
+
+from __future__ import annotations
+
+import torch
+
+from ...formats import pack_nibbles, unpack_nibbles
+from ...quant import dynamic_map, nearest_code, num_blocks
+from ._common import assert_close, assert_equal, call, fail, passed, require_callable
+
+__all__ = ["check_pack_nibbles", "check_zero_point_victims", "check_rank1_scale", "check_stochastic_round"]
+
+
+# ---------------------------------------------------------------------------- 12.1
+def _codes(n: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, 16, (n,), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8)
+
+
+def check_pack_nibbles(pack, unpack) -> None:
+    """``pack(codes) -> bytes`` (element 2i in the high nibble), ``unpack(bytes, n) -> codes``."""
+    require_callable(pack, "pack")
+    require_callable(unpack, "unpack")
+    cases = [("two codes, 1 and 2", torch.tensor([1, 2], dtype=torch.uint8)),
+             ("every pair of codes", torch.arange(16, dtype=torch.uint8).repeat_interleave(16).roll(3)),
+             ("an odd count (5 codes)", torch.tensor([15, 0, 7, 9, 1], dtype=torch.uint8)),
+             ("1,001 random codes", _codes(1001, 12)), ("one code", torch.tensor([11], dtype=torch.uint8))]
+    for label, codes in cases:
+        want = pack_nibbles(codes)
+        what = f"pack({label})"
+        try:
+            got = call(pack, codes.clone())
+        except AssertionError as exc:
+            if codes.numel() % 2 and "not implemented yet" not in str(exc):
+                fail(str(exc), hint="an odd number of codes cannot be paired as it is: pad it with one 0 code at the "
+                                    "end first (torch.cat([codes, codes.new_zeros(1)])).")
+            raise
+        if not isinstance(got, torch.Tensor):
+            fail(f"{what} returned {type(got).__name__}, expected a uint8 tensor.", hint="return a torch.Tensor of bytes")
+        if got.dtype != torch.uint8:
+            fail(f"{what} has dtype {got.dtype}, expected torch.uint8.",
+                 hint="a byte holds two codes: keep the result uint8 (shift and OR uint8 tensors).")
+        if got.numel() != want.numel():
+            hint = ("an odd number of codes still needs its last byte: pad with one 0 code "
+                    "(ceil(n / 2) bytes)." if codes.numel() % 2 else "n codes fit in n / 2 bytes: two per byte.")
+            fail(f"{what} has {got.numel()} bytes, expected {want.numel()}.", hint=hint)
+        if not torch.equal(got, want):
+            padded = torch.cat([codes, codes.new_zeros(codes.numel() % 2)])
+            front = torch.cat([codes.new_zeros(codes.numel() % 2), codes])
+            variants = [
+                ("the nibbles are swapped: element 2i goes in the HIGH nibble (codes[2i] << 4 | codes[2i+1]).",
+                 padded[1::2] << 4 | padded[0::2]),
+                ("you padded at the front: the 0 code goes AFTER the last code, so the last byte holds the last "
+                 "code in its high nibble.", front[0::2] << 4 | front[1::2]),
+                ("the high nibble is lost: shift the first code by 4 bits (codes[2i] << 4); shifted by 8 it leaves "
+                 "the byte.", padded[1::2]),
+            ]
+            hint = next((h for h, v in variants if torch.equal(got, v)),
+                        "byte i = codes[2i] << 4 | codes[2i + 1] (a 4-bit shift, then OR).")
+            assert_equal(got, want, what=what, hint=hint)
+        back = call(unpack, want.clone(), codes.numel())
+        what = f"unpack(pack({label}), n={codes.numel()})"
+        if not isinstance(back, torch.Tensor) or back.dtype != torch.uint8:
+            fail(f"{what} returned {getattr(back, 'dtype', type(back).__name__)}, expected a uint8 tensor.",
+                 hint="return the codes as uint8 (>> 4 and & 0x0F keep the dtype).")
+        if back.numel() != codes.numel():
+            fail(f"{what} has {back.numel()} codes, expected {codes.numel()}.",
+                 hint="an odd count was padded: unpack every byte, then keep the first n codes.")
+        if not torch.equal(back, codes):
+            n, hi, lo = codes.numel(), want >> 4, want & 0x0F
+            variants = [
+                ("you put the low nibble first: the high nibble (byte >> 4) is element 2i, the low one "
+                 "(byte & 0x0F) element 2i + 1.", torch.stack([lo, hi], dim=1).reshape(-1)[:n]),
+                ("the low nibble is not masked: byte & 0x0F keeps its 4 low bits; without the mask element 2i + 1 "
+                 "is the whole byte.", torch.stack([hi, want], dim=1).reshape(-1)[:n]),
+                ("byte & 0xF0 leaves the high nibble 16 times too large: shift it down instead, byte >> 4.",
+                 torch.stack([want & 0xF0, lo], dim=1).reshape(-1)[:n]),
+                ("torch.cat puts all the high nibbles first: interleave them (high 0, low 0, high 1, …), e.g. "
+                 "torch.stack([high, low], dim=1).reshape(-1).", torch.cat([hi, lo])[:n]),
+            ]
+            hint = next((h for h, v in variants if torch.equal(back, v)),
+                        "the high nibble (byte >> 4) is element 2i, the low one (byte & 0x0F) element 2i + 1; "
+                        "interleave them in that order.")
+            assert_equal(back, codes, what=what, hint=hint)
+    passed("Exercise 12.1 · Two codes per byte")
+
+
+# ---------------------------------------------------------------------------- 12.2
+def _victims(m: torch.Tensor, v: torch.Tensor, qmap: torch.Tensor, blocksize: int) -> torch.Tensor:
+    n = v.numel()
+    pad = num_blocks(n, blocksize) * blocksize - n
+    blocks = torch.nn.functional.pad(v, (0, pad)).view(-1, blocksize)
+    absmax = blocks.amax(dim=1)
+    scale = absmax.repeat_interleave(blocksize)[:n]
+    normalized = torch.where(scale > 0, v / scale, torch.zeros_like(v))
+    v_hat = qmap[nearest_code(normalized, qmap).long()] * scale
+    return (v_hat == 0) & (m != 0)
+
+
+def _zero_point_cases():
+    gen = torch.Generator().manual_seed(21)
+    qmap = dynamic_map(False, 3, 4)
+    g = torch.randn(1000, generator=gen) * torch.logspace(-3, 0, 1000)[torch.randperm(1000, generator=gen)]
+    m, v = 0.1 * g, 0.001 * g * g
+    sparse_m = m.clone()
+    sparse_m[::3] = 0.0  # entries that never saw a gradient: v = 0 there is harmless
+    big = torch.rand(4096, generator=gen) ** 6  # many tiny values next to a few large ones
+    return [("1,000 moments of gradients spread over three decades, blocks of 128", m, v, qmap, 128),
+            ("the same with a third of m exactly 0", sparse_m, v, qmap, 128),
+            ("4,096 skewed values, blocks of 256", big - 0.5, big * big, qmap, 256),
+            ("a tail block of 40 values", m[:168], v[:168], qmap, 128)]
+
+
+def _victim_variants(m, v, qmap, bs):
+    """(hint, mask) of the usual wrong answers, for one case."""
+    smallest = qmap[qmap > 0].min()
+    coded_zero = _victims(torch.ones_like(m), v, qmap, bs)
+    absmax = torch.nn.functional.pad(v, (0, -v.numel() % bs)).view(-1, bs).amax(dim=1)
+    normalized = v / absmax.repeat_interleave(bs)[:v.numel()].clamp(min=torch.finfo(v.dtype).tiny)
+    whole = qmap[nearest_code(v / v.abs().max(), qmap).long()] == 0
+    return [
+        ("scale v by the absmax of ITS block (blocks of `blocksize`), not of the whole tensor.", whole & (m != 0)),
+        ("an entry whose m is 0 is no victim: its update is 0 / eps = 0. Require m != 0 too.", coded_zero),
+        ("the m test is inverted: a victim has v coded to 0 while m is NOT 0 (m != 0).", coded_zero & (m == 0)),
+        ("you flagged v == 0 before quantizing: the victims are the entries whose QUANTIZED v decodes to 0 "
+         "(nonzero v below half the smallest map entry times the block's absmax).", (v == 0) & (m != 0)),
+        ("you rounded down to the map entry below: codes are the NEAREST entry, so v / absmax decodes to 0 "
+         "only below HALF the smallest positive entry.", (normalized < smallest) & (m != 0)),
+        ("you compared v itself with the map: the map holds v / absmax, so divide by the block's absmax first.",
+         (v < smallest / 2) & (m != 0)),
+        ("you compared v itself with the map: the map holds v / absmax, so divide by the block's absmax first.",
+         (v < smallest) & (m != 0)),
+    ]
+
+
+def _victims_hint(zero_point_victims) -> str:
+    """The hint of the wrong answer that the learner's masks match on EVERY case (one case can be ambiguous:
+    an empty mask fits several mistakes), else a general one."""
+    cases = _zero_point_cases()
+    try:
+        masks = [zero_point_victims(m.clone(), v.clone(), qmap.clone(), bs).bool() for _, m, v, qmap, bs in cases]
+    except Exception:  # noqa: BLE001 - the first case already ran in the check
+        masks = None
+    if masks is not None and all(isinstance(g, torch.Tensor) and g.shape == c[2].shape for g, c in zip(masks, cases)):
+        per_case = [_victim_variants(m, v, qmap, bs) for _, m, v, qmap, bs in cases]
+        for k, (hint, _) in enumerate(per_case[0]):
+            if all(torch.equal(g, variants[k][1]) for g, variants in zip(masks, per_case)):
+                return hint
+        wants = [_victims(m, v, qmap, bs) for _, m, v, qmap, bs in cases]
+        if all(not bool((w & ~g).any()) for g, w in zip(masks, wants)):
+            return ("too many: an entry is a victim only if v's NEAREST map entry is 0 (v below half the map's "
+                    "smallest positive entry times absmax), not just small.")
+    return ("quantize v blockwise (absmax per block, nearest map entry to v / absmax), decode, and flag the "
+            "entries where that is 0 while m is not.")
+
+
+def check_zero_point_victims(zero_point_victims) -> None:
+    """``zero_point_victims(m, v, qmap, blocksize) -> bool mask``: v codes to 0 (nearest code, blockwise)
+    while m is not 0 — the entries whose next update would be ``lr * m / eps``."""
+    require_callable(zero_point_victims, "zero_point_victims")
+    for label, m, v, qmap, bs in _zero_point_cases():
+        want = _victims(m, v, qmap, bs)
+        what = f"zero_point_victims({label})"
+        try:
+            got = call(zero_point_victims, m.clone(), v.clone(), qmap.clone(), bs)
+        except AssertionError as exc:
+            if "is invalid for input of size" in str(exc) and v.numel() % bs:
+                fail(str(exc), hint=f"{v.numel()} values are not a whole number of blocks of {bs}: the last block is "
+                                    "short — pad v with zeros to a multiple of blocksize before view(-1, blocksize), "
+                                    "then drop the padding.")
+            raise
+        if not isinstance(got, torch.Tensor):
+            fail(f"{what} returned {type(got).__name__}, expected a bool tensor.", hint="return a mask shaped like v")
+        if got.shape != want.shape:
+            fail(f"{what} has shape {tuple(got.shape)}, expected {tuple(want.shape)}.", hint="one flag per element of v")
+        got = got.bool()
+        if torch.equal(got, want):
+            continue
+        hint = _victims_hint(zero_point_victims)
+        assert_equal(got, want, what=what, hint=hint)
+    passed("Exercise 12.2 · The zero-point victims")
+
+
+# ---------------------------------------------------------------------------- 12.3
+def _rank1(x: torch.Tensor) -> torch.Tensor:
+    a = x.abs()
+    return torch.minimum(a.amax(dim=1, keepdim=True), a.amax(dim=0, keepdim=True))
+
+
+def check_rank1_scale(rank1_scale) -> None:
+    """``rank1_scale(x) -> tensor shaped like x``: min(max |x| of the row, max |x| of the column)."""
+    require_callable(rank1_scale, "rank1_scale")
+    gen = torch.Generator().manual_seed(31)
+    spiky = torch.rand(64, 96, generator=gen) ** 4 * 1e-6
+    spiky[5, :] *= 1e3  # one loud row
+    spiky[:, 7] *= 1e3  # one loud column
+    cases = [("a 4 x 5 matrix", torch.arange(20.0).view(4, 5) - 9.5),
+             ("a 64 x 96 v with a loud row and a loud column", spiky),
+             ("a random 33 x 17 matrix", torch.randn(33, 17, generator=gen)),
+             ("one row", torch.randn(1, 9, generator=gen))]
+    for label, x in cases:
+        want = _rank1(x)
+        what = f"rank1_scale({label})"
+        try:
+            got = call(rank1_scale, x.clone())
+        except AssertionError as exc:
+            if "must match the size of tensor" in str(exc):
+                fail(str(exc), hint="the row maxima (one per row) and column maxima (one per column) only broadcast "
+                                    "to x's shape as a column (r, 1) and a row (1, c): keep the reduced dims, "
+                                    "amax(dim=..., keepdim=True).")
+            raise
+        if isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got):
+            fail(f"{what} returned two tensors (the row and the column maxima?), expected one shaped like x.",
+                 hint="combine them into one scale per entry: torch.minimum(row_max, col_max) broadcasts a (r, 1) "
+                      "column and a (1, c) row to (r, c).")
+        if not isinstance(got, torch.Tensor):
+            fail(f"{what} returned {type(got).__name__}, expected a tensor shaped like x.", hint="return a tensor")
+        if got.shape != x.shape:
+            hint = ("broadcast the row maxima (a column vector) against the column maxima (a row vector) to x's shape."
+                    if got.numel() in (x.shape[0], x.shape[1], x.shape[0] + x.shape[1]) else "one scale per element")
+            fail(f"{what} has shape {tuple(got.shape)}, expected {tuple(x.shape)}.", hint=hint)
+        if torch.allclose(got.float(), want, rtol=1e-6, atol=0):
+            continue
+        a = x.abs()
+        rows, cols = a.amax(dim=1, keepdim=True), a.amax(dim=0, keepdim=True)
+        variants = [
+            ("the LARGER of the two maxima lets tiny entries vanish: take the smaller one (torch.minimum).",
+             torch.maximum(rows, cols)),
+            ("the row maximum alone is one scale per row; rank-1 takes min(row max, column max).", rows.expand_as(x)),
+            ("the column maximum alone is one scale per column; rank-1 takes min(row max, column max).",
+             cols.expand_as(x)),
+            ("take maxima of |x| (magnitudes), not of x.",
+             torch.minimum(x.amax(dim=1, keepdim=True), x.amax(dim=0, keepdim=True))),
+            ("not the product of the maxima (that is a rank-1 approximation of x, not a scale): take their minimum.",
+             rows * cols),
+            ("you took the SMALLEST magnitude of the row and of the column (amin): the scales are their LARGEST "
+             "magnitudes (amax), and then the smaller of those two.",
+             torch.minimum(a.amin(dim=1, keepdim=True), a.amin(dim=0, keepdim=True))),
+            ("one absmax for the whole matrix is plain absmax scaling: rank-1 takes each row's and each column's "
+             "maximum, min(row max, column max) per entry.", a.max().expand_as(x)),
+        ]
+        hint = next((h for h, v in variants if torch.allclose(got.float(), v, rtol=1e-6, atol=0)),
+                    "scale[i, j] = min(max_k |x[i, k]|, max_k |x[k, j]|).")
+        assert_close(got.float(), want, rtol=1e-6, atol=0, what=what, hint=hint)
+    passed("Exercise 12.3 · Rank-1 normalization")
+
+
+# ---------------------------------------------------------------------------- 12.4
+def _bf16_neighbours(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bf16 numbers just below and above |x| (toward zero and away), with x's sign."""
+    bits = x.view(torch.int32)
+    low = (bits & ~0xFFFF).view(torch.float32)
+    high = ((bits & ~0xFFFF) + 0x10000).view(torch.float32)
+    exact = (bits & 0xFFFF) == 0
+    return low, torch.where(exact, low, high)
+
+
+def check_stochastic_round(stochastic_round) -> None:
+    """``stochastic_round(x, generator) -> bf16``: each element rounds to one of its two bf16 neighbours,
+    up with probability proportional to the distance from the lower one, so the mean is x."""
+    require_callable(stochastic_round, "stochastic_round")
+    n = 100_000
+    cases = [("1 + a quarter of a bf16 step (2^-9)", 1.0 + 2.0**-9, 0.25),
+             ("1000.7", 1000.7, None), ("-3.14159", -3.14159, None), ("1e-20", 1e-20, None),
+             ("0.1", 0.1, None)]
+    for label, value, p_up in cases:
+        x = torch.full((n,), value, dtype=torch.float32)
+        got = call(stochastic_round, x.clone(), torch.Generator().manual_seed(41))
+        what = f"stochastic_round({n:,} copies of {label})"
+        if not isinstance(got, torch.Tensor) or got.dtype != torch.bfloat16:
+            fail(f"{what} returned {getattr(got, 'dtype', type(got).__name__)}, expected a bf16 tensor.",
+                 hint="return the rounded values as torch.bfloat16 (exact when the low 16 bits are 0).")
+        if got.shape != x.shape:
+            fail(f"{what} has shape {tuple(got.shape)}, expected {tuple(x.shape)}.", hint="one result per element")
+        low, high = _bf16_neighbours(x[:1])
+        values = set(got.float().unique().tolist())
+        if not values <= {float(low), float(high)}:
+            two_up = float(((x[:1].view(torch.int32) & ~0xFFFF) + 0x20000).view(torch.float32))
+            if max(values, key=abs) == two_up and float(low) != float(high):
+                hint = ("your random integers span more than 2**16 (one bf16 step), so some copies jump two steps: add "
+                        "a random integer in [0, 2**16) to the bits.")
+            else:
+                hint = ("round to one of the two bf16 numbers next to x: add random low bits and cut them, "
+                        "or pick up/down with a random draw.")
+            fail(f"{what} gave {sorted(values)[:4]}, but x's bf16 neighbours are {float(low)!r} and {float(high)!r}.",
+                 hint=hint)
+        if len(values) == 1 and float(low) != float(high):
+            direction = "up (away from 0)" if values == {float(high)} else "down (toward 0)"
+            fail(f"{what}: every copy rounded {direction}; stochastic rounding goes both ways.",
+                 hint=_one_way_hint(stochastic_round, values == {float(high)}))
+        frac = float((x[0].double() - low.double()) / (high.double() - low.double()))
+        up = (got.float() == float(high)).double().mean().item()
+        se = (frac * (1 - frac) / n) ** 0.5
+        if abs(up - frac) > 5 * se + 1e-9:
+            odds = [
+                ("the odds are reversed: round UP with probability (x - low) / (high - low), the distance from "
+                 "the lower neighbour.", 1 - frac),
+                ("you round up half of the time whatever x is: the odds must be the fraction (x - low) / (high - low), "
+                 "not a fixed 0.5.", 0.5),
+                ("your random integers span 2**15, half the gap: add a random integer in [0, 2**16) to the bits "
+                 "(torch.randint(0, 1 << 16, ...)), one full bf16 step.", max(0.0, 2 * frac - 1)),
+            ]
+            hint = next((h for h, p in odds if abs(up - p) <= 5 * (p * (1 - p) / n) ** 0.5 + 1e-9),
+                        "round up with probability (x - low) / (high - low): the mean of the results must be x.")
+            fail(f"{what}: {100 * up:.2f} % of the copies rounded up, expected {100 * frac:.2f} % "
+                 f"(± {500 * se:.2f} %).", hint=hint)
+        if p_up is not None:
+            assert abs(frac - p_up) < 1e-9  # the case is what its label says
+    exact = torch.tensor([1.0, -2.5, 0.0, 2.0**127, 2.0**-120], dtype=torch.float32)
+    got = call(stochastic_round, exact.clone(), torch.Generator().manual_seed(42))
+    if not torch.equal(got.float(), exact.bfloat16().float()):
+        fail(f"stochastic_round({exact.tolist()}) gave {got.float().tolist()}: numbers that bf16 holds exactly must "
+             "not move.", hint="a number whose low 16 bits are 0 has only itself as neighbour: it must stay.")
+    again = call(stochastic_round, torch.full((1000,), 1.3), torch.Generator().manual_seed(7))
+    twice = call(stochastic_round, torch.full((1000,), 1.3), torch.Generator().manual_seed(7))
+    if not torch.equal(again, twice):
+        fail("two calls with generators seeded alike gave different results.",
+             hint="draw every random number from the generator you are given (generator=generator), not the global one.")
+    passed("Exercise 12.4 · Stochastic rounding to bf16")
+
+
+def _one_way_hint(stochastic_round, went_up: bool) -> str:
+    """Every copy went the same way: name the deterministic rounding the learner wrote, from one more input
+    (x three quarters of a step above a bf16 number: nearest rounds it up, truncation down)."""
+    generic = ("round up with probability (x - low) / (high - low), with a fresh random number per element "
+               "(torch.rand / torch.randint with the generator you are given).")
+    if went_up:
+        return ("you always round away from zero (the upper neighbour): stochastic rounding goes up only with "
+                "probability (x - low) / (high - low).")
+    probe = torch.full((1000,), 1.0 + 3 * 2.0**-9)
+    try:
+        got = stochastic_round(probe.clone(), torch.Generator().manual_seed(43))
+        rounded = set(got.float().unique().tolist())
+    except Exception:  # noqa: BLE001 - the probe is only for the hint
+        return generic
+    if rounded == {float(probe[0].bfloat16())} and float(probe[0].bfloat16()) > 1.0:
+        return ("that is round-to-nearest (x.to(torch.bfloat16)): deterministic, it loses every update below half "
+                "a step. Round up at random, with probability (x - low) / (high - low).")
+    high = float(probe[0].bfloat16())
+    if rounded == {1.0, high} and abs(float((got.float() == high).double().mean()) - 0.5) < 0.08:
+        return ("your random integers span 2**15, half the gap, so x rounds up only when it is past the middle: "
+                "add a random integer in [0, 2**16) to the bits (torch.randint(0, 1 << 16, ...)), one full bf16 step.")
+    if rounded == {1.0}:
+        return ("you truncate (clear the low 16 bits): always toward zero. Round up at random, with probability "
+                "(x - low) / (high - low), e.g. add a random integer in [0, 2**16) to the bits before clearing them.")
+    return generic

@@ -1,0 +1,129 @@
+"""Check cells of workbook 12 (ex12_beyond_8_bits): pass on the solution, fail with a named hint on each plausible wrong answer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from adam8lib.course import checks
+from adam8lib.quant import nearest_code
+
+from tests._check_helpers import fails_with, solution, stub
+
+SOLVED = {name: solution("12", name) for name in ("pack_nibbles", "unpack_nibbles", "zero_point_victims",
+                                                   "rank1_scale", "stochastic_round")}
+
+
+def test_the_solution_passes_every_check(capsys):
+    checks.check_pack_nibbles(SOLVED["pack_nibbles"], SOLVED["unpack_nibbles"])
+    checks.check_zero_point_victims(SOLVED["zero_point_victims"])
+    checks.check_rank1_scale(SOLVED["rank1_scale"])
+    checks.check_stochastic_round(SOLVED["stochastic_round"])
+    assert capsys.readouterr().out.count("all checks passed") == 4
+
+
+# ------------------------------------------------------------------ 12.1
+def pad(codes):
+    return torch.cat([codes, codes.new_zeros(1)]) if codes.numel() % 2 else codes
+
+
+@pytest.mark.parametrize("pack, hint", [
+    (lambda c: (pad(c)[1::2] << 4) | pad(c)[0::2], "the nibbles are swapped"),
+    (lambda c: (c[0::2][: c.numel() // 2] << 4) | c[1::2], "an odd number of codes still needs its last byte"),
+    (lambda c: ((pad(c)[0::2] << 4) | pad(c)[1::2]).long(), "expected torch.uint8"),
+    (lambda c: pad(c)[0::2] * 10 + pad(c)[1::2], "codes[2i] << 4 | codes[2i + 1]"),
+    (lambda c: c.clone(), "n codes fit in n / 2 bytes"),
+    (stub, "not implemented yet"),
+])
+def test_pack_fails(pack, hint):
+    fails_with(lambda fn: checks.check_pack_nibbles(fn, SOLVED["unpack_nibbles"]), pack, hint)
+
+
+@pytest.mark.parametrize("unpack, hint", [
+    (lambda b, n: torch.stack([b & 0x0F, b >> 4], dim=1).reshape(-1)[:n], "the high nibble (byte >> 4) is element 2i"),
+    (lambda b, n: torch.stack([b >> 4, b & 0x0F], dim=1).reshape(-1), "keep the first n codes"),
+    (lambda b, n: torch.cat([b >> 4, b & 0x0F])[:n], "torch.cat puts all the high nibbles first"),
+    (lambda b, n: torch.stack([b >> 4, b & 0x0F], dim=1).reshape(-1)[:n].long(), "expected a uint8 tensor"),
+    (stub, "not implemented yet"),
+])
+def test_unpack_fails(unpack, hint):
+    fails_with(lambda fn: checks.check_pack_nibbles(SOLVED["pack_nibbles"], fn), unpack, hint)
+
+
+# ------------------------------------------------------------------ 12.2
+def victims(*, whole_tensor=False, ignore_m=False, threshold=None, floor=False):
+    def zero_point_victims(m, v, qmap, blocksize):
+        n = v.numel()
+        if whole_tensor:
+            scale = v.abs().max().expand(n)
+        else:
+            absmax = torch.nn.functional.pad(v, (0, -n % blocksize)).view(-1, blocksize).amax(1)
+            scale = absmax.repeat_interleave(blocksize)[:n]
+        x = torch.where(scale > 0, v / scale, torch.zeros_like(v))
+        if threshold is not None:
+            zero = x < threshold
+        elif floor:  # searchsorted alone: the entry at or above x, not the nearest
+            zero = qmap[(torch.searchsorted(qmap, x, right=True) - 1).clamp(min=0)] == 0
+        else:
+            zero = qmap[nearest_code(x, qmap).long()] == 0
+        return zero if ignore_m else zero & (m != 0)
+
+    return zero_point_victims
+
+
+@pytest.mark.parametrize("fn, hint", [
+    (victims(whole_tensor=True), "absmax of ITS block"),
+    (victims(ignore_m=True), "Require m != 0 too"),
+    (victims(threshold=0.0033), "not just small"),
+    (victims(floor=True), "you rounded down to the map entry below"),
+    (lambda m, v, q, b: torch.zeros(v.shape[0] + 1, dtype=torch.bool), "one flag per element of v"),
+    (stub, "not implemented yet"),
+])
+def test_zero_point_victims_fails(fn, hint):
+    fails_with(checks.check_zero_point_victims, fn, hint)
+
+
+# ------------------------------------------------------------------ 12.3
+@pytest.mark.parametrize("fn, hint", [
+    (lambda x: torch.maximum(x.abs().amax(1, keepdim=True), x.abs().amax(0, keepdim=True)), "take the smaller one"),
+    (lambda x: x.abs().amax(1, keepdim=True).expand_as(x), "the row maximum alone"),
+    (lambda x: x.abs().amax(0, keepdim=True).expand_as(x), "the column maximum alone"),
+    (lambda x: torch.minimum(x.amax(1, keepdim=True), x.amax(0, keepdim=True)), "maxima of |x|"),
+    (lambda x: x.abs().amax(1, keepdim=True) * x.abs().amax(0, keepdim=True), "not the product of the maxima"),
+    (lambda x: torch.minimum(x.abs().amax(1), x.abs().amax(1)), "broadcast the row maxima"),
+    (lambda x: x.abs().max().expand_as(x), "one absmax for the whole matrix"),
+    (stub, "not implemented yet"),
+])
+def test_rank1_scale_fails(fn, hint):
+    fails_with(checks.check_rank1_scale, fn, hint)
+
+
+# ------------------------------------------------------------------ 12.4
+def sr(*, reversed_odds=False, global_rng=False, dtype=torch.bfloat16):
+    def stochastic_round(x, generator):
+        bits = x.contiguous().view(torch.int32)
+        frac = (bits & 0xFFFF).double() / 65536
+        r = torch.rand(x.shape, dtype=torch.float64, generator=None if global_rng else generator)
+        up = r < (1 - frac if reversed_odds else frac)
+        up &= (bits & 0xFFFF) != 0
+        out = torch.where(up, (bits & ~0xFFFF) + 0x10000, bits & ~0xFFFF).view(torch.float32)
+        return out.to(dtype)
+
+    return stochastic_round
+
+
+def test_a_probability_based_solution_passes_too():
+    checks.check_stochastic_round(sr())
+
+
+@pytest.mark.parametrize("fn, hint", [
+    (lambda x, g: x.to(torch.bfloat16), "every copy rounded"),  # round to nearest: a quarter step rounds down
+    (lambda x, g: (x.view(torch.int32) & ~0xFFFF).view(torch.float32).to(torch.bfloat16), "every copy rounded down"),
+    (sr(reversed_odds=True), "the odds are reversed"),
+    (sr(global_rng=True), "draw every random number from the generator you are given"),
+    (sr(dtype=torch.float32), "expected a bf16 tensor"),
+    (lambda x, g: (x + torch.rand(x.shape, generator=g) * 0.01).to(torch.bfloat16), "x's bf16 neighbours are"),
+    (stub, "not implemented yet"),
+])
+def test_stochastic_round_fails(fn, hint):
+    fails_with(checks.check_stochastic_round, fn, hint)
