@@ -288,6 +288,14 @@ CRASH = textwrap.dedent("""
         print("kernel: no error")
     except (TypeError, ValueError) as e:
         print("kernel:", type(e).__name__, e)
+    import bitsandbytes as bnb  # lesson 11: what bitsandbytes' 8-bit Adam does with an FSDP2 parameter
+    pb = torch.nn.Parameter(distribute_tensor(torch.randn(64, 128), mesh, [Shard(0)]))
+    pb.grad = distribute_tensor(torch.randn(64, 128), mesh, [Shard(0)])
+    try:
+        bnb.optim.AdamW8bit([pb]).step()
+        print("bitsandbytes: no error", flush=True)
+    except RuntimeError as e:
+        print("bitsandbytes:", type(e).__name__, str(e).splitlines()[0], flush=True)
     from adam8lib.distributed import end_rank
     end_rank()  # not the interpreter teardown, which can abort a gloo process
 """)
@@ -314,6 +322,15 @@ def test_dtensor_at_the_kernel_boundary_is_a_clear_error_not_a_crash(crash_run):
     refuse a DTensor."""
     assert crash_run.returncode == 0, crash_run.stderr[-3000:]
     assert "kernel: TypeError" in crash_run.stdout or "kernel: ValueError" in crash_run.stdout, crash_run.stdout
+
+
+def test_bitsandbytes_8bit_adam_refuses_an_fsdp2_parameter_at_its_operator(crash_run):
+    """What lesson 11 says of bitsandbytes under FSDP2: the step fails before its kernels, because its
+    operator gets DTensor codes (zeros_like of the parameter) next to plain-tensor absmax and map."""
+    assert crash_run.returncode == 0, crash_run.stderr[-3000:]
+    line = next((l for l in crash_run.stdout.splitlines() if l.startswith("bitsandbytes:")), crash_run.stdout)
+    assert "RuntimeError" in line and "optimizer_update_8bit_blockwise" in line, line
+    assert "got mixed torch.Tensor and DTensor" in line, line
 
 
 END_RANK = textwrap.dedent("""

@@ -3,7 +3,8 @@
 * :func:`adam8lib.training.training_step` — plain PyTorch (the library);
 * :func:`make_trainer` — ``transformers.Trainer(..., optimizers=(Adam8bit(groups), None))``
   with accuracy + F1 as ``compute_metrics``;
-* :func:`train_with_accelerate` — an ``accelerate`` loop: ``prepare``, ``accelerator.backward``,
+* :func:`train_with_accelerate` — an ``accelerate`` loop: ``prepare`` (which also wraps the
+  forward in autocast), ``accelerator.backward``,
   a linear warm-up/decay schedule, tqdm progress bars.
 
 Also the model (distilbert-base-cased for 2-label classification: pretrained from the hub when
@@ -164,8 +165,11 @@ def train_with_accelerate(
     progress: bool = True,
     on_step: Callable[[int, float], None] | None = None,
 ) -> dict[str, Any]:
-    """Fine-tune with ``accelerate``: prepare → (autocast forward, ``accelerator.backward``,
-    clip, step, schedule) per batch → evaluate after each epoch.
+    """Fine-tune with ``accelerate``: prepare → (forward, ``accelerator.backward``, clip, step,
+    schedule) per batch → evaluate after each epoch.
+
+    With mixed precision on, ``accelerator.prepare`` replaces ``model.forward`` by one that runs
+    under autocast and returns fp32 outputs, so the loop opens no autocast of its own.
 
     ``precision`` is ``"no"``, ``"bf16"``, ``"fp16"`` (GPU only; accelerate adds the
     ``GradScaler``) or ``"auto"`` (:func:`pick_precision`). The schedule warms up linearly
@@ -196,8 +200,7 @@ def train_with_accelerate(
     model.train()
     for epoch in range(epochs):
         for batch in train_loader:
-            with accelerator.autocast():
-                loss = model(**batch).loss
+            loss = model(**batch).loss  # prepare() wrapped forward in the accelerator's autocast
             accelerator.backward(loss)
             if max_grad_norm is not None:
                 accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)

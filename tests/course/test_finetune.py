@@ -95,9 +95,14 @@ def test_accelerate_loop_bf16_trains_with_schedule(task):
     model = tiny_model(len(tok))
     before = F.evaluate(model, loader)["loss"]
     opt = T.make_optimizer(model, "adam8bit", lr=2e-3)
+    linear = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
+    dtypes = []  # the loop opens no autocast itself: prepare() must have wrapped the forward
+    hook = linear.register_forward_hook(lambda m, i, o: dtypes.append((torch.is_grad_enabled(), o.dtype)))
     hist = F.train_with_accelerate(model, opt, loader, loader, epochs=15, precision="bf16", progress=False,
                                    warmup_ratio=0.1)
+    hook.remove()
     assert hist["precision"] == "bf16" and len(hist["loss"]) == 30 and len(hist["eval"]) == 15
+    assert {d for training, d in dtypes if training} == {torch.bfloat16}, "training forward not under bf16 autocast"
     lrs = hist["lr"]
     assert lrs[0] == 0.0 and max(lrs) == pytest.approx(2e-3) and lrs[-1] < lrs[len(lrs) // 2]
     assert hist["eval"][-1]["loss"] < 0.7 * before, (before, hist["eval"])  # it memorizes 16 pairs

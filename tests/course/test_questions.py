@@ -76,6 +76,28 @@ def test_every_lesson_asks_three_to_five_questions_that_exist():
     assert sorted(asked) == sorted(QUESTIONS)
 
 
+def test_lesson_10_answers_agree_with_the_library(tmp_path):
+    """10.a: LayerNorm's output dtype under CPU bf16 autocast; 10.b: the saved-activation ratio the lesson
+    measures (its model and batch); 10.c: TrainingArguments' default weight decay."""
+    from transformers import DataCollatorWithPadding, TrainingArguments
+
+    from adam8lib.course import data as D
+    from adam8lib.course import finetune as F
+    from adam8lib.memory import saved_activation_bytes
+
+    a = {k: q.answer for k, q in QUESTIONS.items()}
+    data, tok, _ = D.load_task("offline")
+    model = F.build_distilbert(small=True, seed=0, vocab_size=len(tok), max_position_embeddings=64)
+    batch = DataCollatorWithPadding(tok, return_tensors="pt")([data["train"][i] for i in range(32)])
+    seen = []
+    hook = model.distilbert.transformer.layer[0].sa_layer_norm.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    ratio = saved_activation_bytes(model, batch, torch.bfloat16) / saved_activation_bytes(model, batch)
+    hook.remove()
+    assert seen == [torch.float32, torch.float32] and a["10.a"] == "b"  # under autocast, then in fp32
+    assert QUESTIONS["10.b"].is_right(ratio) and 0.7 < ratio < 0.85, ratio
+    assert a["10.c"] == TrainingArguments(output_dir=str(tmp_path), report_to="none").weight_decay == 0.0
+
+
 def test_lesson_11_answers_agree_with_the_library():
     from adam8lib import AdamW8bit
     from adam8lib.course import at_scale
@@ -83,6 +105,7 @@ def test_lesson_11_answers_agree_with_the_library():
 
     a = {k: q.answer for k, q in QUESTIONS.items()}
     assert math.isclose(a["11.a"], at_scale.estimate(4 * 2**20, 4, "fsdp2", "adam8bit")["states"] / 2**20, rel_tol=1e-12)
+    assert math.isclose(a["11.e"], at_scale.estimate(2**20, 2, "fsdp2", "adam8bit")["states"] / 2**20, rel_tol=1e-12)
     ddp, zero1 = (at_scale.estimate(10**9, 8, s, "adamw")["states"] for s in ("ddp", "zero1"))
     assert a["11.b"] == ddp / zero1
     # 11.c: the full 33x128 weight gets 8-bit states, a tensor of one shard's size would not: the

@@ -125,6 +125,7 @@ QUESTIONS: dict[str, Question] = {
     "11.b": Question(8, rel_tol=0),
     "11.c": Question("b", choices="abc"),
     "11.d": Question(8, rel_tol=0),
+    "11.e": Question((2 * 2**19 + 8 * 2**19 // 256) / MiB, rel_tol=0.01, shown="1.015625 MiB"),
     # 12 · beyond 8 bits
     "12.a": Question(768 * 3072, rel_tol=0, shown="2,359,296 (two half-byte codes per parameter: 1 byte)"),
     "12.b": Question(1e4, rel_tol=0.01, shown="10,000 (lr x m / eps = lr x 1e-4 / 1e-8)"),
