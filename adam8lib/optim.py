@@ -134,8 +134,8 @@ class LowBitAdam(torch.optim.Optimizer):
         _check_flags(torch_flags, f"{type(self).__name__}()")
         _check_backend_name(backend)
         fmt = get_format(type(self).state_format if state_format is None else state_format)
-        if fmt.name != "8bit" and backend not in ("auto", "torch") + LOWBIT_KERNELS.get(fmt.name, ()):
-            kernels_here = ("auto", "torch") + LOWBIT_KERNELS.get(fmt.name, ())
+        kernels_here = ("auto", "torch") + LOWBIT_KERNELS.get(fmt.name, ())
+        if fmt.name != "8bit" and backend not in kernels_here:
             raise ValueError(f"state_format={fmt.name!r} has the backends {', '.join(map(repr, kernels_here))}; "
                              f"backend {backend!r} is a kernel of the 8-bit format only")
         if not isinstance(stochastic_rounding, bool):
