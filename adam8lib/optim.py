@@ -6,7 +6,7 @@ once, here; how the two moments are stored is the state format's business (:mod:
 ``"8bit"``, ``"4bit"``, ``"4bit-naive"``, ``"fp8"``). The 8-bit format runs through the fused
 backends of :mod:`adam8lib.kernels`; the others through the reference step (decode, the fp32 update,
 encode) in plain PyTorch, and ``"fp8"`` also through a fused Triton kernel (``backend="triton"``, or
-``"auto"`` on CUDA; :func:`adam8lib.kernels.triton.fp8_step_triton`). ``stochastic_rounding=True`` writes bf16 parameters with stochastic
+``"auto"`` on CUDA; :func:`adam8lib.kernels.triton.fp8_step_triton`; :data:`LOWBIT_KERNELS` lists the fused steps of each format). ``stochastic_rounding=True`` writes bf16 parameters with stochastic
 rounding (:mod:`adam8lib.rounding`), so that updates smaller than half a bf16 ulp survive on average.
 
 What is 8-bit (or 4-bit), and what is not:
@@ -325,39 +325,38 @@ class LowBitAdam(torch.optim.Optimizer):
         if not p.numel():
             return
         fmt, shape = self._format(group), tuple(p.shape)
-        if self._fused_lowbit(fmt, p.device):
-            self._step_fp8_triton(group, fmt, p, grad, state)
+        fused = self._fused_lowbit(fmt, p.device)
+        beta1, beta2 = group["betas"]
+        hyper = dict(step=state["step"], lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                     weight_decay=group["weight_decay"])
+        if fused is not None:
+            flat = p.view(-1) if p.is_contiguous() else p.contiguous().view(-1)
+            fused(flat, grad.reshape(-1).contiguous(), state, fmt, shape=shape, **hyper)
+            if flat.data_ptr() != p.data_ptr():
+                p.copy_(flat.view(shape))
             return
         m, v = fmt.decode(state, shape)
-        beta1, beta2 = group["betas"]
-        new = adam_update_fp32(p.reshape(-1).float(), grad.reshape(-1).float(), m, v, step=state["step"],
-                               lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                               weight_decay=group["weight_decay"])
+        new = adam_update_fp32(p.reshape(-1).float(), grad.reshape(-1).float(), m, v, **hyper)
         p.copy_(new.view(shape))
         fmt.encode_(state, m, v, shape)
 
-    def _fused_lowbit(self, fmt: StateFormat, device: torch.device) -> bool:
-        """Does this low-bit step run a fused kernel? The ``"fp8"`` format has the Triton one: with
-        ``backend="triton"`` (CUDA, or CPU in the interpreter) or ``"auto"`` on CUDA where Triton runs."""
-        if fmt.name != "fp8" or fmt.m.blocksize != fmt.v.blocksize or self.backend == "torch":
-            return False
-        if self.backend == "auto":
-            return device.type == "cuda" and "triton" in kernels.available_backends(device)
-        kernels.get_backend(self.backend, device)  # a clear error where it cannot run
-        return True
-
-    def _step_fp8_triton(self, group: dict[str, Any], fmt: StateFormat, p: torch.Tensor, grad: torch.Tensor,
-                         state: dict[str, Any]) -> None:
-        """The ``"fp8"`` step as one fused Triton kernel (same states as :meth:`_step_lowbit`'s reference)."""
-        from .kernels.triton import fp8_step_triton
-
-        flat = p.view(-1) if p.is_contiguous() else p.contiguous().view(-1)
-        beta1, beta2 = group["betas"]
-        fp8_step_triton(flat, grad.reshape(-1).contiguous(), state["state1"], state["state2"], state["absmax1"],
-                        state["absmax2"], step=state["step"], lr=group["lr"], beta1=beta1, beta2=beta2,
-                        eps=group["eps"], weight_decay=group["weight_decay"], blocksize=fmt.m.blocksize)
-        if flat.data_ptr() != p.data_ptr():
-            p.copy_(flat.view(p.shape))
+    def _fused_lowbit(self, fmt: StateFormat, device: torch.device):
+        """The fused step this low-bit step runs (None: the reference step). A format's kernels are
+        :data:`LOWBIT_KERNELS` (registered with :func:`adam8lib.kernels.register_lowbit_step`); the
+        backend named, or with ``"auto"`` the first of :data:`adam8lib.kernels.AUTO_ORDER` that has
+        one and runs on ``device`` (never the Triton interpreter). Both moments need one block size."""
+        if self.backend == "torch" or fmt.m.blocksize != fmt.v.blocksize:
+            return None
+        if self.backend != "auto":
+            kernels.get_backend(self.backend, device)  # a clear error where it cannot run
+            return kernels.lowbit_step(fmt.name, self.backend)
+        for name in kernels.AUTO_ORDER:
+            if name not in LOWBIT_KERNELS.get(fmt.name, ()) or (name == "triton" and device.type != "cuda"):
+                continue
+            step = kernels.lowbit_step(fmt.name, name)
+            if step is not None and name in kernels.available_backends(device):
+                return step
+        return None
 
     def _step_8bit_many(self, group: dict[str, Any], entries: list[tuple[torch.Tensor, torch.Tensor, dict]]) -> None:
         """The 8-bit update of several (non-empty) parameters of one group on one device, in one
@@ -613,7 +612,8 @@ class AdamWFp8(AdamFp8):
 
 
 # ---------------------------------------------------------------------- validation helpers
-#: Fused kernels of the formats other than "8bit" (the 8-bit format has every backend).
+#: Fused kernels of the formats other than "8bit" (the 8-bit format has every backend); each is
+#: registered by its backend's module with :func:`adam8lib.kernels.register_lowbit_step`.
 LOWBIT_KERNELS: dict[str, tuple[str, ...]] = {"fp8": ("triton",)}
 
 

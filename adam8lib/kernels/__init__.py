@@ -52,6 +52,8 @@ __all__ = [
     "adam8bit_step_many",
     "run_eagerly",
     "AUTO_ORDER",
+    "register_lowbit_step",
+    "lowbit_step",
 ]
 
 
@@ -208,6 +210,32 @@ def adam8bit_step_many(tensors, qmap1: torch.Tensor, qmap2: torch.Tensor, *, ste
         else:
             for item, step in zip(tensors, steps):
                 chosen.step(*item, qmap1, qmap2, step=step, **hyperparameters)
+
+
+# ---------------------------------------------------------------------------------------
+# Fused steps of the other state formats (lesson 12)
+# ---------------------------------------------------------------------------------------
+#: (state format name, backend name) -> fused step of that format (see :func:`register_lowbit_step`)
+_LOWBIT_STEPS: dict[tuple[str, str], Callable[..., None]] = {}
+
+
+def register_lowbit_step(format_name: str, backend: str, step: Callable[..., None]) -> None:
+    """Make ``step`` the fused step of the state format ``format_name`` on ``backend``.
+
+    ``step(p, g, state, fmt, *, shape, step, lr, beta1, beta2, eps, weight_decay)``: ``p`` and
+    ``g`` flat contiguous tensors of one parameter, ``state`` its dict (``state1``/``state2`` codes,
+    ``absmax1``/``absmax2`` scales, :meth:`adam8lib.formats.StateFormat.state_spec`), ``fmt`` the
+    :class:`~adam8lib.formats.StateFormat` (with the group's block size), ``shape`` the parameter's
+    shape (rank-1 scales need it). In place, with the states and parameter that the reference step
+    (:meth:`adam8lib.optim.LowBitAdam._step_lowbit`) gives, bit for bit. The backend's ``supports``
+    (:func:`register_backend`) says on which devices it runs."""
+    _LOWBIT_STEPS[(format_name, backend)] = step
+
+
+def lowbit_step(format_name: str, backend: str) -> Callable[..., None] | None:
+    """The fused step registered for ``format_name`` on ``backend`` (None if there is none)."""
+    _load_optional()
+    return _LOWBIT_STEPS.get((format_name, backend))
 
 
 _TENSOR_ARGS = ("p", "g", "state1", "state2", "absmax1", "absmax2", "qmap1", "qmap2")

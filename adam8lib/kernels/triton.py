@@ -78,7 +78,7 @@ import triton.language as tl
 
 from collections import OrderedDict
 
-from . import register_backend
+from . import register_backend, register_lowbit_step
 from .contract import check_each, check_step, check_step_args
 from .code_table import code_table
 from .reference import bias_corrections, torch_uses_fma
@@ -591,6 +591,14 @@ def fp8_step_triton(p: torch.Tensor, g: torch.Tensor, state1: torch.Tensor, stat
                 launch_config(blocksize, tile, num_warps), step=step, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
                 weight_decay=weight_decay, blocksize=blocksize, fp8=True)
 
+
+def _fp8_lowbit_step(p, g, state, fmt, *, shape, **hyperparameters) -> None:
+    """:func:`fp8_step_triton` as the ``"fp8"`` format's fused step (:func:`adam8lib.kernels.register_lowbit_step`)."""
+    fp8_step_triton(p, g, state["state1"], state["state2"], state["absmax1"], state["absmax2"],
+                    blocksize=fmt.m.blocksize, **hyperparameters)
+
+
+register_lowbit_step("fp8", "triton", _fp8_lowbit_step)
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
