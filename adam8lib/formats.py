@@ -181,16 +181,29 @@ class MomentFormat:
             scales = blocks.abs().amax(dim=1)
             scale = scales.repeat_interleave(self.blocksize)[:n]
         inv = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
-        normalized = x * inv
+        codes = self.code(x * inv)
+        return (pack_nibbles(codes) if self.bits == 4 else codes), scales
+
+    def code(self, normalized: torch.Tensor) -> torch.Tensor:
+        """The code (uint8, one per element, not packed) of each normalized fp32 value: a step
+        function of the value alone, which the CPU kernels sample into exact lookup tables
+        (:func:`adam8lib.kernels.code_table.encode_table`)."""
         if self.coding == "fp8":
             codes = (normalized * FP8_MAX).to(torch.float8_e4m3fn)
             if self.keep_sign:
                 lost = (codes.float() == 0) & (normalized != 0)
                 tiny = torch.full_like(normalized, FP8_TINY).copysign(normalized).to(torch.float8_e4m3fn)
                 codes = torch.where(lost, tiny, codes)
-            return codes.view(torch.uint8), scales
-        codes = nearest_code(normalized, self.qmap().to(x.device), keep_sign=self.keep_sign)
-        return (pack_nibbles(codes) if self.bits == 4 else codes), scales
+            return codes.view(torch.uint8)
+        return nearest_code(normalized, self.qmap().to(normalized.device), keep_sign=self.keep_sign)
+
+    def decode_values(self) -> torch.Tensor:
+        """The fp32 value of every code before scaling (``dequantize`` multiplies it by the
+        scale): the map (16 or 256 entries), or each float8 byte / 448 (256, NaN at 0x7F, 0xFF)."""
+        if self.coding == "fp8":
+            codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+            return codes.view(torch.float8_e4m3fn).float() / FP8_MAX
+        return self.qmap()
 
     def dequantize(self, codes: torch.Tensor, scales: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
         """The flat fp32 values of stored ``codes`` and ``scales`` of a tensor of ``shape``."""

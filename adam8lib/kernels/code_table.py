@@ -35,12 +35,13 @@ import inspect
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from ..quant import nearest_code
 
-__all__ = ["code_table", "CodeTable", "cache_root", "BUCKET_BITS"]
+__all__ = ["code_table", "encode_table", "CodeTable", "cache_root", "BUCKET_BITS"]
 
 #: Top bits of the sortable key that index the tables.
 BUCKET_BITS = 16
@@ -72,7 +73,7 @@ def _keys_to_floats(keys: torch.Tensor) -> torch.Tensor:
 class CodeTable:
     """A map plus its exact nearest-code tables (see the module docstring)."""
 
-    qmap: torch.Tensor  # (256,) fp32
+    qmap: torch.Tensor  # (256,) fp32: the value of each code before scaling (a map, or FP8's bytes / 448)
     steps: torch.Tensor  # (65536,) int32 per bucket: code below | code from `where` on << 8 | where << 16
     nan_code: int  # the reference's code for NaN
     #: the same table indexed by raw bits: B | A << 8 | (T - 1) << 16 (see the module docstring)
@@ -144,30 +145,59 @@ def _cached_code_table(qmap_bytes: bytes, keep_sign: bool) -> CodeTable:
     """Building a table takes a second or two; keep it next to the compiled kernel, keyed by
     the map, the rule and the source of ``nearest_code`` (the spec it samples)."""
     qmap = torch.frombuffer(bytearray(qmap_bytes), dtype=torch.float32)
+    if not bool(torch.isfinite(qmap).all()) or bool((qmap[1:] < qmap[:-1]).any()):
+        raise ValueError("qmap must be finite and sorted ascending")
     spec = inspect.getsource(nearest_code).encode() + bytes([keep_sign, BUCKET_BITS]) + _FORMAT
+    return _cached_table(qmap_bytes, spec, lambda x: nearest_code(x, qmap, keep_sign=keep_sign))
+
+
+def encode_table(decode: torch.Tensor, encode: Callable[[torch.Tensor], torch.Tensor], spec: bytes) -> CodeTable:
+    """The exact table of any code function: ``encode`` (flat fp32 -> integer codes below 256) must
+    be a step function of each value alone that changes at most once per bucket (ValueError
+    otherwise); ``decode`` (fp32, 256 entries, any order, NaN allowed) is what the kernel
+    multiplies by the scale to dequantize a code (a 16-entry map of 4-bit codes is padded with
+    zeros). ``spec`` names ``encode`` for the caches (its source and parameters): a table is built
+    once per ``(decode, spec)`` and kept on disk like :func:`code_table`'s. The FP8 and 4-bit
+    formats sample :meth:`adam8lib.formats.MomentFormat.code` this way."""
+    flat = decode.detach().to("cpu", torch.float32).contiguous().reshape(-1)
+    if flat.numel() > 256:
+        raise ValueError(f"a decode table has at most 256 entries, got {flat.numel()}")
+    flat = torch.cat([flat, flat.new_zeros(256 - flat.numel())])
+    return _cached_table(flat.numpy().tobytes(), bytes(spec) + bytes([BUCKET_BITS]) + _FORMAT, encode)
+
+
+_TABLES: dict[tuple[bytes, bytes], CodeTable] = {}
+
+
+def _cached_table(qmap_bytes: bytes, spec: bytes, encode: Callable[[torch.Tensor], torch.Tensor]) -> CodeTable:
+    """The table of ``encode`` from memory, from disk (``cache_root()/tables``, keyed by the decode
+    values and ``spec``), or built (a second or two) and saved."""
+    table = _TABLES.get((qmap_bytes, spec))
+    if table is not None:
+        return table
+    qmap = torch.frombuffer(bytearray(qmap_bytes), dtype=torch.float32)
     path = cache_root() / "tables" / f"{hashlib.sha256(qmap_bytes + spec).hexdigest()[:24]}.pt"
     try:
         saved = torch.load(path, weights_only=True)
-        return CodeTable(qmap, saved["steps"], int(saved["nan_code"]))
+        table = CodeTable(qmap, saved["steps"], int(saved["nan_code"]))
     except Exception:  # not there yet (or unreadable): build it
-        pass
-    table = _build_code_table(qmap, keep_sign)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        torch.save({"steps": table.steps, "nan_code": table.nan_code}, tmp)
-        os.replace(tmp, path)  # atomic: concurrent processes never see half a file
-    except OSError:
-        pass
+        table = _build_code_table(qmap, encode)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            torch.save({"steps": table.steps, "nan_code": table.nan_code}, tmp)
+            os.replace(tmp, path)  # atomic: concurrent processes never see half a file
+        except OSError:
+            pass
+    if len(_TABLES) >= 32:
+        _TABLES.pop(next(iter(_TABLES)))
+    _TABLES[(qmap_bytes, spec)] = table
     return table
 
 
-def _build_code_table(qmap: torch.Tensor, keep_sign: bool) -> CodeTable:
-    if not bool(torch.isfinite(qmap).all()) or bool((qmap[1:] < qmap[:-1]).any()):
-        raise ValueError("qmap must be finite and sorted ascending")
-
+def _build_code_table(qmap: torch.Tensor, encode: Callable[[torch.Tensor], torch.Tensor]) -> CodeTable:
     def code_at(keys: torch.Tensor) -> torch.Tensor:
-        return nearest_code(_keys_to_floats(keys), qmap, keep_sign=keep_sign).long()
+        return encode(_keys_to_floats(keys)).long()
 
     # each bucket: the code at its first and at its last key (NaN keys excluded)
     width = 1 << (32 - BUCKET_BITS)
@@ -191,7 +221,7 @@ def _build_code_table(qmap: torch.Tensor, keep_sign: bool) -> CodeTable:
             and torch.equal(code_at(hi), top[stepping])):
         raise ValueError("this map's codes change more than once within a lookup bucket; use backend='torch'")
     where = torch.where(thresh <= _KEY_MAX, thresh & 0xFFFF, 0)  # low 16 bits of the key of the change
-    nan_code = int(nearest_code(torch.tensor([float("nan")]), qmap, keep_sign=keep_sign))
+    nan_code = int(encode(torch.tensor([float("nan")]))[0])
     # NaN keys (below -inf's, above +inf's) get the reference's code for NaN, so a lookup needs
     # no NaN test: whole buckets of NaNs, and the two buckets that hold -inf / +inf and NaNs
     bucket = torch.arange(1 << BUCKET_BITS, dtype=torch.int64)

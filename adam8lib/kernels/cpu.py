@@ -256,6 +256,10 @@ def _declare(lib: ctypes.CDLL) -> None:
                                            f32, f32, f32, f32, ptr, ptr, f32, ptr, ptr,
                                            i32, i32, ptr, i64, i32, i32, i32]
     lib.adam8bit_step_cpu_many.restype = i32
+    lib.adam4bit_step_cpu.argtypes = [ptr, ptr, i32, i32, ptr, ptr, ptr, ptr, i64, i64, i64, i64,
+                                      ptr, ptr, i32, ptr, ptr, i32,
+                                      f32, f32, f32, f32, f32, f32, f32, f32, i32, ptr, i64, i32, i32]
+    lib.adam4bit_step_cpu.restype = i32
 
 
 def knockout_build(define: str) -> ctypes.CDLL:
@@ -529,7 +533,11 @@ def _shared_args(qmap1: torch.Tensor, qmap2: torch.Tensor, exact: bool, simd: in
     states keep their signs when requantized, as in the reference), and the rounding, sqrt and
     loop choices that follow the last scalar. Returns ``(tables, map arguments, mode arguments)``;
     the caller holds ``tables`` until the kernel returns (the pointers are into them)."""
-    t1, t2 = code_table(qmap1, keep_sign=True), code_table(qmap2, keep_sign=True)
+    return _table_args(code_table(qmap1, keep_sign=True), code_table(qmap2, keep_sign=True), exact, simd)
+
+
+def _table_args(t1: CodeTable, t2: CodeTable, exact: bool, simd: int | None) -> tuple[tuple, tuple, tuple]:
+    """:func:`_shared_args` for two tables made elsewhere (the FP8 format's, :mod:`.cpu_lowbit`)."""
     maps = (t1.qmap.data_ptr(), t1.raw_steps.data_ptr(), t1.nan_code, t2.qmap.data_ptr(), t2.raw_steps.data_ptr(),
             t2.nan_code)
     modes = (torch_uses_fma(), bool(exact), torch_sqrt()[0] if exact else None, MKL_VML_MODE,
@@ -565,3 +573,5 @@ except ImportError as exc:
     _unavailable = _unavailable or str(exc)
 register_backend("cpu", adam8bit_step, supports, step_many=adam8bit_step_many)
 register_backend("cpu_fast", adam8bit_step_fast, supports, step_many=adam8bit_step_many_fast)
+
+from . import cpu_lowbit  # noqa: E402,F401 (registers the "cpu" steps of the fp8 and 4-bit formats)

@@ -1132,3 +1132,191 @@ extern "C" int adam8bit_step_cpu(void* p, const void* g, int p_dtype, int g_dtyp
              ? 0
              : -1;
 }
+
+// =============================================================================================
+// The 4-bit formats ("4bit", "4bit-naive"; adam8lib/kernels/cpu_lowbit.py): the same per-element
+// maths as above (update_moments, update_param, nearest_code, Sqrt: one spec, one rounding), with
+// two 4-bit codes per byte (element 2i in the high nibble, 2i + 1 in the low one; an odd count
+// leaves code 0 in the last low nibble, as formats.pack_nibbles pads) and, for v of a matrix,
+// rank-1 scales: v's scale at (r, c) is min(row max r, column max c) of |v|, stored as the rows'
+// maxima then the columns'. The new maxima must be known before any v is coded, so a rank-1 step
+// makes two passes: pass A computes every new m and v (not stored), reduces the row and column
+// maxima (each thread its own, then the smallest index first), pass B recomputes the same values
+// (the same operations: the same bits) and does the step as the tiles above do, decoding with
+// the old maxima (copied first). m, and v of a vector (rows = 0), are blockwise as in 8 bits.
+// Scalar loops (the compiler vectorises what it can); the nearest codes come from the same exact
+// tables, sampled from formats.MomentFormat.code.
+// =============================================================================================
+namespace {
+
+inline uint8_t nibble(const uint8_t* s, int64_t i) {
+  return static_cast<uint8_t>((i & 1) ? (s[i >> 1] & 0x0f) : (s[i >> 1] >> 4));
+}
+
+struct Step4 {
+  void* p;
+  const void* g;
+  uint8_t* s1;
+  uint8_t* s2;
+  float* absmax1;        // m: one per block (old in, new out)
+  float* absmax2;        // v: one per block, or rows + cols maxima (new out)
+  const float* old2;     // v's old scales (rank-1: a copy of absmax2; blockwise: absmax2 itself)
+  int64_t n, blocksize, rows, cols;  // rows = 0: v blockwise
+  CodeTable t1, t2;
+  Hyper h;
+};
+
+// v's old scale of element i (for decoding)
+inline float old_v_scale(const Step4& a, int64_t i) {
+  if (a.rows == 0) return a.old2[i / a.blocksize];
+  return std::min(a.old2[i / a.cols], a.old2[a.rows + i % a.cols]);
+}
+
+// the new m and v of element i (non-finite rule applied; v of a reset element: the -0.0 mark)
+template <typename G, bool Fused>
+inline void moments4(const Step4& a, const G* g, int64_t i, float& m, float& v) {
+  update_moments<Fused>(to_float(g[i]), nibble(a.s1, i), nibble(a.s2, i), a.absmax1[i / a.blocksize],
+                        old_v_scale(a, i), a.t1, a.t2, a.h, m, v);
+}
+
+// pass A of a rank-1 step: the new row and column maxima of |v| over the elements [lo, hi)
+template <typename G, bool Fused>
+void rank1_maxima(const Step4& a, int64_t lo, int64_t hi, float* row_max, float* col_max) {
+  const G* g = static_cast<const G*>(a.g);
+  for (int64_t i = lo; i < hi; ++i) {
+    float m, v;
+    moments4<G, Fused>(a, g, i, m, v);
+    const float av = std::fabs(v);
+    const int64_t r = i / a.cols, c = i % a.cols;
+    row_max[r] = std::max(row_max[r], av);
+    col_max[c] = std::max(col_max[c], av);
+  }
+}
+
+// pass B: the tile [start, start + len) of whole m blocks (and whole v blocks when blockwise)
+template <typename P, typename G, bool Fused>
+void step4_tile(const Step4& a, int64_t start, int64_t len, const Sqrt& sqrt_of, Buffers& buf) {
+  P* p = static_cast<P*>(a.p) + start;
+  const G* g = static_cast<const G*>(a.g);
+  const int64_t bs = a.blocksize, b0 = start / bs;
+  float new1[kMaxBlocksize / 64 + 1], new2[kMaxBlocksize / 64 + 1];  // per block of the tile (bs >= 64)
+  for (int64_t lo = 0, b = 0; lo < len; lo += bs, ++b) {
+    const int64_t hi = std::min(len, lo + bs);
+    float max1 = 0.0f, max2 = 0.0f;
+    for (int64_t k = lo; k < hi; ++k) {
+      moments4<G, Fused>(a, g, start + k, buf.m[k], buf.v[k]);
+      max1 = std::max(max1, std::fabs(buf.m[k]));
+      max2 = std::max(max2, std::fabs(buf.v[k]));
+    }
+    new1[b] = max1;
+    new2[b] = max2;
+  }
+  sqrt_of(buf.v, buf.sqrt_v, len);
+  for (int64_t lo = 0, b = 0; lo < len; lo += bs, ++b) {
+    a.absmax1[b0 + b] = new1[b];  // (after the block's decode: the old scale is read in moments4)
+    if (a.rows == 0) a.absmax2[b0 + b] = new2[b];
+  }
+  for (int64_t lo = 0, b = 0; lo < len; lo += bs, ++b) {
+    const int64_t hi = std::min(len, lo + bs);
+    const float inv1 = new1[b] > 0.0f ? 1.0f / new1[b] : 0.0f;
+    const float inv2_block = new2[b] > 0.0f ? 1.0f / new2[b] : 0.0f;
+    for (int64_t k = lo; k < hi; k += 2) {  // (bs is even: a pair never straddles two blocks)
+      uint8_t c1[2] = {0, 0}, c2[2] = {0, 0};
+      for (int64_t j = k; j < std::min(hi, k + 2); ++j) {
+        p[j] = from_float<P>(update_param<true>(to_float(p[j]), buf.m[j], buf.v[j], buf.sqrt_v[j], a.h));
+        float inv2 = inv2_block;
+        if (a.rows != 0) {
+          const int64_t i = start + j;
+          const float scale = std::min(a.absmax2[i / a.cols], a.absmax2[a.rows + i % a.cols]);
+          inv2 = scale > 0.0f ? 1.0f / scale : 0.0f;
+        }
+        c1[j - k] = nearest_code(buf.m[j] * inv1, a.t1);
+        c2[j - k] = nearest_code(buf.v[j] * inv2, a.t2);
+      }
+      a.s1[(start + k) >> 1] = static_cast<uint8_t>(c1[0] << 4 | c1[1]);
+      a.s2[(start + k) >> 1] = static_cast<uint8_t>(c2[0] << 4 | c2[1]);
+    }
+  }
+}
+
+template <typename P, typename G, bool Fused>
+void step4(const Step4& a, const Sqrt& sqrt_of, int team) {
+  if (a.rows != 0) {  // pass A: the new rank-1 maxima, into absmax2 (the old ones are in a.old2)
+    const int64_t rc = a.rows + a.cols;
+    std::vector<float> maxima(static_cast<size_t>(team * rc), 0.0f);
+    const int64_t chunk = (a.n + team - 1) / team;
+#pragma omp parallel for num_threads(team) schedule(static, 1)
+    for (int t = 0; t < team; ++t) {
+      float* mine = maxima.data() + t * rc;
+      rank1_maxima<G, Fused>(a, std::min(a.n, t * chunk), std::min(a.n, (t + 1) * chunk), mine, mine + a.rows);
+    }
+    for (int64_t k = 0; k < rc; ++k) {
+      float best = 0.0f;
+      for (int t = 0; t < team; ++t) best = std::max(best, maxima[static_cast<size_t>(t * rc + k)]);
+      a.absmax2[k] = best;
+    }
+  }
+  const int64_t tile = std::max<int64_t>(1, kTile / a.blocksize) * a.blocksize;
+  const int64_t tiles = (a.n + tile - 1) / tile;
+#pragma omp parallel num_threads(team)
+  {
+    Buffers buf;
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t k = 0; k < tiles; ++k) {
+      step4_tile<P, G, Fused>(a, k * tile, std::min(tile, a.n - k * tile), sqrt_of, buf);
+    }
+  }
+}
+
+template <typename P, typename G>
+void step4_dispatch(const Step4& a, bool fused, const Sqrt& sqrt_of, int team) {
+  if (fused) {
+    step4<P, G, true>(a, sqrt_of, team);
+  } else {
+    step4<P, G, false>(a, sqrt_of, team);
+  }
+}
+}  // namespace
+
+// One step of a 4-bit format, exact (bit-identical to LowBitAdam's reference step), in place.
+// rows, cols: v's rank-1 shape (rows = 0: v blockwise, like m). The other arguments as
+// adam8bit_step_cpu's. Returns 0, or -1 for an unsupported dtype, blocksize or shape.
+extern "C" int adam4bit_step_cpu(void* p, const void* g, int p_dtype, int g_dtype, uint8_t* state1, uint8_t* state2,
+                                 float* absmax1, float* absmax2, int64_t n, int64_t blocksize, int64_t rows,
+                                 int64_t cols, const float* qmap1, const int32_t* steps1, int nan_code1,
+                                 const float* qmap2, const int32_t* steps2, int nan_code2, float beta1,
+                                 float one_minus_beta1, float beta2, float one_minus_beta2, float decay,
+                                 float bc2_sqrt, float eps, float neg_step_size, int fused, void* mkl_sqrt,
+                                 int64_t mkl_sqrt_mode, int mkl_sqrt_inline, int threads) {
+  if (blocksize < 64 || blocksize > kMaxBlocksize || blocksize % 2 != 0 || n < 0) return -1;
+  if (rows < 0 || cols < 0 || (rows != 0 && rows * cols != n)) return -1;
+  if (n == 0) return 0;
+  int root = kRootCall;
+#if ADAM8_AVX2
+  if (mkl_sqrt != nullptr && inline_root_built(mkl_sqrt_inline, kBestSimd) && (_mm_getcsr() & 0x8040u) == 0) {
+    root = mkl_sqrt_inline;
+  }
+#else
+  (void)mkl_sqrt_inline;
+#endif
+  const Sqrt sqrt_of{reinterpret_cast<Sqrt::VmsSqrt>(mkl_sqrt), mkl_sqrt_mode, root};
+  std::vector<float> old2;
+  if (rows != 0) old2.assign(absmax2, absmax2 + rows + cols);
+  const Hyper h{beta1, one_minus_beta1, beta2, one_minus_beta2, decay, bc2_sqrt, eps, neg_step_size, 0.0f};
+  const Step4 a{p, g, state1, state2, absmax1, absmax2, rows != 0 ? old2.data() : absmax2, n, blocksize, rows, cols,
+                CodeTable{qmap1, steps1, nan_code1}, CodeTable{qmap2, steps2, nan_code2}, h};
+  const int team = n < (int64_t{1} << 15) ? 1 : std::max(1, threads);
+  const bool same = g_dtype == p_dtype;
+  if (!same && g_dtype != kFloat32) return -1;
+  switch (p_dtype) {
+    case kFloat32: step4_dispatch<float, float>(a, fused != 0, sqrt_of, team); return 0;
+    case kBFloat16:
+      same ? step4_dispatch<BF16, BF16>(a, fused != 0, sqrt_of, team) : step4_dispatch<BF16, float>(a, fused != 0, sqrt_of, team);
+      return 0;
+    case kFloat16:
+      same ? step4_dispatch<_Float16, _Float16>(a, fused != 0, sqrt_of, team)
+           : step4_dispatch<_Float16, float>(a, fused != 0, sqrt_of, team);
+      return 0;
+    default: return -1;
+  }
+}
