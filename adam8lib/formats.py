@@ -44,6 +44,14 @@ smallest non-zero entry is 0.0055 of the block's absmax, so keeping signs would 
 a thousandfold, while a tiny ``m`` coded to 0 only drops a tiny update.) ``"fp8"`` follows torchao's ``AdamWFp8`` (e4m3, one scale per
 block of 256). The maps are the canonical ones of :mod:`adam8lib.quant`: the same bits everywhere.
 
+Which backends step each format (``LowBitAdam(backend=...)``; :data:`adam8lib.optim.LOWBIT_KERNELS`):
+``"8bit"`` every backend of :mod:`adam8lib.kernels`; ``"fp8"``, ``"4bit"`` and ``"4bit-naive"`` the
+reference step (``"torch"``: :meth:`StateFormat.decode`, the fp32 update, :meth:`StateFormat.encode_`)
+and the C++ ``"cpu"`` kernel (:mod:`adam8lib.kernels.cpu_lowbit`; ``"auto"`` on the CPU), ``"fp8"``
+also ``"triton"`` (``"auto"`` on CUDA). Every fused step gives the reference step's bits; the CPU
+kernel reads each code from a table sampled from :meth:`MomentFormat.code`, so that method is the
+one spec of a coding.
+
 Bytes per parameter of a large matrix (codes + scales): 8bit 2 + 8/256, 4bit 1 + 4/128 +
 4 (rows + cols) / (rows x cols), fp8 2 + 8/256; fp32 AdamW 8.
 """

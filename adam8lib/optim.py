@@ -4,9 +4,11 @@
 The step, the parameter groups, checkpoints, torch.optim's conventions and FSDP2 support are written
 once, here; how the two moments are stored is the state format's business (:mod:`adam8lib.formats`:
 ``"8bit"``, ``"4bit"``, ``"4bit-naive"``, ``"fp8"``). The 8-bit format runs through the fused
-backends of :mod:`adam8lib.kernels`; the others through the reference step (decode, the fp32 update,
-encode) in plain PyTorch, and ``"fp8"`` also through a fused Triton kernel (``backend="triton"``, or
-``"auto"`` on CUDA; :func:`adam8lib.kernels.triton.fp8_step_triton`; :data:`LOWBIT_KERNELS` lists the fused steps of each format). ``stochastic_rounding=True`` writes bf16 parameters with stochastic
+backends of :mod:`adam8lib.kernels`; the others through their fused steps (:data:`LOWBIT_KERNELS`):
+the C++ ``"cpu"`` kernel for ``"fp8"``, ``"4bit"`` and ``"4bit-naive"`` (``"auto"`` on the CPU;
+:mod:`adam8lib.kernels.cpu_lowbit`), a Triton kernel for ``"fp8"`` (``"auto"`` on CUDA;
+:func:`adam8lib.kernels.triton.fp8_step_triton`), else the reference step (``backend="torch"``:
+decode, the fp32 update, encode, in plain PyTorch), whose bits every fused step reproduces. ``stochastic_rounding=True`` writes bf16 parameters with stochastic
 rounding (:mod:`adam8lib.rounding`), so that updates smaller than half a bf16 ulp survive on average.
 
 What is 8-bit (or 4-bit), and what is not:
@@ -99,8 +101,9 @@ class LowBitAdam(torch.optim.Optimizer):
             (256 for 8-bit and FP8 as in bitsandbytes and torchao; 128 for 4-bit as in Li et al.).
         min_8bit_size: tensors with fewer elements keep fp32 states (4096, as bitsandbytes).
         backend: ``"auto"``, ``"torch"`` (reference), ``"cpu"``, ``"triton"``, or another
-            registered backend (see :mod:`adam8lib.kernels`); formats other than ``"8bit"`` run
-            the reference step (``"auto"`` or ``"torch"``), ``"fp8"`` also ``"triton"`` (:data:`LOWBIT_KERNELS`).
+            registered backend (see :mod:`adam8lib.kernels`); formats other than ``"8bit"`` have
+            ``"auto"``, ``"torch"`` (the reference step) and their :data:`LOWBIT_KERNELS`
+            (``"cpu"`` for all three, ``"triton"`` for ``"fp8"``).
         state_format: ``"8bit"``, ``"4bit"``, ``"4bit-naive"``, ``"fp8"`` or a
             :class:`~adam8lib.formats.StateFormat`; ``None``: the class's (:attr:`state_format`).
         stochastic_rounding: write bf16 parameters with stochastic rounding (every parameter

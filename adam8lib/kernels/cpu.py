@@ -1,5 +1,11 @@
 """The ``"cpu"`` and ``"cpu_fast"`` backends: the 8-bit Adam step as a small C++ kernel (OpenMP + SIMD).
 
+The same kernel is the ``"cpu"`` step of the other state formats (:mod:`adam8lib.kernels.cpu_lowbit`,
+registered from here): ``"fp8"`` runs the 8-bit loops unchanged with FP8's 256 code values as the
+map and a table sampled from the format's code function; ``"4bit"``/``"4bit-naive"`` run a 4-bit
+loop of the same source (two codes per byte, rank-1 scales for ``v`` of a matrix) on the same
+per-element helpers. Both are bit for bit the reference step of their format.
+
 ``"cpu"``: the same maths as :mod:`adam8lib.kernels.reference`, bit for bit (codes, absmax,
 parameters), in one pass over memory per block instead of a dozen chunk-sized temporaries
 (bench/README.md has the numbers). ``"cpu_fast"`` (``exact=False``, asked for by name, never
@@ -32,6 +38,7 @@ Safe to call from anywhere
 
 Exact nearest code, fast
     :mod:`adam8lib.kernels.code_table` samples the reference's ``nearest_code`` once per map
+    (or any code function: :func:`~adam8lib.kernels.code_table.encode_table`, as FP8 and 4 bits do)
     into a table indexed by the top 16 bits of a sortable key of ``x``; the kernel needs one
     table load and one integer compare per value and returns exactly the reference's code.
     Dequantizing needs no gather on CPUs with AVX-512 VBMI: the map's 256 fp32 values are

@@ -109,7 +109,7 @@ inline BF16 from_float<BF16>(float x) {  // round to nearest even, NaN -> 0x7fc0
 
 // ---- one quantization map with its nearest-code tables (built by cpu.py) ----------------
 struct CodeTable {
-  const float* qmap;     // 256 map values, sorted
+  const float* qmap;     // 256 code values (a map, or FP8 bytes / 448: any order, NaN allowed)
   const int32_t* steps;  // 65536 buckets by raw bits: below | from threshold on << 8 | (threshold - 1) << 16
   int32_t nan_code;      // the reference's code for NaN
 };
