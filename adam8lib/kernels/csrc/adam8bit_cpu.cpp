@@ -51,6 +51,9 @@
 #include <cstring>
 #include <limits>
 #include <vector>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define ADAM8_AVX2 1
@@ -1149,10 +1152,6 @@ extern "C" int adam8bit_step_cpu(void* p, const void* g, int p_dtype, int g_dtyp
 // =============================================================================================
 namespace {
 
-inline uint8_t nibble(const uint8_t* s, int64_t i) {
-  return static_cast<uint8_t>((i & 1) ? (s[i >> 1] & 0x0f) : (s[i >> 1] >> 4));
-}
-
 struct Step4 {
   void* p;
   const void* g;
@@ -1166,89 +1165,134 @@ struct Step4 {
   Hyper h;
 };
 
-// v's old scale of element i (for decoding)
-inline float old_v_scale(const Step4& a, int64_t i) {
-  if (a.rows == 0) return a.old2[i / a.blocksize];
-  return std::min(a.old2[i / a.cols], a.old2[a.rows + i % a.cols]);
+// per-thread scratch for one tile (whole blocks, at most kMaxBlocksize elements)
+struct Buffers4 {
+  alignas(64) float m[kMaxBlocksize];
+  alignas(64) float v[kMaxBlocksize];
+  alignas(64) float sqrt_v[kMaxBlocksize];
+  alignas(64) float scale[kMaxBlocksize];  // v's scale of each element (pass 1), then 1/scale (pass 2)
+  alignas(64) uint8_t c1[kMaxBlocksize];
+  alignas(64) uint8_t c2[kMaxBlocksize];
+};
+
+// v's rank-1 scales min(row max, column max) of the elements [start, start + len), walking
+// the row and column (no division per element); inverse: 1/scale (0 for a scale of 0), as the reference
+template <bool Inverse>
+void rank1_scales(const float* maxima, int64_t rows, int64_t cols, int64_t start, int64_t len, float* out) {
+  int64_t r = start / cols, c = start % cols;
+  for (int64_t k = 0; k < len;) {
+    const float row = maxima[r];
+    const int64_t run = std::min(len - k, cols - c);
+    const float* col = maxima + rows + c;
+    for (int64_t j = 0; j < run; ++j) {
+      const float scale = std::min(row, col[j]);
+      out[k + j] = Inverse ? (scale > 0.0f ? 1.0f / scale : 0.0f) : scale;
+    }
+    k += run;
+    ++r;
+    c = 0;
+  }
 }
 
-// the new m and v of element i (non-finite rule applied; v of a reset element: the -0.0 mark)
-template <typename G, bool Fused>
-inline void moments4(const Step4& a, const G* g, int64_t i, float& m, float& v) {
-  update_moments<Fused>(to_float(g[i]), nibble(a.s1, i), nibble(a.s2, i), a.absmax1[i / a.blocksize],
-                        old_v_scale(a, i), a.t1, a.t2, a.h, m, v);
+// two codes per byte -> one per byte (element 2i from the high nibble); len is even, or the tensor's end
+inline void unpack4(const uint8_t* __restrict packed, int64_t len, uint8_t* __restrict codes) {
+  for (int64_t k = 0; k < len / 2; ++k) {
+    codes[2 * k] = packed[k] >> 4;
+    codes[2 * k + 1] = packed[k] & 0x0f;
+  }
+  if (len & 1) codes[len - 1] = packed[len / 2] >> 4;
+}
+inline void pack4(const uint8_t* __restrict codes, int64_t len, uint8_t* __restrict packed) {
+  for (int64_t k = 0; k < len / 2; ++k) packed[k] = static_cast<uint8_t>(codes[2 * k] << 4 | codes[2 * k + 1]);
+  if (len & 1) packed[len / 2] = static_cast<uint8_t>(codes[len - 1] << 4);  // pad: code 0, as pack_nibbles
 }
 
-// pass A of a rank-1 step: the new row and column maxima of |v| over the elements [lo, hi)
+// the new m and v of the tile [start, start + len) into buf (non-finite rule applied; a reset
+// v is the -0.0 mark), and the blocks' new maxima of |m| and |v| into max1, max2 (none stored:
+// pass A of a rank-1 step and the step itself both call this, and get the same bits)
 template <typename G, bool Fused>
-void rank1_maxima(const Step4& a, int64_t lo, int64_t hi, float* row_max, float* col_max) {
-  const G* g = static_cast<const G*>(a.g);
-  for (int64_t i = lo; i < hi; ++i) {
-    float m, v;
-    moments4<G, Fused>(a, g, i, m, v);
-    const float av = std::fabs(v);
-    const int64_t r = i / a.cols, c = i % a.cols;
+void tile_moments(const Step4& a, int64_t start, int64_t len, Buffers4& buf, float* max1, float* max2) {
+  const G* g = static_cast<const G*>(a.g) + start;
+  const int64_t bs = a.blocksize, b0 = start / bs;
+  unpack4(a.s1 + start / 2, len, buf.c1);
+  unpack4(a.s2 + start / 2, len, buf.c2);
+  if (a.rows != 0) rank1_scales<false>(a.old2, a.rows, a.cols, start, len, buf.scale);
+  for (int64_t lo = 0, b = 0; lo < len; lo += bs, ++b) {
+    const int64_t hi = std::min(len, lo + bs);
+    const float old1 = a.absmax1[b0 + b];
+    float top1 = 0.0f, top2 = 0.0f;
+    for (int64_t k = lo; k < hi; ++k) {
+      const float old2 = a.rows != 0 ? buf.scale[k] : a.old2[b0 + b];
+      update_moments<Fused>(to_float(g[k]), buf.c1[k], buf.c2[k], old1, old2, a.t1, a.t2, a.h, buf.m[k], buf.v[k]);
+      top1 = std::max(top1, std::fabs(buf.m[k]));
+      top2 = std::max(top2, std::fabs(buf.v[k]));
+    }
+    max1[b] = top1;
+    max2[b] = top2;
+  }
+}
+
+constexpr int64_t kBlocksPerTile4 = kMaxBlocksize / 64;  // blocks are at least 64 elements
+
+inline int64_t tile4(int64_t blocksize) { return std::max<int64_t>(1, kTile / blocksize) * blocksize; }
+
+// pass A of a rank-1 step: the new row and column maxima of |v| over the tile [start, start + len)
+template <typename G, bool Fused>
+void rank1_maxima(const Step4& a, int64_t start, int64_t len, Buffers4& buf, float* row_max, float* col_max) {
+  float max1[kBlocksPerTile4], max2[kBlocksPerTile4];
+  tile_moments<G, Fused>(a, start, len, buf, max1, max2);
+  int64_t r = start / a.cols, c = start % a.cols;
+  for (int64_t k = 0; k < len; ++k) {
+    const float av = std::fabs(buf.v[k]);
     row_max[r] = std::max(row_max[r], av);
     col_max[c] = std::max(col_max[c], av);
+    if (++c == a.cols) c = 0, ++r;
   }
 }
 
-// pass B: the tile [start, start + len) of whole m blocks (and whole v blocks when blockwise)
+// pass B: the step on the tile [start, start + len) of whole blocks
 template <typename P, typename G, bool Fused>
-void step4_tile(const Step4& a, int64_t start, int64_t len, const Sqrt& sqrt_of, Buffers& buf) {
+void step4_tile(const Step4& a, int64_t start, int64_t len, const Sqrt& sqrt_of, Buffers4& buf) {
   P* p = static_cast<P*>(a.p) + start;
-  const G* g = static_cast<const G*>(a.g);
   const int64_t bs = a.blocksize, b0 = start / bs;
-  float new1[kMaxBlocksize / 64 + 1], new2[kMaxBlocksize / 64 + 1];  // per block of the tile (bs >= 64)
-  for (int64_t lo = 0, b = 0; lo < len; lo += bs, ++b) {
-    const int64_t hi = std::min(len, lo + bs);
-    float max1 = 0.0f, max2 = 0.0f;
-    for (int64_t k = lo; k < hi; ++k) {
-      moments4<G, Fused>(a, g, start + k, buf.m[k], buf.v[k]);
-      max1 = std::max(max1, std::fabs(buf.m[k]));
-      max2 = std::max(max2, std::fabs(buf.v[k]));
-    }
-    new1[b] = max1;
-    new2[b] = max2;
-  }
+  float max1[kBlocksPerTile4], max2[kBlocksPerTile4];
+  tile_moments<G, Fused>(a, start, len, buf, max1, max2);
   sqrt_of(buf.v, buf.sqrt_v, len);
-  for (int64_t lo = 0, b = 0; lo < len; lo += bs, ++b) {
-    a.absmax1[b0 + b] = new1[b];  // (after the block's decode: the old scale is read in moments4)
-    if (a.rows == 0) a.absmax2[b0 + b] = new2[b];
-  }
+  if (a.rows != 0) rank1_scales<true>(a.absmax2, a.rows, a.cols, start, len, buf.scale);  // the new maxima
   for (int64_t lo = 0, b = 0; lo < len; lo += bs, ++b) {
     const int64_t hi = std::min(len, lo + bs);
-    const float inv1 = new1[b] > 0.0f ? 1.0f / new1[b] : 0.0f;
-    const float inv2_block = new2[b] > 0.0f ? 1.0f / new2[b] : 0.0f;
-    for (int64_t k = lo; k < hi; k += 2) {  // (bs is even: a pair never straddles two blocks)
-      uint8_t c1[2] = {0, 0}, c2[2] = {0, 0};
-      for (int64_t j = k; j < std::min(hi, k + 2); ++j) {
-        p[j] = from_float<P>(update_param<true>(to_float(p[j]), buf.m[j], buf.v[j], buf.sqrt_v[j], a.h));
-        float inv2 = inv2_block;
-        if (a.rows != 0) {
-          const int64_t i = start + j;
-          const float scale = std::min(a.absmax2[i / a.cols], a.absmax2[a.rows + i % a.cols]);
-          inv2 = scale > 0.0f ? 1.0f / scale : 0.0f;
-        }
-        c1[j - k] = nearest_code(buf.m[j] * inv1, a.t1);
-        c2[j - k] = nearest_code(buf.v[j] * inv2, a.t2);
-      }
-      a.s1[(start + k) >> 1] = static_cast<uint8_t>(c1[0] << 4 | c1[1]);
-      a.s2[(start + k) >> 1] = static_cast<uint8_t>(c2[0] << 4 | c2[1]);
+    a.absmax1[b0 + b] = max1[b];  // (the old scales were read in tile_moments)
+    if (a.rows == 0) a.absmax2[b0 + b] = max2[b];
+    const float inv1 = max1[b] > 0.0f ? 1.0f / max1[b] : 0.0f;
+    const float inv2 = max2[b] > 0.0f ? 1.0f / max2[b] : 0.0f;
+    for (int64_t k = lo; k < hi; ++k) {
+      p[k] = from_float<P>(update_param<true>(to_float(p[k]), buf.m[k], buf.v[k], buf.sqrt_v[k], a.h));
+      buf.c1[k] = nearest_code(buf.m[k] * inv1, a.t1);
+      buf.c2[k] = nearest_code(buf.v[k] * (a.rows != 0 ? buf.scale[k] : inv2), a.t2);
     }
   }
+  pack4(buf.c1, len, a.s1 + start / 2);
+  pack4(buf.c2, len, a.s2 + start / 2);
 }
 
 template <typename P, typename G, bool Fused>
 void step4(const Step4& a, const Sqrt& sqrt_of, int team) {
+  const int64_t tile = tile4(a.blocksize), tiles = (a.n + tile - 1) / tile;
   if (a.rows != 0) {  // pass A: the new rank-1 maxima, into absmax2 (the old ones are in a.old2)
     const int64_t rc = a.rows + a.cols;
     std::vector<float> maxima(static_cast<size_t>(team * rc), 0.0f);
-    const int64_t chunk = (a.n + team - 1) / team;
-#pragma omp parallel for num_threads(team) schedule(static, 1)
-    for (int t = 0; t < team; ++t) {
-      float* mine = maxima.data() + t * rc;
-      rank1_maxima<G, Fused>(a, std::min(a.n, t * chunk), std::min(a.n, (t + 1) * chunk), mine, mine + a.rows);
+#pragma omp parallel num_threads(team)
+    {
+      Buffers4 buf;
+#ifdef _OPENMP
+      float* mine = maxima.data() + static_cast<int64_t>(omp_get_thread_num()) * rc;
+#else
+      float* mine = maxima.data();
+#endif
+#pragma omp for schedule(dynamic, 4)
+      for (int64_t k = 0; k < tiles; ++k) {
+        rank1_maxima<G, Fused>(a, k * tile, std::min(tile, a.n - k * tile), buf, mine, mine + a.rows);
+      }
     }
     for (int64_t k = 0; k < rc; ++k) {
       float best = 0.0f;
@@ -1256,11 +1300,9 @@ void step4(const Step4& a, const Sqrt& sqrt_of, int team) {
       a.absmax2[k] = best;
     }
   }
-  const int64_t tile = std::max<int64_t>(1, kTile / a.blocksize) * a.blocksize;
-  const int64_t tiles = (a.n + tile - 1) / tile;
 #pragma omp parallel num_threads(team)
   {
-    Buffers buf;
+    Buffers4 buf;
 #pragma omp for schedule(dynamic, 4)
     for (int64_t k = 0; k < tiles; ++k) {
       step4_tile<P, G, Fused>(a, k * tile, std::min(tile, a.n - k * tile), sqrt_of, buf);
