@@ -265,7 +265,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.adam8bit_step_cpu_many.restype = i32
     lib.adam4bit_step_cpu.argtypes = [ptr, ptr, i32, i32, ptr, ptr, ptr, ptr, i64, i64, i64, i64,
                                       ptr, ptr, i32, ptr, ptr, i32,
-                                      f32, f32, f32, f32, f32, f32, f32, f32, i32, ptr, i64, i32, i32]
+                                      f32, f32, f32, f32, f32, f32, f32, f32, i32, ptr, i64, i32, i32, i32]
     lib.adam4bit_step_cpu.restype = i32
 
 

@@ -122,7 +122,7 @@ def fourbit_step_cpu(p: torch.Tensor, g: torch.Tensor, state: dict, fmt: StateFo
         return _reference_step(p, g, state, fmt, shape, hyper)
     lib = load_extension()
     tables, maps, modes = _table_args(*moment_tables(fmt), True, None)  # (tables: kept alive for the call)
-    fused, _, mkl_sqrt, mkl_mode, inline_root, _, threads = modes
+    fused, _, mkl_sqrt, mkl_mode, inline_root, simd, threads = modes
     g = _kernel_grad(p, g)
     decay, bc2_sqrt, neg_step_size, _ = _scalars(step, lr, beta1, beta2, weight_decay)
     rows, cols = shape if rank1 else (0, 0)
@@ -130,7 +130,7 @@ def fourbit_step_cpu(p: torch.Tensor, g: torch.Tensor, state: dict, fmt: StateFo
         p.data_ptr(), g.data_ptr(), _DTYPE_CODES[p.dtype], _DTYPE_CODES[g.dtype], s1.data_ptr(), s2.data_ptr(),
         a1.data_ptr(), a2.data_ptr(), p.numel(), fmt.m.blocksize, rows, cols, *maps,
         beta1, 1.0 - beta1, beta2, 1.0 - beta2, decay, bc2_sqrt, eps, neg_step_size,
-        fused, mkl_sqrt, mkl_mode, inline_root, threads)
+        fused, mkl_sqrt, mkl_mode, inline_root, simd, threads)
     if status != 0:
         raise RuntimeError(f"cpu kernel rejected its arguments (status {status})")
 

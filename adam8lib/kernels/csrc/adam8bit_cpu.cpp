@@ -1163,13 +1163,12 @@ struct Step4 {
   int64_t n, blocksize, rows, cols;  // rows = 0: v blockwise
   CodeTable t1, t2;
   Hyper h;
+  const Maps* maps;  // t1, t2 in every form the 8-bit loops use
+  int simd;
 };
 
 // per-thread scratch for one tile (whole blocks, at most kMaxBlocksize elements)
-struct Buffers4 {
-  alignas(64) float m[kMaxBlocksize];
-  alignas(64) float v[kMaxBlocksize];
-  alignas(64) float sqrt_v[kMaxBlocksize];
+struct Buffers4 : Buffers {
   alignas(64) float scale[kMaxBlocksize];  // v's scale of each element (pass 1), then 1/scale (pass 2)
   alignas(64) uint8_t c1[kMaxBlocksize];
   alignas(64) uint8_t c2[kMaxBlocksize];
@@ -1250,10 +1249,21 @@ void rank1_maxima(const Step4& a, int64_t start, int64_t len, Buffers4& buf, flo
   }
 }
 
-// pass B: the step on the tile [start, start + len) of whole blocks
+// pass B: the step on the tile [start, start + len) of whole blocks. Blockwise v: the 8-bit
+// kernel's tile (step_tile, with its SIMD loops) on the tile's codes unpacked to one per byte.
 template <typename P, typename G, bool Fused>
 void step4_tile(const Step4& a, int64_t start, int64_t len, const Sqrt& sqrt_of, Buffers4& buf) {
   P* p = static_cast<P*>(a.p) + start;
+  if (a.rows == 0) {
+    const int64_t b0 = start / a.blocksize;
+    unpack4(a.s1 + start / 2, len, buf.c1);
+    unpack4(a.s2 + start / 2, len, buf.c2);
+    step_tile<P, G, Fused, true>(p, static_cast<const G*>(a.g) + start, buf.c1, buf.c2, a.absmax1 + b0, a.absmax2 + b0,
+                                 len, a.blocksize, *a.maps, a.h, sqrt_of, buf, a.simd);
+    pack4(buf.c1, len, a.s1 + start / 2);
+    pack4(buf.c2, len, a.s2 + start / 2);
+    return;
+  }
   const int64_t bs = a.blocksize, b0 = start / bs;
   float max1[kBlocksPerTile4], max2[kBlocksPerTile4];
   tile_moments<G, Fused>(a, start, len, buf, max1, max2);
@@ -1329,13 +1339,14 @@ extern "C" int adam4bit_step_cpu(void* p, const void* g, int p_dtype, int g_dtyp
                                  const float* qmap2, const int32_t* steps2, int nan_code2, float beta1,
                                  float one_minus_beta1, float beta2, float one_minus_beta2, float decay,
                                  float bc2_sqrt, float eps, float neg_step_size, int fused, void* mkl_sqrt,
-                                 int64_t mkl_sqrt_mode, int mkl_sqrt_inline, int threads) {
+                                 int64_t mkl_sqrt_mode, int mkl_sqrt_inline, int simd, int threads) {
   if (blocksize < 64 || blocksize > kMaxBlocksize || blocksize % 2 != 0 || n < 0) return -1;
   if (rows < 0 || cols < 0 || (rows != 0 && rows * cols != n)) return -1;
   if (n == 0) return 0;
   int root = kRootCall;
 #if ADAM8_AVX2
-  if (mkl_sqrt != nullptr && inline_root_built(mkl_sqrt_inline, kBestSimd) && (_mm_getcsr() & 0x8040u) == 0) {
+  if (mkl_sqrt != nullptr && inline_root_built(mkl_sqrt_inline, std::clamp(simd, 0, kBestSimd)) &&
+      (_mm_getcsr() & 0x8040u) == 0) {
     root = mkl_sqrt_inline;
   }
 #else
@@ -1345,8 +1356,18 @@ extern "C" int adam4bit_step_cpu(void* p, const void* g, int p_dtype, int g_dtyp
   std::vector<float> old2;
   if (rows != 0) old2.assign(absmax2, absmax2 + rows + cols);
   const Hyper h{beta1, one_minus_beta1, beta2, one_minus_beta2, decay, bc2_sqrt, eps, neg_step_size, 0.0f};
+  Maps maps{CodeTable{qmap1, steps1, nan_code1}, CodeTable{qmap2, steps2, nan_code2}
+#if ADAM8_AVX512
+            , nullptr, nullptr
+#endif
+  };
+#if ADAM8_AVX512
+  const BytePlanes planes1(qmap1), planes2(qmap2);
+  maps.planes1 = &planes1;
+  maps.planes2 = &planes2;
+#endif
   const Step4 a{p, g, state1, state2, absmax1, absmax2, rows != 0 ? old2.data() : absmax2, n, blocksize, rows, cols,
-                CodeTable{qmap1, steps1, nan_code1}, CodeTable{qmap2, steps2, nan_code2}, h};
+                maps.t1, maps.t2, h, &maps, std::clamp(simd, 0, kBestSimd)};
   const int team = n < (int64_t{1} << 15) ? 1 : std::max(1, threads);
   const bool same = g_dtype == p_dtype;
   if (!same && g_dtype != kFloat32) return -1;
