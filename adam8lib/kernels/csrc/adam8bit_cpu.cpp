@@ -1206,23 +1206,42 @@ inline void pack4(const uint8_t* __restrict codes, int64_t len, uint8_t* __restr
   if (len & 1) packed[len / 2] = static_cast<uint8_t>(codes[len - 1] << 4);  // pad: code 0, as pack_nibbles
 }
 
-// the new m and v of the tile [start, start + len) into buf (non-finite rule applied; a reset
-// v is the -0.0 mark), and the blocks' new maxima of |m| and |v| into max1, max2 (none stored:
-// pass A of a rank-1 step and the step itself both call this, and get the same bits)
+// rank-1 v: the new m and v of the tile [start, start + len) into buf (non-finite rule applied; a
+// reset v is the -0.0 mark), and the m blocks' new maxima of |m| into max1 (and of |v| into max2,
+// unused); nothing stored: pass A and the step both call this, and get the same bits
 template <typename G, bool Fused>
 void tile_moments(const Step4& a, int64_t start, int64_t len, Buffers4& buf, float* max1, float* max2) {
   const G* g = static_cast<const G*>(a.g) + start;
   const int64_t bs = a.blocksize, b0 = start / bs;
   unpack4(a.s1 + start / 2, len, buf.c1);
   unpack4(a.s2 + start / 2, len, buf.c2);
-  if (a.rows != 0) rank1_scales<false>(a.old2, a.rows, a.cols, start, len, buf.scale);
+  rank1_scales<false>(a.old2, a.rows, a.cols, start, len, buf.scale);
   for (int64_t lo = 0, b = 0; lo < len; lo += bs, ++b) {
     const int64_t hi = std::min(len, lo + bs);
     const float old1 = a.absmax1[b0 + b];
     float top1 = 0.0f, top2 = 0.0f;
-    for (int64_t k = lo; k < hi; ++k) {
-      const float old2 = a.rows != 0 ? buf.scale[k] : a.old2[b0 + b];
-      update_moments<Fused>(to_float(g[k]), buf.c1[k], buf.c2[k], old1, old2, a.t1, a.t2, a.h, buf.m[k], buf.v[k]);
+    int64_t k = lo;
+#if ADAM8_AVX2
+    if (a.simd != kScalar) {  // the 8-bit kernel's AVX2 step, with v's scale per element
+      const __m256 vold1 = _mm256_set1_ps(old1), abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+      __m256 vmax1 = _mm256_setzero_ps(), vmax2 = _mm256_setzero_ps();
+      for (; k + 8 <= hi; k += 8) {
+        __m256 m, v;
+        const __m256 q1 = _mm256_i32gather_ps(a.t1.qmap, load_codes8(buf.c1 + k), 4);
+        const __m256 q2 = _mm256_i32gather_ps(a.t2.qmap, load_codes8(buf.c2 + k), 4);
+        update_moments8<Fused>(load8(g + k), q1, q2, vold1, _mm256_load_ps(buf.scale + k), a.h, m, v);
+        _mm256_store_ps(buf.m + k, m);
+        _mm256_store_ps(buf.v + k, v);
+        vmax1 = _mm256_max_ps(_mm256_and_ps(m, abs_mask), vmax1);
+        vmax2 = _mm256_max_ps(_mm256_and_ps(v, abs_mask), vmax2);
+      }
+      top1 = max8(vmax1);
+      top2 = max8(vmax2);
+    }
+#endif
+    for (; k < hi; ++k) {
+      update_moments<Fused>(to_float(g[k]), buf.c1[k], buf.c2[k], old1, buf.scale[k], a.t1, a.t2, a.h, buf.m[k],
+                            buf.v[k]);
       top1 = std::max(top1, std::fabs(buf.m[k]));
       top2 = std::max(top2, std::fabs(buf.v[k]));
     }
@@ -1268,17 +1287,27 @@ void step4_tile(const Step4& a, int64_t start, int64_t len, const Sqrt& sqrt_of,
   float max1[kBlocksPerTile4], max2[kBlocksPerTile4];
   tile_moments<G, Fused>(a, start, len, buf, max1, max2);
   sqrt_of(buf.v, buf.sqrt_v, len);
-  if (a.rows != 0) rank1_scales<true>(a.absmax2, a.rows, a.cols, start, len, buf.scale);  // the new maxima
+  rank1_scales<true>(a.absmax2, a.rows, a.cols, start, len, buf.scale);  // 1/scale from the new maxima
   for (int64_t lo = 0, b = 0; lo < len; lo += bs, ++b) {
     const int64_t hi = std::min(len, lo + bs);
     a.absmax1[b0 + b] = max1[b];  // (the old scales were read in tile_moments)
-    if (a.rows == 0) a.absmax2[b0 + b] = max2[b];
     const float inv1 = max1[b] > 0.0f ? 1.0f / max1[b] : 0.0f;
-    const float inv2 = max2[b] > 0.0f ? 1.0f / max2[b] : 0.0f;
-    for (int64_t k = lo; k < hi; ++k) {
+    int64_t k = lo;
+#if ADAM8_AVX2
+    if (a.simd != kScalar) {  // the 8-bit kernel's AVX2 pass 2, with v's 1/scale per element
+      const __m256 vinv1 = _mm256_set1_ps(inv1);
+      for (; k + 8 <= hi; k += 8) {
+        const __m256 m = _mm256_load_ps(buf.m + k), v = _mm256_load_ps(buf.v + k);
+        store8(p + k, update_param8<true>(load8(p + k), m, v, _mm256_load_ps(buf.sqrt_v + k), a.h));
+        store_codes8(buf.c1 + k, nearest_code8(_mm256_mul_ps(m, vinv1), a.t1));
+        store_codes8(buf.c2 + k, nearest_code8(_mm256_mul_ps(v, _mm256_load_ps(buf.scale + k)), a.t2));
+      }
+    }
+#endif
+    for (; k < hi; ++k) {
       p[k] = from_float<P>(update_param<true>(to_float(p[k]), buf.m[k], buf.v[k], buf.sqrt_v[k], a.h));
       buf.c1[k] = nearest_code(buf.m[k] * inv1, a.t1);
-      buf.c2[k] = nearest_code(buf.v[k] * (a.rows != 0 ? buf.scale[k] : inv2), a.t2);
+      buf.c2[k] = nearest_code(buf.v[k] * buf.scale[k], a.t2);
     }
   }
   pack4(buf.c1, len, a.s1 + start / 2);
