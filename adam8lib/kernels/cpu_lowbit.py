@@ -39,6 +39,10 @@ from .cpu import _DTYPE_CODES, _check_memory, _kernel_grad, _scalars, _table_arg
 
 __all__ = ["moment_tables", "fp8_step_cpu", "fourbit_step_cpu"]
 
+#: Which loops the steps run: None the widest this build has, 0 scalar only, 1 AVX2, 2 AVX-512
+#: (as :func:`adam8lib.kernels.cpu.adam8bit_step`'s ``simd``; the tests run each, same bits).
+SIMD: int | None = None
+
 
 @functools.lru_cache(maxsize=32)
 def moment_table(moment: MomentFormat, is_v: bool) -> CodeTable:
@@ -93,7 +97,7 @@ def fp8_step_cpu(p: torch.Tensor, g: torch.Tensor, state: dict, fmt: StateFormat
     s1, s2, a1, a2 = _check(p, g, state, fmt, shape)
     check_step(step)
     lib = load_extension()
-    tables, maps, modes = _table_args(*moment_tables(fmt), True, None)  # (tables: kept alive for the call)
+    tables, maps, modes = _table_args(*moment_tables(fmt), True, SIMD)  # (tables: kept alive for the call)
     g = _kernel_grad(p, g)
     decay, bc2_sqrt, neg_step_size, inv_bc2_sqrt = _scalars(step, lr, beta1, beta2, weight_decay)
     status = lib.adam8bit_step_cpu(
@@ -121,7 +125,7 @@ def fourbit_step_cpu(p: torch.Tensor, g: torch.Tensor, state: dict, fmt: StateFo
     if rank1 and len(shape) > 2:
         return _reference_step(p, g, state, fmt, shape, hyper)
     lib = load_extension()
-    tables, maps, modes = _table_args(*moment_tables(fmt), True, None)  # (tables: kept alive for the call)
+    tables, maps, modes = _table_args(*moment_tables(fmt), True, SIMD)  # (tables: kept alive for the call)
     fused, _, mkl_sqrt, mkl_mode, inline_root, simd, threads = modes
     g = _kernel_grad(p, g)
     decay, bc2_sqrt, neg_step_size, _ = _scalars(step, lr, beta1, beta2, weight_decay)

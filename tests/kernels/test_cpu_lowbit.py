@@ -103,6 +103,18 @@ def test_equals_reference_threads(fmt, shape):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("simd", [0, 1, 2])
+def test_every_simd_level(fmt, simd, monkeypatch):
+    import adam8lib.kernels.cpu_lowbit as cpu_lowbit
+
+    monkeypatch.setattr(cpu_lowbit, "SIMD", simd)  # (capped at what this build has)
+    for shape in [(4097,), (300, 77)]:
+        grads = _grads(shape, 2, 6, special=True)
+        _assert_same(_run(fmt, shape, torch.float32, 0.01, "torch", grads),
+                     _run(fmt, shape, torch.float32, 0.01, "cpu", grads))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_other_blocksize_and_fp32_grad_of_bf16(fmt):
     shape = (130, 33)
     grads = _grads(shape, 2, 3, special=False)
