@@ -9,8 +9,10 @@ spec is the format's own :meth:`adam8lib.formats.MomentFormat.code` (:func:`mome
 * ``"fp8"`` runs the **8-bit kernel unchanged**: the map is the 256 float8 e4m3 bytes / 448 (not
   sorted; NaN at 0x7F/0xFF, which no step writes), and the table samples ``(x * 448).to(e4m3)``
   with the keep-sign rule. Nothing in the kernel needs a sorted map or a particular code of 0;
-  only the inline MKL root needs a map without negative ``v`` values, which FP8's bytes have,
-  so FP8 calls MKL's ``vmsSqrt`` per tile (as a machine whose MKL root is not reproduced does).
+  only the inline MKL root (and with it the pipelined AVX-512 loop) needs ``v >= 0``, which a
+  map with negative values does not promise: each FP8 step checks that no ``v`` byte is above
+  0x80 (-0.0; no step writes one, a corrupt checkpoint could) and else calls MKL's ``vmsSqrt``
+  per tile, as a machine whose MKL root is not reproduced does.
 * ``"4bit"`` and ``"4bit-naive"`` run the kernel's 4-bit loop (``adam4bit_step_cpu``, in the same
   ``csrc/adam8bit_cpu.cpp``, on the same per-element helpers): two codes per byte, and rank-1
   scales for ``v`` of a matrix (a first pass finds the new row and column maxima, a second does
@@ -35,7 +37,7 @@ from ..quant import map_fingerprint
 from . import register_lowbit_step
 from .code_table import CodeTable, encode_table
 from .contract import check_plain_tensor, check_step, is_usual_tensor
-from .cpu import _DTYPE_CODES, _check_memory, _kernel_grad, _scalars, _table_args, load_extension
+from .cpu import _DTYPE_CODES, _check_memory, _kernel_grad, _scalars, _table_args, load_extension, mkl_sqrt_inline
 
 __all__ = ["moment_tables", "fp8_step_cpu", "fourbit_step_cpu"]
 
@@ -98,6 +100,8 @@ def fp8_step_cpu(p: torch.Tensor, g: torch.Tensor, state: dict, fmt: StateFormat
     check_step(step)
     lib = load_extension()
     tables, maps, modes = _table_args(*moment_tables(fmt), True, SIMD)  # (tables: kept alive for the call)
+    if modes[2] is not None and not bool((s2 > 0x80).any()):  # no v code below -0.0 (or NaN): v >= 0
+        modes = (*modes[:4], mkl_sqrt_inline(), *modes[5:])
     g = _kernel_grad(p, g)
     decay, bc2_sqrt, neg_step_size, inv_bc2_sqrt = _scalars(step, lr, beta1, beta2, weight_decay)
     status = lib.adam8bit_step_cpu(

@@ -155,3 +155,25 @@ def test_auto_picks_cpu_and_resume(cls, fmt, monkeypatch):
     runs = [_run(fmt, (64, 80), torch.float32, 0.01, b, grads[2:], state_dict=saved) for b in ("torch", "cpu", "auto")]
     _assert_same(runs[0], runs[1])
     _assert_same(runs[0], runs[2])
+
+
+def test_fp8_negative_v_bytes_from_a_corrupt_state():
+    """A v byte that decodes negative (no step writes one) takes MKL's called root, as the reference."""
+    from adam8lib.formats import get_format
+    from adam8lib.kernels import lowbit_step
+    from adam8lib.kernels.cpu_lowbit import _reference_step
+
+    f, shape = get_format("fp8"), (1000,)
+    runs = []
+    for step_fn in (lambda *a, **k: _reference_step(*a[:4], k.pop("shape"), k), lowbit_step("fp8", "cpu")):
+        p = torch.randn(shape, generator=torch.Generator().manual_seed(7))
+        state = f.new_state(shape, p.device)
+        state["state2"][::7] = 0xB0  # negative e4m3 numbers
+        state["absmax2"].fill_(1e-4)
+        step_fn(p, torch.full(shape, 1e-6), state, f, shape=shape, step=1, lr=1e-2, beta1=0.9, beta2=0.999,
+                eps=1e-8, weight_decay=0.0)
+        runs.append((p, state))
+    assert torch.equal(runs[0][0].isnan(), runs[1][0].isnan()) and bool(runs[0][0].isnan().any())
+    assert torch.equal(runs[0][0].nan_to_num(), runs[1][0].nan_to_num())
+    for key in runs[0][1]:
+        assert torch.equal(_bits(runs[0][1][key]), _bits(runs[1][1][key])), key
