@@ -100,7 +100,7 @@ def fp8_step_cpu(p: torch.Tensor, g: torch.Tensor, state: dict, fmt: StateFormat
     check_step(step)
     lib = load_extension()
     tables, maps, modes = _table_args(*moment_tables(fmt), True, SIMD)  # (tables: kept alive for the call)
-    if modes[2] is not None and not bool((s2 > 0x80).any()):  # no v code below -0.0 (or NaN): v >= 0
+    if modes[2] is not None and s2.numel() and int(s2.numpy().max()) <= 0x80:  # no v byte below -0.0 (nor NaN)
         modes = (*modes[:4], mkl_sqrt_inline(), *modes[5:])
     g = _kernel_grad(p, g)
     decay, bc2_sqrt, neg_step_size, inv_bc2_sqrt = _scalars(step, lr, beta1, beta2, weight_decay)
