@@ -13,10 +13,11 @@ spec is the format's own :meth:`adam8lib.formats.MomentFormat.code` (:func:`mome
   map with negative values does not promise: each FP8 step checks that no ``v`` byte is above
   0x80 (-0.0; no step writes one, a corrupt checkpoint could) and else calls MKL's ``vmsSqrt``
   per tile, as a machine whose MKL root is not reproduced does.
-* ``"4bit"`` and ``"4bit-naive"`` run the kernel's 4-bit loop (``adam4bit_step_cpu``, in the same
-  ``csrc/adam8bit_cpu.cpp``, on the same per-element helpers): two codes per byte, and rank-1
-  scales for ``v`` of a matrix (a first pass finds the new row and column maxima, a second does
-  the step). ``v`` of a tensor of three or more dimensions (rank-1 over every axis) runs the
+* ``"4bit"`` and ``"4bit-naive"`` run the kernel's 4-bit entry (``adam4bit_step_cpu``, at the end
+  of the same ``csrc/adam8bit_cpu.cpp``): each tile unpacks its two-codes-per-byte states, runs
+  the 8-bit tile on them (blockwise scales: ``m``, and ``v`` of a vector) and packs them again;
+  ``v`` of a matrix has rank-1 scales, so a first pass finds the new row and column maxima and a
+  second does the step (with the same per-element helpers, AVX2 loops). ``v`` of a tensor of three or more dimensions (rank-1 over every axis) runs the
   reference step here instead (:func:`fourbit_step_cpu` says so).
 
 The ``v`` tables sample ``code(x + 0.0)``: the kernel marks a ``v`` reset by the non-finite rule

@@ -1,4 +1,6 @@
 // The 8-bit Adam step on the CPU: OpenMP threads over runs of blocks, AVX2/AVX-512 inside a block.
+// (It is also the FP8 format's step, given FP8's code values and tables; the 4-bit formats' step
+// is at the end of this file, built on the same pieces.)
 //
 // Plain C++ (no torch headers, so it builds in seconds). adam8lib/kernels/cpu.py builds it
 // with -O3 -march=native -fopenmp -ffp-contract=off, checks every argument, and calls
@@ -1137,18 +1139,22 @@ extern "C" int adam8bit_step_cpu(void* p, const void* g, int p_dtype, int g_dtyp
 }
 
 // =============================================================================================
-// The 4-bit formats ("4bit", "4bit-naive"; adam8lib/kernels/cpu_lowbit.py): the same per-element
-// maths as above (update_moments, update_param, nearest_code, Sqrt: one spec, one rounding), with
-// two 4-bit codes per byte (element 2i in the high nibble, 2i + 1 in the low one; an odd count
-// leaves code 0 in the last low nibble, as formats.pack_nibbles pads) and, for v of a matrix,
-// rank-1 scales: v's scale at (r, c) is min(row max r, column max c) of |v|, stored as the rows'
-// maxima then the columns'. The new maxima must be known before any v is coded, so a rank-1 step
-// makes two passes: pass A computes every new m and v (not stored), reduces the row and column
-// maxima (each thread its own, then the smallest index first), pass B recomputes the same values
-// (the same operations: the same bits) and does the step as the tiles above do, decoding with
-// the old maxima (copied first). m, and v of a vector (rows = 0), are blockwise as in 8 bits.
-// Scalar loops (the compiler vectorises what it can); the nearest codes come from the same exact
-// tables, sampled from formats.MomentFormat.code.
+// The 4-bit formats ("4bit", "4bit-naive"; adam8lib/kernels/cpu_lowbit.py): the 8-bit kernel's
+// tiles and per-element maths (update_moments, update_param, nearest_code, Sqrt, and their AVX2
+// twins: one spec, one rounding), with two 4-bit codes per byte (element 2i in the high nibble,
+// 2i + 1 in the low one; an odd count leaves code 0 in the last low nibble, as
+// formats.pack_nibbles pads). Each tile unpacks its codes to one per byte, steps, packs them again.
+// * m, and v of a vector (rows = 0): blockwise, so the tile is exactly the 8-bit step_tile (with
+//   its AVX2/AVX-512 loops) on the unpacked codes, with the 4-bit maps and tables.
+// * v of a matrix (rows x cols): rank-1 scales, v's scale at (r, c) = min(row max r, column max c)
+//   of |v|, stored as the rows' maxima then the columns'. The new maxima must be known before
+//   any v is coded, so the step makes two passes: pass A computes every new m and v (not stored)
+//   and reduces the row and column maxima (each thread its own, then the threads' in order);
+//   pass B recomputes the same values (tile_moments: the same operations, the same bits) and
+//   does the step, decoding with the old maxima (copied first) and coding v with 1/scale per
+//   element (AVX2 loops on the 8-bit helpers, scalar tails).
+// Tensors of three or more dimensions (rank-1 over every axis) never come here: cpu_lowbit.py
+// runs the reference step for them.
 // =============================================================================================
 namespace {
 
