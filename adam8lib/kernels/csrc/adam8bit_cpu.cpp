@@ -1266,11 +1266,20 @@ void rank1_maxima(const Step4& a, int64_t start, int64_t len, Buffers4& buf, flo
   float max1[kBlocksPerTile4], max2[kBlocksPerTile4];
   tile_moments<G, Fused>(a, start, len, buf, max1, max2);
   int64_t r = start / a.cols, c = start % a.cols;
-  for (int64_t k = 0; k < len; ++k) {
-    const float av = std::fabs(buf.v[k]);
-    row_max[r] = std::max(row_max[r], av);
-    col_max[c] = std::max(col_max[c], av);
-    if (++c == a.cols) c = 0, ++r;
+  for (int64_t k = 0; k < len;) {  // runs of one row
+    const int64_t run = std::min(len - k, a.cols - c);
+    float top = row_max[r];
+    float* __restrict cm = col_max + c;
+    const float* __restrict v = buf.v + k;
+    for (int64_t j = 0; j < run; ++j) {
+      const float av = std::fabs(v[j]);
+      top = std::max(top, av);
+      cm[j] = std::max(cm[j], av);
+    }
+    row_max[r] = top;
+    k += run;
+    ++r;
+    c = 0;
   }
 }
 
