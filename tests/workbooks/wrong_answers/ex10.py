@@ -104,6 +104,35 @@ def no_embeddings(model):  # "embeddings should not decay"
     return names
 
 
+def chapter_rule(model, forbidden=(nn.LayerNorm,)):  # the chapter's get_parameter_names, then "bias" not in name
+    def names(module):
+        out = []
+        for child_name, child in module.named_children():
+            out += [f"{child_name}.{n}" for n in names(child) if not isinstance(child, forbidden)]
+        return out + list(module._parameters.keys())
+
+    return [n for n in names(model) if "bias" not in n]
+
+
+def listed_twice(model):  # a name appended once per module that reaches it
+    from adam8lib.training import decay_parameter_names
+
+    names = decay_parameter_names(model)
+    return names + names[:1]
+
+
+def as_a_set(model):
+    from adam8lib.training import decay_parameter_names
+
+    return set(decay_parameter_names(model))
+
+
+def no_return(model):  # builds the list, forgets to return it
+    from adam8lib.training import decay_parameter_names
+
+    decay_parameter_names(model)
+
+
 def the_parameters(model):
     names = set(no_decay_names(model))
     return [p for n, p in model.named_parameters() if n not in names]
@@ -227,6 +256,15 @@ def step_summed_loss(model, batch, optimizer, scheduler, dtype=torch.bfloat16):
     loss = nn.functional.cross_entropy(logits.float(), batch["labels"], reduction="sum")
     loss.backward()
     optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad()
+    return loss.item()
+
+
+def step_no_optimizer(model, batch, optimizer, scheduler, dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=dtype):
+        loss = model(**batch).loss
+    loss.backward()
     scheduler.step()
     optimizer.zero_grad()
     return loss.item()
@@ -512,6 +550,14 @@ WRONG = [
           "embeddings decay too", True),
     Wrong("10.1", C.check_decay_parameter_names, the_parameters, "returns the parameters, not their names",
           "return the *names*", True),
+    Wrong("10.1", C.check_decay_parameter_names, chapter_rule, "the chapter's rule: nn.LayerNorm children, 'bias' in name",
+          "treat any module whose class name ends in 'Norm'", True),
+    Wrong("10.1", C.check_decay_parameter_names, listed_twice, "a name listed twice",
+          "more than once", True),
+    Wrong("10.1", C.check_decay_parameter_names, as_a_set, "returns a set",
+          "should return a list", True),
+    Wrong("10.1", C.check_decay_parameter_names, no_return, "forgot to return the list",
+          "forget to `return`", True),
     # 10.2 · mixed-precision training step
     Wrong("10.2", C.check_training_step, step_no_autocast, "no autocast",
           "your forward ran in fp32, without autocast", True),
@@ -535,6 +581,8 @@ WRONG = [
           "loss.backward() ran inside the autocast block", True),
     Wrong("10.2", C.check_training_step, step_summed_loss, "loss summed over the batch, not averaged",
           "the SUM over the batch", True),
+    Wrong("10.2", C.check_training_step, step_no_optimizer, "optimizer.step() forgotten",
+          "never calls optimizer.step()", True),
     Wrong("10.2", C.check_training_step, step_returns_tensor, "returns the loss tensor",
           "a tensor keeps the whole graph of the step alive", True),
     # 10.3 · Trainer with 8-bit Adam
