@@ -168,11 +168,22 @@ class MomentFormat:
         return f"{table}/{self.bits}bit/{scales}/{'keep-sign' if self.keep_sign else 'nearest'}"
 
     # ---------------------------------------------------------------- coding
-    def quantize(self, x: torch.Tensor, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(codes, scales)`` of the flat fp32 values ``x`` of a tensor of ``shape``."""
+    def quantize(self, x: torch.Tensor, shape: tuple[int, ...],
+                 reduce_maxima: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None,
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(codes, scales)`` of the flat fp32 values ``x`` of a tensor of ``shape``.
+
+        ``reduce_maxima`` (rank-1 only) turns this tensor's axis maxima into the ones to scale by:
+        for the local shard of a sharded tensor, the maxima of the whole tensor (an all-reduce
+        (MAX) across the shards, :func:`adam8lib.distributed.rank1_maxima_reducer`). It is called
+        for an empty shard too (with zero maxima), so that every shard takes part in the collective."""
         n = x.numel()
+        if reduce_maxima is not None and self.rank1 and len(shape) >= 2 and n == 0:
+            reduce_maxima([x.new_zeros(size) for size in shape])  # an empty shard: its part of the collective
         if self.uses_rank1(shape):
             maxima = rank1_scales(x.view(shape))
+            if reduce_maxima is not None:
+                maxima = reduce_maxima(maxima)
             scale = _rank1_scale(maxima, shape).reshape(-1)
             scales = torch.cat(maxima)
         else:
@@ -286,10 +297,12 @@ class StateFormat:
         return (self.m.dequantize(state["state1"], state["absmax1"], shape),
                 self.v.dequantize(state["state2"], state["absmax2"], shape))
 
-    def encode_(self, state: dict, m: torch.Tensor, v: torch.Tensor, shape: tuple[int, ...]) -> None:
-        """Store flat fp32 ``m`` and ``v`` into ``state`` in place (codes and scales)."""
+    def encode_(self, state: dict, m: torch.Tensor, v: torch.Tensor, shape: tuple[int, ...],
+                reduce_maxima: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None) -> None:
+        """Store flat fp32 ``m`` and ``v`` into ``state`` in place (codes and scales); ``reduce_maxima``:
+        see :meth:`MomentFormat.quantize` (the rank-1 scales of a shard)."""
         for key, moment, x in (("1", self.m, m), ("2", self.v, v)):
-            codes, scales = moment.quantize(x, shape)
+            codes, scales = moment.quantize(x, shape, reduce_maxima)
             state["state" + key].copy_(codes)
             state["absmax" + key].copy_(scales)
 
