@@ -1,4 +1,7 @@
-"""8-bit Adam on sharded parameters: FSDP2 local shards and portable checkpoints (lesson 11).
+"""Low-bit Adam on sharded parameters: FSDP2 local shards and portable checkpoints (lesson 11).
+
+What follows describes the 8-bit format (lesson 11); the other state formats (lesson 12) shard
+the same way, with the differences listed under *Other state formats* at the end.
 
 **Stepping a shard.** Under FSDP2 (``torch.distributed.fsdp.fully_shard``) each parameter is a
 ``DTensor``: rank ``r`` of ``W`` holds rows ``chunk(r)`` of dim 0 (``torch.chunk`` sizes:
@@ -32,6 +35,32 @@ blocks and requantizes it with the *new* local blocks. A new block that coincide
 saved block keeps its saved codes and absmax bit for bit; the others change each state
 element by at most one step of the quantization map times the new block's absmax (the
 documented reshard tolerance, see :func:`reshard_tolerance`).
+
+**Other state formats** (``"4bit"``, ``"4bit-naive"``, ``"fp8"``; :mod:`adam8lib.formats`).
+
+* *Blockwise moments* (fp8's ``m`` and ``v``, 4-bit ``m``, 4-bit-naive ``v``, and the 4-bit ``v`` of a
+  1-D tensor) are exactly as above: the states of the local shard, blocks local to it. They equal
+  the single-process blocks when every shard starts on a block boundary (``ceil(R/W)·C`` a
+  multiple of ``blocksize``: 128 for the 4-bit formats, 256 for fp8); otherwise the straddling
+  blocks get their own scales, and the result is that of a single process stepping each row
+  chunk as its own tensor.
+* *Rank-1 ``v``* (the ``"4bit"`` format, tensors of two or more dimensions): a shard holds whole
+  rows, so its row maxima are the whole tensor's, but its column maxima are not. Each step
+  all-reduces (MAX) the shard's column maxima across the mesh's process group
+  (:func:`rank1_maxima_reducer`: ``cols`` floats per matrix per step), so the scales, codes and
+  parameters equal the unsharded run's bit for bit (with block-aligned shards for ``m``). Every
+  rank keeps its row maxima and the (whole) column maxima: ``absmax2`` has ``rows_local + cols``
+  floats. That step is a collective: every rank must step the same parameters (FSDP2 gives every
+  rank a gradient, an empty shard included, and an empty shard still takes part), and it always
+  runs the reference step, never a fused kernel.
+* *Checkpoints*: a 4-bit shard's codes are packed two per byte, so they cannot take the
+  parameter's shape; ``state_dict()`` gives each of ``state1``, ``state2``, ``absmax1``,
+  ``absmax2`` as an fp32/uint8 DTensor of shape ``(W, L_max)`` sharded on dim 0 (row ``r``: rank
+  ``r``'s flat tensor, zero-padded). The same world size loads bit-identical; another world
+  size (2→1, 1→2, through :func:`load_checkpoint`) decodes every saved shard to fp32 ``m`` and
+  ``v``, and encodes this rank's range in its own layout (rank-1 scales from the whole
+  tensor's maxima): each state element moves by at most one step of its map (fp8: one e4m3
+  step) times its new scale.
 """
 
 from __future__ import annotations
@@ -263,7 +292,8 @@ def _relayout(p: torch.Tensor, saved: dict[str, Any], fmt: Any) -> dict[str, Any
     ones), onto this rank's shard: decode every saved shard to fp32 ``m`` and ``v`` of the whole
     tensor, take this rank's range and encode it in this rank's layout (blocks of the local
     shard; rank-1 scales with the whole tensor's maxima, as the sharded step keeps them). Each
-    state element moves by at most about one step of its map times its new scale."""
+    state element moves by at most about one step of its map times its new scale. (Transient
+    memory: fp32 ``m`` and ``v`` of the whole parameter, one parameter at a time.)"""
     tensors = {k: local_tensor(saved[k]) for k in _LOWBIT_KEYS}
     dims = {t.dim() for t in tensors.values()}
     if dims == {1}:
@@ -428,8 +458,8 @@ def save_checkpoint(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ch
 def load_checkpoint(model: torch.nn.Module, optimizer: torch.optim.Optimizer, checkpoint_id: str) -> None:
     """Load a checkpoint written by :func:`save_checkpoint` on any world size (1 or more).
 
-    Tensors whose saved shape differs from this run's (the 8-bit states of another world
-    size) are read whole and re-blocked by ``Adam8bit.load_state_dict``. Everything is read into
+    Tensors whose saved shape differs from this run's (the low-bit states of another world
+    size) are read whole and re-blocked by ``LowBitAdam.load_state_dict``. Everything is read into
     copies first (transient memory: one more copy of the model and optimizer state), so a
     checkpoint that does not fit (missing keys, other shapes, a missing or corrupt shard file)
     raises ValueError and leaves the model and the optimizer as they were.

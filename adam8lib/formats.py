@@ -44,6 +44,14 @@ smallest non-zero entry is 0.0055 of the block's absmax, so keeping signs would 
 a thousandfold, while a tiny ``m`` coded to 0 only drops a tiny update.) ``"fp8"`` follows torchao's ``AdamWFp8`` (e4m3, one scale per
 block of 256). The maps are the canonical ones of :mod:`adam8lib.quant`: the same bits everywhere.
 
+**Sharded (FSDP2) parameters.** Every format keeps the states of the local shard, decided low-bit
+or fp32 by the full size. Blocks are local to the shard (:mod:`adam8lib.distributed`). Rank-1
+scales are not left local: a shard of rows has its rows' maxima but only part of each column, so
+the optimizer all-reduces (MAX) the column maxima across the shards at every step (the
+``reduce_maxima`` hook of :meth:`MomentFormat.quantize`), and the scales equal the unsharded
+tensor's exactly. (The alternative, rank-1 over the local rows, would need no communication but
+would make the states, and so the training, depend on the number of ranks.)
+
 Bytes per parameter of a large matrix (codes + scales): 8bit 2 + 8/256, 4bit 1 + 4/128 +
 4 (rows + cols) / (rows x cols), fp8 2 + 8/256; fp32 AdamW 8.
 """

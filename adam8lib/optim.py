@@ -46,6 +46,14 @@ traced-away tensor). Flags of torch's Adam it does not implement (``maximize``, 
 ``foreach``, ``fused``, ``capturable``, ``differentiable``) raise ValueError when set, in the
 constructor, in an added group, in a loaded checkpoint or at ``step()``.
 
+FSDP2 (DTensor parameters): every state format steps each rank's local shard, with states sized
+to the shard and low-bit or fp32 decided by the full size; blocks are local to the shard. The
+4-bit format's rank-1 scales of ``v`` all-reduce (MAX) their column maxima across the shards at
+every step (a collective in ``step()``; an empty shard takes part too), so a sharded run equals
+the unsharded one bit for bit wherever the shards start on block boundaries. ``state_dict()`` and
+``torch.distributed.checkpoint`` round-trip bit-identical on the same world size and load on
+another one (:mod:`adam8lib.distributed`).
+
 Devices: states are created on the parameter's device and follow it when the model is moved
 after the optimizer was built (``model.to(device)``); ``backend="auto"`` is resolved per
 device at every step.
