@@ -20,7 +20,7 @@ dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 
-from adam8lib import AdamW8bit, compute_optimizer_size  # noqa: E402
+from adam8lib import AdamW8bit, AdamWFp8, compute_optimizer_size  # noqa: E402
 from adam8lib.distributed import (load_checkpoint, reshard_tolerance, save_checkpoint, shard_ranges,  # noqa: E402
                                   shard_shapes)
 from adam8lib.quant import dequantize_blocks  # noqa: E402
@@ -417,6 +417,18 @@ def test_lowbit_one_process_checkpoint_loads_on_two_ranks(runs, name):
             a, b = shard_ranges(shape, 2)[r]
             old_m, old_v = fmt.decode(single["states"][pname], shape)
             assert_close_moments(fmt, st, shard_shapes(shape, 2)[r], old_m[a:b], old_v[a:b], pname)
+
+
+def test_a_lowbit_checkpoint_in_another_format_raises_and_changes_nothing(runs):
+    """A 2-rank 4-bit checkpoint names its format: an 8-bit or FP8 optimizer refuses it, unchanged."""
+    for cls in (AdamW8bit, AdamWFp8):
+        model = worker.make_model()
+        opt = cls(model.parameters(), lr=worker.LR)
+        worker.train(model, opt, 1)
+        snap = snapshot(model, opt)
+        with pytest.raises(ValueError, match="stored in format '4bit'"):
+            load_checkpoint(model, opt, str(runs["out"] / "ckpt2_4bit"))
+        assert_unchanged(model, opt, snap)
 
 
 # ---------------------------------------------------------------------- DDP and ZeRO
