@@ -1,4 +1,5 @@
-"""8-bit Adam under FSDP2, DDP and ZeRO, and distributed checkpoints: 2 gloo ranks on the CPU.
+"""8-bit Adam under FSDP2, DDP and ZeRO, the other state formats (4-bit, FP8) under FSDP2, and
+distributed checkpoints: 2 gloo ranks on the CPU.
 
 One subprocess (tests/distributed_worker.py) runs every 2-rank scenario once; the tests compare
 what it wrote with single-process runs of the same model and data made here. Same data on
@@ -50,7 +51,7 @@ def runs(tmp_path_factory):
     save_checkpoint(model, opt, str(out / "ckpt1"))
     lowbit = {}
     for name in worker.LOWBIT:  # single-process runs of the other formats, and their checkpoints
-        m, o, a1 = worker.make_model(), None, {}
+        m, a1 = worker.make_model(), {}
         o = worker.make_lowbit(name, m.parameters())
         worker.train(m, o, worker.STEPS, after_first=lambda mm, a1=a1: a1.update(worker.full_params(mm)))
         save_checkpoint(m, o, str(out / f"ckpt1_{name}"))
