@@ -197,6 +197,23 @@ def _codes(x, qmap_ptr, steps_ptr, KEEP_SIGN: tl.constexpr, USE_TABLE: tl.conste
 
 
 @triton.jit
+def _nearest_code16(x, qmap_ptr):
+    """Index (int32) of the entry of a sorted 16-entry map (the 4-bit states' maps) nearest to each
+    x, as :func:`adam8lib.quant.nearest_code` without the sign rule finds it, operation for
+    operation: ``pos = #(entries < x)`` (``torch.searchsorted``; 16 compares against the map's
+    entries, scalars every thread holds), clamped to 1..15; then ``map[pos]`` if it is strictly
+    closer than ``map[pos - 1]`` in fp32 (``(hi - x) < (x - lo)``, so a tie goes to the lower index).
+    Values past either end take the end's code (the clamp)."""
+    pos = tl.zeros(x.shape, dtype=tl.int32)
+    for k in tl.static_range(16):
+        pos += (tl.load(qmap_ptr + k) < x).to(tl.int32)
+    hi = tl.minimum(tl.maximum(pos, 1), 15)
+    above = tl.load(qmap_ptr + hi)  # a 64-byte map: these two loads stay in L1
+    below = tl.load(qmap_ptr + (hi - 1))
+    return tl.where((above - x) < (x - below), hi, hi - 1)
+
+
+@triton.jit
 def _fp8_codes(x, KEEP_SIGN: tl.constexpr):
     """The float8 e4m3 byte of ``x * 448`` for block-normalized ``|x| <= 1`` (the ``"fp8"`` state
     format), rounded to nearest even like torch's ``.to(torch.float8_e4m3fn)``, from the fp32 bits:
@@ -246,9 +263,10 @@ def _to_dtype(x, DTYPE: tl.constexpr):
 
 @triton.jit
 def _quantize_tile(x, qmap_ptr, steps_ptr, KEEP_SIGN: tl.constexpr, USE_TABLE: tl.constexpr,
-                   FP8: tl.constexpr = False):
+                   FP8: tl.constexpr = False, MAP16: tl.constexpr = False):
     """Blockwise quantization of a [ROWS, BLOCKSIZE] fp32 tile: (codes int32, absmax [ROWS]).
     ``FP8``: the codes are float8 e4m3 bytes of x / absmax * 448 (:func:`_fp8_codes`), not map indices.
+    ``MAP16``: nearest codes of a 16-entry map (:func:`_nearest_code16`, no sign rule; 4-bit states).
 
     The tile's elements past the end of the tensor must be 0 (so they leave absmax alone)."""
     absmax = tl.max(tl.abs(x), axis=1)  # absmax[b] = max_i |x_bi|
@@ -257,6 +275,8 @@ def _quantize_tile(x, qmap_ptr, steps_ptr, KEEP_SIGN: tl.constexpr, USE_TABLE: t
     inv = tl.where(absmax > 0, tl.math.div_rn(1.0, safe), 0.0)
     if FP8:
         codes = _fp8_codes(x * inv[:, None], KEEP_SIGN)
+    elif MAP16:
+        codes = _nearest_code16(x * inv[:, None], qmap_ptr)
     else:
         codes = _codes(x * inv[:, None], qmap_ptr, steps_ptr, KEEP_SIGN, USE_TABLE)
     return codes, absmax
@@ -349,6 +369,46 @@ def _adam8bit_many_kernel(meta_ptr, scalars_ptr, programs_ptr, qmap1_ptr, qmap2_
 
 
 @triton.jit
+def _moments(m, v, g, mask, beta1, one_minus_beta1, beta2, one_minus_beta2):
+    """The new moments in fp32 from the decoded ones and the gradient, and which elements are
+    finite: ``m = b1*m + (1-b1)*g``, ``v = b2*v + (1-b2)*g^2`` (an fma where torch has one).
+
+    The non-finite rule: an element whose new m or v is not finite (a NaN/Inf gradient, or one so
+    large that g*g overflows) restarts from m = v = 0 (and keeps its parameter, :func:`_store_param`).
+    Elements outside ``mask`` (past the end) get m = v = 0 too, so they leave every maximum alone."""
+    if FUSED_MOMENTS:
+        m = tl.math.fma(g, one_minus_beta1, m * beta1)
+        v = tl.math.fma(g * one_minus_beta2, g, v * beta2)
+    else:  # each product rounded, then the sum (torch's generic CPU kernels)
+        m = m * beta1 + g * one_minus_beta1
+        v = v * beta2 + (g * one_minus_beta2) * g
+    finite = mask & (tl.abs(m) <= FLT_MAX) & (tl.abs(v) <= FLT_MAX)  # false for NaN and +-Inf
+    m = tl.where(finite, m, 0.0)
+    v = tl.where(finite, v, 0.0)
+    return m, v, finite
+
+
+@triton.jit
+def _store_param(p_ptr, offsets, mask, m, v, finite, eps, decay, neg_step_size, bias_correction2_sqrt,
+                 DECAY: tl.constexpr, RESET_KEEPS_P: tl.constexpr):
+    """Load p, ``p = p*(1 - lr*wd) - lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)`` in fp32 in the
+    reference's order, and store it in p's dtype; an element reset by :func:`_moments` keeps its p."""
+    p = tl.load(p_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    if DECAY:
+        if RESET_KEEPS_P:
+            p_decayed = p * tl.where(finite, decay, 1.0)  # a reset element is not decayed ...
+        else:
+            p_decayed = p * decay
+    else:
+        p_decayed = p  # decay == 1.0 in fp32: p * 1 == p exactly
+    denom = tl.math.div_rn(tl.math.sqrt_rn(v), bias_correction2_sqrt) + eps
+    new_p = p_decayed + tl.math.div_rn(neg_step_size * m, denom)  # ... and its update is -0.0
+    if not RESET_KEEPS_P:
+        new_p = tl.where(finite, new_p, p)  # a reset element leaves its parameter alone
+    tl.store(p_ptr + offsets, _to_dtype(new_p, p_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _step_tile(p_ptr, g_ptr, state1_ptr, state2_ptr, absmax1_ptr, absmax2_ptr, qmap1_ptr, qmap2_ptr,
                steps1_ptr, steps2_ptr, blocks, offsets, mask, block_mask,
                beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay, neg_step_size, bias_correction2_sqrt,
@@ -367,33 +427,11 @@ def _step_tile(p_ptr, g_ptr, state1_ptr, state2_ptr, absmax1_ptr, absmax2_ptr, q
 
     # 2. moments in fp32: m = b1*m + (1-b1)*g,  v = b2*v + (1-b2)*g^2  (fma where torch has one)
     g = tl.load(g_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    if FUSED_MOMENTS:
-        m = tl.math.fma(g, one_minus_beta1, m * beta1)
-        v = tl.math.fma(g * one_minus_beta2, g, v * beta2)
-    else:  # each product rounded, then the sum (torch's generic CPU kernels)
-        m = m * beta1 + g * one_minus_beta1
-        v = v * beta2 + (g * one_minus_beta2) * g
-    # the non-finite rule: an element whose new m or v is not finite (a NaN/Inf gradient, or
-    # one so large that g*g overflows) restarts from m = v = 0 and keeps its parameter.
-    # Elements past the end get m = v = 0 too, so they leave the blocks' absmax alone.
-    finite = mask & (tl.abs(m) <= FLT_MAX) & (tl.abs(v) <= FLT_MAX)  # false for NaN and +-Inf
-    m = tl.where(finite, m, 0.0)
-    v = tl.where(finite, v, 0.0)
+    m, v, finite = _moments(m, v, g, mask, beta1, one_minus_beta1, beta2, one_minus_beta2)
 
     # 3. parameter in fp32: p = p*(1 - lr*wd) - lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
-    p = tl.load(p_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    if DECAY:
-        if RESET_KEEPS_P:
-            p_decayed = p * tl.where(finite, decay, 1.0)  # a reset element is not decayed ...
-        else:
-            p_decayed = p * decay
-    else:
-        p_decayed = p  # decay == 1.0 in fp32: p * 1 == p exactly
-    denom = tl.math.div_rn(tl.math.sqrt_rn(v), bias_correction2_sqrt) + eps
-    new_p = p_decayed + tl.math.div_rn(neg_step_size * m, denom)  # ... and its update is -0.0
-    if not RESET_KEEPS_P:
-        new_p = tl.where(finite, new_p, p)  # a reset element leaves its parameter alone
-    tl.store(p_ptr + offsets, _to_dtype(new_p, p_ptr.dtype.element_ty), mask=mask)
+    _store_param(p_ptr, offsets, mask, m, v, finite, eps, decay, neg_step_size, bias_correction2_sqrt,
+                 DECAY, RESET_KEEPS_P)
 
     # 4. requantize with fresh per-block absmax; a non-zero m or v never rounds to 0 or flips sign
     code1, absmax1 = _quantize_tile(m, qmap1_ptr, steps1_ptr, True, USE_TABLE, FP8)
@@ -402,6 +440,117 @@ def _step_tile(p_ptr, g_ptr, state1_ptr, state2_ptr, absmax1_ptr, absmax2_ptr, q
     tl.store(state2_ptr + offsets, code2.to(tl.uint8), mask=mask)
     tl.store(absmax1_ptr + blocks, absmax1, mask=block_mask)
     tl.store(absmax2_ptr + blocks, absmax2, mask=block_mask)
+
+
+# ----------------------------------------------------------------------------------------
+# The 4-bit state formats ("4bit", "4bit-naive"): two codes per byte, rank-1 scales for v
+# ----------------------------------------------------------------------------------------
+@triton.jit
+def _unpack_tile(bytes_ptr, byte_offsets, byte_mask):
+    """The 4-bit codes (int32) of a [ROWS, BLOCKSIZE] tile from its [ROWS, BLOCKSIZE // 2] bytes:
+    element 2i is byte i's high nibble, element 2i + 1 its low one (interleaved back in order)."""
+    b = tl.load(bytes_ptr + byte_offsets, mask=byte_mask, other=0).to(tl.int32)
+    return tl.interleave(b >> 4, b & 0x0F)
+
+
+@triton.jit
+def _pack_tile(codes, mask, ROWS: tl.constexpr, BLOCKSIZE: tl.constexpr):
+    """The bytes of a [ROWS, BLOCKSIZE] tile of 4-bit codes: ``even << 4 | odd``; an element outside
+    ``mask`` (the pad of an odd count) gets code 0, as :func:`adam8lib.formats.pack_nibbles` pads."""
+    codes = tl.where(mask, codes, 0)
+    even, odd = tl.split(tl.reshape(codes, (ROWS, BLOCKSIZE // 2, 2)))
+    return ((even << 4) | odd).to(tl.uint8)
+
+
+@triton.jit
+def _rank1_scale(scales_ptr, rows, cols, n_rows, mask):
+    """min(row maximum, column maximum) for each element: scales = [row maxima..., column maxima...]."""
+    row_max = tl.load(scales_ptr + rows, mask=mask, other=0.0)
+    col_max = tl.load(scales_ptr + n_rows + cols, mask=mask, other=0.0)
+    return tl.minimum(row_max, col_max)
+
+
+@triton.jit
+def _adam4bit_kernel(p_ptr, g_ptr, state1_ptr, state2_ptr, absmax1_ptr, absmax2_ptr, qmap1_ptr, qmap2_ptr,
+                     new_absmax2_ptr, n, n_blocks, n_rows, n_cols,
+                     beta1, one_minus_beta1, beta2, one_minus_beta2, eps,
+                     decay, neg_step_size, bias_correction2_sqrt,
+                     BLOCKSIZE: tl.constexpr, ROWS: tl.constexpr, DECAY: tl.constexpr,
+                     RESET_KEEPS_P: tl.constexpr, INT64: tl.constexpr, RANK1: tl.constexpr):
+    """The 4-bit step of one [ROWS, BLOCKSIZE] tile (whole blocks of the flat tensor), in place.
+
+    m is blockwise; v blockwise too, or (``RANK1``, an ``n_rows x n_cols`` matrix) scaled per element
+    by min(row max, column max): decoded with the old maxima in ``absmax2``, encoded with the new
+    ones that :func:`_rank1_max_kernel` left in ``new_absmax2`` (the launcher copies them over after)."""
+    blocks, offsets, mask = _tile(n, BLOCKSIZE, ROWS, INT64)
+    block_mask = blocks < n_blocks
+    byte_offsets = blocks[:, None] * (BLOCKSIZE // 2) + tl.arange(0, BLOCKSIZE // 2)[None, :]
+    byte_mask = byte_offsets * 2 < n
+
+    # 1. decode: m = qmap1[code] * absmax1[block], v = qmap2[code] * (absmax2[block] or its rank-1 scale)
+    absmax1 = tl.load(absmax1_ptr + blocks, mask=block_mask, other=0.0)
+    m = tl.load(qmap1_ptr + _unpack_tile(state1_ptr, byte_offsets, byte_mask)) * absmax1[:, None]
+    if RANK1:
+        rows = offsets // n_cols
+        cols = offsets - rows * n_cols
+        v = tl.load(qmap2_ptr + _unpack_tile(state2_ptr, byte_offsets, byte_mask)) * \
+            _rank1_scale(absmax2_ptr, rows, cols, n_rows, mask)
+    else:
+        absmax2 = tl.load(absmax2_ptr + blocks, mask=block_mask, other=0.0)
+        v = tl.load(qmap2_ptr + _unpack_tile(state2_ptr, byte_offsets, byte_mask)) * absmax2[:, None]
+
+    # 2-3. the moments and the parameter, as the 8-bit tile
+    g = tl.load(g_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    m, v, finite = _moments(m, v, g, mask, beta1, one_minus_beta1, beta2, one_minus_beta2)
+    _store_param(p_ptr, offsets, mask, m, v, finite, eps, decay, neg_step_size, bias_correction2_sqrt,
+                 DECAY, RESET_KEEPS_P)
+
+    # 4. encode: nearest codes (no sign rule), two per byte
+    code1, absmax1 = _quantize_tile(m, qmap1_ptr, qmap1_ptr, False, False, MAP16=True)
+    tl.store(absmax1_ptr + blocks, absmax1, mask=block_mask)
+    if RANK1:
+        scale = _rank1_scale(new_absmax2_ptr, rows, cols, n_rows, mask)
+        inv = tl.where(scale > 0, tl.math.div_rn(1.0, tl.where(scale > 0, scale, 1.0)), 0.0)
+        code2 = _nearest_code16(v * inv, qmap2_ptr)
+    else:
+        code2, absmax2 = _quantize_tile(v, qmap2_ptr, qmap2_ptr, False, False, MAP16=True)
+        tl.store(absmax2_ptr + blocks, absmax2, mask=block_mask)
+    tl.store(state1_ptr + byte_offsets, _pack_tile(code1, mask, ROWS, BLOCKSIZE), mask=byte_mask)
+    tl.store(state2_ptr + byte_offsets, _pack_tile(code2, mask, ROWS, BLOCKSIZE), mask=byte_mask)
+
+
+@triton.jit
+def _rank1_max_kernel(g_ptr, state1_ptr, state2_ptr, absmax1_ptr, absmax2_ptr, qmap1_ptr, qmap2_ptr,
+                      maxima_ptr, n_rows, n_cols,
+                      beta1, one_minus_beta1, beta2, one_minus_beta2,
+                      BLOCKSIZE: tl.constexpr, TILE_R: tl.constexpr, TILE_C: tl.constexpr, INT64: tl.constexpr):
+    """Pass 1 of the rank-1 step: the row and column maxima of the new v of an ``n_rows x n_cols``
+    matrix, into ``maxima`` (int32 bit patterns of fp32 >= 0, which order as the floats do; zeroed
+    by the launcher; rows then columns, absmax2's layout). A program takes a [TILE_R, TILE_C] tile,
+    computes the new m and v exactly as :func:`_adam4bit_kernel` will (so the same elements are
+    reset), and merges its rows' and columns' maxima with ``atomic_max``: max is order-free, so the
+    result does not depend on the programs' order. Nothing else is written."""
+    if INT64:
+        rows = tl.program_id(0).to(tl.int64) * TILE_R + tl.arange(0, TILE_R)
+    else:
+        rows = tl.program_id(0) * TILE_R + tl.arange(0, TILE_R)
+    cols = tl.program_id(1) * TILE_C + tl.arange(0, TILE_C)
+    row_ok = rows < n_rows
+    col_ok = cols < n_cols
+    mask = row_ok[:, None] & col_ok[None, :]
+    offsets = rows[:, None] * n_cols + cols[None, :]
+    rows2 = rows[:, None] + tl.zeros_like(offsets)
+    cols2 = cols[None, :] + tl.zeros_like(offsets)
+    shift = 4 - 4 * (offsets & 1)  # element 2i: high nibble, 2i + 1: low nibble
+    code1 = (tl.load(state1_ptr + (offsets >> 1), mask=mask, other=0).to(tl.int32) >> shift) & 0x0F
+    code2 = (tl.load(state2_ptr + (offsets >> 1), mask=mask, other=0).to(tl.int32) >> shift) & 0x0F
+    m = tl.load(qmap1_ptr + code1) * tl.load(absmax1_ptr + offsets // BLOCKSIZE, mask=mask, other=0.0)
+    v = tl.load(qmap2_ptr + code2) * _rank1_scale(absmax2_ptr, rows2, cols2, n_rows, mask)
+    g = tl.load(g_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    m, v, finite = _moments(m, v, g, mask, beta1, one_minus_beta1, beta2, one_minus_beta2)
+    v = tl.abs(v)
+    tl.atomic_max(maxima_ptr + rows, tl.max(v, axis=1).to(tl.int32, bitcast=True), mask=row_ok)
+    tl.atomic_max(maxima_ptr + n_rows + cols, tl.max(v, axis=0).to(tl.int32, bitcast=True), mask=col_ok)
 
 
 # ----------------------------------------------------------------------------------------
