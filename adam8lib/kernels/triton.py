@@ -81,12 +81,13 @@ from collections import OrderedDict
 from . import register_backend, register_lowbit_step
 from .contract import check_each, check_step, check_step_args
 from .code_table import code_table
-from .reference import bias_corrections, torch_uses_fma
+from .reference import adam_update_fp32, bias_corrections, torch_uses_fma
 from ..quant import check_blocksize, check_code, check_dequantize_inputs, num_blocks, require_float
 
 __all__ = [
     "adam8bit_step_triton",
     "adam8bit_step_many_triton",
+    "adam4bit_step_triton",
     "quantize_blockwise_triton",
     "dequantize_blockwise_triton",
     "supports",
@@ -748,6 +749,128 @@ def _fp8_lowbit_step(p, g, state, fmt, *, shape, **hyperparameters) -> None:
 
 
 register_lowbit_step("fp8", "triton", _fp8_lowbit_step)
+
+_MAPS4: dict[tuple, torch.Tensor] = {}
+
+
+def _map_on(fmt_moment, device: torch.device) -> torch.Tensor:
+    """A moment format's 16-entry map on ``device`` (cached)."""
+    key = (fmt_moment.map_builder, device)
+    table = _MAPS4.get(key)
+    if table is None:
+        table = _MAPS4[key] = fmt_moment.qmap().to(device=device, dtype=torch.float32).contiguous()
+    return table
+
+
+def rank1_tile(n_rows: int, n_cols: int, tile: int | None = None) -> tuple[int, int]:
+    """``(TILE_R, TILE_C)`` of the rank-1 maxima pass: ``tile`` elements (defaults as
+    :func:`launch_config`'s), at most 128 columns wide (or the matrix's width, rounded up to a power of
+    two), as many rows as fill the tile (at most the matrix's height, rounded up). A row's maximum is
+    then merged from ``cols / 128`` programs, a column's from ``rows / TILE_R``."""
+    if tile is None:
+        tile = INTERPRETER_TILE_ELEMENTS if INTERPRETED else TILE_ELEMENTS
+    tile_c = min(triton.next_power_of_2(n_cols), 128, tile)
+    tile_r = max(1, min(tile // tile_c, triton.next_power_of_2(n_rows)))
+    return tile_r, tile_c
+
+
+@torch.no_grad()
+def adam4bit_step_triton(p: torch.Tensor, g: torch.Tensor, state: dict, fmt, *, shape: tuple[int, ...], step: int,
+                         lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
+                         tile: int | None = None, num_warps: int | None = None) -> None:
+    """One fused Adam/AdamW step of a 4-bit state format (``"4bit"``, ``"4bit-naive"``, or one with
+    another block size: ``fmt`` is the :class:`~adam8lib.formats.StateFormat`), in place on the flat
+    contiguous ``p`` and ``g`` of a tensor of ``shape`` and its ``state`` (``state1``/``state2``:
+    packed codes, ``absmax1``/``absmax2``). Gives the reference step's (``LowBitAdam._step_lowbit``)
+    states bit for bit (CPU, interpreter).
+
+    Blockwise moments take one pass (``_adam4bit_kernel``). v with rank-1 scales (a matrix) takes
+    two: ``_rank1_max_kernel`` reduces the new v's row and column maxima into a separate buffer,
+    then ``_adam4bit_kernel`` recomputes the same new m and v, updates p and encodes, decoding v
+    with the old maxima and encoding it with the new ones, which then replace the old. A tensor of
+    more than two dimensions with rank-1 scales (their scale is the smallest of every axis's maxima;
+    a 2-D view of it would be another format) runs the reference step instead."""
+    n = p.numel()
+    _check_4bit_step(p, g, state, fmt, shape)
+    check_step(step)
+    _check_runnable(p.device)
+    if n == 0:
+        return
+    hyper = dict(step=step, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
+    rank1 = fmt.v.uses_rank1(tuple(shape))
+    if rank1 and len(shape) > 2:
+        _reference_lowbit_step(p, g, state, fmt, tuple(shape), hyper)
+        return
+    blocksize = fmt.m.blocksize
+    n_rows, n_cols = (shape[0], shape[1]) if rank1 else (1, n)
+    qmap1, qmap2 = _map_on(fmt.m, p.device), _map_on(fmt.v, p.device)
+    state1, state2, absmax1, absmax2 = (state[k] for k in ("state1", "state2", "absmax1", "absmax2"))
+    step_size, bias_correction2_sqrt = bias_corrections(step, lr, beta1, beta2)
+    decay, neg_step_size = 1.0 - lr * weight_decay, -step_size
+    moments = (beta1, 1.0 - beta1, beta2, 1.0 - beta2)
+    n_blocks = num_blocks(n, blocksize)
+    rows, warps = launch_config(blocksize, tile, num_warps)
+    flags = step_specialization(n_blocks * blocksize, rows * blocksize, decay=decay, neg_step_size=neg_step_size,
+                                bias_correction2_sqrt=bias_correction2_sqrt, eps=eps)
+    new_absmax2 = absmax2
+    if rank1:
+        new_absmax2 = torch.zeros_like(absmax2)
+        tile_r, tile_c = rank1_tile(n_rows, n_cols, tile)
+        grid = (triton.cdiv(n_rows, tile_r), triton.cdiv(n_cols, tile_c))
+        _rank1_max_kernel[grid](g, state1, state2, absmax1, absmax2, qmap1, qmap2, new_absmax2.view(torch.int32),
+                                n_rows, n_cols, *moments, BLOCKSIZE=blocksize, TILE_R=tile_r, TILE_C=tile_c,
+                                INT64=flags["INT64"], num_warps=min(16, max(1, tile_r * tile_c // 256)),
+                                enable_fp_fusion=False)
+    _launch(_adam4bit_kernel, n_blocks, rows, warps,
+            p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, new_absmax2, n, n_blocks, n_rows, n_cols,
+            *moments, eps, decay, neg_step_size, bias_correction2_sqrt,
+            BLOCKSIZE=blocksize, RANK1=rank1, **flags)
+    if rank1:
+        absmax2.copy_(new_absmax2)
+
+
+def _check_4bit_step(p, g, state, fmt, shape) -> None:
+    """What :func:`adam4bit_step_triton` needs: a 4-bit map format with one block size, flat
+    contiguous p and g of ``shape``'s size, and states of the format's layout on p's device."""
+    if fmt.m.coding != "map" or fmt.v.coding != "map" or fmt.m.bits != 4 or fmt.v.bits != 4 or fmt.m.keep_sign \
+            or fmt.v.keep_sign or fmt.m.rank1 or fmt.m.blocksize != fmt.v.blocksize:
+        raise ValueError(f"the 4-bit Triton step runs 4-bit map formats without keep_sign, got {fmt.name!r}")
+    for moment in (fmt.m, fmt.v):
+        if moment.qmap().numel() != 16:
+            raise ValueError(f"the 4-bit Triton step needs 16-entry maps, {moment.map_name} has {moment.qmap().numel()}")
+    check_blocksize(fmt.m.blocksize)
+    n = math.prod(shape)
+    for name, t in (("p", p), ("g", g)):
+        if t.dim() != 1 or t.numel() != n or not t.is_contiguous():
+            raise ValueError(f"{name} must be flat and contiguous with {n} elements (shape {tuple(shape)}), "
+                             f"got {tuple(t.shape)}")
+        if t.dtype not in _PARAM_DTYPES:
+            raise TypeError(f"{name} must have dtype in {[str(d) for d in _PARAM_DTYPES]}, got {t.dtype}")
+        if t.device != p.device:
+            raise ValueError(f"{name} is on {t.device}, p on {p.device}")
+    if p.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"the triton backend needs CUDA (or CPU under TRITON_INTERPRET=1) tensors; p is on {p.device}")
+    for key, (count, dtype) in fmt.state_spec(tuple(shape)).items():
+        t = state[key]
+        if t.dtype != dtype or t.numel() != count or t.dim() != 1 or not t.is_contiguous() or t.device != p.device:
+            raise ValueError(f"state[{key!r}] must be a flat contiguous {dtype} tensor of {count} elements on "
+                             f"{p.device}, got {t.dtype} {tuple(t.shape)} on {t.device}")
+
+
+def _reference_lowbit_step(p, g, state, fmt, shape, hyper) -> None:
+    """The reference step (``LowBitAdam._step_lowbit``'s): decode, the fp32 update, encode."""
+    m, v = fmt.decode(state, shape)
+    p.copy_(adam_update_fp32(p.float(), g.float(), m, v, **hyper))
+    fmt.encode_(state, m, v, shape)
+
+
+def _4bit_lowbit_step(p, g, state, fmt, *, shape, **hyperparameters) -> None:
+    """:func:`adam4bit_step_triton` as the 4-bit formats' fused step (:func:`adam8lib.kernels.register_lowbit_step`)."""
+    adam4bit_step_triton(p, g, state, fmt, shape=shape, **hyperparameters)
+
+
+register_lowbit_step("4bit", "triton", _4bit_lowbit_step)
+register_lowbit_step("4bit-naive", "triton", _4bit_lowbit_step)
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 

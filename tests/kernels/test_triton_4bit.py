@@ -1,0 +1,194 @@
+"""The 4-bit state formats' fused Triton step (``"4bit"``, ``"4bit-naive"``) against the reference
+step (decode, fp32 rule, encode), on the CPU in Triton's interpreter and, as the ``cuda`` twin, on a GPU.
+
+* the 16-entry nearest code (:func:`adam8lib.kernels.triton._nearest_code16`) equals
+  :func:`adam8lib.quant.nearest_code` on every map entry, every midpoint, the fp32 neighbours of
+  each midpoint, values past both ends and zeros of both signs;
+* the fused step leaves the reference's states bit for bit (CPU): the packed codes (odd counts
+  included: the pad nibble is 0), the blockwise scales of m and the rank-1 maxima of v (matrices
+  with odd rows and columns, all-zero rows, a NaN gradient), over several steps, with weight decay,
+  for fp32, bf16 and fp16 parameters. The parameters: bf16/fp16 bit for bit; fp32 within an ulp or
+  two where torch's CPU ``sqrt`` (MKL/SLEEF) is not correctly rounded and the kernel's ``sqrt_rn`` is
+  (as the 8-bit kernel's tests explain);
+* a tensor of more than two dimensions (rank-1 over every axis) runs the reference step;
+* ``AdamW4bit(backend="triton")`` steps a model like ``backend="torch"``.
+"""
+
+import copy
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # before adam8lib.kernels.triton is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from torch import nn  # noqa: E402
+
+from adam8lib import AdamW4bit  # noqa: E402
+from adam8lib.formats import FORMATS  # noqa: E402
+from adam8lib.kernels import triton as kt  # noqa: E402
+from adam8lib.optim import LOWBIT_KERNELS, LowBitAdam  # noqa: E402
+from adam8lib.quant import nearest_code  # noqa: E402
+
+DEVICES = [
+    pytest.param("cpu", marks=pytest.mark.skipif(
+        not kt.INTERPRETED, reason="the CPU twin needs TRITON_INTERPRET=1 (set automatically without a GPU)")),
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA GPU")]),
+]
+KEYS = ("state1", "state2", "absmax1", "absmax2")
+FORMAT_NAMES = ("4bit", "4bit-naive")
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    return torch.device(request.param)
+
+
+@triton.jit
+def _code16_kernel(x_ptr, qmap_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + offs, kt._nearest_code16(x, qmap_ptr).to(tl.uint8), mask=mask)
+
+
+def _hard_inputs(qmap: torch.Tensor) -> torch.Tensor:
+    """Every entry, every fp32 midpoint of neighbours and the fp32 neighbours of each, past the ends, +-0."""
+    mids = (qmap[:-1] + qmap[1:]) / 2
+    pts = torch.cat([qmap, mids])
+    near = torch.cat([torch.nextafter(pts, torch.full_like(pts, -2)), torch.nextafter(pts, torch.full_like(pts, 2))])
+    return torch.cat([pts, near, torch.tensor([-1.5, -1.0000001, 1.0000001, 1.5, 0.0, -0.0, 1e-30, -1e-30])])
+
+
+@pytest.mark.parametrize("name", FORMAT_NAMES)
+def test_nearest_code16_equals_the_reference_on_every_entry_and_tie(device, name):
+    for moment in (FORMATS[name].m, FORMATS[name].v):
+        qmap = moment.qmap().to(device)
+        x = _hard_inputs(moment.qmap()).to(device)
+        out = torch.empty(x.shape, dtype=torch.uint8, device=device)
+        _code16_kernel[(triton.cdiv(x.numel(), 256),)](x, qmap, out, x.numel(), BLOCK=256)
+        want = nearest_code(x, qmap)
+        bad = (out != want).nonzero().flatten()
+        assert bad.numel() == 0, f"{moment.map_name}: x={x[bad[:5]].tolist()}: {out[bad[:5]].tolist()} vs {want[bad[:5]].tolist()}"
+
+
+def _gradient(shape, step, device):
+    g = torch.randn(shape, device=device) * 10.0 ** torch.randint(-6, 1, shape, device=device)
+    if step == 3:
+        g.view(-1)[0] = float("nan")  # the non-finite rule: that element restarts, the others go on
+        g.view(-1)[-1] = float("inf")
+    if len(shape) == 2 and shape[0] > 2:
+        g[1] = 0.0  # an all-zero row: row maximum 0 after step 1 (scale 0 there)
+    return g
+
+
+def _reference_and_kernel(name, shape, dtype, device, steps=4, tile=None, **hp):
+    torch.manual_seed(sum(shape))
+    p = torch.nn.Parameter(torch.randn(shape, device=device).to(dtype))
+    opt = LowBitAdam([p], state_format=name, min_8bit_size=0, backend="torch", **hp)
+    fmt = FORMATS[name]
+    mine = p.detach().clone().reshape(-1)
+    states = fmt.new_state(shape, device)
+    for step in range(1, steps + 1):
+        g = _gradient(shape, step, device).to(dtype)
+        p.grad = g
+        opt.step()
+        kt.adam4bit_step_triton(mine, g.reshape(-1), states, fmt, shape=shape, step=step, beta1=0.9, beta2=0.999,
+                                eps=1e-8, tile=tile, **hp)
+        yield step, p.detach().reshape(-1), mine, opt.state[p], states
+
+
+def _check(name, shape, dtype, device, tile=None, **hp):
+    for step, want_p, got_p, ref, states in _reference_and_kernel(name, shape, dtype, device, tile=tile, **hp):
+        for k in KEYS:
+            if device.type == "cpu":
+                assert torch.equal(states[k], ref[k]), f"step {step}: {k} differs"
+            else:  # torch's CUDA kernels may fuse the moments differently: an ulp can move a code
+                same = (states[k] == ref[k]).float().mean().item()
+                assert same >= 0.99, f"step {step}: {k} only {same:.4%} identical"
+        if dtype != torch.float32 and device.type == "cpu":
+            assert torch.equal(got_p, want_p), f"step {step}: parameters differ"
+        elif dtype == torch.float32:  # torch's CPU sqrt is an ulp off on some inputs, sqrt_rn is not
+            torch.testing.assert_close(got_p, want_p, rtol=1e-6, atol=1e-7)
+        else:  # one ulp on a few elements where the fp32 values straddle a rounding boundary
+            assert ((got_p.float() - want_p.float()).abs() > want_p.float().abs() * 2**-7).float().mean() <= 0.01
+
+
+@pytest.mark.parametrize("name", FORMAT_NAMES)
+@pytest.mark.parametrize("shape", [(1,), (127,), (257,), (7, 33), (33, 5), (1, 9), (65, 130)])
+def test_fused_4bit_step_equals_the_reference_step(device, name, shape):
+    _check(name, shape, torch.float32, device, lr=1e-2, weight_decay=0.1)
+
+
+@pytest.mark.parametrize("name", FORMAT_NAMES)
+@pytest.mark.parametrize("shape", [(600,), (33, 130), (130, 17)])
+def test_fused_4bit_step_with_small_tiles(device, name, shape):
+    # 256-element tiles: many programs in both passes, so a row's (column's) maximum is merged by
+    # atomic_max from several programs and a matrix row spans tiles of the blockwise pass
+    _check(name, shape, torch.float32, device, tile=256, steps=3, lr=1e-2, weight_decay=0.1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(301,), (17, 9)])
+def test_fused_4bit_step_half_precision_parameters(device, dtype, shape):
+    _check("4bit", shape, dtype, device, lr=1e-3, weight_decay=0.0)
+    _check("4bit-naive", shape, dtype, device, lr=1e-3, weight_decay=0.01)
+
+
+def test_fused_4bit_step_other_blocksize(device):
+    fmt = FORMATS["4bit"].with_blocksize(64)
+    shape = (5, 51)
+    torch.manual_seed(1)
+    p = torch.nn.Parameter(torch.randn(shape, device=device))
+    opt = LowBitAdam([p], state_format="4bit", blocksize=64, min_8bit_size=0, backend="torch", lr=1e-2)
+    mine, states = p.detach().clone().reshape(-1), fmt.new_state(shape, device)
+    for step in range(1, 3):
+        p.grad = _gradient(shape, step, device)
+        opt.step()
+        kt.adam4bit_step_triton(mine, p.grad.reshape(-1), states, fmt, shape=shape, step=step, lr=1e-2, beta1=0.9,
+                                beta2=0.999, eps=1e-8, weight_decay=0.0)
+        if device.type == "cpu":
+            assert all(torch.equal(states[k], opt.state[p][k]) for k in KEYS)
+
+
+def test_more_than_two_dimensions_run_the_reference_step(device):
+    # rank-1 over three axes is not the rank-1 of any 2-D view: the step falls back to the reference
+    _check("4bit", (3, 4, 5), torch.float32, device, lr=1e-2, weight_decay=0.1)
+
+
+def test_adamw4bit_triton_backend_steps_a_model_like_the_torch_backend(device):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 129), nn.Tanh(), nn.Linear(129, 20)).to(device)
+    twin = copy.deepcopy(model)
+    ours = AdamW4bit(model.parameters(), lr=1e-2, backend="triton", min_8bit_size=0)
+    ref = AdamW4bit(twin.parameters(), lr=1e-2, backend="torch", min_8bit_size=0)
+    for _ in range(3):
+        loss = model(torch.randn(16, 32, device=device)).square().mean()
+        ours.zero_grad()
+        loss.backward()
+        for p, q in zip(model.parameters(), twin.parameters()):
+            q.grad = p.grad.clone()
+        ours.step()
+        ref.step()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert "state1" in ref.state[q]
+        if device.type == "cpu":
+            assert all(torch.equal(ours.state[p][k], ref.state[q][k]) for k in KEYS)
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_the_4bit_formats_list_and_register_a_triton_step():
+    from adam8lib import kernels
+
+    for name in FORMAT_NAMES:
+        assert "triton" in LOWBIT_KERNELS[name]
+        assert kernels.lowbit_step(name, "triton") is not None
+    w = [torch.nn.Parameter(torch.zeros(8))]
+    assert AdamW4bit(w, backend="triton").backend == "triton"
+    with pytest.raises(ValueError, match="4-bit map formats"):
+        kt.adam4bit_step_triton(torch.zeros(4), torch.zeros(4), FORMATS["fp8"].new_state((4,), "cpu"), FORMATS["fp8"],
+                                shape=(4,), step=1, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0)
