@@ -192,3 +192,26 @@ def test_the_4bit_formats_list_and_register_a_triton_step():
     with pytest.raises(ValueError, match="4-bit map formats"):
         kt.adam4bit_step_triton(torch.zeros(4), torch.zeros(4), FORMATS["fp8"].new_state((4,), "cpu"), FORMATS["fp8"],
                                 shape=(4,), step=1, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0)
+
+
+@pytest.mark.skipif(not kt.INTERPRETED, reason="the CPU reference in Triton's interpreter")
+@pytest.mark.parametrize("name,shape", [("4bit", (65, 130)), ("4bit-naive", (65, 130)), ("4bit", (257,))])
+def test_fp32_parameters_bit_for_bit_with_a_correctly_rounded_sqrt(monkeypatch, name, shape):
+    """The fp32 parameters differ from the reference's only where torch's CPU sqrt is not correctly
+    rounded: with the reference's ``v.sqrt()`` correctly rounded (NumPy's, IEEE), as the kernel's
+    ``sqrt_rn`` is, the parameters are equal bit for bit too (every other operation, order included,
+    is the reference's)."""
+    import numpy as np
+
+    torch_sqrt = torch.Tensor.sqrt
+
+    def sqrt_rn(self):
+        if self.device.type == "cpu" and self.dtype == torch.float32:
+            return torch.from_numpy(np.sqrt(self.numpy()))
+        return torch_sqrt(self)
+
+    monkeypatch.setattr(torch.Tensor, "sqrt", sqrt_rn)
+    for step, want_p, got_p, ref, states in _reference_and_kernel(name, shape, torch.float32, torch.device("cpu"),
+                                                                  lr=1e-2, weight_decay=0.1):
+        assert all(torch.equal(states[k], ref[k]) for k in KEYS), f"step {step}: states differ"
+        assert torch.equal(got_p, want_p), f"step {step}: {(got_p != want_p).sum().item()} parameters differ"
