@@ -11,11 +11,17 @@ step (decode, fp32 rule, encode), on the CPU in Triton's interpreter and, as the
   two where torch's CPU ``sqrt`` (MKL/SLEEF) is not correctly rounded and the kernel's ``sqrt_rn`` is
   (as the 8-bit kernel's tests explain);
 * a tensor of more than two dimensions (rank-1 over every axis) runs the reference step;
-* ``AdamW4bit(backend="triton")`` steps a model like ``backend="torch"``.
+* ``AdamW4bit(backend="triton")`` steps a model like ``backend="torch"``;
+* the kernels compile for sm_90 ahead of time (bench/gpu_sass.py, no GPU needed) with exact
+  division and square root, no fusion but the moments' two fmas, and no register spills.
 """
 
 import copy
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -215,3 +221,45 @@ def test_fp32_parameters_bit_for_bit_with_a_correctly_rounded_sqrt(monkeypatch, 
                                                                   lr=1e-2, weight_decay=0.1):
         assert all(torch.equal(states[k], ref[k]) for k in KEYS), f"step {step}: states differ"
         assert torch.equal(got_p, want_p), f"step {step}: {(got_p != want_p).sum().item()} parameters differ"
+
+
+AOT_COMPILE_4BIT = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import gpu_sass
+out = {}
+for dtype in ("fp32", "bf16"):
+    for name, compile_ in (("blockwise", lambda: gpu_sass.compile_4bit_step(90, dtype, rank1=False)),
+                           ("rank1 pass 1", lambda: gpu_sass.compile_rank1_max(90, dtype)),
+                           ("rank1 pass 2", lambda: gpu_sass.compile_4bit_step(90, dtype, rank1=True))):
+        kernel, per_thread = compile_()
+        out[name + " " + dtype] = dict(ptx=kernel.asm["ptx"], per_thread=per_thread,
+                                       **gpu_sass.analyse(kernel, per_thread))
+print(json.dumps(out))
+"""
+
+
+def test_4bit_kernels_compile_for_gpu_with_exact_math():
+    """Compile the 4-bit kernels for an H100/H200 (sm_90) on the CPU (bench/gpu_sass.py) and read
+    their PTX and SASS: they compile; division and square root are ``div.rn``/``sqrt.rn`` (no
+    approximations); the only fmas are the moments' two per element; no register spills.
+    (Instructions per element, for the record, in ``python bench/gpu_sass.py --lowbit4``.)
+    Runs in a fresh process without TRITON_INTERPRET: the interpreter, once used, patches triton."""
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", AOT_COMPILE_4BIT, str(repo / "bench")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(out) == 6
+    for name, res in out.items():
+        ptx, per_thread = res["ptx"], res["per_thread"]
+        for approximate in ("div.full", "div.approx", "sqrt.approx", "rsqrt", "ex2.approx"):
+            assert approximate not in ptx, (name, approximate)
+        assert ptx.count("fma.rn.f32") == 2 * per_thread, name  # m and v only: nothing else was fused
+        if "pass 1" in name:
+            assert "atom.global" in ptx and "sqrt" not in ptx, name  # maxima only: no parameter update
+        else:
+            assert ptx.count("sqrt.rn.f32") == per_thread and ptx.count("div.rn.f32") >= 2 * per_thread, name
+        assert res["spill_bytes"] == 0, (name, res["spill_bytes"])
