@@ -1,4 +1,4 @@
-"""The fused 8-bit Adam step as Triton kernels (lesson 08).
+"""The fused 8-bit Adam step as Triton kernels (lesson 08), and the other state formats' steps.
 
 On a CUDA GPU the kernels are compiled; on a CPU they run in Triton's *interpreter*
 (``TRITON_INTERPRET=1``, set before this module is imported; ``adam8lib.course.setup()``
@@ -62,8 +62,35 @@ terms (e.g. ``addcdiv`` rounds ``p + a*(m/d)``); tests/kernels/test_triton.py st
 tests require. Hyperparameters reach the kernel as fp32 scalars, as torch's do: ``beta1``,
 ``1-beta1``, ... are computed in Python doubles and rounded once.
 
+The other state formats (:mod:`adam8lib.formats`; registered per format with
+:func:`adam8lib.kernels.register_lowbit_step`, listed in ``adam8lib.optim.LOWBIT_KERNELS``) reuse
+these pieces: ``"fp8"`` is the same tile with e4m3 bytes for codes (``FP8``, :func:`fp8_step_triton`).
+
+The 4-bit formats (``"4bit"``, ``"4bit-naive"``; :func:`adam4bit_step_triton`). Both moments are
+4-bit codes, two per byte, element ``2i`` in the high nibble: a program loads its tile's
+``BLOCKSIZE / 2`` bytes per block and ``tl.interleave``s the high and low nibbles back into the
+``[ROWS, BLOCKSIZE]`` element order (:func:`_unpack_tile`); encoding reshapes the codes to pairs and
+``tl.split``s them (:func:`_pack_tile`; the pad nibble of an odd count is 0, as the reference packs).
+The moments and the parameter are the 8-bit tile's helpers (:func:`_moments`, :func:`_store_param`).
+The nearest code of a 16-entry map is the reference's search itself (:func:`_nearest_code16`): 16
+compares against scalars give ``#(entries < x)``, then the closer of the two neighbours in fp32, a
+tie to the lower index (no sign rule: 4-bit m takes the plain nearest code, and ``"4bit"``'s v map
+has no zero). m, and v of ``"4bit-naive"`` or of a vector, have one scale per block of 128, found in
+the tile as in the 8-bit kernel: one pass (``_adam4bit_kernel``). ``"4bit"``'s v of a matrix has
+rank-1 scales, ``min(max of its row, max of its column)`` of the *new* v, which no program knows
+before every v is computed, so it takes **two passes**: ``_rank1_max_kernel`` computes new m and v
+on 2-D tiles (rows x 128 columns) and merges each tile's row and column maxima into a separate
+buffer with ``atomic_max`` on the fp32 bit patterns (v >= 0, so they order as integers; a max is
+the same in any order, so the result is deterministic); then ``_adam4bit_kernel`` recomputes the
+same m and v from the untouched old codes and scales, updates p, and encodes v with the new maxima,
+which replace the old ones only after it (pass 2 decodes with the old). Tensors of three or more
+dimensions (rank-1 over every axis; a 2-D view would be another format) run the reference step.
+States equal the reference's bit for bit in the interpreter; the parameters too except where torch's
+CPU ``sqrt`` is not correctly rounded (tests/kernels/test_triton_4bit.py shows both).
+
 Performance (registers, SASS instructions per element, GPU timings) is measured and recorded in
-bench/README.md (``bench/gpu_sass.py`` compiles for sm_75/80/90 without a GPU).
+bench/README.md (``bench/gpu_sass.py`` compiles for sm_75/80/90 without a GPU; ``--lowbit4`` the
+4-bit kernels).
 """
 
 from __future__ import annotations
