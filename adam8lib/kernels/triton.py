@@ -75,8 +75,8 @@ The moments and the parameter are the 8-bit tile's helpers (:func:`_moments`, :f
 The nearest code of a 16-entry map is the reference's search itself (:func:`_nearest_code16`): 16
 compares against scalars give ``#(entries < x)``, then the closer of the two neighbours in fp32, a
 tie to the lower index (no sign rule: 4-bit m takes the plain nearest code, and ``"4bit"``'s v map
-has no zero). m, and v of ``"4bit-naive"`` or of a vector, have one scale per block of 128, found in
-the tile as in the 8-bit kernel: one pass (``_adam4bit_kernel``). ``"4bit"``'s v of a matrix has
+has no zero). m, and v of ``"4bit-naive"`` or of a vector, have one scale per block (of 128 unless
+the optimizer says otherwise), found in the tile as in the 8-bit kernel: one pass (``_adam4bit_kernel``). ``"4bit"``'s v of a matrix has
 rank-1 scales, ``min(max of its row, max of its column)`` of the *new* v, which no program knows
 before every v is computed, so it takes **two passes**: ``_rank1_max_kernel`` computes new m and v
 on 2-D tiles (rows x 128 columns) and merges each tile's row and column maxima into a separate
