@@ -102,7 +102,7 @@ def compile_4bit_step(arch: int, dtype: str, *, rank1: bool = True, hyper: dict 
     ``sm_<arch>`` as ``adam4bit_step_triton`` launches it: ``rank1`` the ``"4bit"`` format's pass 2
     for a matrix (v with rank-1 scales), else the blockwise step (``"4bit-naive"``, or a vector)."""
     types = {"p_ptr": "*" + dtype, "g_ptr": "*" + dtype, "state1_ptr": "*u8", "state2_ptr": "*u8",
-             "n": "i32", "n_blocks": "i32", "n_rows": "i32", "n_cols": "i32"}
+             "n": "i32", "n_blocks": "i32", "n_cols": "i32", "d0": "i32", "d1": "i32", "d2": "i32"}
     return _compile(arch, "_adam4bit_kernel", types, {"RANK1": rank1}, hyper, aligned=("n",), blocksize=128)
 
 
@@ -113,7 +113,7 @@ def compile_rank1_max(arch: int, dtype: str, *, hyper: dict | None = None):
 
     tile_r, tile_c = kt.rank1_tile(8192, 8192, kt.TILE_ELEMENTS)
     types = {"g_ptr": "*" + dtype, "state1_ptr": "*u8", "state2_ptr": "*u8", "maxima_ptr": "*i32",
-             "n_rows": "i32", "n_cols": "i32"}
+             "n_rows": "i32", "n_cols": "i32", "d0": "i32", "d1": "i32", "d2": "i32"}
     return _compile(arch, "_rank1_max_kernel", types, {"TILE_R": tile_r, "TILE_C": tile_c}, hyper, blocksize=128)
 
 

@@ -83,8 +83,11 @@ on 2-D tiles (rows x 128 columns) and merges each tile's row and column maxima i
 buffer with ``atomic_max`` on the fp32 bit patterns (v >= 0, so they order as integers; a max is
 the same in any order, so the result is deterministic); then ``_adam4bit_kernel`` recomputes the
 same m and v from the untouched old codes and scales, updates p, and encodes v with the new maxima,
-which replace the old ones only after it (pass 2 decodes with the old). Tensors of three or more
-dimensions (rank-1 over every axis; a 2-D view would be another format) run the reference step.
+which replace the old ones only after it (pass 2 decodes with the old). A tensor of 3 or 4
+dimensions (its scale: the smallest of every axis's maxima; no 2-D view of it has the same scales)
+takes the same passes over its ``(n / last, last)`` view, with the per-element scale from every
+axis's maxima (``NDIM``) and each leading axis's new maxima reduced from the view's row maxima on
+the host; 5 or more dimensions run the reference step.
 States equal the reference's bit for bit in the interpreter; the parameters too except where torch's
 CPU ``sqrt`` is not correctly rounded (tests/kernels/test_triton_4bit.py shows both).
 
@@ -491,25 +494,46 @@ def _pack_tile(codes, mask, ROWS: tl.constexpr, BLOCKSIZE: tl.constexpr):
 
 
 @triton.jit
-def _rank1_scale(scales_ptr, rows, cols, n_rows, mask):
-    """min(row maximum, column maximum) for each element: scales = [row maxima..., column maxima...]."""
-    row_max = tl.load(scales_ptr + rows, mask=mask, other=0.0)
-    col_max = tl.load(scales_ptr + n_rows + cols, mask=mask, other=0.0)
-    return tl.minimum(row_max, col_max)
+def _rank1_scale(scales_ptr, rows, cols, d0, d1, d2, mask, NDIM: tl.constexpr):
+    """The rank-1 scale of each element: the smallest of the maxima along every axis that meet there.
+    ``scales`` holds the maxima of axis 0, then axis 1, ... (absmax2's layout); the tensor has shape
+    ``(d0, n_cols)``, ``(d0, d1, n_cols)`` or ``(d0, d1, d2, n_cols)`` (``NDIM`` = 2, 3, 4) and an
+    element is given by its row of the ``(n / n_cols, n_cols)`` view and its column (last index)."""
+    if NDIM == 2:
+        scale = tl.minimum(tl.load(scales_ptr + rows, mask=mask, other=0.0),
+                           tl.load(scales_ptr + d0 + cols, mask=mask, other=0.0))
+    elif NDIM == 3:
+        i0 = rows // d1
+        i1 = rows - i0 * d1
+        scale = tl.minimum(tl.minimum(tl.load(scales_ptr + i0, mask=mask, other=0.0),
+                                      tl.load(scales_ptr + d0 + i1, mask=mask, other=0.0)),
+                           tl.load(scales_ptr + d0 + d1 + cols, mask=mask, other=0.0))
+    else:
+        i01 = rows // d2
+        i2 = rows - i01 * d2
+        i0 = i01 // d1
+        i1 = i01 - i0 * d1
+        scale = tl.minimum(tl.minimum(tl.load(scales_ptr + i0, mask=mask, other=0.0),
+                                      tl.load(scales_ptr + d0 + i1, mask=mask, other=0.0)),
+                           tl.minimum(tl.load(scales_ptr + d0 + d1 + i2, mask=mask, other=0.0),
+                                      tl.load(scales_ptr + d0 + d1 + d2 + cols, mask=mask, other=0.0)))
+    return scale
 
 
 @triton.jit
 def _adam4bit_kernel(p_ptr, g_ptr, state1_ptr, state2_ptr, absmax1_ptr, absmax2_ptr, qmap1_ptr, qmap2_ptr,
-                     new_absmax2_ptr, n, n_blocks, n_rows, n_cols,
+                     new_absmax2_ptr, n, n_blocks, n_cols, d0, d1, d2,
                      beta1, one_minus_beta1, beta2, one_minus_beta2, eps,
                      decay, neg_step_size, bias_correction2_sqrt,
                      BLOCKSIZE: tl.constexpr, ROWS: tl.constexpr, DECAY: tl.constexpr,
-                     RESET_KEEPS_P: tl.constexpr, INT64: tl.constexpr, RANK1: tl.constexpr):
+                     RESET_KEEPS_P: tl.constexpr, INT64: tl.constexpr, RANK1: tl.constexpr,
+                     NDIM: tl.constexpr = 2):
     """The 4-bit step of one [ROWS, BLOCKSIZE] tile (whole blocks of the flat tensor), in place.
 
-    m is blockwise; v blockwise too, or (``RANK1``, an ``n_rows x n_cols`` matrix) scaled per element
-    by min(row max, column max): decoded with the old maxima in ``absmax2``, encoded with the new
-    ones that :func:`_rank1_max_kernel` left in ``new_absmax2`` (the launcher copies them over after)."""
+    m is blockwise; v blockwise too, or (``RANK1``, a tensor of ``NDIM`` dimensions, the last
+    ``n_cols`` long, see :func:`_rank1_scale`) scaled per element by the smallest of its axes' maxima
+    (a matrix: min(row max, column max)): decoded with the old maxima in ``absmax2``, encoded with
+    the new ones in ``new_absmax2`` (from pass 1; the launcher copies them over after)."""
     blocks, offsets, mask = _tile(n, BLOCKSIZE, ROWS, INT64)
     block_mask = blocks < n_blocks
     byte_offsets = blocks[:, None] * (BLOCKSIZE // 2) + tl.arange(0, BLOCKSIZE // 2)[None, :]
@@ -522,7 +546,7 @@ def _adam4bit_kernel(p_ptr, g_ptr, state1_ptr, state2_ptr, absmax1_ptr, absmax2_
         rows = offsets // n_cols
         cols = offsets - rows * n_cols
         v = tl.load(qmap2_ptr + _unpack_tile(state2_ptr, byte_offsets, byte_mask)) * \
-            _rank1_scale(absmax2_ptr, rows, cols, n_rows, mask)
+            _rank1_scale(absmax2_ptr, rows, cols, d0, d1, d2, mask, NDIM)
     else:
         absmax2 = tl.load(absmax2_ptr + blocks, mask=block_mask, other=0.0)
         v = tl.load(qmap2_ptr + _unpack_tile(state2_ptr, byte_offsets, byte_mask)) * absmax2[:, None]
@@ -537,7 +561,7 @@ def _adam4bit_kernel(p_ptr, g_ptr, state1_ptr, state2_ptr, absmax1_ptr, absmax2_
     code1, absmax1 = _quantize_tile(m, qmap1_ptr, qmap1_ptr, False, False, MAP16=True)
     tl.store(absmax1_ptr + blocks, absmax1, mask=block_mask)
     if RANK1:
-        scale = _rank1_scale(new_absmax2_ptr, rows, cols, n_rows, mask)
+        scale = _rank1_scale(new_absmax2_ptr, rows, cols, d0, d1, d2, mask, NDIM)
         inv = tl.where(scale > 0, tl.math.div_rn(1.0, tl.where(scale > 0, scale, 1.0)), 0.0)
         code2 = _nearest_code16(v * inv, qmap2_ptr)
     else:
@@ -549,12 +573,14 @@ def _adam4bit_kernel(p_ptr, g_ptr, state1_ptr, state2_ptr, absmax1_ptr, absmax2_
 
 @triton.jit
 def _rank1_max_kernel(g_ptr, state1_ptr, state2_ptr, absmax1_ptr, absmax2_ptr, qmap1_ptr, qmap2_ptr,
-                      maxima_ptr, n_rows, n_cols,
+                      maxima_ptr, n_rows, n_cols, d0, d1, d2,
                       beta1, one_minus_beta1, beta2, one_minus_beta2,
-                      BLOCKSIZE: tl.constexpr, TILE_R: tl.constexpr, TILE_C: tl.constexpr, INT64: tl.constexpr):
-    """Pass 1 of the rank-1 step: the row and column maxima of the new v of an ``n_rows x n_cols``
-    matrix, into ``maxima`` (int32 bit patterns of fp32 >= 0, which order as the floats do; zeroed
-    by the launcher; rows then columns, absmax2's layout). A program takes a [TILE_R, TILE_C] tile,
+                      BLOCKSIZE: tl.constexpr, TILE_R: tl.constexpr, TILE_C: tl.constexpr, INT64: tl.constexpr,
+                      NDIM: tl.constexpr = 2):
+    """Pass 1 of the rank-1 step: the row and column maxima of the new v of the ``n_rows x n_cols``
+    view of the tensor (``n_cols`` its last dimension), into ``maxima`` (int32 bit patterns of fp32
+    >= 0, which order as the floats do; zeroed by the launcher; rows then columns: for a matrix,
+    absmax2's layout; for more dimensions the launcher reduces the row maxima to each leading axis's). A program takes a [TILE_R, TILE_C] tile,
     computes the new m and v exactly as :func:`_adam4bit_kernel` will (so the same elements are
     reset), and merges its rows' and columns' maxima with ``atomic_max``: max is order-free, so the
     result does not depend on the programs' order. Nothing else is written."""
@@ -573,7 +599,7 @@ def _rank1_max_kernel(g_ptr, state1_ptr, state2_ptr, absmax1_ptr, absmax2_ptr, q
     code1 = (tl.load(state1_ptr + (offsets >> 1), mask=mask, other=0).to(tl.int32) >> shift) & 0x0F
     code2 = (tl.load(state2_ptr + (offsets >> 1), mask=mask, other=0).to(tl.int32) >> shift) & 0x0F
     m = tl.load(qmap1_ptr + code1) * tl.load(absmax1_ptr + offsets // BLOCKSIZE, mask=mask, other=0.0)
-    v = tl.load(qmap2_ptr + code2) * _rank1_scale(absmax2_ptr, rows2, cols2, n_rows, mask)
+    v = tl.load(qmap2_ptr + code2) * _rank1_scale(absmax2_ptr, rows2, cols2, d0, d1, d2, mask, NDIM)
     g = tl.load(g_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     m, v, finite = _moments(m, v, g, mask, beta1, one_minus_beta1, beta2, one_minus_beta2)
     v = tl.abs(v)
@@ -814,9 +840,10 @@ def adam4bit_step_triton(p: torch.Tensor, g: torch.Tensor, state: dict, fmt, *, 
     Blockwise moments take one pass (``_adam4bit_kernel``). v with rank-1 scales (a matrix) takes
     two: ``_rank1_max_kernel`` reduces the new v's row and column maxima into a separate buffer,
     then ``_adam4bit_kernel`` recomputes the same new m and v, updates p and encodes, decoding v
-    with the old maxima and encoding it with the new ones, which then replace the old. A tensor of
-    more than two dimensions with rank-1 scales (their scale is the smallest of every axis's maxima;
-    a 2-D view of it would be another format) runs the reference step instead."""
+    with the old maxima and encoding it with the new ones, which then replace the old. Tensors of 3
+    or 4 dimensions (a scale is the smallest of every axis's maxima) run the same on their
+    ``(n / last dimension, last dimension)`` view (:func:`_rank1_scale`, :func:`_axis_maxima`); with
+    5 or more, the reference step runs instead."""
     n = p.numel()
     _check_4bit_step(p, g, state, fmt, shape)
     check_step(step)
@@ -824,12 +851,16 @@ def adam4bit_step_triton(p: torch.Tensor, g: torch.Tensor, state: dict, fmt, *, 
     if n == 0:
         return
     hyper = dict(step=step, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
-    rank1 = fmt.v.uses_rank1(tuple(shape))
-    if rank1 and len(shape) > 2:
-        _reference_lowbit_step(p, g, state, fmt, tuple(shape), hyper)
+    shape = tuple(shape)
+    rank1 = fmt.v.uses_rank1(shape)
+    if rank1 and len(shape) > 4:
+        _reference_lowbit_step(p, g, state, fmt, shape, hyper)
         return
     blocksize = fmt.m.blocksize
-    n_rows, n_cols = (shape[0], shape[1]) if rank1 else (1, n)
+    n_cols = shape[-1] if rank1 else n
+    n_rows = n // n_cols
+    d0, d1, d2 = (tuple(shape[:-1]) + (1, 1))[:3] if rank1 else (1, 1, 1)
+    ndim = len(shape) if rank1 else 2
     qmap1, qmap2 = _map_on(fmt.m, p.device), _map_on(fmt.v, p.device)
     state1, state2, absmax1, absmax2 = (state[k] for k in ("state1", "state2", "absmax1", "absmax2"))
     step_size, bias_correction2_sqrt = bias_corrections(step, lr, beta1, beta2)
@@ -841,19 +872,30 @@ def adam4bit_step_triton(p: torch.Tensor, g: torch.Tensor, state: dict, fmt, *, 
                                 bias_correction2_sqrt=bias_correction2_sqrt, eps=eps)
     new_absmax2 = absmax2
     if rank1:
-        new_absmax2 = torch.zeros_like(absmax2)
+        maxima = torch.zeros(n_rows + n_cols, dtype=torch.float32, device=p.device)
         tile_r, tile_c = rank1_tile(n_rows, n_cols, tile)
         grid = (triton.cdiv(n_rows, tile_r), triton.cdiv(n_cols, tile_c))
-        _rank1_max_kernel[grid](g, state1, state2, absmax1, absmax2, qmap1, qmap2, new_absmax2.view(torch.int32),
-                                n_rows, n_cols, *moments, BLOCKSIZE=blocksize, TILE_R=tile_r, TILE_C=tile_c,
-                                INT64=flags["INT64"], num_warps=min(16, max(1, tile_r * tile_c // 256)),
-                                enable_fp_fusion=False)
+        _rank1_max_kernel[grid](g, state1, state2, absmax1, absmax2, qmap1, qmap2, maxima.view(torch.int32),
+                                n_rows, n_cols, d0, d1, d2, *moments, BLOCKSIZE=blocksize, TILE_R=tile_r,
+                                TILE_C=tile_c, INT64=flags["INT64"], NDIM=ndim,
+                                num_warps=min(16, max(1, tile_r * tile_c // 256)), enable_fp_fusion=False)
+        new_absmax2 = maxima if ndim == 2 else _axis_maxima(maxima, shape)
     _launch(_adam4bit_kernel, n_blocks, rows, warps,
-            p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, new_absmax2, n, n_blocks, n_rows, n_cols,
+            p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, new_absmax2, n, n_blocks, n_cols, d0, d1, d2,
             *moments, eps, decay, neg_step_size, bias_correction2_sqrt,
-            BLOCKSIZE=blocksize, RANK1=rank1, **flags)
+            BLOCKSIZE=blocksize, RANK1=rank1, NDIM=ndim, **flags)
     if rank1:
         absmax2.copy_(new_absmax2)
+
+
+def _axis_maxima(maxima: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """absmax2 of a tensor of 3 or 4 dimensions from pass 1's maxima of its ``(n / last, last)`` view:
+    each leading axis's maxima are maxima of the view's row maxima (exact: a max of maxima), then
+    the last axis's (the view's column maxima)."""
+    lead = len(shape) - 1
+    rows = maxima[: maxima.numel() - shape[-1]].view(shape[:-1])
+    parts = [rows.amax(dim=tuple(d for d in range(lead) if d != axis)) for axis in range(lead)]
+    return torch.cat(parts + [maxima[maxima.numel() - shape[-1]:]])
 
 
 def _check_4bit_step(p, g, state, fmt, shape) -> None:

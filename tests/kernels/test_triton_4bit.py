@@ -10,7 +10,7 @@ step (decode, fp32 rule, encode), on the CPU in Triton's interpreter and, as the
   for fp32, bf16 and fp16 parameters. The parameters: bf16/fp16 bit for bit; fp32 within an ulp or
   two where torch's CPU ``sqrt`` (MKL/SLEEF) is not correctly rounded and the kernel's ``sqrt_rn`` is
   (as the 8-bit kernel's tests explain);
-* a tensor of more than two dimensions (rank-1 over every axis) runs the reference step;
+* tensors of 3 and 4 dimensions (rank-1 over every axis) too; 5 or more run the reference step;
 * ``AdamW4bit(backend="triton")`` steps a model like ``backend="torch"``;
 * the kernels compile for sm_90 ahead of time (bench/gpu_sass.py, no GPU needed) with exact
   division and square root, no fusion but the moments' two fmas, and no register spills.
@@ -173,9 +173,12 @@ def test_fused_4bit_step_other_blocksize(device):
             assert all(torch.equal(states[k], opt.state[p][k]) for k in KEYS)
 
 
-def test_more_than_two_dimensions_run_the_reference_step(device):
-    # rank-1 over three axes is not the rank-1 of any 2-D view: the step falls back to the reference
-    _check("4bit", (3, 4, 5), torch.float32, device, lr=1e-2, weight_decay=0.1)
+@pytest.mark.parametrize("shape,tile", [((3, 4, 5), None), ((5, 3, 7), 64), ((2, 3, 4, 5), None), ((3, 2, 5, 9), 64),
+                                        ((2, 1, 3, 2, 3), None)])
+def test_rank1_over_three_or_four_axes(device, shape, tile):
+    # rank-1 over three or four axes (the smallest of every axis's maxima) is not the rank-1 of any
+    # 2-D view; the kernel takes it on the (n / last, last) view; five or more: the reference step
+    _check("4bit", shape, torch.float32, device, tile=tile, lr=1e-2, weight_decay=0.1)
 
 
 def test_adamw4bit_triton_backend_steps_a_model_like_the_torch_backend(device):
