@@ -183,7 +183,8 @@ def test_rank1_over_three_or_four_axes(device, shape, tile):
 
 def test_adamw4bit_triton_backend_steps_a_model_like_the_torch_backend(device):
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(32, 129), nn.Tanh(), nn.Linear(129, 20)).to(device)
+    model = nn.Sequential(nn.Linear(32, 129), nn.Tanh(), nn.Linear(129, 20), nn.Unflatten(1, (4, 5)),
+                          nn.Conv1d(4, 3, 3)).to(device)  # matrices, vectors and a 3-D weight
     twin = copy.deepcopy(model)
     ours = AdamW4bit(model.parameters(), lr=1e-2, backend="triton", min_8bit_size=0)
     ref = AdamW4bit(twin.parameters(), lr=1e-2, backend="torch", min_8bit_size=0)
