@@ -639,7 +639,7 @@ class AdamWFp8(AdamFp8):
 # ---------------------------------------------------------------------- validation helpers
 #: Fused kernels of the formats other than "8bit" (the 8-bit format has every backend); each is
 #: registered by its backend's module with :func:`adam8lib.kernels.register_lowbit_step`.
-LOWBIT_KERNELS: dict[str, tuple[str, ...]] = {"fp8": ("triton",)}
+LOWBIT_KERNELS: dict[str, tuple[str, ...]] = {"fp8": ("triton",), "4bit": ("triton",), "4bit-naive": ("triton",)}
 
 
 def _check_backend_name(backend: str) -> None:
