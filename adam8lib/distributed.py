@@ -1,4 +1,7 @@
-"""8-bit Adam on sharded parameters: FSDP2 local shards and portable checkpoints (lesson 11).
+"""Low-bit Adam on sharded parameters: FSDP2 local shards and portable checkpoints (lesson 11).
+
+What follows describes the 8-bit format (lesson 11); the other state formats (lesson 12) shard
+the same way, with the differences listed under *Other state formats* at the end.
 
 **Stepping a shard.** Under FSDP2 (``torch.distributed.fsdp.fully_shard``) each parameter is a
 ``DTensor``: rank ``r`` of ``W`` holds rows ``chunk(r)`` of dim 0 (``torch.chunk`` sizes:
@@ -32,6 +35,32 @@ blocks and requantizes it with the *new* local blocks. A new block that coincide
 saved block keeps its saved codes and absmax bit for bit; the others change each state
 element by at most one step of the quantization map times the new block's absmax (the
 documented reshard tolerance, see :func:`reshard_tolerance`).
+
+**Other state formats** (``"4bit"``, ``"4bit-naive"``, ``"fp8"``; :mod:`adam8lib.formats`).
+
+* *Blockwise moments* (fp8's ``m`` and ``v``, 4-bit ``m``, 4-bit-naive ``v``, and the 4-bit ``v`` of a
+  1-D tensor) are exactly as above: the states of the local shard, blocks local to it. They equal
+  the single-process blocks when every shard starts on a block boundary (``ceil(R/W)·C`` a
+  multiple of ``blocksize``: 128 for the 4-bit formats, 256 for fp8); otherwise the straddling
+  blocks get their own scales, and the result is that of a single process stepping each row
+  chunk as its own tensor.
+* *Rank-1 ``v``* (the ``"4bit"`` format, tensors of two or more dimensions): a shard holds whole
+  rows, so its row maxima are the whole tensor's, but its column maxima are not. Each step
+  all-reduces (MAX) the shard's column maxima across the mesh's process group
+  (:func:`rank1_maxima_reducer`: ``cols`` floats per matrix per step), so the scales, codes and
+  parameters equal the unsharded run's bit for bit (with block-aligned shards for ``m``). Every
+  rank keeps its row maxima and the (whole) column maxima: ``absmax2`` has ``rows_local + cols``
+  floats. That step is a collective: every rank must step the same parameters (FSDP2 gives every
+  rank a gradient, an empty shard included, and an empty shard still takes part), and it always
+  runs the reference step, never a fused kernel.
+* *Checkpoints*: a 4-bit shard's codes are packed two per byte, so they cannot take the
+  parameter's shape; ``state_dict()`` gives each of ``state1``, ``state2``, ``absmax1``,
+  ``absmax2`` as an fp32/uint8 DTensor of shape ``(W, L_max)`` sharded on dim 0 (row ``r``: rank
+  ``r``'s flat tensor, zero-padded). The same world size loads bit-identical; another world
+  size (2→1, 1→2, through :func:`load_checkpoint`) decodes every saved shard to fp32 ``m`` and
+  ``v``, and encodes this rank's range in its own layout (rank-1 scales from the whole
+  tensor's maxima): each state element moves by at most one step of its map (fp8: one e4m3
+  step) times its new scale.
 """
 
 from __future__ import annotations
@@ -46,7 +75,8 @@ import torch
 from .quant import dequantize_blocks, num_blocks, quantize_blocks
 
 __all__ = [
-    "is_dtensor", "local_tensor", "local_param_and_grad", "shard_ranges", "local_range",
+    "is_dtensor", "local_tensor", "local_param_and_grad", "shard_ranges", "shard_shapes", "local_range",
+    "rank1_maxima_reducer",
     "to_checkpoint_state", "to_local_state", "reshard_tolerance",
     "save_checkpoint", "load_checkpoint", "end_rank",
 ]
@@ -122,15 +152,74 @@ def local_range(p: torch.Tensor) -> tuple[int, int]:
     return start, stop
 
 
+def shard_shapes(shape: tuple[int, ...] | torch.Size, world_size: int) -> list[tuple[int, ...]]:
+    """The local shape of each rank's shard of a tensor split on dim 0 (as :func:`shard_ranges`)."""
+    shape = tuple(shape)
+    if not shape:
+        return [()] + [(0,)] * (world_size - 1)
+    rows, per = shape[0], -(-shape[0] // world_size)
+    return [(min((r + 1) * per, rows) - min(r * per, rows), *shape[1:]) for r in range(world_size)]
+
+
+# ---------------------------------------------------------------------- rank-1 scales of a shard
+def rank1_maxima_reducer(p: torch.Tensor):
+    """For a sharded (DTensor) parameter, the ``reduce_maxima`` hook of
+    :meth:`adam8lib.formats.MomentFormat.quantize` that makes a shard's rank-1 scales those of the
+    whole tensor; ``None`` for a plain or replicated parameter (its maxima are already whole).
+
+    Under ``Shard(d)`` the maxima along axis ``d`` (for FSDP2's ``Shard(0)``: the row maxima) are
+    complete on each rank, since each slice along ``d`` lives on one rank; the maxima along every
+    other axis (the column maxima) are maxima over the local rows only. The hook all-reduces those
+    with MAX across the mesh's process group: ``sum(shape) - shape[d]`` floats per tensor and
+    moment, one collective per step. The maximum is exact, so the scales, the codes and the
+    parameters equal those of an unsharded run bit for bit. Every rank must call it for the same
+    tensors in the same order (an empty shard too, with zero maxima); the optimizer does, for every
+    parameter with a gradient (FSDP2 gives every rank one)."""
+    if not is_dtensor(p):
+        return None
+    from torch.distributed.tensor import Shard
+
+    mesh, placements = p.device_mesh, p.placements
+    if not any(isinstance(pl, Shard) for pl in placements):
+        return None
+    if mesh.ndim != 1 or len(placements) != 1:
+        raise NotImplementedError(
+            f"rank-1 scales of a sharded parameter support a 1-D mesh (FSDP2); got placements {placements} "
+            f"on a {mesh.ndim}-D mesh"
+        )
+    import torch.distributed as dist
+
+    dim = placements[0].dim % p.dim()
+    group = mesh.get_group()
+
+    def reduce(maxima: list[torch.Tensor]) -> list[torch.Tensor]:
+        others = [axis for axis in range(len(maxima)) if axis != dim]
+        flat = torch.cat([maxima[axis].float().reshape(-1) for axis in others])
+        dist.all_reduce(flat, op=dist.ReduceOp.MAX, group=group)
+        out = list(maxima)
+        for axis, part in zip(others, flat.split([maxima[axis].numel() for axis in others])):
+            out[axis] = part
+        return out
+
+    return reduce
+
+
 # ---------------------------------------------------------------------- checkpoint form
-def to_checkpoint_state(p: torch.Tensor, state: dict[str, Any], blocksize: int) -> dict[str, Any]:
+_LOWBIT_KEYS = ("state1", "state2", "absmax1", "absmax2")
+
+
+def to_checkpoint_state(p: torch.Tensor, state: dict[str, Any], blocksize: int, fmt: Any = None) -> dict[str, Any]:
     """The DCP form of one parameter's state (see the module docstring); plain params unchanged.
-    The fp32 states of a small DTensor parameter become DTensors placed like the parameter."""
+    The fp32 states of a small DTensor parameter become DTensors placed like the parameter.
+    ``fmt``: the optimizer's :class:`~adam8lib.formats.StateFormat` (default: the 8-bit format's
+    layout); a format other than ``"8bit"`` gets :func:`_lowbit_checkpoint_state`'s form."""
     if not is_dtensor(p):
         return state
     from torch.distributed.tensor import DTensor, Shard
 
     rank, world = _check_layout(p)
+    if "state1" in state and fmt is not None and fmt.name != "8bit":
+        return _lowbit_checkpoint_state(p, state, fmt, world)
     if "state1" not in state:
         return {
             k: DTensor.from_local(v.view(p.to_local().shape), p.device_mesh, p.placements,
@@ -155,8 +244,100 @@ def to_checkpoint_state(p: torch.Tensor, state: dict[str, Any], blocksize: int) 
     return out
 
 
+def _lowbit_checkpoint_state(p: torch.Tensor, state: dict[str, Any], fmt: Any, world: int) -> dict[str, Any]:
+    """The DCP form of a sharded parameter's state in a format other than ``"8bit"`` (4-bit codes
+    are packed two per byte, so they cannot take the parameter's shape): each of ``state1``,
+    ``state2``, ``absmax1``, ``absmax2`` becomes a DTensor of shape ``(W, L_max)`` sharded on dim 0,
+    row ``r`` holding rank ``r``'s flat local tensor zero-padded to the longest rank's length.
+    Loading on the same world size is bit-identical; another world size decodes and re-encodes
+    (:func:`to_local_state`)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    specs = [fmt.state_spec(shape) for shape in shard_shapes(p.shape, world)]
+    out = dict(state)
+    for key in _LOWBIT_KEYS:
+        value = state[key]
+        longest = max(spec[key][0] for spec in specs)
+        padded = torch.zeros((1, longest), dtype=value.dtype, device=value.device)
+        padded[0, : value.numel()] = value.reshape(-1)
+        out[key] = DTensor.from_local(padded, p.device_mesh, [Shard(0)], run_check=False,
+                                      shape=(world, longest), stride=(longest, 1))
+    return out
+
+
+def _lowbit_local_state(p: torch.Tensor, saved: dict[str, Any], fmt: Any) -> dict[str, Any]:
+    """:func:`to_local_state` for a format other than ``"8bit"``."""
+    if not all(torch.is_tensor(saved.get(k)) for k in _LOWBIT_KEYS):
+        return saved  # the state check names what is missing
+    local_shape = tuple(local_tensor(p).shape)
+    dtensors = [is_dtensor(saved[k]) for k in _LOWBIT_KEYS]
+    if is_dtensor(p):
+        rank, world = _check_layout(p)
+        if all(dtensors) and all(saved[k].dim() == 2 and saved[k].shape[0] == world for k in _LOWBIT_KEYS):
+            spec = fmt.state_spec(local_shape)
+            out = dict(saved)
+            for key in _LOWBIT_KEYS:  # the same layout: this rank's row, bit for bit
+                row = saved[key].to_local().reshape(-1)
+                if row.numel() < spec[key][0]:
+                    raise ValueError(f"saved {key!r} shard has {row.numel()} values, expected {spec[key][0]}")
+                out[key] = row[: spec[key][0]]
+            return out
+    elif not any(dtensors) and all(saved[k].dim() == 1 for k in _LOWBIT_KEYS):
+        return saved  # a plain single-process state
+    return _relayout(p, saved, fmt)
+
+
+def _relayout(p: torch.Tensor, saved: dict[str, Any], fmt: Any) -> dict[str, Any]:
+    """A state saved on another world size (2-D ``(W, L_max)`` tensors, or a single process's 1-D
+    ones), onto this rank's shard: decode every saved shard to fp32 ``m`` and ``v`` of the whole
+    tensor, take this rank's range and encode it in this rank's layout (blocks of the local
+    shard; rank-1 scales with the whole tensor's maxima, as the sharded step keeps them). Each
+    state element moves by at most about one step of its map times its new scale. (Transient
+    memory: fp32 ``m`` and ``v`` of the whole parameter, one parameter at a time.)"""
+    tensors = {k: local_tensor(saved[k]) for k in _LOWBIT_KEYS}
+    dims = {t.dim() for t in tensors.values()}
+    if dims == {1}:
+        shapes, rows = [tuple(p.shape)], [{k: t for k, t in tensors.items()}]
+    elif dims == {2} and len({t.shape[0] for t in tensors.values()}) == 1:
+        world = next(iter(tensors.values())).shape[0]
+        shapes = shard_shapes(p.shape, world)
+        rows = [{k: t[r] for k, t in tensors.items()} for r in range(world)]
+    else:
+        raise ValueError(f"saved low-bit states of shapes {[tuple(t.shape) for t in tensors.values()]} fit no "
+                         f"layout of a parameter of shape {tuple(p.shape)}")
+    ms, vs = [], []
+    for shape, row in zip(shapes, rows):
+        spec = fmt.state_spec(shape)
+        for key in _LOWBIT_KEYS:
+            count, dtype = spec[key]
+            if row[key].dtype != dtype or row[key].numel() < count or (dims == {1} and row[key].numel() != count):
+                raise ValueError(
+                    f"saved {key!r} is {row[key].dtype}[{row[key].numel()}], but a shard of shape {shape} of a "
+                    f"parameter of shape {tuple(p.shape)} in format {fmt.name!r} needs {dtype}[{count}]"
+                )
+        if not math.prod(shape):
+            continue
+        m, v = fmt.decode({k: row[k][: spec[k][0]] for k in _LOWBIT_KEYS}, shape)
+        ms.append(m)
+        vs.append(v)
+    m_full, v_full = torch.cat(ms), torch.cat(vs)
+    start, stop = local_range(p)
+    local_shape = tuple(local_tensor(p).shape)
+    out = dict(saved)
+    for (codes_key, scales_key), moment, full in zip(_CODES, (fmt.m, fmt.v), (m_full, v_full)):
+
+        def whole(maxima, full=full):  # the whole tensor's maxima along every axis but the sharded one
+            from .formats import rank1_scales
+
+            return [maxima[0]] + rank1_scales(full.view(tuple(p.shape)))[1:]
+
+        out[codes_key], out[scales_key] = moment.quantize(full[start:stop].contiguous(), local_shape, whole)
+    return out
+
+
 def to_local_state(
-    p: torch.Tensor, saved: dict[str, Any], blocksize: int, qmaps: tuple[torch.Tensor, torch.Tensor]
+    p: torch.Tensor, saved: dict[str, Any], blocksize: int, qmaps: tuple[torch.Tensor, torch.Tensor],
+    fmt: Any = None,
 ) -> dict[str, Any]:
     """Turn a loaded per-parameter state into this rank's plain local state.
 
@@ -169,6 +350,8 @@ def to_local_state(
     if "state1" not in saved:
         return {k: (local_tensor(v).reshape(local_tensor(p).shape) if k in _FP32 and is_dtensor(v) else v)
                 for k, v in saved.items()}
+    if fmt is not None and fmt.name != "8bit":
+        return _lowbit_local_state(p, saved, fmt)
     if not all(torch.is_tensor(saved.get(k)) for pair in _CODES for k in pair):
         return saved
     if not any(is_dtensor(saved[k]) for pair in _CODES for k in pair) and not _is_full_form(p, saved, blocksize):
@@ -275,8 +458,8 @@ def save_checkpoint(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ch
 def load_checkpoint(model: torch.nn.Module, optimizer: torch.optim.Optimizer, checkpoint_id: str) -> None:
     """Load a checkpoint written by :func:`save_checkpoint` on any world size (1 or more).
 
-    Tensors whose saved shape differs from this run's (the 8-bit states of another world
-    size) are read whole and re-blocked by ``Adam8bit.load_state_dict``. Everything is read into
+    Tensors whose saved shape differs from this run's (the low-bit states of another world
+    size) are read whole and re-blocked by ``LowBitAdam.load_state_dict``. Everything is read into
     copies first (transient memory: one more copy of the model and optimizer state), so a
     checkpoint that does not fit (missing keys, other shapes, a missing or corrupt shard file)
     raises ValueError and leaves the model and the optimizer as they were.

@@ -46,11 +46,19 @@ block of 256). The maps are the canonical ones of :mod:`adam8lib.quant`: the sam
 
 Which backends step each format (``LowBitAdam(backend=...)``; :data:`adam8lib.optim.LOWBIT_KERNELS`):
 ``"8bit"`` every backend of :mod:`adam8lib.kernels`; ``"fp8"``, ``"4bit"`` and ``"4bit-naive"`` the
-reference step (``"torch"``: :meth:`StateFormat.decode`, the fp32 update, :meth:`StateFormat.encode_`)
-and the C++ ``"cpu"`` kernel (:mod:`adam8lib.kernels.cpu_lowbit`; ``"auto"`` on the CPU), ``"fp8"``
-also ``"triton"`` (``"auto"`` on CUDA). Every fused step gives the reference step's bits; the CPU
+reference step (``"torch"``: :meth:`StateFormat.decode`, the fp32 update, :meth:`StateFormat.encode_`),
+the C++ ``"cpu"`` kernel (:mod:`adam8lib.kernels.cpu_lowbit`; ``"auto"`` on the CPU) and
+``"triton"`` (``"auto"`` on CUDA). Every fused step gives the reference step's bits; the CPU
 kernel reads each code from a table sampled from :meth:`MomentFormat.code`, so that method is the
 one spec of a coding.
+
+**Sharded (FSDP2) parameters.** Every format keeps the states of the local shard, decided low-bit
+or fp32 by the full size. Blocks are local to the shard (:mod:`adam8lib.distributed`). Rank-1
+scales are not left local: a shard of rows has its rows' maxima but only part of each column, so
+the optimizer all-reduces (MAX) the column maxima across the shards at every step (the
+``reduce_maxima`` hook of :meth:`MomentFormat.quantize`), and the scales equal the unsharded
+tensor's exactly. (The alternative, rank-1 over the local rows, would need no communication but
+would make the states, and so the training, depend on the number of ranks.)
 
 Bytes per parameter of a large matrix (codes + scales): 8bit 2 + 8/256, 4bit 1 + 4/128 +
 4 (rows + cols) / (rows x cols), fp8 2 + 8/256; fp32 AdamW 8.
@@ -176,11 +184,22 @@ class MomentFormat:
         return f"{table}/{self.bits}bit/{scales}/{'keep-sign' if self.keep_sign else 'nearest'}"
 
     # ---------------------------------------------------------------- coding
-    def quantize(self, x: torch.Tensor, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(codes, scales)`` of the flat fp32 values ``x`` of a tensor of ``shape``."""
+    def quantize(self, x: torch.Tensor, shape: tuple[int, ...],
+                 reduce_maxima: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None,
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(codes, scales)`` of the flat fp32 values ``x`` of a tensor of ``shape``.
+
+        ``reduce_maxima`` (rank-1 only) turns this tensor's axis maxima into the ones to scale by:
+        for the local shard of a sharded tensor, the maxima of the whole tensor (an all-reduce
+        (MAX) across the shards, :func:`adam8lib.distributed.rank1_maxima_reducer`). It is called
+        for an empty shard too (with zero maxima), so that every shard takes part in the collective."""
         n = x.numel()
+        if reduce_maxima is not None and self.rank1 and len(shape) >= 2 and n == 0:
+            reduce_maxima([x.new_zeros(size) for size in shape])  # an empty shard: its part of the collective
         if self.uses_rank1(shape):
             maxima = rank1_scales(x.view(shape))
+            if reduce_maxima is not None:
+                maxima = reduce_maxima(maxima)
             scale = _rank1_scale(maxima, shape).reshape(-1)
             scales = torch.cat(maxima)
         else:
@@ -307,10 +326,12 @@ class StateFormat:
         return (self.m.dequantize(state["state1"], state["absmax1"], shape),
                 self.v.dequantize(state["state2"], state["absmax2"], shape))
 
-    def encode_(self, state: dict, m: torch.Tensor, v: torch.Tensor, shape: tuple[int, ...]) -> None:
-        """Store flat fp32 ``m`` and ``v`` into ``state`` in place (codes and scales)."""
+    def encode_(self, state: dict, m: torch.Tensor, v: torch.Tensor, shape: tuple[int, ...],
+                reduce_maxima: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None) -> None:
+        """Store flat fp32 ``m`` and ``v`` into ``state`` in place (codes and scales); ``reduce_maxima``:
+        see :meth:`MomentFormat.quantize` (the rank-1 scales of a shard)."""
         for key, moment, x in (("1", self.m, m), ("2", self.v, v)):
-            codes, scales = moment.quantize(x, shape)
+            codes, scales = moment.quantize(x, shape, reduce_maxima)
             state["state" + key].copy_(codes)
             state["absmax" + key].copy_(scales)
 

@@ -153,13 +153,26 @@ def estimate_optimizer_memory(
     return OptimizerMemory(kind, n, fp32_bytes=fp32, factored_bytes=factored)
 
 
+def _stored_tensors(value: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors that hold ``value``'s data: itself; a DTensor's local shard; the inner
+    tensors of a wrapper subclass (``__tensor_flatten__``: torchao's quantized states hold codes,
+    scales and a map, not a dense tensor of their logical shape)."""
+    if hasattr(value, "to_local"):  # a DTensor (FSDP2 states): what this rank holds
+        return _stored_tensors(value.to_local())
+    if type(value) is not torch.Tensor and hasattr(value, "__tensor_flatten__"):
+        names, _ = value.__tensor_flatten__()
+        return [t for name in names for t in _stored_tensors(getattr(value, name))]
+    return [value]
+
+
 def compute_optimizer_size(optimizer_states: Iterable[Mapping[str, Any]]) -> tuple[float, int]:
     """Measure a live optimizer: ``compute_optimizer_size(optimizer.state.values())``.
 
     Returns ``(mebibytes, number_of_elements)`` (MiB = 2**20 bytes) summed over every tensor in every
     per-parameter state (codes, absmax, fp32 moments, step counters). A tensor that several
     states share (bitsandbytes keeps the same quantization map in each) is counted once. A
-    DTensor (sharded state) counts its local shard: the bytes this rank holds.
+    DTensor (sharded state) counts its local shard: the bytes this rank holds; a tensor subclass
+    that wraps others (torchao's 4-bit, 8-bit and FP8 states) counts the tensors it holds.
     """
     seen: set[tuple[int, int]] = set()
     nbytes = elements = 0
@@ -169,14 +182,13 @@ def compute_optimizer_size(optimizer_states: Iterable[Mapping[str, Any]]) -> tup
         for value in state.values():
             if not torch.is_tensor(value):
                 continue
-            if hasattr(value, "to_local"):  # a DTensor (FSDP2 states of torch.optim): what this rank holds
-                value = value.to_local()
-            key = (value.untyped_storage().data_ptr(), value.storage_offset()) if value.numel() else (id(value), 0)
-            if key in seen:
-                continue
-            seen.add(key)
-            nbytes += value.numel() * value.element_size()
-            elements += value.numel()
+            for tensor in _stored_tensors(value):
+                key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset()) if tensor.numel() else (id(tensor), 0)
+                if key in seen:
+                    continue
+                seen.add(key)
+                nbytes += tensor.numel() * tensor.element_size()
+                elements += tensor.numel()
     return nbytes / MiB, elements
 
 

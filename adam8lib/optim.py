@@ -5,9 +5,9 @@ The step, the parameter groups, checkpoints, torch.optim's conventions and FSDP2
 once, here; how the two moments are stored is the state format's business (:mod:`adam8lib.formats`:
 ``"8bit"``, ``"4bit"``, ``"4bit-naive"``, ``"fp8"``). The 8-bit format runs through the fused
 backends of :mod:`adam8lib.kernels`; the others through their fused steps (:data:`LOWBIT_KERNELS`):
-the C++ ``"cpu"`` kernel for ``"fp8"``, ``"4bit"`` and ``"4bit-naive"`` (``"auto"`` on the CPU;
-:mod:`adam8lib.kernels.cpu_lowbit`), a Triton kernel for ``"fp8"`` (``"auto"`` on CUDA;
-:func:`adam8lib.kernels.triton.fp8_step_triton`), else the reference step (``backend="torch"``:
+the C++ ``"cpu"`` kernel (``"auto"`` on the CPU; :mod:`adam8lib.kernels.cpu_lowbit`) and a Triton
+kernel (``"auto"`` on CUDA; :mod:`adam8lib.kernels.triton`) for ``"fp8"``, ``"4bit"`` and
+``"4bit-naive"``, else the reference step (``backend="torch"``:
 decode, the fp32 update, encode, in plain PyTorch), whose bits every fused step reproduces. ``stochastic_rounding=True`` writes bf16 parameters with stochastic
 rounding (:mod:`adam8lib.rounding`), so that updates smaller than half a bf16 ulp survive on average.
 
@@ -48,6 +48,14 @@ traced-away tensor). Flags of torch's Adam it does not implement (``maximize``, 
 ``foreach``, ``fused``, ``capturable``, ``differentiable``) raise ValueError when set, in the
 constructor, in an added group, in a loaded checkpoint or at ``step()``.
 
+FSDP2 (DTensor parameters): every state format steps each rank's local shard, with states sized
+to the shard and low-bit or fp32 decided by the full size; blocks are local to the shard. The
+4-bit format's rank-1 scales of ``v`` all-reduce (MAX) their column maxima across the shards at
+every step (a collective in ``step()``; an empty shard takes part too), so a sharded run equals
+the unsharded one bit for bit wherever the shards start on block boundaries. ``state_dict()`` and
+``torch.distributed.checkpoint`` round-trip bit-identical on the same world size and load on
+another one (:mod:`adam8lib.distributed`).
+
 Devices: states are created on the parameter's device and follow it when the model is moved
 after the optimizer was built (``model.to(device)``); ``backend="auto"`` is resolved per
 device at every step.
@@ -62,7 +70,8 @@ from typing import Any, Iterable
 import torch
 
 from . import kernels
-from .distributed import local_param_and_grad, local_tensor, to_checkpoint_state, to_local_state
+from .distributed import (local_param_and_grad, local_tensor, rank1_maxima_reducer, to_checkpoint_state,
+                          to_local_state)
 from .adam import check_hyperparameters
 from .kernels.contract import PARAM_DTYPES, check_plain_tensor, is_usual_tensor
 from .kernels.reference import adam_update_fp32, adam_update_fp32_many
@@ -103,7 +112,7 @@ class LowBitAdam(torch.optim.Optimizer):
         backend: ``"auto"``, ``"torch"`` (reference), ``"cpu"``, ``"triton"``, or another
             registered backend (see :mod:`adam8lib.kernels`); formats other than ``"8bit"`` have
             ``"auto"``, ``"torch"`` (the reference step) and their :data:`LOWBIT_KERNELS`
-            (``"cpu"`` for all three, ``"triton"`` for ``"fp8"``).
+            (``"cpu"`` and ``"triton"`` for all three).
         state_format: ``"8bit"``, ``"4bit"``, ``"4bit-naive"``, ``"fp8"`` or a
             :class:`~adam8lib.formats.StateFormat`; ``None``: the class's (:attr:`state_format`).
         stochastic_rounding: write bf16 parameters with stochastic rounding (every parameter
@@ -202,14 +211,11 @@ class LowBitAdam(torch.optim.Optimizer):
 
     def _new_state(self, group: dict[str, Any], p: torch.Tensor) -> dict[str, Any]:
         # a sharded (DTensor) parameter: 8-bit or not by the FULL size, states sized to the local shard
-        full, sharded, p = p.numel(), p is not local_tensor(p), local_tensor(p)
+        full, p = p.numel(), local_tensor(p)
         n = p.numel()
         if full >= group["min_8bit_size"] and self.format.name != "8bit":
-            if sharded:
-                raise ValueError(
-                    f"state_format={self.format.name!r} does not shard its states with FSDP2 yet (a parameter of "
-                    f"shape {tuple(p.shape)} is a DTensor): use state_format='8bit' (Adam8bit) for sharded parameters"
-                )
+            # the states of the local shard (blocks of the shard; rank-1 row maxima of its rows and
+            # column maxima of the whole tensor, see _step_lowbit)
             return {"step": 0, **self._format(group).new_state(tuple(p.shape), p.device)}
         if full >= group["min_8bit_size"]:
             blocks = num_blocks(n, group["blocksize"])
@@ -314,7 +320,7 @@ class LowBitAdam(torch.optim.Optimizer):
         state = self._prepare(group, p, param)
         target = param.float() if self.stochastic_rounding else param
         if "state1" in state and self.format.name != "8bit":
-            self._step_lowbit(group, target, grad, state)
+            self._step_lowbit(group, target, grad, state, reduce_maxima=self._maxima_reducer(group, p))
         elif "state1" in state:
             self._step_8bit(group, target, grad, state)
         else:
@@ -322,13 +328,31 @@ class LowBitAdam(torch.optim.Optimizer):
         if target is not param:
             param.copy_(stochastic_round_to_bf16(target, step_generator(self.seed, state["step"], index, param.device)))
 
-    def _step_lowbit(self, group: dict[str, Any], p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any]) -> None:
+    def _maxima_reducer(self, group: dict[str, Any], p: torch.Tensor):
+        """The all-reduce that gives a shard of a sharded (FSDP2) parameter the rank-1 scales of the
+        whole tensor (:func:`adam8lib.distributed.rank1_maxima_reducer`), or None: a plain
+        parameter, or no moment of this format with rank-1 scales for ``p``'s (full) shape."""
+        fmt = self._format(group)
+        if not (fmt.m.uses_rank1(tuple(p.shape)) or fmt.v.uses_rank1(tuple(p.shape))):
+            return None
+        return rank1_maxima_reducer(p)
+
+    def _step_lowbit(self, group: dict[str, Any], p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any],
+                     reduce_maxima=None) -> None:
         """The reference step of any state format: decode m and v, the fp32 update, encode them again.
-        (fp32 temporaries the size of the tensor; the 8-bit format has fused backends instead.)"""
-        if not p.numel():
-            return
+        (fp32 temporaries the size of the tensor; the 8-bit format has fused backends instead.)
+
+        ``reduce_maxima`` (the local shard of a sharded parameter with rank-1 scales): the hook that
+        all-reduces the shard's axis maxima into the whole tensor's (:meth:`_maxima_reducer`). Such a
+        step takes part in a collective on every rank, an empty shard too, and always runs the
+        reference step (a fused kernel computes its scales from the shard alone)."""
         fmt, shape = self._format(group), tuple(p.shape)
-        fused = self._fused_lowbit(fmt, p.device)
+        if not p.numel():
+            if reduce_maxima is not None:  # nothing to update, but this rank's part of the all-reduce
+                empty = torch.zeros(0, dtype=torch.float32, device=p.device)
+                fmt.encode_(state, empty, empty, shape, reduce_maxima)
+            return
+        fused = None if reduce_maxima is not None else self._fused_lowbit(fmt, p.device)
         beta1, beta2 = group["betas"]
         hyper = dict(step=state["step"], lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
                      weight_decay=group["weight_decay"])
@@ -341,7 +365,7 @@ class LowBitAdam(torch.optim.Optimizer):
         m, v = fmt.decode(state, shape)
         new = adam_update_fp32(p.reshape(-1).float(), grad.reshape(-1).float(), m, v, **hyper)
         p.copy_(new.view(shape))
-        fmt.encode_(state, m, v, shape)
+        fmt.encode_(state, m, v, shape, reduce_maxima)
 
     def _fused_lowbit(self, fmt: StateFormat, device: torch.device):
         """The fused step this low-bit step runs (None: the reference step). A format's kernels are
@@ -446,7 +470,7 @@ class LowBitAdam(torch.optim.Optimizer):
         params = [(group, p) for group in self.param_groups for p in group["params"]]
         for index, (group, p) in enumerate(params):
             if index in sd["state"]:
-                saved = to_checkpoint_state(p, sd["state"][index], group["blocksize"])
+                saved = to_checkpoint_state(p, sd["state"][index], group["blocksize"], self._format(group))
                 if "state1" in saved:
                     saved = {**saved, MAPS_KEY: self._codes_fingerprint(group)}
                 sd["state"][index] = saved
@@ -529,7 +553,8 @@ class LowBitAdam(torch.optim.Optimizer):
                 self._check_maps(saved.get(MAPS_KEY), id_to_group[pid], where, origin)
                 saved = {k: v for k, v in saved.items() if k != MAPS_KEY}
             if isinstance(saved, dict):  # DCP / another world size: this rank's plain local state
-                saved = to_local_state(p, saved, id_to_group[pid]["blocksize"], (self.qmap1, self.qmap2))
+                saved = to_local_state(p, saved, id_to_group[pid]["blocksize"], (self.qmap1, self.qmap2),
+                                       self._format(id_to_group[pid]))
             _check_saved_state(p, saved, self._format(id_to_group[pid]), where, origin)
             new_state[p] = {
                 k: (v.detach().to(p.device).reshape(local_tensor(p).shape if k in _STATE_KEYS_32BIT else -1).clone(
@@ -617,7 +642,7 @@ class AdamWFp8(AdamFp8):
 # ---------------------------------------------------------------------- validation helpers
 #: Fused kernels of the formats other than "8bit" (the 8-bit format has every backend); each is
 #: registered by its backend's module with :func:`adam8lib.kernels.register_lowbit_step`.
-LOWBIT_KERNELS: dict[str, tuple[str, ...]] = {"fp8": ("triton", "cpu"), "4bit": ("cpu",), "4bit-naive": ("cpu",)}
+LOWBIT_KERNELS: dict[str, tuple[str, ...]] = {"fp8": ("triton", "cpu"), "4bit": ("triton", "cpu"), "4bit-naive": ("triton", "cpu")}
 
 
 def _check_backend_name(backend: str) -> None:

@@ -34,7 +34,7 @@ for path in (str(ROOT), str(HERE)):
 
 import torch  # noqa: E402
 
-from bench_step import THREADS, _paired_ratios, _round_robin, machine  # noqa: E402
+from bench_step import THREADS, _paired_ratios, _round_robin, machine, state_bytes  # noqa: E402
 from readme_section import write_section  # noqa: E402
 
 SIZES = {"1M": 1_000_000, "16.8M": 16_777_216}
@@ -72,21 +72,6 @@ def optimizers() -> list[tuple[str, object]]:
         ("torchao AdamWFp8", torchao("AdamWFp8")),
         ("bitsandbytes Adam8bit", bnb),
     ]
-
-
-def state_bytes(opt) -> int:
-    """Bytes of every tensor in the optimizer's state; a tensor subclass counts its inner tensors."""
-    total = 0
-    for state in opt.state.values():
-        for value in state.values():
-            if not torch.is_tensor(value):
-                continue
-            if type(value) is not torch.Tensor and hasattr(value, "__tensor_flatten__"):
-                names, _ = value.__tensor_flatten__()
-                total += sum(getattr(value, n).numel() * getattr(value, n).element_size() for n in names)
-            else:
-                total += value.numel() * value.element_size()
-    return total
 
 
 def distilbert_bytes(progress=print) -> dict[str, float | str]:

@@ -59,7 +59,7 @@ import torch  # noqa: E402
 from readme_section import write_section  # noqa: E402
 from stats import median_and_ci  # noqa: E402
 
-from adam8lib.memory import MB, compute_optimizer_size  # noqa: E402
+from adam8lib.memory import MB, MiB, compute_optimizer_size  # noqa: E402
 
 THREADS = 2
 SIZES = {"1M": 1_000_000, "16.8M": 16_777_216, "100M": 100_000_000}
@@ -148,22 +148,10 @@ class _CopyStep:
         self.dst.copy_(self.src)
 
 
-def _state_bytes(opt) -> float:
-    """Bytes of optimizer state: compute_optimizer_size, but torchao's 8-bit subclass counted by
-    its parts (codes, scale, map) rather than as a dense tensor of its logical shape."""
-    plain, parts = [], {}
-    for state in opt.state.values():
-        keep = {}
-        for key, value in state.items():
-            if torch.is_tensor(value) and all(hasattr(value, a) for a in ("codes", "scale", "qmap")):
-                for attr in ("codes", "scale", "qmap"):
-                    t = getattr(value, attr)
-                    parts[(t.untyped_storage().data_ptr(), t.storage_offset())] = t.numel() * t.element_size()
-            else:
-                keep[key] = value
-        plain.append(keep)
-    megabytes, _ = compute_optimizer_size(plain)
-    return megabytes * MB + sum(parts.values())
+def state_bytes(opt) -> int:
+    """Bytes of the optimizer's state as allocated (:func:`adam8lib.memory.compute_optimizer_size`:
+    shared tensors once; torchao's subclasses by the codes, scales and map they hold)."""
+    return round(compute_optimizer_size(opt.state.values())[0] * MiB)
 
 
 # ---------------------------------------------------------------------------------- memory
@@ -227,7 +215,7 @@ def measure(name, factory, n, size, reps) -> Row:
                 opt.step()
                 transient.append(max(0, _status_kb("VmHWM") - rss) * 1024 / MB)
         row.ms = statistics.median(times) * 1e3
-        row.state_bytes_per_param = _state_bytes(opt) / n
+        row.state_bytes_per_param = state_bytes(opt) / n
         row.transient_mb = max(transient) if transient else None
     except Exception as exc:  # pragma: no cover - reported in the table
         row.note = f"failed: {type(exc).__name__}: {exc}"[:120]

@@ -18,9 +18,11 @@ than fused AdamW.
 Then the course's model (``--model``, on by default): one optimizer step over all the
 parameters of DistilBERT for sequence classification (65,783,042 parameters in 104 tensors,
 lesson 10's two parameter groups), for ``AdamW8bit(backend="triton")`` with its one launch per
-parameter group, the same with one launch per tensor (what it did before), bitsandbytes'
-AdamW8bit and fused AdamW: on a real model the per-tensor cost of launches and host work
-counts, not only the bandwidth of one big tensor.
+parameter group, the same with one launch per tensor (what it did before), the lesson-12 formats
+on their Triton steps (``AdamW4bit``: blockwise m, rank-1 v in two passes; ``AdamWFp8``),
+bitsandbytes' AdamW8bit, torchao's ``AdamW4bit``/``AdamWFp8`` where torchao is installed, and fused
+AdamW: on a real model the per-tensor cost of launches and host work counts, not only the
+bandwidth of one big tensor.
 
 Timing: CUDA events around each call, median of ``--iters`` calls after ``--warmup`` calls.
 
@@ -258,6 +260,7 @@ def _time_model_rows(device, iters, warmup, bnb, small: bool) -> dict:
     import torch
 
     from adam8lib import AdamW8bit
+    from adam8lib.optim import AdamW4bit, AdamWFp8
     from adam8lib.training import make_param_groups
 
     lr, wd = HYPER["lr"], HYPER["weight_decay"]
@@ -265,10 +268,20 @@ def _time_model_rows(device, iters, warmup, bnb, small: bool) -> dict:
         "adam8lib AdamW8bit (triton, one launch per group)": lambda gs: AdamW8bit(gs, lr=lr, backend="triton"),
         "adam8lib AdamW8bit (triton, one launch per tensor)":
             lambda gs: AdamW8bit(gs, lr=lr, backend="triton_one_launch_per_tensor"),
+        "adam8lib AdamW4bit (triton; rank-1 v: two passes)": lambda gs: AdamW4bit(gs, lr=lr, backend="triton"),
+        "adam8lib AdamWFp8 (triton)": lambda gs: AdamWFp8(gs, lr=lr, backend="triton"),
         "torch AdamW(fused=True)": lambda gs: torch.optim.AdamW(gs, lr=lr, fused=True),
     }
     if bnb is not None:
         makers["bitsandbytes AdamW8bit"] = lambda gs: bnb.optim.AdamW8bit(gs, lr=lr)
+    try:  # torchao's low-bit optimizers (torch.compile'd steps), where installed
+        from torchao.optim import AdamW4bit as AoAdamW4bit, AdamWFp8 as AoAdamWFp8
+    except ImportError:
+        pass
+    else:
+        if device.type == "cuda":  # their compiled steps are not for the interpreter's smoke run
+            makers["torchao AdamW4bit"] = lambda gs: AoAdamW4bit(gs, lr=lr)
+            makers["torchao AdamWFp8"] = lambda gs: AoAdamWFp8(gs, lr=lr)
     out = {"rows": {}}
     for name, make in makers.items():
         model = _model(device, small)

@@ -4,6 +4,7 @@
     python bench/gpu_sass.py --json out.json # also save the numbers
     python bench/gpu_sass.py --search        # the same for the old binary-search kernel (for comparison)
     python bench/gpu_sass.py --variants      # sm_90 also for the other specializations (Adam, int64, ...)
+    python bench/gpu_sass.py --lowbit4       # sm_90 also for the 4-bit formats' kernels
 
 Triton compiles ahead of time for any target (``triton.compile`` with a ``GPUTarget``; its
 bundled ``ptxas`` makes the cubin and ``cuobjdump`` disassembles it), so this runs on a CPU.
@@ -96,12 +97,33 @@ def compile_step_many(arch: int, dtype: str, *, hyper: dict | None = None):
                     {"USE_TABLE": True, "P_DTYPE": tl_dtype, "G_DTYPE": tl_dtype}, hyper)
 
 
+def compile_4bit_step(arch: int, dtype: str, *, rank1: bool = True, hyper: dict | None = None):
+    """Compile ``_adam4bit_kernel`` (the 4-bit formats' step; blocks of 128, two codes per byte) for
+    ``sm_<arch>`` as ``adam4bit_step_triton`` launches it: ``rank1`` the ``"4bit"`` format's pass 2
+    for a matrix (v with rank-1 scales), else the blockwise step (``"4bit-naive"``, or a vector)."""
+    types = {"p_ptr": "*" + dtype, "g_ptr": "*" + dtype, "state1_ptr": "*u8", "state2_ptr": "*u8",
+             "n": "i32", "n_blocks": "i32", "n_cols": "i32", "d0": "i32", "d1": "i32", "d2": "i32"}
+    return _compile(arch, "_adam4bit_kernel", types, {"RANK1": rank1}, hyper, aligned=("n",), blocksize=128)
+
+
+def compile_rank1_max(arch: int, dtype: str, *, hyper: dict | None = None):
+    """Compile ``_rank1_max_kernel`` (pass 1 of the ``"4bit"`` step of a matrix: the new v's row and
+    column maxima) for ``sm_<arch>`` with the tile ``rank1_tile`` picks for a large matrix."""
+    from adam8lib.kernels import triton as kt
+
+    tile_r, tile_c = kt.rank1_tile(8192, 8192, kt.TILE_ELEMENTS)
+    types = {"g_ptr": "*" + dtype, "state1_ptr": "*u8", "state2_ptr": "*u8", "maxima_ptr": "*i32",
+             "n_rows": "i32", "n_cols": "i32", "d0": "i32", "d1": "i32", "d2": "i32"}
+    return _compile(arch, "_rank1_max_kernel", types, {"TILE_R": tile_r, "TILE_C": tile_c}, hyper, blocksize=128)
+
+
 def _compile(arch: int, kernel: str, types: dict, constexprs: dict, hyper: dict | None, *, tile: int | None = None,
-             num_warps: int | None = None, aligned: tuple = ()):
+             num_warps: int | None = None, aligned: tuple = (), blocksize: int = BLOCKSIZE):
     """Compile ``adam8lib.kernels.triton.<kernel>`` for ``sm_<arch>``: arguments typed by
     ``types`` (else ``*fp32`` for a ``*_ptr``, ``fp32`` for a scalar), the launch's BLOCKSIZE,
-    ROWS and step flags for ``hyper`` plus ``constexprs``; every pointer and the ``aligned``
-    arguments are declared divisible by 16, as Triton specializes them at a real launch."""
+    ROWS and step flags for ``hyper`` plus ``constexprs`` (those the kernel takes); every pointer
+    and the ``aligned`` arguments are declared divisible by 16, as Triton specializes them at a
+    real launch."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("unset TRITON_INTERPRET: the interpreter cannot compile for a GPU")
     import triton
@@ -110,10 +132,11 @@ def _compile(arch: int, kernel: str, types: dict, constexprs: dict, hyper: dict 
 
     from adam8lib.kernels import triton as kt
 
-    rows, num_warps = kt.launch_config(BLOCKSIZE, tile=tile or kt.TILE_ELEMENTS, num_warps=num_warps)
+    rows, num_warps = kt.launch_config(blocksize, tile=tile or kt.TILE_ELEMENTS, num_warps=num_warps)
     fn = getattr(kt, kernel)
-    constexprs = {"BLOCKSIZE": BLOCKSIZE, "ROWS": rows, **step_flags(tile=rows * BLOCKSIZE, **(hyper or BENCH)),
+    constexprs = {"BLOCKSIZE": blocksize, "ROWS": rows, **step_flags(tile=rows * blocksize, **(hyper or BENCH)),
                   **constexprs}
+    constexprs = {name: value for name, value in constexprs.items() if name in fn.arg_names}
     for param in fn.params:  # constexprs with a default (e.g. FP8=False) compile as that default, as a launch does
         if param.is_constexpr and param.name not in constexprs and param.default is not inspect.Parameter.empty:
             constexprs[param.name] = param.default
@@ -124,7 +147,7 @@ def _compile(arch: int, kernel: str, types: dict, constexprs: dict, hyper: dict 
                  for name in names if name.endswith("_ptr") or name in aligned}
     source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=divisible)
     return triton.compile(source, target=GPUTarget("cuda", arch, 32),
-                          options={"num_warps": num_warps, "enable_fp_fusion": False}), rows * BLOCKSIZE // (32 * num_warps)
+                          options={"num_warps": num_warps, "enable_fp_fusion": False}), rows * blocksize // (32 * num_warps)
 
 
 def _cuobjdump() -> str:
@@ -188,7 +211,7 @@ def render(rows: list[dict]) -> str:
              "| SASS instr. / element (main path) | incl. slow-path subroutines | LDG / element |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['arch']} | {r['dtype']} | {'table, 1 probe' if r['use_table'] else 'binary search'} | "
+        lines.append(f"| {r['arch']} | {r['dtype']} | {r.get('nearest') or ('table, 1 probe' if r['use_table'] else 'binary search')} | "
                      f"{r['variant']} | "
                      f"{r['registers']} | {r['spill_bytes']} | {r['instructions_per_element']:.0f} | "
                      f"{r['instructions_with_slow_paths'] / r['per_thread_elements']:.0f} | "
@@ -202,6 +225,8 @@ def main(argv=None) -> int:
     parser.add_argument("--search", action="store_true", help="also compile the binary-search variant")
     parser.add_argument("--variants", action="store_true",
                         help="also compile the step's other specializations (sm_90, table path)")
+    parser.add_argument("--lowbit4", action="store_true",
+                        help="also compile the 4-bit formats' kernels (sm_90: blockwise step, rank-1 pass 1 and 2)")
     parser.add_argument("--targets", type=int, nargs="+", default=list(TARGETS))
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES))
     args = parser.parse_args(argv)
@@ -214,6 +239,15 @@ def main(argv=None) -> int:
             kernel, per_thread = compile_step_many(90, dtype)
             rows.append({"arch": "sm_90", "dtype": dtype, "use_table": True,
                          "variant": "AdamW, many tensors in one launch", **analyse(kernel, per_thread)})
+    if args.lowbit4:
+        for dtype in args.dtypes:
+            for label, compile_ in (("4-bit step, blockwise v (4bit-naive, vectors)",
+                                     lambda: compile_4bit_step(90, dtype, rank1=False)),
+                                    ("4-bit step, rank-1 v: pass 1 (row/column maxima)", lambda: compile_rank1_max(90, dtype)),
+                                    ("4-bit step, rank-1 v: pass 2", lambda: compile_4bit_step(90, dtype, rank1=True))):
+                kernel, per_thread = compile_()
+                rows.append({"arch": "sm_90", "dtype": dtype, "use_table": False, "nearest": "16 compares", "variant": label,
+                             **analyse(kernel, per_thread)})
     print(render(rows))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")

@@ -9,6 +9,9 @@ with single-process runs of the same model and data. Scenarios:
   it and takes the same 2 steps (must be bit-identical).
 * ``from1``: load the 1-process checkpoint ``OUT/ckpt1`` (written by the test) on 2 ranks.
 * ``ddp`` / ``zero``: DDP with AdamW8bit, and ZeroRedundancyOptimizer(optimizer_class=AdamW8bit).
+* ``lowbit_<name>`` for each format of :data:`LOWBIT` (AdamW4bit, AdamWFp8, the 4-bit-naive format):
+  FSDP2 training as ``fsdp``, a ``state_dict()`` round trip (through ``torch.save``), a DCP save and
+  resume as ``resume``, and the 1-process checkpoint ``OUT/ckpt1_<name>`` loaded on 2 ranks.
 """
 
 from __future__ import annotations
@@ -40,6 +43,44 @@ class Net(torch.nn.Module):
 
     def forward(self, x):
         return self.net(x).square().mean() + (self.row * self.row).sum() * 1e-3
+
+
+#: The low-bit formats other than 8-bit that FSDP2 runs here: (optimizer class, extra arguments).
+LOWBIT = {"4bit": ("AdamW4bit", {}), "fp8": ("AdamWFp8", {}), "naive": ("AdamW4bit", {"state_format": "4bit-naive"})}
+
+
+def make_lowbit(name, params):
+    import adam8lib
+
+    cls, kwargs = LOWBIT[name]
+    return getattr(adam8lib, cls)(params, lr=LR, **kwargs)
+
+
+def per_shard_run(name, world=2, steps=STEPS):
+    """A single process that steps each parameter the way ``world`` FSDP2 ranks do: the optimizer
+    holds one parameter per row chunk (``torch.chunk`` on dim 0, as ``Shard(0)``), low-bit (by the
+    full size) or fp32 as the whole parameter would be; the model runs whole. For blockwise
+    formats this is what the sharded run computes, straddling blocks included."""
+    model = make_model()
+    pieces, big, small = [], [], []
+    for p in model.parameters():
+        start = 0
+        for chunk in p.detach().chunk(world):
+            piece = torch.nn.Parameter(chunk.clone())
+            pieces.append((p, start, piece))
+            (big if p.numel() >= 4096 else small).append(piece)
+            start += chunk.shape[0]
+    opt = make_lowbit(name, [{"params": big, "min_8bit_size": 0}, {"params": small}])
+    for s in range(steps):
+        model(batch(s)).backward()
+        for p, start, piece in pieces:
+            piece.grad = p.grad[start: start + piece.shape[0]].clone()
+        opt.step()
+        with torch.no_grad():
+            for p, start, piece in pieces:
+                p[start: start + piece.shape[0]].copy_(piece)
+        model.zero_grad(set_to_none=True)
+    return model, opt, pieces
 
 
 def make_model() -> Net:
@@ -120,6 +161,40 @@ def run(rank: int, world: int, out: str, port: int) -> None:
     opt3 = AdamW8bit(model3.parameters(), lr=LR)
     load_checkpoint(model3, opt3, os.path.join(out, "ckpt1"))
     save("from1", {"states": local_states(model3, opt3), "params": full_params(model3)})
+
+    # --- the other low-bit formats under FSDP2
+    import io
+
+    for name in LOWBIT:
+        model = shard(make_model())
+        opt = make_lowbit(name, model.parameters())
+        after1 = {}
+        train(model, opt, STEPS, after_first=lambda m: after1.update(full_params(m)))
+        states = local_states(model, opt)
+        buffer = io.BytesIO()
+        torch.save(opt.state_dict(), buffer)
+        buffer.seek(0)
+        opt_sd = make_lowbit(name, model.parameters())
+        opt_sd.load_state_dict(torch.load(buffer, weights_only=False))
+        result = {
+            "after1": after1, "afterN": full_params(model), "size": compute_optimizer_size(opt.state.values()),
+            "eight_bit": {k: "state1" in opt.state[p] for k, p in model.named_parameters()}, "states": states,
+            "sd_loaded": local_states(model, opt_sd),
+        }
+        ckpt = os.path.join(out, f"ckpt2_{name}")
+        save_checkpoint(model, opt, ckpt)
+        train(model, opt, 2, first_step=STEPS)
+        model2 = shard(make_model())
+        opt2 = make_lowbit(name, model2.parameters())
+        load_checkpoint(model2, opt2, ckpt)
+        result["loaded"] = local_states(model2, opt2)
+        train(model2, opt2, 2, first_step=STEPS)
+        result.update(continued=full_params(model), resumed=full_params(model2))
+        model3 = shard(make_model())
+        opt3 = make_lowbit(name, model3.parameters())
+        load_checkpoint(model3, opt3, os.path.join(out, f"ckpt1_{name}"))
+        result.update(from1_states=local_states(model3, opt3), from1_params=full_params(model3))
+        save(f"lowbit_{name}", result)
 
     # --- DDP and ZeRO-1
     from torch.distributed.optim import ZeroRedundancyOptimizer

@@ -1,4 +1,5 @@
-"""8-bit Adam under FSDP2, DDP and ZeRO, and distributed checkpoints: 2 gloo ranks on the CPU.
+"""8-bit Adam under FSDP2, DDP and ZeRO, the other state formats (4-bit, FP8) under FSDP2, and
+distributed checkpoints: 2 gloo ranks on the CPU.
 
 One subprocess (tests/distributed_worker.py) runs every 2-rank scenario once; the tests compare
 what it wrote with single-process runs of the same model and data made here. Same data on
@@ -20,8 +21,9 @@ dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 
-from adam8lib import AdamW8bit, compute_optimizer_size  # noqa: E402
-from adam8lib.distributed import load_checkpoint, reshard_tolerance, save_checkpoint, shard_ranges  # noqa: E402
+from adam8lib import AdamW8bit, AdamWFp8, compute_optimizer_size  # noqa: E402
+from adam8lib.distributed import (load_checkpoint, reshard_tolerance, save_checkpoint, shard_ranges,  # noqa: E402
+                                  shard_shapes)
 from adam8lib.quant import dequantize_blocks  # noqa: E402
 
 pytestmark = pytest.mark.slow  # one 2-rank subprocess (~30 s of CPU) for the whole module
@@ -47,12 +49,20 @@ def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("dist")
     model, opt, after1 = single_run()
     save_checkpoint(model, opt, str(out / "ckpt1"))
+    lowbit = {}
+    for name in worker.LOWBIT:  # single-process runs of the other formats, and their checkpoints
+        m, a1 = worker.make_model(), {}
+        o = worker.make_lowbit(name, m.parameters())
+        worker.train(m, o, worker.STEPS, after_first=lambda mm, a1=a1: a1.update(worker.full_params(mm)))
+        save_checkpoint(m, o, str(out / f"ckpt1_{name}"))
+        lowbit[name] = dict(model=m, opt=o, after1=a1, states=worker.local_states(m, o),
+                            size=compute_optimizer_size(o.state.values()))
     proc = subprocess.run(
         [sys.executable, str(HERE / "distributed_worker.py"), str(out)], capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     loaded = {f.stem: torch.load(f, weights_only=False) for f in out.glob("*_rank*.pt")}
-    return dict(out=out, model=model, opt=opt, after1=after1, ranks=loaded,
+    return dict(out=out, model=model, opt=opt, after1=after1, ranks=loaded, lowbit=lowbit,
                 states=worker.local_states(model, opt), size=compute_optimizer_size(opt.state.values()))
 
 
@@ -232,6 +242,196 @@ def test_corrupt_absmax_in_a_state_dict_raises_and_changes_nothing(runs):
     assert_unchanged(model, opt, snap)
 
 
+# ---------------------------------------------------------------------- the other low-bit formats under FSDP2
+LOWBIT = list(worker.LOWBIT)  # AdamW4bit, AdamWFp8, AdamW4bit(state_format="4bit-naive")
+#: every 2-rank shard of Net starts on a boundary of the 128-element blocks of the 4-bit formats, and
+#: the 4-bit format's rank-1 column maxima are all-reduced: sharded == unsharded, bit for bit
+EXACT = ["4bit", "naive"]
+#: blockwise formats: a single process stepping the row chunks as the ranks do gives the same bits
+#: (fp8's blocks of 256 straddle the 33x128 weight's shard boundary, so it differs from unsharded)
+PER_SHARD = ["fp8", "naive"]
+_LOWBIT_KEYS = ("state1", "state2", "absmax1", "absmax2")
+
+
+@pytest.fixture(scope="module")
+def per_shard():
+    return {name: worker.per_shard_run(name) for name in PER_SHARD}
+
+
+def lowbit_ranks(runs, name):
+    return both(runs, f"lowbit_{name}")
+
+
+def shapes(runs):
+    return {k: tuple(v.shape) for k, v in runs["model"].named_parameters()}
+
+
+def assert_same_states(got, want, where=""):
+    assert set(got) == set(want), where
+    for name, st in want.items():
+        assert set(got[name]) == set(st), (where, name)
+        for key, value in st.items():
+            assert (torch.equal(got[name][key], value) if torch.is_tensor(value) else got[name][key] == value), \
+                (where, name, key)
+
+
+@pytest.mark.parametrize("name", LOWBIT)
+def test_lowbit_fsdp2_step_1_is_the_unsharded_step(runs, name):
+    for rank in lowbit_ranks(runs, name):
+        for pname, value in runs["lowbit"][name]["after1"].items():
+            assert torch.equal(rank["after1"][pname], value), pname
+
+
+@pytest.mark.parametrize("name", EXACT)
+def test_lowbit_fsdp2_equals_unsharded_bit_for_bit(runs, name):
+    """Parameters after 3 steps, and each rank's states: slices of the unsharded run's (packed
+    4-bit codes, block scales; for the 4-bit format's rank-1 v the rank's row maxima and the
+    whole tensor's column maxima, the same on both ranks)."""
+    single = runs["lowbit"][name]
+    fmt, blocksize = single["opt"].format, single["opt"].format.blocksize
+    for pname, value in single["model"].named_parameters():
+        for rank in lowbit_ranks(runs, name):
+            assert torch.equal(rank["afterN"][pname], value), pname
+    for r, rank in enumerate(lowbit_ranks(runs, name)):
+        for pname, st in single["states"].items():
+            shape = shapes(runs)[pname]
+            a, b = shard_ranges(shape, 2)[r]
+            got = rank["states"][pname]
+            assert got["step"] == st["step"] == worker.STEPS
+            if "state1" not in st:
+                for key in ("exp_avg", "exp_avg_sq"):
+                    assert torch.equal(got[key].reshape(-1), st[key].reshape(-1)[a:b]), (pname, key)
+                continue
+            for key in ("state1", "state2"):
+                assert torch.equal(got[key], st[key][a // 2: -(-b // 2)]), (pname, key)
+            assert torch.equal(got["absmax1"], st["absmax1"][a // blocksize: -(-b // blocksize)]), pname
+            if fmt.v.uses_rank1(shape) and a < b:
+                rows, cols = shape[0], shape[1]
+                r0, r1 = a // cols, b // cols
+                assert torch.equal(got["absmax2"], torch.cat([st["absmax2"][r0:r1], st["absmax2"][rows:]])), pname
+            elif fmt.v.uses_rank1(shape):
+                assert got["absmax2"].numel() == 0  # an empty shard
+            else:
+                assert torch.equal(got["absmax2"], st["absmax2"][a // blocksize: -(-b // blocksize)]), pname
+
+
+@pytest.mark.parametrize("name", PER_SHARD)
+def test_blockwise_fsdp2_equals_the_per_shard_reference_bit_for_bit(runs, per_shard, name):
+    """Blocks are local to a shard (as 8-bit's): each rank's states and the parameters equal a single
+    process that steps the same row chunks; fp8 is within a quarter of an update of unsharded."""
+    model, opt, pieces = per_shard[name]
+    ranks = lowbit_ranks(runs, name)
+    for pname, value in model.named_parameters():
+        for rank in ranks:
+            assert torch.equal(rank["afterN"][pname], value), pname
+    names = {id(p): k for k, p in model.named_parameters()}
+    chunk = {}
+    for p, start, piece in pieces:
+        chunk.setdefault(names[id(p)], []).append(piece)
+    for pname, chunks in chunk.items():
+        for r, piece in enumerate(chunks):
+            want = opt.state[piece]
+            got = ranks[r]["states"][pname]
+            for key, value in want.items():
+                assert (torch.equal(got[key], value) if torch.is_tensor(value) else got[key] == value), (pname, key)
+    diff = max((ranks[0]["afterN"][k] - v).abs().max().item() for k, v in runs["lowbit"][name]["model"].named_parameters())
+    assert diff < 0.25 * worker.LR, diff
+
+
+@pytest.mark.parametrize("name", LOWBIT)
+def test_lowbit_states_are_the_local_shards_and_decided_by_the_full_size(runs, name):
+    single = runs["lowbit"][name]
+    fmt = single["opt"].format
+    ranks = lowbit_ranks(runs, name)
+    low = {pname: "state1" in st for pname, st in single["states"].items()}
+    assert low[UNALIGNED] and low["row"] and not low["net.0.bias"]  # 4224 elements: low-bit, shards < 4096
+    for r, rank in enumerate(ranks):
+        assert rank["eight_bit"] == low
+        for pname, st in rank["states"].items():
+            local = shard_shapes(shapes(runs)[pname], 2)[r]
+            if low[pname]:
+                for key, (count, dtype) in fmt.state_spec(local).items():
+                    assert st[key].numel() == count and st[key].dtype == dtype, (pname, key)
+            else:
+                assert tuple(st["exp_avg"].shape) == local
+        # rank 0 also holds all of the 1x4096 row: 55% of the 4-bit state (1 byte per parameter)
+        assert 0.4 * single["size"][0] < rank["size"][0] < 0.6 * single["size"][0], (rank["size"], single["size"])
+    # together: the unsharded state, plus the rank-1 column maxima each rank keeps (4-bit: 4 x (256 + 512 +
+    # 128) bytes, 1.5% of this small model's state) and partial blocks
+    assert single["size"][0] <= sum(r["size"][0] for r in ranks) < 1.02 * single["size"][0]
+    assert ranks[1]["states"]["row"]["state1"].numel() == 0
+
+
+@pytest.mark.parametrize("name", LOWBIT)
+def test_lowbit_state_dict_and_dcp_resume_are_bit_identical(runs, name):
+    for rank in lowbit_ranks(runs, name):
+        assert_same_states(rank["sd_loaded"], rank["states"], "state_dict")
+        assert_same_states(rank["loaded"], rank["states"], "dcp")
+        for pname, value in rank["continued"].items():
+            assert torch.equal(rank["resumed"][pname], value), pname
+
+
+def assert_close_moments(fmt, state, shape, old_m, old_v, where):
+    """Decoded m and v within one step of their map (the largest gap) times the tensor's largest value."""
+    m, v = fmt.decode(state, shape)
+    if not m.numel():  # an empty shard
+        assert old_m.numel() == 0 and all(t.numel() == 0 for k, t in state.items() if k in _LOWBIT_KEYS), where
+        return
+    for moment, new, old in ((fmt.m, m, old_m), (fmt.v, v, old_v)):
+        gap = 32 / 448 if moment.coding == "fp8" else float(moment.qmap().sort().values.diff().max())
+        assert float((new - old).abs().max()) <= gap * float(old.abs().max()), where
+
+
+@pytest.mark.parametrize("name", LOWBIT)
+def test_lowbit_two_rank_checkpoint_loads_on_one_process(runs, name):
+    """2→1: decoded and re-encoded in one process's layout (the same parameters; states within a map step)."""
+    ranks = lowbit_ranks(runs, name)
+    model = worker.make_model()
+    opt = worker.make_lowbit(name, model.parameters())
+    load_checkpoint(model, opt, str(runs["out"] / f"ckpt2_{name}"))
+    for pname, value in model.named_parameters():
+        assert torch.equal(value, ranks[0]["afterN"][pname]), pname
+    fmt = opt.format
+    for pname, st in worker.local_states(model, opt).items():
+        assert st["step"] == worker.STEPS
+        if "state1" not in st:
+            assert torch.equal(st["exp_avg"].reshape(-1),
+                               torch.cat([r["states"][pname]["exp_avg"].reshape(-1) for r in ranks]))
+            continue
+        old = [fmt.decode(r["states"][pname], shard_shapes(shapes(runs)[pname], 2)[i]) for i, r in enumerate(ranks)]
+        assert_close_moments(fmt, st, shapes(runs)[pname], torch.cat([o[0] for o in old]),
+                             torch.cat([o[1] for o in old]), pname)
+
+
+@pytest.mark.parametrize("name", LOWBIT)
+def test_lowbit_one_process_checkpoint_loads_on_two_ranks(runs, name):
+    single = runs["lowbit"][name]
+    fmt = single["opt"].format
+    for r, rank in enumerate(lowbit_ranks(runs, name)):
+        for pname, value in single["model"].named_parameters():
+            assert torch.equal(rank["from1_params"][pname], value), pname
+        for pname, st in rank["from1_states"].items():
+            assert st["step"] == worker.STEPS
+            if "state1" not in st:
+                continue
+            shape = shapes(runs)[pname]
+            a, b = shard_ranges(shape, 2)[r]
+            old_m, old_v = fmt.decode(single["states"][pname], shape)
+            assert_close_moments(fmt, st, shard_shapes(shape, 2)[r], old_m[a:b], old_v[a:b], pname)
+
+
+def test_a_lowbit_checkpoint_in_another_format_raises_and_changes_nothing(runs):
+    """A 2-rank 4-bit checkpoint names its format: an 8-bit or FP8 optimizer refuses it, unchanged."""
+    for cls in (AdamW8bit, AdamWFp8):
+        model = worker.make_model()
+        opt = cls(model.parameters(), lr=worker.LR)
+        worker.train(model, opt, 1)
+        snap = snapshot(model, opt)
+        with pytest.raises(ValueError, match="stored in format '4bit'"):
+            load_checkpoint(model, opt, str(runs["out"] / "ckpt2_4bit"))
+        assert_unchanged(model, opt, snap)
+
+
 # ---------------------------------------------------------------------- DDP and ZeRO
 @pytest.mark.parametrize("name", ["ddp", "zero"])
 def test_ddp_and_zero_match_single_process_bit_for_bit(runs, name):
@@ -311,10 +511,9 @@ def test_dtensor_with_plain_gradient_is_a_clear_error_not_a_crash(crash_run):
     assert "optimizer: TypeError" in crash_run.stdout and "needs a DTensor gradient" in crash_run.stdout
 
 
-def test_sharded_parameter_with_a_format_that_cannot_shard_is_a_clear_error(crash_run):
-    """FSDP2-sharded states exist for the 8-bit format; the others say so instead of stepping wrong."""
-    assert "4-bit: ValueError state_format='4bit' does not shard its states with FSDP2 yet" in crash_run.stdout, \
-        crash_run.stdout + crash_run.stderr[-2000:]
+def test_sharded_parameter_steps_with_the_4bit_format(crash_run):
+    """Every state format shards its states with FSDP2 (a 1-rank mesh here: the rank-1 all-reduce included)."""
+    assert "4-bit: no error" in crash_run.stdout, crash_run.stdout + crash_run.stderr[-2000:]
 
 
 def test_dtensor_at_the_kernel_boundary_is_a_clear_error_not_a_crash(crash_run):

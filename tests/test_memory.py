@@ -145,3 +145,16 @@ def test_mib_is_the_unit_and_the_chapters_mb_names_stay_aliases():
     assert est.mebibytes == est.megabytes == est.total_bytes / 2**20
     assert est.code_mebibytes == est.code_megabytes == 2 * DISTILBERT_NUM_PARAMS / 2**20
     assert round(est.code_mebibytes, 1) == 125.5
+
+
+def test_compute_optimizer_size_counts_the_tensors_a_subclass_holds_once_each():
+    """torchao's states are wrapper subclasses (codes, scales, a map); their logical shape says nothing
+    about their bytes. A stand-in: torch's TwoTensor holds two tensors of its shape."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    codes, scale = torch.zeros(1000, dtype=torch.float16), torch.ones(1000, dtype=torch.float16)
+    shared = torch.zeros(16)
+    states = [{"exp_avg": TwoTensor(codes, scale), "qmap": shared}, {"qmap": shared, "step": torch.tensor(1.0)}]
+    mib, elements = compute_optimizer_size(states)
+    assert elements == 1000 + 1000 + 16 + 1  # not 1000 (the subclass's shape); the shared map once
+    assert round(mib * 2**20) == 1000 * 2 * 2 + 16 * 4 + 4

@@ -191,9 +191,11 @@ def test_partly_wrong_learner_gets_the_checks_hint_and_lesson_link(graded):
     hrefs = {href for href, text in page.links if text == "notebooks/02_ema.ipynb"}
     by_fragment = {unquote(h.split("#")[1]) for h in hrefs}
     assert by_fragment == {"These-are-Adam's-moments", "Bias-correction"}
-    for href in hrefs:
-        target = (graded["grades"] / "learners" / unquote(href.split("#")[0])).resolve()
-        assert target == (LESSONS / WORKBOOK).resolve()
+    for href in hrefs:  # to the lesson rendered as HTML next to the pages, where that heading has the id
+        path, fragment = href.split("#")
+        target = (graded["grades"] / "learners" / unquote(path)).resolve()
+        assert target == (graded["grades"] / "lessons" / "02_ema.html").resolve()
+        assert f'id="{fragment}"' in target.read_text(encoding="utf-8")
     assert "Bias correction" in lesson_headings(LESSONS / WORKBOOK)
     assert_no_learner_markup(page)
 
@@ -214,7 +216,7 @@ def test_broken_notebook_gets_a_page_that_says_what_went_wrong(graded):
     for title in ("02.1 · Adam's two moving averages", "02.2 · Bias correction"):
         assert page.row(title)[1:3] == ["0 / 1", "✘ not graded: the workbook could not be read"]
     [lesson] = [href for href, text in page.links if text == "notebooks/02_ema.ipynb" and "#" not in href]
-    assert (graded["grades"] / "learners" / unquote(lesson)).resolve() == (LESSONS / WORKBOOK).resolve()
+    assert (graded["grades"] / "learners" / unquote(lesson)).resolve() == (graded["grades"] / "lessons" / "02_ema.html").resolve()
 
 
 def test_hostile_output_and_name_show_as_text(graded):
@@ -348,3 +350,29 @@ def test_runner_keeps_the_hint_of_a_long_message():
     assert sent[-1] == "Hint: the hint"
     assert split_hint(_message(text)) == ("the hint", sent[:-1])
     assert _message("ValueError: " + "y" * 1000) == "ValueError: " + "y" * 285 + "..."
+
+
+def test_every_section_link_lands_on_a_heading_of_the_rendered_lesson(tmp_path):
+    """The anchors are worked out from the notebooks (heading_anchor); the ids are nbconvert's. Every
+    exercise's link must find its heading in the HTML the pages link to."""
+    from adam8lib.course.grading.lessons import render_lessons
+
+    manifest = Manifest.load(REPO / "exercises" / MANIFEST_NAME)
+    rendered = render_lessons(manifest.notebooks, LESSONS, tmp_path / "lessons")
+    assert sorted(rendered) == sorted(manifest.notebooks)
+    for spec in manifest.checks:
+        section = lesson_section(spec.exercise, spec.notebook, LESSONS, tmp_path, rendered)
+        path, fragment = section.href.split("#")
+        assert path == f"lessons/{Path(spec.notebook).stem}.html"
+        assert f'id="{fragment}"' in (tmp_path / path).read_text(encoding="utf-8"), (spec.exercise, fragment)
+
+
+def test_a_lesson_that_cannot_be_rendered_is_linked_as_the_notebook(tmp_path):
+    from adam8lib.course.grading.lessons import render_lessons
+
+    lessons = tmp_path / "notebooks"
+    lessons.mkdir()
+    (lessons / WORKBOOK).write_text('{"cells": [', encoding="utf-8")
+    assert render_lessons([WORKBOOK], lessons, tmp_path / "lessons") == {}
+    section = lesson_section("bias_correct", WORKBOOK, lessons, tmp_path, {})
+    assert section.href == f"notebooks/{WORKBOOK}" and not section.found

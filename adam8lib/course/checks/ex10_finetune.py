@@ -488,11 +488,12 @@ class _SpyAccelerator:
 
 
 def _reference_epoch(model, optimizer, loader, scheduler, max_grad_norm, *, train=True, zero=True, clip=True,
-                     sched=True, autocast=True, clip_norm=None, sched_per_epoch=False):
+                     sched=True, clip_norm=None, sched_per_epoch=False):
+    """The loop of exercise 10.4 in plain torch: the bf16 autocast stands for the prepared model's."""
     model.train(train)
     losses = []
     for batch in loader:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = model(**batch).loss
         loss.backward()
         if clip:
@@ -553,6 +554,9 @@ def check_accelerate_epoch(train_epoch: Callable) -> None:
         spy = _SpyAccelerator(fresh_accelerator(cpu=True, mixed_precision="bf16"))
     loader = _batches()
     model, opt, sched = _epoch_setup()
+    # what the exercise promises: a prepared model, whose forward already runs under the accelerator's
+    # mixed precision (bf16 here), as in the lesson's loop
+    model = spy.real.prepare_model(model)
     calls = Calls(model, opt, sched)
     spy.events = calls.events
     torch.manual_seed(1)
@@ -599,8 +603,6 @@ def check_accelerate_epoch(train_epoch: Callable) -> None:
          "accelerator.clip_grad_norm_(model.parameters(), max_grad_norm).", dict(clip=False)),
         ("the learning rate never moves: advance the schedule after each optimizer step, scheduler.step().",
          dict(sched=False)),
-        ("your forward ran in fp32: run it under `with accelerator.autocast():` (the accelerator's mixed "
-         "precision, bf16 here).", dict(autocast=False)),
         ("you clipped at a fixed norm: pass the max_grad_norm argument to accelerator.clip_grad_norm_.",
          dict(clip_norm=1.0)),
     ]:
@@ -608,7 +610,7 @@ def check_accelerate_epoch(train_epoch: Callable) -> None:
         if matches(got, losses, rtol=1e-4, atol=1e-6) and same(params, ps):
             fail("train_epoch's losses or final parameters differ from the reference loop", hint)
     fail(f"train_epoch's losses {[round(v, 4) for v in got]} differ from the reference {[round(v, 4) for v in want_losses]}",
-         "per batch: autocast forward -> accelerator.backward -> clip -> optimizer.step -> scheduler.step -> zero_grad.")
+         "per batch: forward -> accelerator.backward -> clip -> optimizer.step -> scheduler.step -> zero_grad.")
 
 
 def _matches_list(a, b):

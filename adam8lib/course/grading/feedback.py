@@ -29,7 +29,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from .conventions import CheckSpec, Manifest
-from .lessons import LessonSection, lesson_file, lesson_section
+from .lessons import LessonSection, lesson_file, lesson_section, render_lessons
 
 __all__ = ["GENERATOR", "FeedbackPages", "page_name", "split_hint", "write_pages"]
 
@@ -149,19 +149,19 @@ def _environment():
 class _Links:
     """Lesson links as seen from one folder of pages, each worked out once per run."""
 
-    def __init__(self, lessons: Path | None, page_dir: Path):
-        self.lessons, self.page_dir, self.memo = lessons, page_dir, {}
+    def __init__(self, lessons: Path | None, page_dir: Path, rendered: dict[str, Path] | None = None):
+        self.lessons, self.page_dir, self.rendered, self.memo = lessons, page_dir, rendered, {}
 
     def section(self, spec: CheckSpec) -> LessonSection:
         key = ("section", spec.exercise, spec.notebook)
         if key not in self.memo:
-            self.memo[key] = lesson_section(spec.exercise, spec.notebook, self.lessons, self.page_dir)
+            self.memo[key] = lesson_section(spec.exercise, spec.notebook, self.lessons, self.page_dir, self.rendered)
         return self.memo[key]
 
     def lesson(self, notebook: str) -> LessonSection:
         key = ("lesson", notebook)
         if key not in self.memo:
-            self.memo[key] = lesson_file(notebook, self.lessons, self.page_dir)
+            self.memo[key] = lesson_file(notebook, self.lessons, self.page_dir, self.rendered)
         return self.memo[key]
 
 
@@ -235,8 +235,10 @@ def _page_names(learners: list[str]) -> dict[str, str]:
 def write_pages(grades: list, manifest: Manifest, folder: Path, lessons: Path | None = None) -> FeedbackPages:
     """Write ``folder/learners/<learner>.html`` for every grade and ``folder/class.html``.
 
-    ``lessons`` is the folder of the lesson notebooks (``notebooks/``), linked relative to the
-    pages; None (or a folder without them) names the lesson and section without a link. Pages
+    ``lessons`` is the folder of the lesson notebooks (``notebooks/``): each is rendered to
+    ``folder/lessons/<lesson>.html`` and linked there, at the section's heading (the notebook
+    itself where it cannot be rendered); None (or a folder without them) names the lesson and
+    section without a link. Pages
     of learners no longer in the class, left by an earlier run, are removed.
     """
     folder = Path(folder)
@@ -246,7 +248,8 @@ def write_pages(grades: list, manifest: Manifest, folder: Path, lessons: Path | 
     grades = sorted(grades, key=lambda g: g.learner)
     names = _page_names([g.learner for g in grades])
     views, written = [], {}
-    template, links = env.get_template("learner.html"), _Links(lessons, learners_dir)
+    rendered = render_lessons(manifest.notebooks, lessons, folder / "lessons") if lessons is not None else {}
+    template, links = env.get_template("learner.html"), _Links(lessons, learners_dir, rendered)
     for grade in grades:
         view = learner_view(grade, manifest, links, names[grade.learner])
         views.append(view)
@@ -257,7 +260,7 @@ def write_pages(grades: list, manifest: Manifest, folder: Path, lessons: Path | 
     for old in learners_dir.glob("*.html"):
         if old.name not in keep and f'content="{GENERATOR}"' in old.read_text(encoding="utf-8", errors="replace")[:2000]:
             old.unlink()
-    summary = class_view(views, manifest, _Links(lessons, folder))
+    summary = class_view(views, manifest, _Links(lessons, folder, rendered))
     class_page = folder / "class.html"
     _write(class_page, env.get_template("class.html").render(
         learners=views, links={v.name: "learners/" + quote(v.page) for v in views}, summary=summary,

@@ -7,9 +7,12 @@ id, the heading of the section (its text as written after the ``#`` marks).
 
 Lessons have no anchors of their own. Jupyter gives every rendered heading an ``id``: its text
 with spaces turned into ``-`` (JupyterLab's ``createHeaderId``; nbconvert's HTML also URL-quotes
-it, as :func:`heading_anchor` does), so the link is ``notebooks/02_ema.ipynb#Bias-correction``;
-where a viewer ignores the fragment the link still opens the lesson, and the page names the
-section in words.
+it, as :func:`heading_anchor` does). A browser shows a ``.ipynb`` file as JSON, so the pages link
+to an HTML rendering of each lesson (:func:`render_lessons`, nbconvert's ``lab`` template, written
+next to the pages in ``lessons/``): ``../lessons/02_ema.html#Bias-correction`` opens the lesson at
+the section in any browser, offline. Where nbconvert cannot render a lesson, the link goes to the
+notebook itself (``notebooks/02_ema.ipynb#Bias-correction``, which JupyterLab opens); either way
+the page names the lesson and the section in words.
 A course test checks that every exercise of the manifest has a section and that the heading
 exists in its lesson.
 """
@@ -24,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-__all__ = ["SECTIONS", "LessonSection", "heading_anchor", "lesson_file", "lesson_headings", "lesson_section"]
+__all__ = ["SECTIONS", "LessonSection", "heading_anchor", "lesson_file", "lesson_headings", "lesson_section",
+           "render_lessons"]
 
 #: exercise id (the check's name without ``check_``) -> heading of the lesson section it practises
 SECTIONS: dict[str, str] = {
@@ -132,18 +136,51 @@ class LessonSection:
     found: bool
 
 
-def lesson_file(notebook: str, lessons: Path | None, page_dir: Path) -> LessonSection:
-    """The lesson of workbook ``notebook`` as a whole, linked from ``page_dir``."""
+def render_lessons(notebooks, lessons: Path, out: Path) -> dict[str, Path]:
+    """Render the lessons ``lessons/<notebook>`` of ``notebooks`` to ``out/<stem>.html`` (nbconvert,
+    ``lab`` template; a rendering newer than its notebook is kept). Returns {notebook: html path} of
+    those rendered; a lesson that is missing or that nbconvert cannot render is left out (its links
+    then go to the notebook)."""
+    try:
+        from nbconvert import HTMLExporter
+    except ImportError:
+        return {}
+    exporter, done = None, {}
+    for notebook in sorted(set(notebooks)):
+        source = Path(lessons) / notebook
+        if not source.is_file():
+            continue
+        target = Path(out) / (Path(notebook).stem + ".html")
+        try:
+            if not target.is_file() or target.stat().st_mtime_ns < source.stat().st_mtime_ns:
+                exporter = exporter or HTMLExporter(template_name="lab")
+                body, _ = exporter.from_filename(str(source))
+                target.parent.mkdir(parents=True, exist_ok=True)
+                tmp = target.with_name(target.name + ".tmp")
+                tmp.write_text(body, encoding="utf-8")
+                os.replace(tmp, target)
+        except Exception:  # a lesson nbconvert cannot render: linked as the notebook instead
+            continue
+        done[notebook] = target
+    return done
+
+
+def lesson_file(notebook: str, lessons: Path | None, page_dir: Path, rendered: dict[str, Path] | None = None
+                ) -> LessonSection:
+    """The lesson of workbook ``notebook`` as a whole, linked from ``page_dir``: to its HTML rendering
+    where ``rendered`` has one (:func:`render_lessons`), else to the notebook."""
     path = Path(lessons) / notebook if lessons is not None else None
     if path is None or not path.is_file():
         return LessonSection(f"notebooks/{notebook}", None, None, False)
+    path = (rendered or {}).get(notebook, path)
     href = quote(Path(os.path.relpath(path.resolve(), Path(page_dir).resolve())).as_posix(), safe="/._-~")
     return LessonSection(f"notebooks/{notebook}", None, href, False)
 
 
-def lesson_section(exercise: str, notebook: str, lessons: Path | None, page_dir: Path) -> LessonSection:
+def lesson_section(exercise: str, notebook: str, lessons: Path | None, page_dir: Path,
+                   rendered: dict[str, Path] | None = None) -> LessonSection:
     """The lesson section of ``exercise`` (from workbook ``notebook``), linked from ``page_dir``."""
-    whole = lesson_file(notebook, lessons, page_dir)
+    whole = lesson_file(notebook, lessons, page_dir, rendered)
     heading = SECTIONS.get(exercise)
     if heading is None:
         return whole

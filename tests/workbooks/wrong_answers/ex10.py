@@ -104,6 +104,35 @@ def no_embeddings(model):  # "embeddings should not decay"
     return names
 
 
+def chapter_rule(model, forbidden=(nn.LayerNorm,)):  # the chapter's get_parameter_names, then "bias" not in name
+    def names(module):
+        out = []
+        for child_name, child in module.named_children():
+            out += [f"{child_name}.{n}" for n in names(child) if not isinstance(child, forbidden)]
+        return out + list(module._parameters.keys())
+
+    return [n for n in names(model) if "bias" not in n]
+
+
+def listed_twice(model):  # a name appended once per module that reaches it
+    from adam8lib.training import decay_parameter_names
+
+    names = decay_parameter_names(model)
+    return names + names[:1]
+
+
+def as_a_set(model):
+    from adam8lib.training import decay_parameter_names
+
+    return set(decay_parameter_names(model))
+
+
+def no_return(model):  # builds the list, forgets to return it
+    from adam8lib.training import decay_parameter_names
+
+    decay_parameter_names(model)
+
+
 def the_parameters(model):
     names = set(no_decay_names(model))
     return [p for n, p in model.named_parameters() if n not in names]
@@ -227,6 +256,15 @@ def step_summed_loss(model, batch, optimizer, scheduler, dtype=torch.bfloat16):
     loss = nn.functional.cross_entropy(logits.float(), batch["labels"], reduction="sum")
     loss.backward()
     optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad()
+    return loss.item()
+
+
+def step_no_optimizer(model, batch, optimizer, scheduler, dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=dtype):
+        loss = model(**batch).loss
+    loss.backward()
     scheduler.step()
     optimizer.zero_grad()
     return loss.item()
@@ -384,7 +422,7 @@ def trainer_adamw8bit_with_keywords(model, args, train_dataset):
 
 
 # ---------------------------------------------------------------------------------- 10.4
-def make_epoch(*, train=True, acc_backward=True, clip="accelerator", sched="batch", zero="end", autocast="forward",
+def make_epoch(*, train=True, acc_backward=True, clip="accelerator", sched="batch", zero="end", autocast="none",
                result="list", norm=None):
     def train_epoch(accelerator, model, optimizer, loader, scheduler, max_grad_norm=1.0):
         if train:
@@ -512,6 +550,14 @@ WRONG = [
           "embeddings decay too", True),
     Wrong("10.1", C.check_decay_parameter_names, the_parameters, "returns the parameters, not their names",
           "return the *names*", True),
+    Wrong("10.1", C.check_decay_parameter_names, chapter_rule, "the chapter's rule: nn.LayerNorm children, 'bias' in name",
+          "treat any module whose class name ends in 'Norm'", True),
+    Wrong("10.1", C.check_decay_parameter_names, listed_twice, "a name listed twice",
+          "more than once", True),
+    Wrong("10.1", C.check_decay_parameter_names, as_a_set, "returns a set",
+          "should return a list", True),
+    Wrong("10.1", C.check_decay_parameter_names, no_return, "forgot to return the list",
+          "forget to `return`", True),
     # 10.2 · mixed-precision training step
     Wrong("10.2", C.check_training_step, step_no_autocast, "no autocast",
           "your forward ran in fp32, without autocast", True),
@@ -535,6 +581,8 @@ WRONG = [
           "loss.backward() ran inside the autocast block", True),
     Wrong("10.2", C.check_training_step, step_summed_loss, "loss summed over the batch, not averaged",
           "the SUM over the batch", True),
+    Wrong("10.2", C.check_training_step, step_no_optimizer, "optimizer.step() forgotten",
+          "never calls optimizer.step()", True),
     Wrong("10.2", C.check_training_step, step_returns_tensor, "returns the loss tensor",
           "a tensor keeps the whole graph of the step alive", True),
     # 10.3 · Trainer with 8-bit Adam
@@ -585,8 +633,6 @@ WRONG = [
           "scheduler.step() ran once per epoch", True),
     Wrong("10.4", C.check_accelerate_epoch, make_epoch(sched="none"), "scheduler never stepped",
           "the learning rate never moves", True),
-    Wrong("10.4", C.check_accelerate_epoch, make_epoch(autocast="none"), "no autocast",
-          "your forward ran in fp32", True),
     Wrong("10.4", C.check_accelerate_epoch, make_epoch(autocast="all"), "backward inside accelerator.autocast()",
           "accelerator.backward(loss) ran inside the autocast block", True),
     Wrong("10.4", C.check_accelerate_epoch, make_epoch(result="mean"), "returns the mean loss",
@@ -633,5 +679,7 @@ RIGHT = [
     Right("10.4", C.check_accelerate_epoch, epoch_train_inside,
           "model.train() in the loop, clip under `if accelerator.sync_gradients`, model.zero_grad(set_to_none=True)"),
     Right("10.4", C.check_accelerate_epoch, make_epoch(zero="start"), "zero_grad at the start of each batch"),
+    Right("10.4", C.check_accelerate_epoch, make_epoch(autocast="forward"),
+          "a redundant `with accelerator.autocast():` around the prepared model's forward (same dtype: no change)"),
     Right("10.5", C.check_amp_step, amp_zero_first, "zero_grad first, nn.utils alias, float(loss.detach())"),
 ]
