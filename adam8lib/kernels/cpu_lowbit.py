@@ -34,7 +34,7 @@ import math
 import torch
 
 from ..formats import FP8_MAX, FP8_TINY, MomentFormat, StateFormat
-from ..quant import map_fingerprint
+from ..quant import map_fingerprint, nearest_code
 from . import register_lowbit_step
 from .code_table import CodeTable, encode_table
 from .contract import check_plain_tensor, check_step, is_usual_tensor
@@ -51,8 +51,9 @@ SIMD: int | None = None
 def moment_table(moment: MomentFormat, is_v: bool) -> CodeTable:
     """The exact table of ``moment.code`` (of ``code(x + 0.0)`` for ``v``: see the module
     docstring), with the code values the kernel decodes by; cached on disk by the source of
-    :meth:`MomentFormat.code` and what it depends on (the map's bits, the rule, FP8's constants)."""
-    coding = "e4m3fn" if moment.coding == "fp8" else map_fingerprint(moment.qmap())
+    :meth:`MomentFormat.code` and what it depends on (the map's bits and ``nearest_code``'s source, the
+    rule, FP8's constants)."""
+    coding = "e4m3fn" if moment.coding == "fp8" else map_fingerprint(moment.qmap()) + inspect.getsource(nearest_code)
     spec = "\n".join([inspect.getsource(MomentFormat.code), coding, f"bits={moment.bits}", f"keep_sign={moment.keep_sign}",
                       f"FP8_MAX={FP8_MAX!r} FP8_TINY={FP8_TINY!r}", "v: x + 0.0" if is_v else "m"])
     encode = (lambda x: moment.code(x + 0.0)) if is_v else moment.code
