@@ -559,6 +559,7 @@ def test_gpu_bench_cpu_smoke(capsys):
     assert model["tensors"] == 6 and model["params"] == 64 * 96 + 96 + 2 * 96 + 96 * 48 + 48
     assert set(model["rows"]) == {"adam8lib AdamW8bit (triton, one launch per group)",
                                   "adam8lib AdamW8bit (triton, one launch per tensor)",
+                                  "adam8lib AdamW4bit (triton; rank-1 v: two passes)", "adam8lib AdamWFp8 (triton)",
                                   "torch AdamW(fused=True)", "bitsandbytes AdamW8bit"}
     assert all(seconds > 0 for seconds in model["rows"].values()) and "the course's model" in out
     assert "triton_one_launch_per_tensor" not in kernels.available_backends("cpu")  # registered for the run only
