@@ -7,8 +7,10 @@ once, here; how the two moments are stored is the state format's business (:mod:
 backends of :mod:`adam8lib.kernels`; the others through their fused steps (:data:`LOWBIT_KERNELS`):
 the C++ ``"cpu"`` kernel (``"auto"`` on the CPU; :mod:`adam8lib.kernels.cpu_lowbit`) and a Triton
 kernel (``"auto"`` on CUDA; :mod:`adam8lib.kernels.triton`) for ``"fp8"``, ``"4bit"`` and
-``"4bit-naive"``, else the reference step (``backend="torch"``:
-decode, the fp32 update, encode, in plain PyTorch), whose bits every fused step reproduces. ``stochastic_rounding=True`` writes bf16 parameters with stochastic
+``"4bit-naive"``, else the reference step (``backend="torch"``: decode, the fp32 update, encode, in
+plain PyTorch). Every fused step stores the reference step's codes and scales bit for bit; the CPU
+kernel its parameters too, the Triton kernel in the interpreter fp32 parameters within an ulp or two (torch's
+CPU square root is not correctly rounded). ``stochastic_rounding=True`` writes bf16 parameters with stochastic
 rounding (:mod:`adam8lib.rounding`), so that updates smaller than half a bf16 ulp survive on average.
 
 What is 8-bit (or 4-bit), and what is not:

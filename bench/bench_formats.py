@@ -1,14 +1,15 @@
 """Beyond 8 bits on the CPU: step time and state bytes per parameter of adam8lib's state formats
 next to torchao's (writes the "CPU: state formats" section of bench/README.md).
 
-    python bench/bench_formats.py           # 1M and 16.8M parameters, DistilBERT's states (minutes)
+    python bench/bench_formats.py           # a 1M and a 16.8M matrix, a 16.8M vector, DistilBERT's states (minutes)
     python bench/bench_formats.py --quick   # tiny sizes, prints the table, writes nothing
 
 Rows: fused torch AdamW (the fp32 anchor), adam8lib ``AdamW8bit`` (cpu kernel), adam8lib
 ``AdamW4bit`` and ``AdamWFp8`` with their default backend (the cpu kernel,
 :mod:`adam8lib.kernels.cpu_lowbit`) and with ``backend="torch"`` (the reference step: decode,
 fp32 rule, encode, in plain PyTorch; bit for bit the same result), torchao ``AdamW4bit`` and ``AdamWFp8`` (torch.compile'd steps), and
-bitsandbytes ``Adam8bit``. Each size: one fp32 parameter with a fixed gradient shared by all rows,
+bitsandbytes ``Adam8bit``. Each shape (matrices, where 4-bit ``v`` takes rank-1 scales in two passes,
+and a vector, blocks of 128): one fp32 parameter with a fixed gradient shared by all rows,
 two warm-up steps each (state allocation; torchao compiles), then round-robin rounds (one step of
 each in turn, so every row sees the same load) and each row's step time divided by fused AdamW's
 *in the same round*: median and 95 % interval of the median (``stats.median_and_ci``).
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import sys
 import time
 from pathlib import Path
@@ -37,9 +39,11 @@ import torch  # noqa: E402
 from bench_step import THREADS, _paired_ratios, _round_robin, machine, state_bytes  # noqa: E402
 from readme_section import write_section  # noqa: E402
 
-SIZES = {"1M": 1_000_000, "16.8M": 16_777_216}
-QUICK_SIZES = {"64K": 65_536}
-ROUNDS = {1_000_000: 15, 16_777_216: 7}
+#: name -> shape of the parameter. A weight matrix is what a model mostly has, and where 4-bit v takes
+#: rank-1 scales (two passes); a vector takes blocks of 128 (one pass), as biases and 1-D weights do.
+SIZES = {"1M matrix 1024×1024": (1024, 1024), "16.8M vector": (16_777_216,), "16.8M matrix 4096×4096": (4096, 4096)}
+QUICK_SIZES = {"64K matrix 256×256": (256, 256)}
+ROUNDS = {1_048_576: 15, 16_777_216: 7}
 ANCHOR = "torch AdamW (fused)"
 START, END = "<!-- formats:start (bench/bench_formats.py writes this) -->", "<!-- formats:end -->"
 
@@ -97,11 +101,13 @@ def distilbert_bytes(progress=print) -> dict[str, float | str]:
     return out
 
 
-def race(n: int, rounds: int, progress=print) -> dict[str, tuple[float, ...] | str]:
-    """Paired step-time ratios to fused AdamW (median, quartiles, 95 % CI of the median)."""
+def race(shape: tuple[int, ...], rounds: int, progress=print) -> dict[str, tuple[float, ...] | str]:
+    """Paired step-time ratios to fused AdamW (median, quartiles, 95 % CI of the median) for one
+    parameter of ``shape``."""
     gen = torch.Generator().manual_seed(0)
-    p = torch.nn.Parameter(torch.randn(n, generator=gen))
-    p.grad = torch.randn(n, generator=gen) * 1e-2
+    p = torch.nn.Parameter(torch.randn(shape, generator=gen))
+    p.grad = torch.randn(shape, generator=gen) * 1e-2
+    n = p.numel()
     contenders, missing = {}, {}
     for name, make in optimizers():
         try:
@@ -134,7 +140,7 @@ def render(races: dict, bytes_per_param: dict, info: dict, seconds: float) -> st
         lines.append("| " + " | ".join(cells) + " |")
     env = ", ".join(f"{k} {v}" for k, v in info.items())
     return "\n".join([
-        f"One fp32 parameter of each size with a fixed gradient, {THREADS} threads, round-robin steps "
+        f"One fp32 parameter of each shape with a fixed gradient, {THREADS} threads, round-robin steps "
         "(paired ratios to fused AdamW in the same round); state bytes counted from the states allocated "
         "for DistilBERT (65,783,042 parameters). adam8lib's 4-bit and FP8 formats run their cpu kernel "
         "(the default) and, for comparison, their reference step (`backend=\"torch\"`, the same bits).", "",
@@ -148,7 +154,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(THREADS)
     start = time.perf_counter()
     sizes = QUICK_SIZES if args.quick else SIZES
-    races = {s: race(n, 3 if args.quick else ROUNDS[n]) for s, n in sizes.items()}
+    races = {s: race(shape, 3 if args.quick else ROUNDS[math.prod(shape)]) for s, shape in sizes.items()}
     bpp = {} if args.quick else distilbert_bytes()
     section = render(races, bpp, machine(), time.perf_counter() - start)
     print(section)
