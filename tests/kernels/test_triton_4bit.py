@@ -26,8 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 
-if not torch.cuda.is_available():  # before adam8lib.kernels.triton is imported
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from tests.kernels._triton_devices import DEVICES, KEYS  # noqa: E402  (first: the interpreter where there is no GPU)
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -39,13 +38,6 @@ from adam8lib.kernels import triton as kt  # noqa: E402
 from adam8lib.optim import LOWBIT_KERNELS, LowBitAdam  # noqa: E402
 from adam8lib.quant import nearest_code  # noqa: E402
 
-DEVICES = [
-    pytest.param("cpu", marks=pytest.mark.skipif(
-        not kt.INTERPRETED, reason="the CPU twin needs TRITON_INTERPRET=1 (set automatically without a GPU)")),
-    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
-        not torch.cuda.is_available(), reason="needs a CUDA GPU")]),
-]
-KEYS = ("state1", "state2", "absmax1", "absmax2")
 FORMAT_NAMES = ("4bit", "4bit-naive")
 
 

@@ -11,13 +11,11 @@ encode), on the CPU in Triton's interpreter and, as the ``cuda`` twin, on a GPU.
 """
 
 import copy
-import os
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():  # before adam8lib.kernels.triton is imported
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from tests.kernels._triton_devices import DEVICES, KEYS  # noqa: E402  (first: the interpreter where there is no GPU)
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -27,13 +25,6 @@ from adam8lib import AdamW4bit, AdamWFp8  # noqa: E402
 from adam8lib.kernels import triton as kt  # noqa: E402
 from adam8lib.optim import LowBitAdam  # noqa: E402
 
-DEVICES = [
-    pytest.param("cpu", marks=pytest.mark.skipif(
-        not kt.INTERPRETED, reason="the CPU twin needs TRITON_INTERPRET=1 (set automatically without a GPU)")),
-    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
-        not torch.cuda.is_available(), reason="needs a CUDA GPU")]),
-]
-KEYS = ("state1", "state2", "absmax1", "absmax2")
 
 
 @pytest.fixture(params=DEVICES)

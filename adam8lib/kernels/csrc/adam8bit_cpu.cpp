@@ -560,6 +560,29 @@ struct Maps {  // both maps, in every form the loops use
 #endif
 };
 
+// Both maps for one call of an entry point: their tables, and with AVX-512 their byte planes (kept here
+// for the call; Maps points at them).
+struct CallMaps {
+#if ADAM8_AVX512
+  BytePlanes planes1, planes2;
+#endif
+  Maps maps;
+  CallMaps(const float* qmap1, const int32_t* steps1, int nan_code1, const float* qmap2, const int32_t* steps2,
+           int nan_code2)
+      :
+#if ADAM8_AVX512
+        planes1(qmap1), planes2(qmap2),
+#endif
+        maps{CodeTable{qmap1, steps1, nan_code1}, CodeTable{qmap2, steps2, nan_code2}
+#if ADAM8_AVX512
+             , &planes1, &planes2
+#endif
+        } {
+  }
+  CallMaps(const CallMaps&) = delete;
+  CallMaps& operator=(const CallMaps&) = delete;
+};
+
 #if ADAM8_AVX512
 // Pass 1 for the 16 elements from k on, their map values q1, q2 given (without the non-finite
 // rule): new m and v into m[k..] and v[k..], their maxima as bits (|m| and v) into vmax1, vmax2.
@@ -1079,16 +1102,8 @@ extern "C" int adam8bit_step_cpu_many(int64_t count, void* const* p, const void*
     if (plan_for(p_dtype[i], g_dtype[i]) == nullptr) return static_cast<int>(-(1 + i));
   }
   if (count <= 0) return 0;
-  Maps maps{CodeTable{qmap1, steps1, nan_code1}, CodeTable{qmap2, steps2, nan_code2}
-#if ADAM8_AVX512
-            , nullptr, nullptr
-#endif
-  };
-#if ADAM8_AVX512
-  const BytePlanes planes1(qmap1), planes2(qmap2);
-  maps.planes1 = &planes1;
-  maps.planes2 = &planes2;
-#endif
+  CallMaps call_maps(qmap1, steps1, nan_code1, qmap2, steps2, nan_code2);
+  Maps& maps = call_maps.maps;
   // inline only with the AVX-512 loops and denormals not flushed (MKL runs with FTZ/DAZ off)
   int root = kRootCall;
 #if ADAM8_AVX2
@@ -1400,16 +1415,8 @@ extern "C" int adam4bit_step_cpu(void* p, const void* g, int p_dtype, int g_dtyp
   std::vector<float> old2;
   if (rows != 0) old2.assign(absmax2, absmax2 + rows + cols);
   const Hyper h{beta1, one_minus_beta1, beta2, one_minus_beta2, decay, bc2_sqrt, eps, neg_step_size, 0.0f};
-  Maps maps{CodeTable{qmap1, steps1, nan_code1}, CodeTable{qmap2, steps2, nan_code2}
-#if ADAM8_AVX512
-            , nullptr, nullptr
-#endif
-  };
-#if ADAM8_AVX512
-  const BytePlanes planes1(qmap1), planes2(qmap2);
-  maps.planes1 = &planes1;
-  maps.planes2 = &planes2;
-#endif
+  CallMaps call_maps(qmap1, steps1, nan_code1, qmap2, steps2, nan_code2);
+  Maps& maps = call_maps.maps;
   const Step4 a{p, g, state1, state2, absmax1, absmax2, rows != 0 ? old2.data() : absmax2, n, blocksize, rows, cols,
                 maps.t1, maps.t2, h, &maps, std::clamp(simd, 0, kBestSimd)};
   const int team = n < (int64_t{1} << 15) ? 1 : std::max(1, threads);
