@@ -1046,6 +1046,23 @@ PlanFn plan_for(int p_dtype, int g_dtype) {
 bool inline_root_built(int root, int simd) {
   return (root == kRootAvx512 && ADAM8_AVX512 && simd >= kAvx512) || (root == kRootSse && ADAM8_AVX2 && simd >= kAvx2);
 }
+
+// How a call computes MKL's root (torch's sqrt being MKL's: `mkl_sqrt` not null): inline, by the
+// algorithm `mkl_sqrt_inline`, where this build has its loops at level `simd` and denormals are not
+// flushed (MKL runs with FTZ/DAZ off); else by calling vmsSqrt (kRootCall).
+int root_for_call(const void* mkl_sqrt, int mkl_sqrt_inline, int simd) {
+#if ADAM8_AVX2
+  if (mkl_sqrt != nullptr && inline_root_built(mkl_sqrt_inline, std::clamp(simd, 0, kBestSimd)) &&
+      (_mm_getcsr() & 0x8040u) == 0) {
+    return mkl_sqrt_inline;
+  }
+#else
+  (void)mkl_sqrt;
+  (void)mkl_sqrt_inline;
+  (void)simd;
+#endif
+  return kRootCall;
+}
 }  // namespace
 
 // the widest SIMD loops in this build: 0 none (scalar only), 1 AVX2, 2 AVX-512
@@ -1104,16 +1121,7 @@ extern "C" int adam8bit_step_cpu_many(int64_t count, void* const* p, const void*
   if (count <= 0) return 0;
   CallMaps call_maps(qmap1, steps1, nan_code1, qmap2, steps2, nan_code2);
   Maps& maps = call_maps.maps;
-  // inline only with the AVX-512 loops and denormals not flushed (MKL runs with FTZ/DAZ off)
-  int root = kRootCall;
-#if ADAM8_AVX2
-  if (mkl_sqrt != nullptr && inline_root_built(mkl_sqrt_inline, std::clamp(simd, 0, kBestSimd)) &&
-      (_mm_getcsr() & 0x8040u) == 0) {
-    root = mkl_sqrt_inline;
-  }
-#else
-  (void)mkl_sqrt_inline;
-#endif
+  const int root = root_for_call(mkl_sqrt, mkl_sqrt_inline, simd);
   const Shared sh{blocksize, &maps, Sqrt{reinterpret_cast<Sqrt::VmsSqrt>(mkl_sqrt), mkl_sqrt_mode, root},
                   std::clamp(simd, 0, kBestSimd)};
   threads = std::max(1, threads);
@@ -1402,15 +1410,7 @@ extern "C" int adam4bit_step_cpu(void* p, const void* g, int p_dtype, int g_dtyp
   if (blocksize < 64 || blocksize > kMaxBlocksize || blocksize % 2 != 0 || n < 0) return -1;
   if (rows < 0 || cols < 0 || (rows != 0 && rows * cols != n)) return -1;
   if (n == 0) return 0;
-  int root = kRootCall;
-#if ADAM8_AVX2
-  if (mkl_sqrt != nullptr && inline_root_built(mkl_sqrt_inline, std::clamp(simd, 0, kBestSimd)) &&
-      (_mm_getcsr() & 0x8040u) == 0) {
-    root = mkl_sqrt_inline;
-  }
-#else
-  (void)mkl_sqrt_inline;
-#endif
+  const int root = root_for_call(mkl_sqrt, mkl_sqrt_inline, simd);
   const Sqrt sqrt_of{reinterpret_cast<Sqrt::VmsSqrt>(mkl_sqrt), mkl_sqrt_mode, root};
   std::vector<float> old2;
   if (rows != 0) old2.assign(absmax2, absmax2 + rows + cols);
