@@ -20,3 +20,17 @@ DEVICES = [
 ]
 #: the four state tensors of a low-bit parameter
 KEYS = ("state1", "state2", "absmax1", "absmax2")
+
+
+def step_twins(model, twin, ours, ref, steps: int) -> None:
+    """``steps`` steps of ``ours`` on ``model`` and ``ref`` on its copy ``twin`` (a 32-feature input),
+    with the same gradients: ``model``'s, copied to ``twin``."""
+    device = next(model.parameters()).device
+    for _ in range(steps):
+        loss = model(torch.randn(16, 32, device=device)).square().mean()
+        ours.zero_grad()
+        loss.backward()
+        for p, q in zip(model.parameters(), twin.parameters()):
+            q.grad = p.grad.clone()
+        ours.step()
+        ref.step()

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.kernels._triton_devices import DEVICES, KEYS  # noqa: E402  (first: the interpreter where there is no GPU)
+from tests.kernels._triton_devices import DEVICES, KEYS, step_twins  # noqa: E402  (first: the interpreter where there is no GPU)
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -180,14 +180,7 @@ def test_adamw4bit_triton_backend_steps_a_model_like_the_torch_backend(device):
     twin = copy.deepcopy(model)
     ours = AdamW4bit(model.parameters(), lr=1e-2, backend="triton", min_8bit_size=0)
     ref = AdamW4bit(twin.parameters(), lr=1e-2, backend="torch", min_8bit_size=0)
-    for _ in range(3):
-        loss = model(torch.randn(16, 32, device=device)).square().mean()
-        ours.zero_grad()
-        loss.backward()
-        for p, q in zip(model.parameters(), twin.parameters()):
-            q.grad = p.grad.clone()
-        ours.step()
-        ref.step()
+    step_twins(model, twin, ours, ref, steps=3)
     for p, q in zip(model.parameters(), twin.parameters()):
         assert "state1" in ref.state[q]
         if device.type == "cpu":

@@ -15,7 +15,7 @@ import copy
 import pytest
 import torch
 
-from tests.kernels._triton_devices import DEVICES, KEYS  # noqa: E402  (first: the interpreter where there is no GPU)
+from tests.kernels._triton_devices import DEVICES, KEYS, step_twins  # noqa: E402  (first: the interpreter where there is no GPU)
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -117,14 +117,7 @@ def test_adamwfp8_triton_backend_steps_a_model_like_the_torch_backend(device):
     twin = copy.deepcopy(model)
     ours = AdamWFp8(model.parameters(), lr=1e-2, backend="triton")
     ref = AdamWFp8(twin.parameters(), lr=1e-2, backend="torch")
-    for _ in range(4):
-        loss = model(torch.randn(16, 32, device=device)).square().mean()
-        ours.zero_grad()
-        loss.backward()
-        for p, q in zip(model.parameters(), twin.parameters()):
-            q.grad = p.grad.clone()
-        ours.step()
-        ref.step()
+    step_twins(model, twin, ours, ref, steps=4)
     low_bit = 0
     for p, q in zip(model.parameters(), twin.parameters()):
         if "state1" in ref.state[q]:

@@ -262,8 +262,7 @@ def step_summed_loss(model, batch, optimizer, scheduler, dtype=torch.bfloat16):
 
 
 def step_no_optimizer(model, batch, optimizer, scheduler, dtype=torch.bfloat16):
-    with torch.autocast("cpu", dtype=dtype):
-        loss = model(**batch).loss
+    loss = _forward(model, batch, dtype)
     loss.backward()
     scheduler.step()
     optimizer.zero_grad()
