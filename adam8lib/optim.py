@@ -76,7 +76,7 @@ from .distributed import (local_param_and_grad, local_tensor, rank1_maxima_reduc
                           to_local_state)
 from .adam import check_hyperparameters
 from .kernels.contract import PARAM_DTYPES, check_plain_tensor, is_usual_tensor
-from .kernels.reference import adam_update_fp32, adam_update_fp32_many
+from .kernels.reference import adam_update_fp32, adam_update_fp32_many, lowbit_reference_step
 from .formats import StateFormat, get_format
 from .quant import MAP_FINGERPRINTS, check_blocksize, dynamic_map, map_fingerprint, num_blocks
 from .rounding import step_generator, stochastic_round_to_bf16
@@ -364,10 +364,7 @@ class LowBitAdam(torch.optim.Optimizer):
             if flat.data_ptr() != p.data_ptr():
                 p.copy_(flat.view(shape))
             return
-        m, v = fmt.decode(state, shape)
-        new = adam_update_fp32(p.reshape(-1).float(), grad.reshape(-1).float(), m, v, **hyper)
-        p.copy_(new.view(shape))
-        fmt.encode_(state, m, v, shape, reduce_maxima)
+        lowbit_reference_step(p, grad, state, fmt, shape=shape, reduce_maxima=reduce_maxima, **hyper)
 
     def _fused_lowbit(self, fmt: StateFormat, device: torch.device):
         """The fused step this low-bit step runs (None: the reference step). A format's kernels are

@@ -38,6 +38,7 @@ from ..quant import map_fingerprint, nearest_code
 from . import register_lowbit_step
 from .code_table import CodeTable, encode_table
 from .contract import check_plain_tensor, check_step, is_usual_tensor
+from .reference import lowbit_reference_step
 from .cpu import _DTYPE_CODES, _check_memory, _kernel_grad, _scalars, _table_args, load_extension, mkl_sqrt_inline
 
 __all__ = ["moment_tables", "fp8_step_cpu", "fourbit_step_cpu"]
@@ -126,10 +127,10 @@ def fourbit_step_cpu(p: torch.Tensor, g: torch.Tensor, state: dict, fmt: StateFo
             raise ValueError(f"fourbit_step_cpu runs 4-bit map codes (rank-1 for v only), not {fmt.fingerprint()}")
     s1, s2, a1, a2 = _check(p, g, state, fmt, shape)
     check_step(step)
-    hyper = dict(step=step, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
     rank1 = fmt.v.uses_rank1(shape)
     if rank1 and len(shape) > 2:
-        return _reference_step(p, g, state, fmt, shape, hyper)
+        return lowbit_reference_step(p, g, state, fmt, shape=shape, step=step, lr=lr, beta1=beta1, beta2=beta2,
+                                     eps=eps, weight_decay=weight_decay)
     lib = load_extension()
     tables, maps, modes = _table_args(*moment_tables(fmt), True, SIMD)  # (tables: kept alive for the call)
     fused, _, mkl_sqrt, mkl_mode, inline_root, simd, threads = modes
@@ -143,15 +144,6 @@ def fourbit_step_cpu(p: torch.Tensor, g: torch.Tensor, state: dict, fmt: StateFo
         fused, mkl_sqrt, mkl_mode, inline_root, simd, threads)
     if status != 0:
         raise RuntimeError(f"cpu kernel rejected its arguments (status {status})")
-
-
-def _reference_step(p, g, state, fmt, shape, hyper) -> None:
-    """The reference step (as :meth:`adam8lib.optim.LowBitAdam._step_lowbit` runs it) on flat tensors."""
-    from .reference import adam_update_fp32
-
-    m, v = fmt.decode(state, shape)
-    p.copy_(adam_update_fp32(p.float(), g.float(), m, v, **hyper))
-    fmt.encode_(state, m, v, shape)
 
 
 register_lowbit_step("fp8", "cpu", fp8_step_cpu)

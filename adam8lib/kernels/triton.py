@@ -111,7 +111,7 @@ from collections import OrderedDict
 from . import register_backend, register_lowbit_step
 from .contract import check_each, check_step, check_step_args
 from .code_table import code_table
-from .reference import adam_update_fp32, bias_corrections, torch_uses_fma
+from .reference import bias_corrections, lowbit_reference_step, torch_uses_fma
 from ..quant import check_blocksize, check_code, check_dequantize_inputs, num_blocks, require_float
 
 __all__ = [
@@ -850,11 +850,11 @@ def adam4bit_step_triton(p: torch.Tensor, g: torch.Tensor, state: dict, fmt, *, 
     _check_runnable(p.device)
     if n == 0:
         return
-    hyper = dict(step=step, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
     shape = tuple(shape)
     rank1 = fmt.v.uses_rank1(shape)
     if rank1 and len(shape) > 4:
-        _reference_lowbit_step(p, g, state, fmt, shape, hyper)
+        lowbit_reference_step(p, g, state, fmt, shape=shape, step=step, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+                              weight_decay=weight_decay)
         return
     blocksize = fmt.m.blocksize
     n_cols = shape[-1] if rank1 else n
@@ -924,13 +924,6 @@ def _check_4bit_step(p, g, state, fmt, shape) -> None:
         if t.dtype != dtype or t.numel() != count or t.dim() != 1 or not t.is_contiguous() or t.device != p.device:
             raise ValueError(f"state[{key!r}] must be a flat contiguous {dtype} tensor of {count} elements on "
                              f"{p.device}, got {t.dtype} {tuple(t.shape)} on {t.device}")
-
-
-def _reference_lowbit_step(p, g, state, fmt, shape, hyper) -> None:
-    """The reference step (``LowBitAdam._step_lowbit``'s): decode, the fp32 update, encode."""
-    m, v = fmt.decode(state, shape)
-    p.copy_(adam_update_fp32(p.float(), g.float(), m, v, **hyper))
-    fmt.encode_(state, m, v, shape)
 
 
 def _4bit_lowbit_step(p, g, state, fmt, *, shape, **hyperparameters) -> None:

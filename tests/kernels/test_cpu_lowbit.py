@@ -123,11 +123,11 @@ def test_other_blocksize_and_fp32_grad_of_bf16(fmt):
     # an fp32 gradient of a bf16 parameter, straight into the steps
     from adam8lib import kernels
     from adam8lib.formats import get_format
-    from adam8lib.kernels.cpu_lowbit import _reference_step
+    from adam8lib.kernels.reference import lowbit_reference_step
 
     f = get_format(fmt)
     runs = []
-    for step_fn in (lambda *a, **k: _reference_step(*a[:4], k.pop("shape"), k), kernels.lowbit_step(fmt, "cpu")):
+    for step_fn in (lowbit_reference_step, kernels.lowbit_step(fmt, "cpu")):
         p = torch.randn(shape, generator=torch.Generator().manual_seed(4)).bfloat16().view(-1)
         state = f.new_state(shape, p.device)
         for t, g in enumerate(grads, 1):
@@ -161,11 +161,11 @@ def test_fp8_negative_v_bytes_from_a_corrupt_state():
     """A v byte that decodes negative (no step writes one) takes MKL's called root, as the reference."""
     from adam8lib.formats import get_format
     from adam8lib.kernels import lowbit_step
-    from adam8lib.kernels.cpu_lowbit import _reference_step
+    from adam8lib.kernels.reference import lowbit_reference_step
 
     f, shape = get_format("fp8"), (1000,)
     runs = []
-    for step_fn in (lambda *a, **k: _reference_step(*a[:4], k.pop("shape"), k), lowbit_step("fp8", "cpu")):
+    for step_fn in (lowbit_reference_step, lowbit_step("fp8", "cpu")):
         p = torch.randn(shape, generator=torch.Generator().manual_seed(7))
         state = f.new_state(shape, p.device)
         state["state2"][::7] = 0xB0  # negative e4m3 numbers
