@@ -166,15 +166,10 @@ def encode_table(decode: torch.Tensor, encode: Callable[[torch.Tensor], torch.Te
     return _cached_table(flat.numpy().tobytes(), bytes(spec) + bytes([BUCKET_BITS]) + _FORMAT, encode)
 
 
-_TABLES: dict[tuple[bytes, bytes], CodeTable] = {}
-
-
 def _cached_table(qmap_bytes: bytes, spec: bytes, encode: Callable[[torch.Tensor], torch.Tensor]) -> CodeTable:
-    """The table of ``encode`` from memory, from disk (``cache_root()/tables``, keyed by the decode
-    values and ``spec``), or built (a second or two) and saved."""
-    table = _TABLES.get((qmap_bytes, spec))
-    if table is not None:
-        return table
+    """The table of ``encode`` from disk (``cache_root()/tables``, keyed by the decode values and
+    ``spec``), or built (a second or two) and saved. (Its callers keep the tables they use in memory:
+    :func:`_cached_code_table`, :func:`adam8lib.kernels.cpu_lowbit.moment_table`.)"""
     qmap = torch.frombuffer(bytearray(qmap_bytes), dtype=torch.float32)
     path = cache_root() / "tables" / f"{hashlib.sha256(qmap_bytes + spec).hexdigest()[:24]}.pt"
     try:
@@ -189,9 +184,6 @@ def _cached_table(qmap_bytes: bytes, spec: bytes, encode: Callable[[torch.Tensor
             os.replace(tmp, path)  # atomic: concurrent processes never see half a file
         except OSError:
             pass
-    if len(_TABLES) >= 32:
-        _TABLES.pop(next(iter(_TABLES)))
-    _TABLES[(qmap_bytes, spec)] = table
     return table
 
 
