@@ -118,14 +118,22 @@ def local_param_and_grad(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def shard_ranges(shape: tuple[int, ...] | torch.Size, world_size: int) -> list[tuple[int, int]]:
     """Flat ``[start, stop)`` element ranges of each rank's shard of a tensor split on dim 0
     into ``world_size`` chunks the way FSDP2 and DTensor ``Shard(0)`` do (``torch.chunk``)."""
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
     shape = tuple(shape)
+    splits = _row_splits(shape, world_size)
     if not shape:
         return [(0, 1)] + [(1, 1)] * (world_size - 1)
-    rows, row = shape[0], math.prod(shape[1:])
+    row = math.prod(shape[1:])
+    return [(start * row, stop * row) for start, stop in splits]
+
+
+def _row_splits(shape: tuple[int, ...], world_size: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` rows of each rank's chunk of dim 0 (``torch.chunk``'s split: ``ceil(rows / W)``
+    rows each, the last ranks fewer or none)."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    rows = shape[0] if shape else 1
     per = -(-rows // world_size)
-    return [(min(r * per, rows) * row, min((r + 1) * per, rows) * row) for r in range(world_size)]
+    return [(min(r * per, rows), min((r + 1) * per, rows)) for r in range(world_size)]
 
 
 def _check_layout(p: torch.Tensor) -> tuple[int, int]:
@@ -155,10 +163,10 @@ def local_range(p: torch.Tensor) -> tuple[int, int]:
 def shard_shapes(shape: tuple[int, ...] | torch.Size, world_size: int) -> list[tuple[int, ...]]:
     """The local shape of each rank's shard of a tensor split on dim 0 (as :func:`shard_ranges`)."""
     shape = tuple(shape)
+    splits = _row_splits(shape, world_size)
     if not shape:
         return [()] + [(0,)] * (world_size - 1)
-    rows, per = shape[0], -(-shape[0] // world_size)
-    return [(min((r + 1) * per, rows) - min(r * per, rows), *shape[1:]) for r in range(world_size)]
+    return [(stop - start, *shape[1:]) for start, stop in splits]
 
 
 # ---------------------------------------------------------------------- rank-1 scales of a shard
