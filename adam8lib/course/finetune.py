@@ -171,8 +171,9 @@ def train_with_accelerate(
     With mixed precision on, ``accelerator.prepare`` replaces ``model.forward`` by one that runs
     under autocast and returns fp32 outputs, so the loop opens no autocast of its own.
 
-    ``precision`` is ``"no"``, ``"bf16"``, ``"fp16"`` (GPU only; accelerate adds the
-    ``GradScaler``) or ``"auto"`` (:func:`pick_precision`). The schedule warms up linearly
+    ``precision`` is ``"no"`` (fp32), ``"bf16"``, ``"fp16"`` (GPU only; accelerate adds the
+    ``GradScaler``) or ``"auto"`` (:func:`pick_precision`: bf16 on bf16 GPUs and on CPUs with
+    native bf16, fp16 on older GPUs, fp32 on other CPUs). The schedule warms up linearly
     for ``warmup_ratio`` of the steps, then decays linearly to 0. Returns
     ``{"loss": [per step], "lr": [per step], "eval": [per epoch], "precision": ...}``.
     """
@@ -196,7 +197,7 @@ def train_with_accelerate(
     if eval_loader is not None:
         eval_loader = accelerator.prepare(eval_loader)
     history: dict[str, Any] = {"loss": [], "lr": [], "eval": [], "precision": precision}
-    bar = tqdm(total=total, desc=f"train ({precision})", disable=not progress or not accelerator.is_local_main_process)
+    bar = tqdm(total=total, desc=f"train ({'fp32' if precision == 'no' else precision})", disable=not progress or not accelerator.is_local_main_process)
     model.train()
     for epoch in range(epochs):
         for batch in train_loader:
@@ -244,8 +245,9 @@ def make_trainer(
 
     The parameter groups come from :func:`make_param_groups` (no decay on biases and norm
     weights); ``None`` lets the Trainer build its linear schedule around our optimizer.
-    ``compute_metrics`` reports accuracy and F1. Precision ``"auto"``: bf16 on the CPU and
-    on bf16 GPUs, else fp16 (the Trainer adds the ``GradScaler``).
+    ``compute_metrics`` reports accuracy and F1. Precision ``"auto"`` is :func:`pick_precision`'s:
+    bf16 on bf16 GPUs and on CPUs with native bf16, fp16 on older GPUs (the Trainer adds the
+    ``GradScaler``), fp32 (``"no"``) on other CPUs.
     """
     import tempfile
 
