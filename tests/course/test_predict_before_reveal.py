@@ -267,7 +267,7 @@ def test_answer_tokens_skip_letters_and_lone_digits():
     assert answer_tokens("05.a") == ["127"]
     assert answer_tokens("05.d") == [] and answer_tokens("06.a") == [] and answer_tokens("08.c") == []  # (b); 4; ≈ 20
     assert answer_tokens("07.e") == ["11.1"] and "0.34" in answer_tokens("09.b") and answer_tokens("04.a") == []
-    assert "501.9" in answer_tokens("01.a") and "131,566,188" in answer_tokens("09.a")
+    assert "1003.8" in answer_tokens("01.a") and "131,566,188" in answer_tokens("09.a")
 
 
 def test_the_checker_fails_a_print_beside_the_folded_reveal():
