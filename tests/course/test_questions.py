@@ -168,3 +168,65 @@ def test_reveal_checks_the_measurement_and_recalls_the_prediction(capsys):
     with pytest.raises(TypeError, match="wrong kind"):
         q.reveal("03.c", 1.0)
     q.ask("03.a", None)  # leave no prediction behind for other tests
+
+
+# ---------------------------------------------------------------------------------------------
+# reveal(): the answer folded in <details>, with the experiment's held-back printout
+
+def test_reveal_folds_its_answer_and_keeps_the_summary_free_of_it(capsys):
+    from html.parser import HTMLParser
+
+    from adam8lib.course.checks.questions import Revealed, reveal, reveal_line, withheld
+
+    with withheld() as shown:
+        print("zero <at> index 127 & more")
+    assert shown.text == "zero <at> index 127 & more\n" and capsys.readouterr().out == ""  # held back, not printed
+    folded = Revealed("05.a", reveal_line("05.a", 127), str(shown))
+    html = folded._repr_html_()
+    assert html.startswith('<details class="adam8-reveal"><summary>') and html.rstrip().endswith("</details>")
+    summary = html[html.index("<summary>") + 9:html.index("</summary>")]
+    assert "127" not in summary and "experiment says" not in summary
+    assert "zero &lt;at&gt; index 127 &amp; more" in html  # escaped, inside the fold
+
+    class Visible(HTMLParser):  # text outside <details>, or in its <summary>
+        def __init__(self):
+            super().__init__()
+            self.depth, self.summary, self.seen = 0, 0, []
+
+        def handle_starttag(self, tag, attrs):
+            self.depth += tag == "details"
+            self.summary += tag == "summary"
+
+        def handle_endtag(self, tag):
+            self.depth -= tag == "details"
+            self.summary -= tag == "summary"
+
+        def handle_data(self, data):
+            if data.strip() and (not self.depth or self.summary):
+                self.seen.append(data)
+
+    page = Visible()
+    page.feed(html)
+    assert not any("127" in text for text in page.seen), page.seen
+    assert repr(folded).splitlines() == [reveal_line("05.a", 127), "zero <at> index 127 & more"]  # the text nbval compares
+    reveal("05.a", 127, shown)  # no IPython kernel here: the plain-text form is printed
+    assert capsys.readouterr().out == repr(folded) + "\n"
+
+
+def test_reveal_still_checks_the_measurement_and_the_kind_of_shows():
+    from adam8lib.course.checks.questions import reveal
+
+    with pytest.raises(AssertionError, match="disagree"):
+        reveal("05.a", 128)
+    with pytest.raises(TypeError, match="shows"):
+        reveal("05.a", 127, ["a list"])
+
+
+def test_withheld_keeps_what_was_printed_when_the_block_fails():
+    from adam8lib.course.checks.questions import withheld
+
+    with pytest.raises(ZeroDivisionError):
+        with withheld() as shown:
+            print("before")
+            1 / 0
+    assert shown.text == "before\n"
