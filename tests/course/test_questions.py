@@ -10,6 +10,7 @@ import nbformat
 import pytest
 import torch
 
+from adam8lib import AdamW8bit
 from adam8lib.course.checks.questions import QUESTIONS, Question, ask, verdict
 from adam8lib.course.checks.ex09_memory_maths import _ShapesModel, distilbert_shapes
 from adam8lib.memory import MB, estimate_optimizer_memory
@@ -51,7 +52,10 @@ def test_numeric_answers_agree_with_the_library():
     a = {k: q.answer for k, q in QUESTIONS.items()}
     assert a["00.a"] == estimate_optimizer_memory(10**6, "adamw").total_bytes / 10**6
     assert math.isclose(a["00.c"], estimate_optimizer_memory(2**20, "adam8bit", min_8bit_size=0).total_bytes / 2**20, rel_tol=0.02)
-    assert round(a["01.a"], 1) == round(estimate_optimizer_memory(n, "adamw").total_bytes / MB, 1) == 501.9
+    assert round(a["01.a"], 1) == round((8 * n + estimate_optimizer_memory(n, "adamw").total_bytes) / MB, 1) == 1003.8
+    bias = torch.nn.Parameter(torch.zeros(768))
+    bias_state = AdamW8bit([bias], backend="torch").init_state().state[bias]
+    assert a["01.b"] == sum(t.numel() * t.element_size() for t in bias_state.values() if torch.is_tensor(t) and t.numel() > 1)
     assert a["05.a"] == int((signed == 0).nonzero()) and a["05.c"] == int(((unsigned > 0.1) & (unsigned < 1)).sum())
     assert math.isclose(a["05.b"], float(signed[signed != 0].abs().min()), rel_tol=1e-6)
     assert a["06.a"] == num_blocks(1000, 256) and a["08.b"] == num_blocks(100_003, 256)
@@ -61,7 +65,9 @@ def test_numeric_answers_agree_with_the_library():
     assert math.isclose(a["09.c"], 2 * n / MB) and round(a["09.c"], 1) == 125.5
     m0, g, b1 = 0.0, 1.0, 0.9
     m1 = b1 * m0 + (1 - b1) * g
-    assert math.isclose(a["02.a"], m1) and math.isclose(a["02.b"], m1 / (1 - b1))
+    v1 = 0.999 * 0.0 + (1 - 0.999) * g**2
+    m1_hat, v1_hat = m1 / (1 - b1), v1 / (1 - 0.999)
+    assert math.isclose(a["02.a"], m1) and math.isclose(a["02.b"], (m1 / math.sqrt(v1)) / (m1_hat / math.sqrt(v1_hat)))
     levels = torch.round(torch.tensor([0.001]) / (1.27 / 127)) * (1.27 / 127)
     assert math.isclose(a["04.a"], 1.27 / 127) and float(levels) == a["04.b"]
 
@@ -162,3 +168,65 @@ def test_reveal_checks_the_measurement_and_recalls_the_prediction(capsys):
     with pytest.raises(TypeError, match="wrong kind"):
         q.reveal("03.c", 1.0)
     q.ask("03.a", None)  # leave no prediction behind for other tests
+
+
+# ---------------------------------------------------------------------------------------------
+# reveal(): the answer folded in <details>, with the experiment's held-back printout
+
+def test_reveal_folds_its_answer_and_keeps_the_summary_free_of_it(capsys):
+    from html.parser import HTMLParser
+
+    from adam8lib.course.checks.questions import Revealed, reveal, reveal_line, withheld
+
+    with withheld() as shown:
+        print("zero <at> index 127 & more")
+    assert shown.text == "zero <at> index 127 & more\n" and capsys.readouterr().out == ""  # held back, not printed
+    folded = Revealed("05.a", reveal_line("05.a", 127), str(shown))
+    html = folded._repr_html_()
+    assert html.startswith('<details class="adam8-reveal"><summary>') and html.rstrip().endswith("</details>")
+    summary = html[html.index("<summary>") + 9:html.index("</summary>")]
+    assert "127" not in summary and "experiment says" not in summary
+    assert "zero &lt;at&gt; index 127 &amp; more" in html  # escaped, inside the fold
+
+    class Visible(HTMLParser):  # text outside <details>, or in its <summary>
+        def __init__(self):
+            super().__init__()
+            self.depth, self.summary, self.seen = 0, 0, []
+
+        def handle_starttag(self, tag, attrs):
+            self.depth += tag == "details"
+            self.summary += tag == "summary"
+
+        def handle_endtag(self, tag):
+            self.depth -= tag == "details"
+            self.summary -= tag == "summary"
+
+        def handle_data(self, data):
+            if data.strip() and (not self.depth or self.summary):
+                self.seen.append(data)
+
+    page = Visible()
+    page.feed(html)
+    assert not any("127" in text for text in page.seen), page.seen
+    assert repr(folded).splitlines() == [reveal_line("05.a", 127), "zero <at> index 127 & more"]  # the text nbval compares
+    reveal("05.a", 127, shown)  # no IPython kernel here: the plain-text form is printed
+    assert capsys.readouterr().out == repr(folded) + "\n"
+
+
+def test_reveal_still_checks_the_measurement_and_the_kind_of_shows():
+    from adam8lib.course.checks.questions import reveal
+
+    with pytest.raises(AssertionError, match="disagree"):
+        reveal("05.a", 128)
+    with pytest.raises(TypeError, match="shows"):
+        reveal("05.a", 127, ["a list"])
+
+
+def test_withheld_keeps_what_was_printed_when_the_block_fails():
+    from adam8lib.course.checks.questions import withheld
+
+    with pytest.raises(ZeroDivisionError):
+        with withheld() as shown:
+            print("before")
+            1 / 0
+    assert shown.text == "before\n"

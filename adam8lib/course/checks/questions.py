@@ -26,17 +26,34 @@ experiment and the answer disagree) and compares it with the learner's predictio
 The line :func:`reveal` prints shows the stored answer (rounded as the question states), never
 the raw measurement, so a compared output is the same on every machine.
 
+Hidden until the learner acts, everywhere: :func:`reveal` displays its answer folded in an HTML
+``<details>`` element (:class:`Revealed`), closed under a summary that does not give it away, so it
+stays hidden in JupyterLab, Colab, VS Code, GitHub's notebook view and nbconvert's HTML alike
+(``jupyter.outputs_hidden`` alone is honoured by JupyterLab only); its ``text/plain`` form, which nbval
+compares, is the answer line. An experiment whose printout gives the answer away prints it inside
+:func:`withheld` and hands it to :func:`reveal`, which shows it inside the same fold. The explanation
+after a reveal is a markdown cell that is one ``<details>`` block::
+
+    <details><summary>Why? (open after you have run the reveal)</summary>
+
+    ...explanation...
+
+    </details>
+
 Numeric answers are right within ``rel_tol`` (relative) of the value; multiple-choice answers
 are one letter, case-insensitive.
 """
 
 from __future__ import annotations
 
+import contextlib
+import html
+import io
 import math
 import numbers
 from dataclasses import dataclass
 
-__all__ = ["Question", "QUESTIONS", "ask", "verdict", "reveal", "reveal_line"]
+__all__ = ["Question", "QUESTIONS", "Revealed", "Withheld", "ask", "verdict", "reveal", "reveal_line", "withheld"]
 
 
 @dataclass(frozen=True)
@@ -77,12 +94,12 @@ QUESTIONS: dict[str, Question] = {
     "00.b": Question("c", choices="abcd"),
     "00.c": Question(2.0, rel_tol=0.05, shown="≈ 2.03 (2 bytes of codes + 8/256 of fp32 scales)"),
     # 01 · optimizer memory
-    "01.a": Question(8 * DISTILBERT / MiB, rel_tol=0.005, shown="501.9 MiB"),
-    "01.b": Question("b", choices="ab"),
+    "01.a": Question(16 * DISTILBERT / MiB, rel_tol=0.005, shown="1003.8 MiB (16 bytes per parameter: 4 + 4 + 8)"),
+    "01.b": Question(768 * 8, rel_tol=0, shown="6,144 bytes (fp32 m and v: below min_8bit_size, 768 is not quantized)"),
     "01.c": Question(8 / (2 + 8 / 256), rel_tol=0.03, shown="≈ 3.9 (8 / 2.03)"),
     # 02 · EMA
     "02.a": Question(0.1, rel_tol=1e-6),
-    "02.b": Question(1.0, rel_tol=1e-6),
+    "02.b": Question(0.1 / math.sqrt(0.001), rel_tol=0.01, shown="3.16 (0.1 / √0.001: too large, not too small)"),
     "02.c": Question(1000, rel_tol=0.01),
     # 03 · the Adam rule
     "03.a": Question(1.0, rel_tol=1e-3, shown="1 (the first step moves each weight by lr)"),
@@ -91,7 +108,7 @@ QUESTIONS: dict[str, Question] = {
     # 04 · linear quantization
     "04.a": Question(0.01, rel_tol=1e-6),
     "04.b": Question(0.0, rel_tol=0, shown="0.0"),
-    "04.c": Question("b", choices="abc"),
+    "04.c": Question("c", choices="abc"),
     # 05 · dynamic map
     "05.a": Question(127, rel_tol=0),
     "05.b": Question(5.5e-7, rel_tol=1e-3),
@@ -100,7 +117,7 @@ QUESTIONS: dict[str, Question] = {
     # 06 · blockwise
     "06.a": Question(4, rel_tol=0),
     "06.b": Question(4 / 256, rel_tol=1e-9, shown="0.015625 (4 / 256)"),
-    "06.c": Question("a", choices="abc"),
+    "06.c": Question("c", choices="abc"),
     # 07 · the 8-bit step
     "07.a": Question(127, rel_tol=0),
     "07.b": Question("b", choices="abc"),
@@ -180,6 +197,76 @@ def reveal_line(question_id: str, measured, prediction=None) -> str:
     return f"{head}; {mark}."
 
 
-def reveal(question_id: str, measured) -> None:
-    """End an experiment: check ``measured`` against the stored answer and show the learner's prediction."""
-    print(reveal_line(question_id, measured, PREDICTIONS.get(question_id)))
+#: The text a revealed answer sits under, closed, until the learner opens it.
+REVEAL_SUMMARY = "▶ Question {qid}: the experiment's answer (open it once you have made your prediction)"
+
+
+class Withheld:
+    """What an experiment printed while :func:`withheld` held it back, for :func:`reveal` to show folded."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@contextlib.contextmanager
+def withheld():
+    """Hold back what the block prints, so that a reveal can show it folded with its answer::
+
+        with withheld() as table:
+            print(...)                      # the experiment's figures, which give the answer away
+        reveal("01.a", measured, table)     # shown inside the reveal's <details>, not above it
+    """
+    held = Withheld()
+    buffer = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buffer):
+            yield held
+    finally:
+        held.text = buffer.getvalue()
+
+
+class Revealed:
+    """The answer of a question, folded: an HTML ``<details>`` element, with a plain-text fallback.
+
+    Jupyter front ends (JupyterLab, Notebook, Colab, VS Code), GitHub's notebook view and nbconvert's
+    HTML export all render the ``text/html`` form, in which the answer stays closed under a summary
+    until the learner opens it; ``text/plain`` (what nbval compares, and what a terminal prints) has
+    the answer line and the experiment's held-back output, the same on every machine.
+    """
+
+    def __init__(self, question_id: str, line: str, shows: str = "") -> None:
+        self.question_id, self.line, self.shows = question_id, line, shows
+
+    def __repr__(self) -> str:
+        return self.line + ("\n" + self.shows.rstrip("\n") if self.shows.strip() else "")
+
+    def _repr_html_(self) -> str:
+        summary = html.escape(REVEAL_SUMMARY.format(qid=self.question_id))
+        body = f"<p>{html.escape(self.line)}</p>"
+        if self.shows.strip():
+            body += f"<pre>{html.escape(self.shows.rstrip())}</pre>"
+        return f'<details class="adam8-reveal"><summary>{summary}</summary>\n{body}\n</details>'
+
+
+def reveal(question_id: str, measured, shows: Withheld | str = "") -> None:
+    """End an experiment: check ``measured`` against the stored answer and show it, folded, with the prediction.
+
+    ``shows`` (what :func:`withheld` held back, or a string) is shown inside the same fold, after the
+    answer line: the experiment's own printout, which would give the answer away above the fold.
+    """
+    if not isinstance(shows, (Withheld, str)):
+        raise TypeError(f"reveal({question_id!r}, ...): shows must be a string or what withheld() held back, "
+                        f"got {type(shows).__name__}")
+    revealed = Revealed(question_id, reveal_line(question_id, measured, PREDICTIONS.get(question_id)), str(shows))
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:  # plain Python without IPython: the text form
+        get_ipython = display = None
+    if get_ipython is not None and get_ipython() is not None:
+        display(revealed)
+    else:
+        print(repr(revealed))
