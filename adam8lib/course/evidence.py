@@ -141,7 +141,7 @@ def plot(result: dict[str, Any], fig=None):
     import matplotlib.pyplot as plt
 
     if fig is None:
-        fig = plt.figure(figsize=(11, 3.8 + 0.12 * len(result["optimizers"])))
+        fig = plt.figure(figsize=(11, 3.8 + 0.3 * len(result["optimizers"])))  # room for the legend below
     ax, bx = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.3, 1]})
     cls = result["experiment"] == "cls"
     kinds = list(result["optimizers"])
@@ -153,7 +153,8 @@ def plot(result: dict[str, Any], fig=None):
         else:
             c = e["curve"]  # from the runs that did not diverge
             label = e["label"] + (f" (diverged {e['diverged']}/{e['n']}: no curve)" if e["diverged"] == e["n"]
-                                  else f" (diverged {e['diverged']}/{e['n']})" if e["diverged"] else "")
+                                  else f" (diverged {e['diverged']}/{e['n']}: curve of the other {e['n'] - e['diverged']})"
+                                  if e["diverged"] else "")
             ax.plot(c["steps"], c["mean"], color=f"C{i}", label=label)
             ax.fill_between(c["steps"], c["ci_low"], c["ci_high"], color=f"C{i}", alpha=0.2)
     if cls:
@@ -164,7 +165,7 @@ def plot(result: dict[str, Any], fig=None):
         if last:
             ax.set_ylim(min(last) - 0.1, max(last) + 0.5)
     # below the axes, not over the curves
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.2), ncol=1, frameon=False)
     metric, scale, unit = ("accuracy", 100, "points") if cls else ("valid_loss", 100, "%")
     paired = result.get("paired_vs_adamw", {})
     names = [k for k in kinds if metric in paired.get(k, {})]
