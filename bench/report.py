@@ -159,7 +159,7 @@ def section(results: dict[str, dict[str, Any]]) -> str:
                 "exclude 0 by chance, so one small resolved difference is weak evidence on its own (lesson 12; lesson 10 "
                 "explains the adam8lib-vs-bitsandbytes gap).",
                 "- The bf16 rows depend on the machine: bf16 arithmetic differs between CPUs (native or emulated), and "
-                "a re-run on another CPU reproduced AdamW and 4-bit to a few parts in 10⁴ but bf16 + stochastic "
+                "a re-run on another CPU reproduced AdamW to 8e-6 and 4-bit to 2e-4 (relative) but bf16 + stochastic "
                 "rounding only to 0.14–0.21 %.",
                 f"- Measured on: {_env_line(beyond)}.", "", "![beyond 8 bits](results/beyond_8_bits.png)", ""]
     return "\n".join(out).rstrip()
