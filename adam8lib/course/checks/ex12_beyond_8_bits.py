@@ -59,9 +59,7 @@ def check_pack_nibbles(pack, unpack) -> None:
                 ("the high nibble is lost: every byte holds only the second code of its pair. The first code must "
                  "move up by one nibble (4 bits); moved by 8 it falls off the byte.", padded[1::2]),
             ]
-            hint = next((h for h, v in variants if torch.equal(got, v)),
-                        "byte i holds codes[2i] in its upper 4 bits and codes[2i + 1] in its lower 4 bits: compare "
-                        "your first byte, in binary, with the first two codes.")
+            hint = next((h for h, v in variants if torch.equal(got, v)), None) or _pack_property_hint(got, padded, label)
             assert_equal(got, want, what=what, hint=hint)
         back = call(unpack, want.clone(), codes.numel())
         what = f"unpack(pack({label}), n={codes.numel()})"
@@ -84,11 +82,51 @@ def check_pack_nibbles(pack, unpack) -> None:
                 ("all the high nibbles come first, then all the low ones: the codes must alternate (high of byte 0, "
                  "low of byte 0, high of byte 1, …).", torch.cat([hi, lo])[:n]),
             ]
-            hint = next((h for h, v in variants if torch.equal(back, v)),
-                        "the high nibble (upper 4 bits) of byte i is element 2i, the low one element 2i + 1, in that "
-                        "order: compare your first two codes with the first byte in binary.")
+            hint = next((h for h, v in variants if torch.equal(back, v)), None) or _unpack_property_hint(back, codes, want,
+                                                                                                  label)
             assert_equal(back, codes, what=what, hint=hint)
     passed("Exercise 12.1 · Two codes per byte")
+
+
+def _first(mask: torch.Tensor) -> int:
+    return int(torch.nonzero(mask.reshape(-1))[0])
+
+
+def _pack_property_hint(got: torch.Tensor, padded: torch.Tensor, label: str) -> str:
+    """Which half of the bytes is wrong, for a packing no listed mistake explains."""
+    hi_ok, lo_ok = (got >> 4) == padded[0::2], (got & 0x0F) == padded[1::2]
+    if bool(hi_ok[:-1].all() and lo_ok[:-1].all()) and padded.numel() > 2:
+        return (f"on {label} only the last byte is wrong: the pad of an odd count is one 0 code after the last code, "
+                f"so the last byte's low nibble must be 0 (yours is {int(got[-1]) & 0x0F}).")
+    if bool(lo_ok.all()):
+        k = _first(~hi_ok)
+        return (f"on {label} the low nibbles are right but the high ones are not, first in byte {k}: the first code "
+                "of each pair belongs in the upper 4 bits, i.e. worth 16 times its value.")
+    if bool(hi_ok.all()):
+        k = _first(~lo_ok)
+        return (f"on {label} the high nibbles are right but the low ones are not, first in byte {k}: the second "
+                "code of each pair fills the lower 4 bits, unchanged.")
+    return ("byte i holds codes[2i] in its upper 4 bits and codes[2i + 1] in its lower 4 bits: compare your first "
+            f"byte of {label}, in binary, with the first two codes.")
+
+
+def _unpack_property_hint(back: torch.Tensor, codes: torch.Tensor, packed: torch.Tensor, label: str) -> str:
+    """Which codes come out wrong, for an unpacking no listed mistake explains."""
+    n = codes.numel()
+    everything = torch.stack([packed >> 4, packed & 0x0F], dim=1).reshape(-1)
+    if everything.numel() > n and torch.equal(back, everything[-n:]):
+        return ("you kept the LAST n codes: the padding code of an odd count sits at the end, so keep the first n.")
+    even_ok, odd_ok = back[0::2] == codes[0::2], back[1::2] == codes[1::2]
+    if bool(even_ok.all()):
+        k = 2 * _first(~odd_ok) + 1
+        return (f"on {label} the codes 2i (high nibbles) are right, the codes 2i + 1 are not, first at index {k}: "
+                "element 2i + 1 is the byte's lower 4 bits, and only those.")
+    if bool(odd_ok.all()):
+        k = 2 * _first(~even_ok)
+        return (f"on {label} the codes 2i + 1 (low nibbles) are right, the codes 2i are not, first at index {k}: "
+                "element 2i is the byte's upper 4 bits, moved down to a number from 0 to 15.")
+    return ("the high nibble (upper 4 bits) of byte i is element 2i, the low one element 2i + 1, in that order: "
+            f"compare your first two codes of {label} with the first byte in binary.")
 
 
 # ---------------------------------------------------------------------------- 12.2
@@ -119,10 +157,11 @@ def _zero_point_cases():
             ("a tail block of 40 values", m[:168], v[:168], m_map, v_map, 128),
             ("328 values whose second block is all 0", dead[0], dead[1], m_map, v_map, 128),
             ("the first case with v's absmax near 1e-6 (and m's near 1e-3)", 1e-2 * m, 1e-4 * v, m_map, v_map, 128),
-            ("the first case with v's absmax near 1e-8 (and m's near 1e-4)", 1e-3 * m, 1e-6 * v, m_map, v_map, 128)]
+            ("the first case with v's absmax near 1e-8 (and m's near 1e-4)", 1e-3 * m, 1e-6 * v, m_map, v_map, 128),
+            ("the first case with v's absmax near 1e-10 and m's near 1e-5", 1e-4 * m, 1e-8 * v, m_map, v_map, 128)]
 
 
-_SMALL = (5, 6)  # the cases with tiny second moments
+_SMALL = (5, 6, 7)  # the cases with tiny moments
 
 
 def _victim_variants(m, v, m_map, v_map, bs):
@@ -154,7 +193,19 @@ def _victim_variants(m, v, m_map, v_map, bs):
          (v < smallest / 2) & m_live),
         ("you coded m with v's map (no negative entries): every negative m decodes to 0 there. m takes the signed "
          "map m_map, v the unsigned v_map.", v_zero & (_decoded(m, v_map, bs) != 0)),
+        ("the two maps are swapped: m takes the signed map m_map, v the unsigned v_map with its 0.",
+         (_decoded(v, m_map, bs) == 0) & (_decoded(m, v_map, bs) != 0)),
+        ("you scaled each block by its largest VALUE, not its largest magnitude: where a block's biggest m is "
+         "negative, that is the wrong absmax. Take the absmax of |x|.", v_zero & (_signed_absmax_decoded(m, m_map, bs) != 0)),
     ]
+
+
+def _signed_absmax_decoded(x, qmap, bs):
+    n = x.numel()
+    blocks = torch.nn.functional.pad(x, (0, -n % bs)).view(-1, bs)
+    top = blocks.amax(dim=1, keepdim=True)
+    y = blocks / torch.where(top != 0, top, torch.ones_like(top))
+    return (qmap[nearest_code(y.reshape(-1), qmap).long()].view_as(blocks) * top).reshape(-1)[:n]
 
 
 def _victims_hint(zero_point_victims, failing: int) -> str:
@@ -173,9 +224,9 @@ def _victims_hint(zero_point_victims, failing: int) -> str:
                 return hint
         if failing in _SMALL and all(torch.equal(masks[i], wants[i]) for i in range(len(cases)) if i not in _SMALL):
             return (f"right on the same moments at their usual size, wrong on \"{cases[failing][0]}\": your test depends "
-                    "on the size of v, not only on v / absmax. A decoded v is a victim only if it is exactly 0; an "
-                    "absolute tolerance (say 1e-8, the default atol of isclose/allclose) or an added eps is as large as "
-                    "the whole v here.")
+                    "on the size of v or m, not only on x / absmax. A decoded v is a victim only if it is exactly 0, and "
+                    "its decoded m must be exactly non-zero; an absolute tolerance (say 1e-8, the default atol of "
+                    "isclose/allclose) or an added eps is as large as the whole moment here.")
         if all(not bool((w & ~g).any()) for g, w in zip(masks, wants)):
             return ("too many: an entry is a victim only if v's NEAREST map entry is 0 (v below half the map's "
                     "smallest positive entry times its block's absmax), not just small, and its decoded m is not 0.")
@@ -277,11 +328,29 @@ def check_rank1_scale(rank1_scale) -> None:
             ("one absmax for the whole matrix is plain absmax scaling: rank-1 takes each row's and each column's "
              "maximum, min(row max, column max) per entry.", a.max().expand_as(x)),
         ]
-        hint = next((h for h, v in variants if torch.allclose(got.float(), v, rtol=1e-6, atol=0)),
-                    "scale[i, j] = min(max_k |x[i, k]|, max_k |x[k, j]|): check one entry by hand, e.g. on the "
-                    "4 x 5 matrix.")
+        hint = next((h for h, v in variants if torch.allclose(got.float(), v, rtol=1e-6, atol=0)), None) \
+            or _rank1_property_hint(got.float(), x, want, label)
         assert_close(got.float(), want, rtol=1e-6, atol=0, what=what, hint=hint)
     passed("Exercise 12.3 · Rank-1 normalization")
+
+
+def _rank1_property_hint(got: torch.Tensor, x: torch.Tensor, want: torch.Tensor, label: str) -> str:
+    """Which property of a scale fails, for a scale no listed mistake explains."""
+    a = x.abs()
+    if torch.allclose(got, want * want, rtol=1e-5, atol=0):
+        return f"on {label} your scales are the squares of the right ones: take magnitudes |x|, not x * x."
+    below = got < a * (1 - 1e-6)
+    if bool(below.any()):
+        i, j = (int(t) for t in torch.nonzero(below)[0])
+        return (f"on {label} your scale at ({i}, {j}) is {float(got[i, j]):.4g}, below |x[{i}, {j}]| = {float(a[i, j]):.4g}: "
+                "a scale must bound every magnitude of its row and of its column, so it is built from their MAXIMA "
+                "(not a mean, a rounded value or one row alone).")
+    above = got > want * (1 + 1e-6)
+    if bool(above.any()) and not bool((got < want * (1 - 1e-6)).any()):
+        i, j = (int(t) for t in torch.nonzero(above)[0])
+        return (f"on {label} your scale at ({i}, {j}) is {float(got[i, j]):.4g}, larger than both the maximum |x| of row "
+                f"{i} and of column {j} allow ({float(want[i, j]):.4g}): maxima, not sums or norms, and the smaller one.")
+    return (f"scale[i, j] = min(max_k |x[i, k]|, max_k |x[k, j]|): check one entry of {label} by hand.")
 
 
 # ---------------------------------------------------------------------------- 12.4
