@@ -41,7 +41,9 @@ fused backends of :mod:`adam8lib.kernels`). ``"4bit"`` follows Li et al. (arXiv 
 ``lpmm``); ``"4bit-naive"`` is its ablation, a 4-bit map with a zero for ``v`` and no sign rule,
 which shows the zero-point problem. (4-bit ``m`` takes the plain nearest code: the 4-bit map's
 smallest non-zero entry is 0.0055 of the block's absmax, so keeping signs would inflate a tiny ``m``
-a thousandfold, while a tiny ``m`` coded to 0 only drops a tiny update.) ``"fp8"`` follows torchao's ``AdamWFp8`` (e4m3, one scale per
+up to a thousandfold. A tiny ``m`` coded to 0 is safe but not free: Adam's step does not shrink with
+the gradient, and an ``m`` reset to 0 at every step leaves only this step's ``(1 - beta1) * g``, so
+such an entry moves about a tenth of what fp32 Adam moves it — lesson 12 measures it.) ``"fp8"`` follows torchao's ``AdamWFp8`` (e4m3, one scale per
 block of 256). The maps are the canonical ones of :mod:`adam8lib.quant`: the same bits everywhere.
 
 Which backends step each format (``LowBitAdam(backend=...)``; :data:`adam8lib.optim.LOWBIT_KERNELS`):

@@ -68,9 +68,13 @@ def rows(result: dict[str, Any]) -> list[dict[str, str]]:
             row["Δ valid loss, % [95% CI]"] = _ci(comp.get("valid_loss"), 100, "")
         else:
             loss = e["valid_loss"]  # mean over the runs that did not diverge
-            row["valid loss (nats/byte)"] = ("– (all diverged)" if e["diverged"] == e["n"]
-                                             else f"{loss['mean']:.4f} ± {loss['std']:.4f}")
-            row["Δ valid loss vs AdamW, % [95% CI]"] = _ci(comp.get("valid_loss"), 100, "")
+            kept = e["n"] - e["diverged"]
+            row["valid loss (nats/byte)"] = ("– (all diverged)" if kept == 0
+                                             else f"{loss['mean']:.4f} ± {loss['std']:.4f}"
+                                             + (f" ({kept} runs that did not diverge)" if e["diverged"] else ""))
+            d = comp.get("valid_loss")
+            row["Δ valid loss vs AdamW, % [95% CI]"] = _ci(d, 100, "") + (
+                f" (n={d['n']}: diverged seeds left out)" if d and d.get("excluded_diverged") else "")
             row["loss spikes"] = str(sum(e["spikes"]))
             row["diverged"] = f"{e['diverged']}/{e['n']}"
         out.append(row)
@@ -114,6 +118,8 @@ def verdict(result: dict[str, Any]) -> str:
     for name, d in comps:
         lo, hi = scale * d["ci_low"], scale * d["ci_high"]
         text = f"{name}: {scale * d['mean']:+.2f}{unit}, 95% CI [{lo:+.2f}, {hi:+.2f}]{unit} (n={d['n']})"
+        if d.get("excluded_diverged"):
+            text += f" [{d['excluded_diverged']} diverged seeds left out: this interval is of the survivors only]"
         if lo <= 0 <= hi:
             text += "; contains 0: no difference resolved"
         else:
@@ -135,7 +141,7 @@ def plot(result: dict[str, Any], fig=None):
     import matplotlib.pyplot as plt
 
     if fig is None:
-        fig = plt.figure(figsize=(11, 3.8))
+        fig = plt.figure(figsize=(11, 3.8 + 0.3 * len(result["optimizers"])))  # room for the legend below
     ax, bx = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.3, 1]})
     cls = result["experiment"] == "cls"
     kinds = list(result["optimizers"])
@@ -147,7 +153,8 @@ def plot(result: dict[str, Any], fig=None):
         else:
             c = e["curve"]  # from the runs that did not diverge
             label = e["label"] + (f" (diverged {e['diverged']}/{e['n']}: no curve)" if e["diverged"] == e["n"]
-                                  else f" (diverged {e['diverged']}/{e['n']})" if e["diverged"] else "")
+                                  else f" (diverged {e['diverged']}/{e['n']}: curve of the other {e['n'] - e['diverged']})"
+                                  if e["diverged"] else "")
             ax.plot(c["steps"], c["mean"], color=f"C{i}", label=label)
             ax.fill_between(c["steps"], c["ci_low"], c["ci_high"], color=f"C{i}", alpha=0.2)
     if cls:
@@ -157,7 +164,8 @@ def plot(result: dict[str, Any], fig=None):
         last = [result["optimizers"][k]["curve"]["mean"][-1] for k in kinds if result["optimizers"][k]["curve"]["mean"]]
         if last:
             ax.set_ylim(min(last) - 0.1, max(last) + 0.5)
-    ax.legend(fontsize=8)
+    # below the axes, not over the curves
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.2), ncol=1, frameon=False)
     metric, scale, unit = ("accuracy", 100, "points") if cls else ("valid_loss", 100, "%")
     paired = result.get("paired_vs_adamw", {})
     names = [k for k in kinds if metric in paired.get(k, {})]
@@ -169,7 +177,7 @@ def plot(result: dict[str, Any], fig=None):
     if floor:
         bx.axvspan(scale * floor["ci_low"], scale * floor["ci_high"], color="grey", alpha=0.25,
                    label="AdamW vs AdamW fused (noise floor)")
-        bx.legend(fontsize=8, loc="lower right")
+        bx.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
     bx.axvline(0, color="k", lw=0.8)
     bx.set_yticks(range(len(names)), [result["optimizers"][k]["label"].replace(" (", "\n(") for k in names], fontsize=8)
     what = "accuracy" if cls else "validation loss"

@@ -3,6 +3,9 @@
 * :func:`error_by_decade` — relative quantization error grouped by order of magnitude:
   the dynamic map's whole point is that a value's *relative* error should not depend on how
   small it is, so the lessons plot the error per decade of ``|x| / max|x|``.
+* :func:`levels_per_decade` — how many positive levels a code book (a map, or a float format's
+  values divided by its largest) has in each decade below its largest level (lesson 12: the
+  dynamic map against FP8 e4m3).
 * :func:`stacked_bars` — a stacked bar chart with the total written on each bar (the memory
   bill of lesson 09: weights + gradients + optimizer state + activations).
 """
@@ -14,7 +17,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-__all__ = ["DecadeErrors", "error_by_decade", "stacked_bars"]
+__all__ = ["DecadeErrors", "error_by_decade", "levels_per_decade", "stacked_bars"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,26 @@ def error_by_decade(x: torch.Tensor, x_hat: torch.Tensor, lowest: int = -8) -> D
         median.append(float(rel[sel].quantile(0.5)) if count else float("nan"))
         zeroed.append(float((x_hat[sel] == 0).double().mean()) if count else float("nan"))
     return DecadeErrors(decades, share, median, zeroed)
+
+
+def levels_per_decade(levels: torch.Tensor, decades: int = 7) -> list[int]:
+    """Positive levels per decade below the largest: entry ``k`` counts the levels ``x`` with
+    ``10**-(k+1) < x / max <= 10**-k`` (``k = 0`` holds the largest level itself).
+
+    ``levels`` is a 1-D float tensor (a map, or every finite value of a float format); zero,
+    negative and non-finite entries are left out. Levels below ``10**-decades`` of the largest are
+    not counted.
+    """
+    if not isinstance(levels, torch.Tensor) or not levels.is_floating_point() or levels.dim() != 1:
+        raise TypeError("levels must be a 1-D floating-point torch tensor")
+    if isinstance(decades, bool) or not isinstance(decades, int) or decades < 1:
+        raise ValueError(f"decades must be a positive int, got {decades!r}")
+    x = levels.detach().double()
+    x = x[torch.isfinite(x) & (x > 0)]
+    if x.numel() == 0:
+        raise ValueError("levels has no positive finite entry")
+    x = x / x.max()
+    return [int(((x <= 10.0**-k) & (x > 10.0 ** -(k + 1))).sum()) for k in range(decades)]
 
 
 def stacked_bars(ax, labels: Sequence[str], parts: Mapping[str, Sequence[float]], *,

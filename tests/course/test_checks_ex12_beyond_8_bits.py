@@ -31,7 +31,7 @@ def pad(codes):
     (lambda c: (pad(c)[1::2] << 4) | pad(c)[0::2], "the nibbles are swapped"),
     (lambda c: (c[0::2][: c.numel() // 2] << 4) | c[1::2], "an odd number of codes still needs its last byte"),
     (lambda c: ((pad(c)[0::2] << 4) | pad(c)[1::2]).long(), "expected torch.uint8"),
-    (lambda c: pad(c)[0::2] * 10 + pad(c)[1::2], "codes[2i] << 4 | codes[2i + 1]"),
+    (lambda c: pad(c)[0::2] * 10 + pad(c)[1::2], "byte i holds codes[2i] in its upper 4 bits"),
     (lambda c: c.clone(), "n codes fit in n / 2 bytes"),
     (stub, "not implemented yet"),
 ])
@@ -40,9 +40,9 @@ def test_pack_fails(pack, hint):
 
 
 @pytest.mark.parametrize("unpack, hint", [
-    (lambda b, n: torch.stack([b & 0x0F, b >> 4], dim=1).reshape(-1)[:n], "the high nibble (byte >> 4) is element 2i"),
+    (lambda b, n: torch.stack([b & 0x0F, b >> 4], dim=1).reshape(-1)[:n], "you put the low nibble first"),
     (lambda b, n: torch.stack([b >> 4, b & 0x0F], dim=1).reshape(-1), "keep the first n codes"),
-    (lambda b, n: torch.cat([b >> 4, b & 0x0F])[:n], "torch.cat puts all the high nibbles first"),
+    (lambda b, n: torch.cat([b >> 4, b & 0x0F])[:n], "all the high nibbles come first"),
     (lambda b, n: torch.stack([b >> 4, b & 0x0F], dim=1).reshape(-1)[:n].long(), "expected a uint8 tensor"),
     (stub, "not implemented yet"),
 ])
@@ -51,36 +51,55 @@ def test_unpack_fails(unpack, hint):
 
 
 # ------------------------------------------------------------------ 12.2
-def victims(*, whole_tensor=False, ignore_m=False, threshold=None, floor=False):
-    def zero_point_victims(m, v, qmap, blocksize):
-        n = v.numel()
-        if whole_tensor:
-            scale = v.abs().max().expand(n)
-        else:
-            absmax = torch.nn.functional.pad(v, (0, -n % blocksize)).view(-1, blocksize).amax(1)
-            scale = absmax.repeat_interleave(blocksize)[:n]
-        x = torch.where(scale > 0, v / scale, torch.zeros_like(v))
+def victims(*, whole_tensor=False, ignore_m=False, raw_m=False, threshold=None, floor=False, atol=None):
+    def zero_point_victims(m, v, m_map, v_map, blocksize):
+        def decoded(x, qmap, *, rounding="nearest"):
+            n = x.numel()
+            if whole_tensor:
+                scale = x.abs().max().expand(n)
+            else:
+                absmax = torch.nn.functional.pad(x.abs(), (0, -n % blocksize)).view(-1, blocksize).amax(1)
+                scale = absmax.repeat_interleave(blocksize)[:n]
+            y = torch.where(scale > 0, x / scale, torch.zeros_like(x))
+            if rounding == "floor":  # searchsorted alone: the entry at or below y, not the nearest
+                return qmap[(torch.searchsorted(qmap, y, right=True) - 1).clamp(min=0)] * scale, y
+            return qmap[nearest_code(y, qmap).long()] * scale, y
+
+        v_hat, y = decoded(v, v_map, rounding="floor" if floor else "nearest")
         if threshold is not None:
-            zero = x < threshold
-        elif floor:  # searchsorted alone: the entry at or above x, not the nearest
-            zero = qmap[(torch.searchsorted(qmap, x, right=True) - 1).clamp(min=0)] == 0
+            zero = y < threshold
+        elif atol is not None:
+            zero = torch.isclose(v_hat, torch.zeros_like(v_hat), atol=atol)
         else:
-            zero = qmap[nearest_code(x, qmap).long()] == 0
-        return zero if ignore_m else zero & (m != 0)
+            zero = v_hat == 0
+        if ignore_m:
+            return zero
+        return zero & ((m != 0) if raw_m else (decoded(m, m_map)[0] != 0))
 
     return zero_point_victims
 
 
 @pytest.mark.parametrize("fn, hint", [
     (victims(whole_tensor=True), "absmax of ITS block"),
-    (victims(ignore_m=True), "Require m != 0 too"),
+    (victims(ignore_m=True), "Require the decoded m to be non-zero too"),
+    (victims(raw_m=True), "the update uses the DECODED m"),
     (victims(threshold=0.0033), "not just small"),
     (victims(floor=True), "you rounded down to the map entry below"),
-    (lambda m, v, q, b: torch.zeros(v.shape[0] + 1, dtype=torch.bool), "one flag per element of v"),
+    (victims(atol=1e-8), "your test depends on the size of v"),
+    (lambda m, v, a, b, bs: torch.zeros(v.shape[0] + 1, dtype=torch.bool), "one flag per element of v"),
     (stub, "not implemented yet"),
 ])
 def test_zero_point_victims_fails(fn, hint):
     fails_with(checks.check_zero_point_victims, fn, hint)
+
+
+def test_zero_point_cases_include_tiny_second_moments_and_m_coded_0():
+    from adam8lib.course.checks.ex12_beyond_8_bits import _decoded, _zero_point_cases
+
+    cases = _zero_point_cases()
+    assert min(float(v.abs().max()) for _, _, v, _, _, _ in cases) < 1e-7  # a v whose absmax is about 1e-8
+    m, m_map = cases[0][1], cases[0][3]
+    assert bool(((m != 0) & (_decoded(m, m_map, 128) == 0)).any())  # an m too small for the 4-bit map
 
 
 # ------------------------------------------------------------------ 12.3

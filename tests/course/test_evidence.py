@@ -108,6 +108,11 @@ def test_diverged_runs_are_counted_not_averaged(monkeypatch):
     assert e["curve"]["steps"] == [50, 100]  # the band is drawn from the runs that trained
     row = evidence.rows(result)[1]
     assert row["diverged"] == "2/4" and row["valid loss (nats/byte)"].startswith("2.34")
+    # the mean and the interval say that they cover only the runs that did not diverge
+    assert row["valid loss (nats/byte)"].endswith("(2 runs that did not diverge)")
+    assert row["Δ valid loss vs AdamW, % [95% CI]"].endswith("(n=2: diverged seeds left out)")
+    assert "2 diverged seeds left out" in evidence.verdict(result)
+    assert "left out" not in evidence.rows(result)[0]["Δ valid loss vs AdamW, % [95% CI]"]
 
 
 def test_ablation_at_the_lm_configuration_reuses_the_lm_runs():

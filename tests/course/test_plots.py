@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from adam8lib.course.plots import error_by_decade, stacked_bars  # noqa: E402
+from adam8lib.course.plots import error_by_decade, levels_per_decade, stacked_bars  # noqa: E402
 from adam8lib.quant import dequantize_blocks, dynamic_map, linear_map, quantize_blocks  # noqa: E402
 
 
@@ -79,3 +79,31 @@ def test_stacked_bars_heights_and_totals():
     with pytest.raises(ValueError):
         stacked_bars(ax, ["a"], {})
     plt.close(fig)
+
+
+def test_levels_per_decade_counts_against_hand_counted_maps():
+    # 1, 0.5, 0.2 in the top decade; 0.09 and 0.05 in the second; 0.0002 in the fourth; 0, -1, inf left out
+    levels = torch.tensor([1.0, 0.5, 0.2, 0.09, 0.05, 2e-4, 0.0, -1.0, float("inf")])
+    assert levels_per_decade(levels, 5) == [3, 2, 0, 1, 0]
+    assert levels_per_decade(levels * 448, 5) == [3, 2, 0, 1, 0]  # relative to the largest level
+
+
+def test_levels_per_decade_of_the_dynamic_map_and_e4m3():
+    from adam8lib.quant import dynamic_map
+
+    assert levels_per_decade(dynamic_map(True)) == [65, 32, 16, 8, 4, 2, 1]
+    assert levels_per_decade(dynamic_map(False)) == [129, 64, 32, 16, 8, 4, 2]
+    e4m3 = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    assert levels_per_decade(e4m3) == [27, 27, 26, 27, 17, 2, 0]  # 126 positive finite values, 2^-9 .. 448
+    assert sum(levels_per_decade(e4m3, 12)) == 126
+
+
+def test_levels_per_decade_rejects_bad_input():
+    with pytest.raises(TypeError):
+        levels_per_decade([1.0, 0.5])
+    with pytest.raises(TypeError):
+        levels_per_decade(torch.tensor([1, 2]))
+    with pytest.raises(ValueError):
+        levels_per_decade(torch.tensor([1.0]), 0)
+    with pytest.raises(ValueError):
+        levels_per_decade(torch.tensor([0.0, -1.0]))

@@ -20,17 +20,19 @@ def test_pack_then_unpack_is_the_identity_and_matches_the_library(workbook, n):
 
 
 def test_zero_point_victims_are_what_naive_four_bit_loses_and_the_fix_keeps(workbook):
-    """The learner's victims are exactly the entries that the "4bit-naive" format decodes to v = 0 with m != 0;
-    the "4bit" format (a map without zero) has none."""
+    """The learner's victims are exactly the entries that the "4bit-naive" format decodes to v = 0 while its
+    decoded m is not 0; the "4bit" format (a map without zero) has none. The same at a tiny scale of v."""
     gen = torch.Generator().manual_seed(3)
     g = torch.randn(64, 128, generator=gen) * torch.logspace(-3, 0, 128)
-    m, v = (0.1 * g).reshape(-1), (0.001 * g * g).reshape(-1)
-    got = workbook("12").zero_point_victims(m, v, dynamic_map(False, 3, 4), 128)
     naive = FORMATS["4bit-naive"]
-    state = naive.new_state((64, 128), torch.device("cpu"))
-    naive.encode_(state, m, v, (64, 128))
-    v_hat = naive.v.dequantize(state["state2"], state["absmax2"], (64, 128))
-    assert torch.equal(got, (v_hat == 0) & (m != 0)) and int(got.sum()) > 1000
+    for scale in (1.0, 1e-6):
+        m, v = (0.1 * g).reshape(-1), (scale * 0.001 * g * g).reshape(-1)
+        got = workbook("12").zero_point_victims(m, v, dynamic_map(True, 3, 4), dynamic_map(False, 3, 4), 128)
+        state = naive.new_state((64, 128), torch.device("cpu"))
+        naive.encode_(state, m, v, (64, 128))
+        m_hat, v_hat = naive.decode(state, (64, 128))
+        assert torch.equal(got, (v_hat == 0) & (m_hat != 0)) and int(got.sum()) > 1000
+        assert bool(((m != 0) & (m_hat == 0)).any())  # some m are too small for the 4-bit map: no victims there
     fixed = FORMATS["4bit"]
     state = fixed.new_state((64, 128), torch.device("cpu"))
     fixed.encode_(state, m, v, (64, 128))

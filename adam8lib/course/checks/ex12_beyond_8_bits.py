@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ...formats import pack_nibbles, unpack_nibbles
-from ...quant import dynamic_map, nearest_code, num_blocks
+from ...quant import dequantize_blocks, dynamic_map, nearest_code, quantize_blocks
 from ._common import assert_close, assert_equal, call, fail, passed, require_callable
 
 __all__ = ["check_pack_nibbles", "check_zero_point_victims", "check_rank1_scale", "check_stochastic_round"]
@@ -32,14 +32,17 @@ def check_pack_nibbles(pack, unpack) -> None:
             got = call(pack, codes.clone())
         except AssertionError as exc:
             if codes.numel() % 2 and "not implemented yet" not in str(exc):
-                fail(str(exc), hint="an odd number of codes cannot be paired as it is: pad it with one 0 code at the "
-                                    "end first (torch.cat([codes, codes.new_zeros(1)])).")
+                fail(str(exc), hint=f"an odd number of codes cannot be paired as it is: {label} leaves the last code "
+                                    "without a partner. Pad one 0 code at the END first (n codes take ceil(n / 2) "
+                                    "bytes).")
             raise
         if not isinstance(got, torch.Tensor):
-            fail(f"{what} returned {type(got).__name__}, expected a uint8 tensor.", hint="return a torch.Tensor of bytes")
+            fail(f"{what} returned {type(got).__name__}, expected a uint8 tensor.",
+                 hint="return the bytes as a torch tensor (one byte per pair of codes), not a list or a number.")
         if got.dtype != torch.uint8:
             fail(f"{what} has dtype {got.dtype}, expected torch.uint8.",
-                 hint="a byte holds two codes: keep the result uint8 (shift and OR uint8 tensors).")
+                 hint=f"a byte holds two codes: your arithmetic promoted the bytes to {got.dtype}. Keep every step "
+                      "in uint8 (or convert back at the end).")
         if got.numel() != want.numel():
             hint = ("an odd number of codes still needs its last byte: pad with one 0 code "
                     "(ceil(n / 2) bytes)." if codes.numel() % 2 else "n codes fit in n / 2 bytes: two per byte.")
@@ -48,135 +51,217 @@ def check_pack_nibbles(pack, unpack) -> None:
             padded = torch.cat([codes, codes.new_zeros(codes.numel() % 2)])
             front = torch.cat([codes.new_zeros(codes.numel() % 2), codes])
             variants = [
-                ("the nibbles are swapped: element 2i goes in the HIGH nibble (codes[2i] << 4 | codes[2i+1]).",
+                ("the nibbles are swapped: element 2i goes in the HIGH nibble (the upper 4 bits of byte i), element "
+                 "2i + 1 in the low one.",
                  padded[1::2] << 4 | padded[0::2]),
                 ("you padded at the front: the 0 code goes AFTER the last code, so the last byte holds the last "
                  "code in its high nibble.", front[0::2] << 4 | front[1::2]),
-                ("the high nibble is lost: shift the first code by 4 bits (codes[2i] << 4); shifted by 8 it leaves "
-                 "the byte.", padded[1::2]),
+                ("the high nibble is lost: every byte holds only the second code of its pair. The first code must "
+                 "move up by one nibble (4 bits); moved by 8 it falls off the byte.", padded[1::2]),
             ]
-            hint = next((h for h, v in variants if torch.equal(got, v)),
-                        "byte i = codes[2i] << 4 | codes[2i + 1] (a 4-bit shift, then OR).")
+            hint = next((h for h, v in variants if torch.equal(got, v)), None) or _pack_property_hint(got, padded, label)
             assert_equal(got, want, what=what, hint=hint)
         back = call(unpack, want.clone(), codes.numel())
         what = f"unpack(pack({label}), n={codes.numel()})"
         if not isinstance(back, torch.Tensor) or back.dtype != torch.uint8:
             fail(f"{what} returned {getattr(back, 'dtype', type(back).__name__)}, expected a uint8 tensor.",
-                 hint="return the codes as uint8 (>> 4 and & 0x0F keep the dtype).")
+                 hint="return the codes as a uint8 tensor: integer operations on uint8 bytes keep that dtype.")
         if back.numel() != codes.numel():
             fail(f"{what} has {back.numel()} codes, expected {codes.numel()}.",
-                 hint="an odd count was padded: unpack every byte, then keep the first n codes.")
+                 hint=f"an odd count was padded: unpack every byte ({2 * want.numel()} codes), then keep the first n "
+                      f"codes (n={codes.numel()}).")
         if not torch.equal(back, codes):
             n, hi, lo = codes.numel(), want >> 4, want & 0x0F
             variants = [
-                ("you put the low nibble first: the high nibble (byte >> 4) is element 2i, the low one "
-                 "(byte & 0x0F) element 2i + 1.", torch.stack([lo, hi], dim=1).reshape(-1)[:n]),
-                ("the low nibble is not masked: byte & 0x0F keeps its 4 low bits; without the mask element 2i + 1 "
-                 "is the whole byte.", torch.stack([hi, want], dim=1).reshape(-1)[:n]),
-                ("byte & 0xF0 leaves the high nibble 16 times too large: shift it down instead, byte >> 4.",
-                 torch.stack([want & 0xF0, lo], dim=1).reshape(-1)[:n]),
-                ("torch.cat puts all the high nibbles first: interleave them (high 0, low 0, high 1, …), e.g. "
-                 "torch.stack([high, low], dim=1).reshape(-1).", torch.cat([hi, lo])[:n]),
+                ("you put the low nibble first: the high nibble (upper 4 bits) of byte i is element 2i, the low one "
+                 "element 2i + 1.", torch.stack([lo, hi], dim=1).reshape(-1)[:n]),
+                ("the low nibble is not masked: element 2i + 1 is only the byte's lower 4 bits, and yours still "
+                 "carries the upper 4.", torch.stack([hi, want], dim=1).reshape(-1)[:n]),
+                ("the high nibble came out 16 times too large: you kept the upper 4 bits where they are; move them "
+                 "down to the low end of the byte.", torch.stack([want & 0xF0, lo], dim=1).reshape(-1)[:n]),
+                ("all the high nibbles come first, then all the low ones: the codes must alternate (high of byte 0, "
+                 "low of byte 0, high of byte 1, …).", torch.cat([hi, lo])[:n]),
             ]
-            hint = next((h for h, v in variants if torch.equal(back, v)),
-                        "the high nibble (byte >> 4) is element 2i, the low one (byte & 0x0F) element 2i + 1; "
-                        "interleave them in that order.")
+            hint = next((h for h, v in variants if torch.equal(back, v)), None) or _unpack_property_hint(back, codes, want,
+                                                                                                  label)
             assert_equal(back, codes, what=what, hint=hint)
     passed("Exercise 12.1 · Two codes per byte")
 
 
+def _first(mask: torch.Tensor) -> int:
+    return int(torch.nonzero(mask.reshape(-1))[0])
+
+
+def _pack_property_hint(got: torch.Tensor, padded: torch.Tensor, label: str) -> str:
+    """Which half of the bytes is wrong, for a packing no listed mistake explains."""
+    hi_ok, lo_ok = (got >> 4) == padded[0::2], (got & 0x0F) == padded[1::2]
+    if bool(hi_ok[:-1].all() and lo_ok[:-1].all()) and padded.numel() > 2:
+        return (f"on {label} only the last byte is wrong: the pad of an odd count is one 0 code after the last code, "
+                f"so the last byte's low nibble must be 0 (yours is {int(got[-1]) & 0x0F}).")
+    if bool(lo_ok.all()):
+        k = _first(~hi_ok)
+        return (f"on {label} the low nibbles are right but the high ones are not, first in byte {k}: the first code "
+                "of each pair belongs in the upper 4 bits, i.e. worth 16 times its value.")
+    if bool(hi_ok.all()):
+        k = _first(~lo_ok)
+        return (f"on {label} the high nibbles are right but the low ones are not, first in byte {k}: the second "
+                "code of each pair fills the lower 4 bits, unchanged.")
+    return ("byte i holds codes[2i] in its upper 4 bits and codes[2i + 1] in its lower 4 bits: compare your first "
+            f"byte of {label}, in binary, with the first two codes.")
+
+
+def _unpack_property_hint(back: torch.Tensor, codes: torch.Tensor, packed: torch.Tensor, label: str) -> str:
+    """Which codes come out wrong, for an unpacking no listed mistake explains."""
+    n = codes.numel()
+    everything = torch.stack([packed >> 4, packed & 0x0F], dim=1).reshape(-1)
+    if everything.numel() > n and torch.equal(back, everything[-n:]):
+        return ("you kept the LAST n codes: the padding code of an odd count sits at the end, so keep the first n.")
+    even_ok, odd_ok = back[0::2] == codes[0::2], back[1::2] == codes[1::2]
+    if bool(even_ok.all()):
+        k = 2 * _first(~odd_ok) + 1
+        return (f"on {label} the codes 2i (high nibbles) are right, the codes 2i + 1 are not, first at index {k}: "
+                "element 2i + 1 is the byte's lower 4 bits, and only those.")
+    if bool(odd_ok.all()):
+        k = 2 * _first(~even_ok)
+        return (f"on {label} the codes 2i + 1 (low nibbles) are right, the codes 2i are not, first at index {k}: "
+                "element 2i is the byte's upper 4 bits, moved down to a number from 0 to 15.")
+    return ("the high nibble (upper 4 bits) of byte i is element 2i, the low one element 2i + 1, in that order: "
+            f"compare your first two codes of {label} with the first byte in binary.")
+
+
 # ---------------------------------------------------------------------------- 12.2
-def _victims(m: torch.Tensor, v: torch.Tensor, qmap: torch.Tensor, blocksize: int) -> torch.Tensor:
-    n = v.numel()
-    pad = num_blocks(n, blocksize) * blocksize - n
-    blocks = torch.nn.functional.pad(v, (0, pad)).view(-1, blocksize)
-    absmax = blocks.amax(dim=1)
-    scale = absmax.repeat_interleave(blocksize)[:n]
-    normalized = torch.where(scale > 0, v / scale, torch.zeros_like(v))
-    v_hat = qmap[nearest_code(normalized, qmap).long()] * scale
-    return (v_hat == 0) & (m != 0)
+def _decoded(x: torch.Tensor, qmap: torch.Tensor, blocksize: int) -> torch.Tensor:
+    """x quantized blockwise (absmax of |x| per block, nearest entry of qmap) and decoded."""
+    codes, absmax = quantize_blocks(x.reshape(-1).float(), qmap, blocksize)
+    return dequantize_blocks(codes, absmax, qmap, blocksize)
+
+
+def _victims(m, v, m_map, v_map, blocksize) -> torch.Tensor:
+    return (_decoded(v, v_map, blocksize) == 0) & (_decoded(m, m_map, blocksize) != 0)
 
 
 def _zero_point_cases():
+    """(label, m, v, m_map, v_map, blocksize): moments over three decades (some m too small for the 4-bit map),
+    exact zeros, a short tail, an all-zero block, and the same moments with tiny second moments."""
     gen = torch.Generator().manual_seed(21)
-    qmap = dynamic_map(False, 3, 4)
+    m_map, v_map = dynamic_map(True, 3, 4), dynamic_map(False, 3, 4)
     g = torch.randn(1000, generator=gen) * torch.logspace(-3, 0, 1000)[torch.randperm(1000, generator=gen)]
     m, v = 0.1 * g, 0.001 * g * g
     sparse_m = m.clone()
     sparse_m[::3] = 0.0  # entries that never saw a gradient: v = 0 there is harmless
     big = torch.rand(4096, generator=gen) ** 6  # many tiny values next to a few large ones
-    return [("1,000 moments of gradients spread over three decades, blocks of 128", m, v, qmap, 128),
-            ("the same with a third of m exactly 0", sparse_m, v, qmap, 128),
-            ("4,096 skewed values, blocks of 256", big - 0.5, big * big, qmap, 256),
-            ("a tail block of 40 values", m[:168], v[:168], qmap, 128)]
+    dead = torch.cat([m[:128], torch.zeros(128), m[128:200]]), torch.cat([v[:128], torch.zeros(128), v[128:200]])
+    return [("1,000 moments of gradients spread over three decades, blocks of 128", m, v, m_map, v_map, 128),
+            ("the same with a third of m exactly 0", sparse_m, v, m_map, v_map, 128),
+            ("4,096 skewed values, blocks of 256", big - 0.5, big * big, m_map, v_map, 256),
+            ("a tail block of 40 values", m[:168], v[:168], m_map, v_map, 128),
+            ("328 values whose second block is all 0", dead[0], dead[1], m_map, v_map, 128),
+            ("the first case with v's absmax near 1e-6 (and m's near 1e-3)", 1e-2 * m, 1e-4 * v, m_map, v_map, 128),
+            ("the first case with v's absmax near 1e-8 (and m's near 1e-4)", 1e-3 * m, 1e-6 * v, m_map, v_map, 128),
+            ("the first case with v's absmax near 1e-10 and m's near 1e-5", 1e-4 * m, 1e-8 * v, m_map, v_map, 128)]
 
 
-def _victim_variants(m, v, qmap, bs):
+_SMALL = (5, 6, 7)  # the cases with tiny moments
+
+
+def _victim_variants(m, v, m_map, v_map, bs):
     """(hint, mask) of the usual wrong answers, for one case."""
-    smallest = qmap[qmap > 0].min()
-    coded_zero = _victims(torch.ones_like(m), v, qmap, bs)
-    absmax = torch.nn.functional.pad(v, (0, -v.numel() % bs)).view(-1, bs).amax(dim=1)
-    normalized = v / absmax.repeat_interleave(bs)[:v.numel()].clamp(min=torch.finfo(v.dtype).tiny)
-    whole = qmap[nearest_code(v / v.abs().max(), qmap).long()] == 0
+    n = v.numel()
+    v_zero = _decoded(v, v_map, bs) == 0
+    m_live = _decoded(m, m_map, bs) != 0
+    absmax = torch.nn.functional.pad(v.abs(), (0, -n % bs)).view(-1, bs).amax(dim=1).repeat_interleave(bs)[:n]
+    normalized = torch.where(absmax > 0, v / absmax, torch.zeros_like(v))
+    smallest = v_map[v_map > 0].min()
+    whole = v_map[nearest_code(v / v.abs().max(), v_map).long()] == 0
+    whole_m_live = m_map[nearest_code(m / m.abs().max(), m_map).long()] != 0
     return [
-        ("scale v by the absmax of ITS block (blocks of `blocksize`), not of the whole tensor.", whole & (m != 0)),
-        ("an entry whose m is 0 is no victim: its update is 0 / eps = 0. Require m != 0 too.", coded_zero),
-        ("the m test is inverted: a victim has v coded to 0 while m is NOT 0 (m != 0).", coded_zero & (m == 0)),
+        ("you tested the m you were given (m != 0), but the update uses the DECODED m: an m too small for its "
+         "block is itself stored as 0, and then its update is 0, no victim. Quantize and decode m too.",
+         v_zero & (m != 0)),
+        ("every v scaled by the absmax of the whole tensor: each block has its own absmax, and v / absmax of ITS "
+         "block is what the map codes.", whole & whole_m_live),
+        ("every v scaled by the absmax of the whole tensor: each block has its own absmax, and v / absmax of ITS "
+         "block is what the map codes.", whole & m_live),
+        ("an entry whose decoded m is 0 is no victim: its update is 0 / eps = 0. Require the decoded m to be "
+         "non-zero too.", v_zero),
+        ("the m test is inverted: a victim has v decoded to 0 while its decoded m is NOT 0.", v_zero & ~m_live),
         ("you flagged v == 0 before quantizing: the victims are the entries whose QUANTIZED v decodes to 0 "
-         "(nonzero v below half the smallest map entry times the block's absmax).", (v == 0) & (m != 0)),
+         "(non-zero v below half the smallest map entry times the block's absmax).", (v == 0) & m_live),
         ("you rounded down to the map entry below: codes are the NEAREST entry, so v / absmax decodes to 0 "
-         "only below HALF the smallest positive entry.", (normalized < smallest) & (m != 0)),
+         "only below HALF the smallest positive entry.", (normalized < smallest) & m_live),
         ("you compared v itself with the map: the map holds v / absmax, so divide by the block's absmax first.",
-         (v < smallest / 2) & (m != 0)),
-        ("you compared v itself with the map: the map holds v / absmax, so divide by the block's absmax first.",
-         (v < smallest) & (m != 0)),
+         (v < smallest / 2) & m_live),
+        ("you coded m with v's map (no negative entries): every negative m decodes to 0 there. m takes the signed "
+         "map m_map, v the unsigned v_map.", v_zero & (_decoded(m, v_map, bs) != 0)),
+        ("the two maps are swapped: m takes the signed map m_map, v the unsigned v_map with its 0.",
+         (_decoded(v, m_map, bs) == 0) & (_decoded(m, v_map, bs) != 0)),
+        ("you scaled each block by its largest VALUE, not its largest magnitude: where a block's biggest m is "
+         "negative, that is the wrong absmax. Take the absmax of |x|.", v_zero & (_signed_absmax_decoded(m, m_map, bs) != 0)),
     ]
 
 
-def _victims_hint(zero_point_victims) -> str:
+def _signed_absmax_decoded(x, qmap, bs):
+    n = x.numel()
+    blocks = torch.nn.functional.pad(x, (0, -n % bs)).view(-1, bs)
+    top = blocks.amax(dim=1, keepdim=True)
+    y = blocks / torch.where(top != 0, top, torch.ones_like(top))
+    return (qmap[nearest_code(y.reshape(-1), qmap).long()].view_as(blocks) * top).reshape(-1)[:n]
+
+
+def _victims_hint(zero_point_victims, failing: int) -> str:
     """The hint of the wrong answer that the learner's masks match on EVERY case (one case can be ambiguous:
-    an empty mask fits several mistakes), else a general one."""
+    an empty mask fits several mistakes), else one from the property that failed."""
     cases = _zero_point_cases()
     try:
-        masks = [zero_point_victims(m.clone(), v.clone(), qmap.clone(), bs).bool() for _, m, v, qmap, bs in cases]
-    except Exception:  # noqa: BLE001 - the first case already ran in the check
+        masks = [zero_point_victims(m.clone(), v.clone(), a.clone(), b.clone(), bs).bool() for _, m, v, a, b, bs in cases]
+    except Exception:  # noqa: BLE001 - the failing case already ran in the check
         masks = None
+    wants = [_victims(*c[1:]) for c in cases]
     if masks is not None and all(isinstance(g, torch.Tensor) and g.shape == c[2].shape for g, c in zip(masks, cases)):
-        per_case = [_victim_variants(m, v, qmap, bs) for _, m, v, qmap, bs in cases]
+        per_case = [_victim_variants(*c[1:]) for c in cases]
         for k, (hint, _) in enumerate(per_case[0]):
             if all(torch.equal(g, variants[k][1]) for g, variants in zip(masks, per_case)):
                 return hint
-        wants = [_victims(m, v, qmap, bs) for _, m, v, qmap, bs in cases]
+        if failing in _SMALL and all(torch.equal(masks[i], wants[i]) for i in range(len(cases)) if i not in _SMALL):
+            return (f"right on the same moments at their usual size, wrong on \"{cases[failing][0]}\": your test depends "
+                    "on the size of v or m, not only on x / absmax. A decoded v is a victim only if it is exactly 0, and "
+                    "its decoded m must be exactly non-zero; an absolute tolerance (say 1e-8, the default atol of "
+                    "isclose/allclose) or an added eps is as large as the whole moment here.")
         if all(not bool((w & ~g).any()) for g, w in zip(masks, wants)):
             return ("too many: an entry is a victim only if v's NEAREST map entry is 0 (v below half the map's "
-                    "smallest positive entry times absmax), not just small.")
-    return ("quantize v blockwise (absmax per block, nearest map entry to v / absmax), decode, and flag the "
-            "entries where that is 0 while m is not.")
+                    "smallest positive entry times its block's absmax), not just small, and its decoded m is not 0.")
+    return ("quantize both moments blockwise as lesson 06 does (each with its own map and absmax per block), decode "
+            "them, and flag the entries where the decoded v is 0 while the decoded m is not.")
 
 
 def check_zero_point_victims(zero_point_victims) -> None:
-    """``zero_point_victims(m, v, qmap, blocksize) -> bool mask``: v codes to 0 (nearest code, blockwise)
-    while m is not 0 — the entries whose next update would be ``lr * m / eps``."""
+    """``zero_point_victims(m, v, m_map, v_map, blocksize) -> bool mask``: the entries whose decoded v is 0 while
+    their decoded m is not (both quantized blockwise with nearest codes) — those whose next update is
+    ``lr * m / eps``."""
     require_callable(zero_point_victims, "zero_point_victims")
-    for label, m, v, qmap, bs in _zero_point_cases():
-        want = _victims(m, v, qmap, bs)
+    for index, (label, m, v, m_map, v_map, bs) in enumerate(_zero_point_cases()):
+        want = _victims(m, v, m_map, v_map, bs)
         what = f"zero_point_victims({label})"
         try:
-            got = call(zero_point_victims, m.clone(), v.clone(), qmap.clone(), bs)
+            got = call(zero_point_victims, m.clone(), v.clone(), m_map.clone(), v_map.clone(), bs)
         except AssertionError as exc:
             if "is invalid for input of size" in str(exc) and v.numel() % bs:
                 fail(str(exc), hint=f"{v.numel()} values are not a whole number of blocks of {bs}: the last block is "
-                                    "short — pad v with zeros to a multiple of blocksize before view(-1, blocksize), "
-                                    "then drop the padding.")
+                                    "short. Lesson 06's blocks pad the tail (and drop the padding afterwards).")
             raise
         if not isinstance(got, torch.Tensor):
-            fail(f"{what} returned {type(got).__name__}, expected a bool tensor.", hint="return a mask shaped like v")
+            fail(f"{what} returned {type(got).__name__}, expected a bool tensor.",
+                 hint="return a torch tensor of flags, one per entry of v.")
         if got.shape != want.shape:
-            fail(f"{what} has shape {tuple(got.shape)}, expected {tuple(want.shape)}.", hint="one flag per element of v")
+            fail(f"{what} has shape {tuple(got.shape)}, expected {tuple(want.shape)}.",
+                 hint=f"one flag per element of v: {v.numel()} of them, flat.")
+        if got.dtype.is_floating_point and bool(torch.isnan(got).any()):
+            fail(f"{what} has NaN entries.", hint="a block whose absmax is 0 decodes to 0: dividing by its absmax "
+                                                 "gives 0 / 0. Treat that block on its own.")
         got = got.bool()
         if torch.equal(got, want):
             continue
-        hint = _victims_hint(zero_point_victims)
+        hint = _victims_hint(zero_point_victims, index)
         assert_equal(got, want, what=what, hint=hint)
     passed("Exercise 12.2 · The zero-point victims")
 
@@ -205,44 +290,67 @@ def check_rank1_scale(rank1_scale) -> None:
             got = call(rank1_scale, x.clone())
         except AssertionError as exc:
             if "must match the size of tensor" in str(exc):
-                fail(str(exc), hint="the row maxima (one per row) and column maxima (one per column) only broadcast "
-                                    "to x's shape as a column (r, 1) and a row (1, c): keep the reduced dims, "
-                                    "amax(dim=..., keepdim=True).")
+                fail(str(exc), hint=f"the row maxima ({x.shape[0]} of them) and the column maxima ({x.shape[1]}) "
+                                    "only broadcast to x's shape as a column (r, 1) and a row (1, c): your reductions "
+                                    "lost the reduced dimension.")
             raise
         if isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got):
             fail(f"{what} returned two tensors (the row and the column maxima?), expected one shaped like x.",
-                 hint="combine them into one scale per entry: torch.minimum(row_max, col_max) broadcasts a (r, 1) "
-                      "column and a (1, c) row to (r, c).")
+                 hint="combine them into one scale per entry: for every (i, j), the smaller of row i's and column j's "
+                      "maximum, shaped like x.")
         if not isinstance(got, torch.Tensor):
-            fail(f"{what} returned {type(got).__name__}, expected a tensor shaped like x.", hint="return a tensor")
+            fail(f"{what} returned {type(got).__name__}, expected a tensor shaped like x.",
+                 hint="return one torch tensor with a scale per entry of x.")
         if got.shape != x.shape:
             hint = ("broadcast the row maxima (a column vector) against the column maxima (a row vector) to x's shape."
-                    if got.numel() in (x.shape[0], x.shape[1], x.shape[0] + x.shape[1]) else "one scale per element")
+                    if got.numel() in (x.shape[0], x.shape[1], x.shape[0] + x.shape[1])
+                    else f"one scale per element of x: {x.numel()} numbers shaped {tuple(x.shape)}")
             fail(f"{what} has shape {tuple(got.shape)}, expected {tuple(x.shape)}.", hint=hint)
         if torch.allclose(got.float(), want, rtol=1e-6, atol=0):
             continue
         a = x.abs()
         rows, cols = a.amax(dim=1, keepdim=True), a.amax(dim=0, keepdim=True)
         variants = [
-            ("the LARGER of the two maxima lets tiny entries vanish: take the smaller one (torch.minimum).",
+            ("you took the LARGER of the two maxima, which lets the small entries of a quiet row vanish next to a loud "
+             "column: take the smaller one.",
              torch.maximum(rows, cols)),
             ("the row maximum alone is one scale per row; rank-1 takes min(row max, column max).", rows.expand_as(x)),
             ("the column maximum alone is one scale per column; rank-1 takes min(row max, column max).",
              cols.expand_as(x)),
-            ("take maxima of |x| (magnitudes), not of x.",
+            ("your scales come out below some |x| on a matrix with negative entries: take maxima of |x| "
+             "(magnitudes), not of x.",
              torch.minimum(x.amax(dim=1, keepdim=True), x.amax(dim=0, keepdim=True))),
             ("not the product of the maxima (that is a rank-1 approximation of x, not a scale): take their minimum.",
              rows * cols),
-            ("you took the SMALLEST magnitude of the row and of the column (amin): the scales are their LARGEST "
-             "magnitudes (amax), and then the smaller of those two.",
+            ("you took the SMALLEST magnitude of the row and of the column: the scales are their LARGEST "
+             "magnitudes, and then the smaller of those two.",
              torch.minimum(a.amin(dim=1, keepdim=True), a.amin(dim=0, keepdim=True))),
             ("one absmax for the whole matrix is plain absmax scaling: rank-1 takes each row's and each column's "
              "maximum, min(row max, column max) per entry.", a.max().expand_as(x)),
         ]
-        hint = next((h for h, v in variants if torch.allclose(got.float(), v, rtol=1e-6, atol=0)),
-                    "scale[i, j] = min(max_k |x[i, k]|, max_k |x[k, j]|).")
+        hint = next((h for h, v in variants if torch.allclose(got.float(), v, rtol=1e-6, atol=0)), None) \
+            or _rank1_property_hint(got.float(), x, want, label)
         assert_close(got.float(), want, rtol=1e-6, atol=0, what=what, hint=hint)
     passed("Exercise 12.3 · Rank-1 normalization")
+
+
+def _rank1_property_hint(got: torch.Tensor, x: torch.Tensor, want: torch.Tensor, label: str) -> str:
+    """Which property of a scale fails, for a scale no listed mistake explains."""
+    a = x.abs()
+    if torch.allclose(got, want * want, rtol=1e-5, atol=0):
+        return f"on {label} your scales are the squares of the right ones: take magnitudes |x|, not x * x."
+    below = got < a * (1 - 1e-6)
+    if bool(below.any()):
+        i, j = (int(t) for t in torch.nonzero(below)[0])
+        return (f"on {label} your scale at ({i}, {j}) is {float(got[i, j]):.4g}, below |x[{i}, {j}]| = {float(a[i, j]):.4g}: "
+                "a scale must bound every magnitude of its row and of its column, so it is built from their MAXIMA "
+                "(not a mean, a rounded value or one row alone).")
+    above = got > want * (1 + 1e-6)
+    if bool(above.any()) and not bool((got < want * (1 - 1e-6)).any()):
+        i, j = (int(t) for t in torch.nonzero(above)[0])
+        return (f"on {label} your scale at ({i}, {j}) is {float(got[i, j]):.4g}, larger than both the maximum |x| of row "
+                f"{i} and of column {j} allow ({float(want[i, j]):.4g}): maxima, not sums or norms, and the smaller one.")
+    return (f"scale[i, j] = min(max_k |x[i, k]|, max_k |x[k, j]|): check one entry of {label} by hand.")
 
 
 # ---------------------------------------------------------------------------- 12.4
@@ -269,19 +377,21 @@ def check_stochastic_round(stochastic_round) -> None:
         what = f"stochastic_round({n:,} copies of {label})"
         if not isinstance(got, torch.Tensor) or got.dtype != torch.bfloat16:
             fail(f"{what} returned {getattr(got, 'dtype', type(got).__name__)}, expected a bf16 tensor.",
-                 hint="return the rounded values as torch.bfloat16 (exact when the low 16 bits are 0).")
+                 hint="return the rounded values as a torch.bfloat16 tensor: once the lower 16 bits are 0, the "
+                      "conversion to bf16 is exact.")
         if got.shape != x.shape:
-            fail(f"{what} has shape {tuple(got.shape)}, expected {tuple(x.shape)}.", hint="one result per element")
+            fail(f"{what} has shape {tuple(got.shape)}, expected {tuple(x.shape)}.",
+                 hint="one rounded value per element of x, in x's shape.")
         low, high = _bf16_neighbours(x[:1])
         values = set(got.float().unique().tolist())
         if not values <= {float(low), float(high)}:
             two_up = float(((x[:1].view(torch.int32) & ~0xFFFF) + 0x20000).view(torch.float32))
             if max(values, key=abs) == two_up and float(low) != float(high):
-                hint = ("your random integers span more than 2**16 (one bf16 step), so some copies jump two steps: add "
-                        "a random integer in [0, 2**16) to the bits.")
+                hint = ("your random integers span more than 2**16 (one bf16 step), so some copies jump two steps: the "
+                        "randomness must cover exactly one step of the lower 16 bits.")
             else:
-                hint = ("round to one of the two bf16 numbers next to x: add random low bits and cut them, "
-                        "or pick up/down with a random draw.")
+                hint = ("every result must be one of the two bf16 numbers next to x (printed above); yours left that "
+                        "pair, so your rounding changes more than the lower 16 bits.")
             fail(f"{what} gave {sorted(values)[:4]}, but x's bf16 neighbours are {float(low)!r} and {float(high)!r}.",
                  hint=hint)
         if len(values) == 1 and float(low) != float(high):
@@ -297,8 +407,8 @@ def check_stochastic_round(stochastic_round) -> None:
                  "the lower neighbour.", 1 - frac),
                 ("you round up half of the time whatever x is: the odds must be the fraction (x - low) / (high - low), "
                  "not a fixed 0.5.", 0.5),
-                ("your random integers span 2**15, half the gap: add a random integer in [0, 2**16) to the bits "
-                 "(torch.randint(0, 1 << 16, ...)), one full bf16 step.", max(0.0, 2 * frac - 1)),
+                ("your random integers span 2**15, half the gap, so x rounds up only past the middle: the "
+                 "randomness must cover one full bf16 step.", max(0.0, 2 * frac - 1)),
             ]
             hint = next((h for h, p in odds if abs(up - p) <= 5 * (p * (1 - p) / n) ** 0.5 + 1e-9),
                         "round up with probability (x - low) / (high - low): the mean of the results must be x.")
@@ -315,7 +425,7 @@ def check_stochastic_round(stochastic_round) -> None:
     twice = call(stochastic_round, torch.full((1000,), 1.3), torch.Generator().manual_seed(7))
     if not torch.equal(again, twice):
         fail("two calls with generators seeded alike gave different results.",
-             hint="draw every random number from the generator you are given (generator=generator), not the global one.")
+             hint="draw every random number from the generator you are given, not from torch's global one.")
     passed("Exercise 12.4 · Stochastic rounding to bf16")
 
 
@@ -323,7 +433,7 @@ def _one_way_hint(stochastic_round, went_up: bool) -> str:
     """Every copy went the same way: name the deterministic rounding the learner wrote, from one more input
     (x three quarters of a step above a bf16 number: nearest rounds it up, truncation down)."""
     generic = ("round up with probability (x - low) / (high - low), with a fresh random number per element "
-               "(torch.rand / torch.randint with the generator you are given).")
+               "drawn from the generator you are given.")
     if went_up:
         return ("you always round away from zero (the upper neighbour): stochastic rounding goes up only with "
                 "probability (x - low) / (high - low).")
@@ -334,13 +444,13 @@ def _one_way_hint(stochastic_round, went_up: bool) -> str:
     except Exception:  # noqa: BLE001 - the probe is only for the hint
         return generic
     if rounded == {float(probe[0].bfloat16())} and float(probe[0].bfloat16()) > 1.0:
-        return ("that is round-to-nearest (x.to(torch.bfloat16)): deterministic, it loses every update below half "
-                "a step. Round up at random, with probability (x - low) / (high - low).")
+        return ("that is round-to-nearest (a plain conversion to bf16): deterministic, it loses every update below "
+                "half a step. Round up at random, with probability (x - low) / (high - low).")
     high = float(probe[0].bfloat16())
     if rounded == {1.0, high} and abs(float((got.float() == high).double().mean()) - 0.5) < 0.08:
         return ("your random integers span 2**15, half the gap, so x rounds up only when it is past the middle: "
-                "add a random integer in [0, 2**16) to the bits (torch.randint(0, 1 << 16, ...)), one full bf16 step.")
+                "the randomness must cover one full bf16 step.")
     if rounded == {1.0}:
         return ("you truncate (clear the low 16 bits): always toward zero. Round up at random, with probability "
-                "(x - low) / (high - low), e.g. add a random integer in [0, 2**16) to the bits before clearing them.")
+                "(x - low) / (high - low).")
     return generic

@@ -146,8 +146,9 @@ QUESTIONS: dict[str, Question] = {
     # 12 · beyond 8 bits
     "12.a": Question(768 * 3072, rel_tol=0, shown="2,359,296 (two half-byte codes per parameter: 1 byte)"),
     "12.b": Question(1e4, rel_tol=0.01, shown="10,000 (lr x m / eps = lr x 1e-4 / 1e-8)"),
-    "12.c": Question(768 + 3072, rel_tol=0, shown="3,840 (one per row and one per column)"),
-    "12.d": Question(1.0, rel_tol=0, shown="1.0 (every step is lost)"),
+    "12.c": Question(0.1, rel_tol=0.25, shown="≈ 0.1 learning rates per step (m restarts from 0 at every step)"),
+    "12.d": Question("a", choices="abc", shown="(a) the 8-bit dynamic map: its median error of m is about half e4m3's"),
+    "12.e": Question(1.0, rel_tol=0, shown="1.0 (every step is lost)"),
 }
 
 

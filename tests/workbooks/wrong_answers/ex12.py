@@ -92,56 +92,81 @@ def unpack_with_divmod(packed, n):
 
 
 # ---------------------------------------------------------------------------------- 12.2
-def make_victims(*, scale="block", test="nearest", m_rule="nonzero"):
-    def zero_point_victims(m, v, qmap, blocksize):
-        n = v.numel()
-        if scale == "block":
-            absmax = torch.nn.functional.pad(v, (0, -n % blocksize)).view(-1, blocksize).amax(1)
-            s = absmax.repeat_interleave(blocksize)[:n]
-        elif scale == "whole":
-            s = v.abs().max().expand(n)
-        else:  # "unpadded": view(-1, blocksize) without padding the tail
-            s = v.view(-1, blocksize).amax(1).repeat_interleave(blocksize)
-        x = torch.where(s > 0, v / s, torch.zeros_like(v))
-        smallest = qmap[qmap > 0].min()
+def make_victims(*, scale="block", test="nearest", m_rule="decoded", m_map_used="m"):
+    def zero_point_victims(m, v, m_map, v_map, blocksize):
+        def scales(x):
+            n = x.numel()
+            if scale == "block":
+                absmax = torch.nn.functional.pad(x.abs(), (0, -n % blocksize)).view(-1, blocksize).amax(1)
+                return absmax.repeat_interleave(blocksize)[:n]
+            if scale == "whole":
+                return x.abs().max().expand(n)
+            return x.abs().view(-1, blocksize).amax(1).repeat_interleave(blocksize)  # "unpadded": no tail padding
+
+        def decoded(x, qmap):
+            s = scales(x)
+            y = torch.where(s > 0, x / s, torch.zeros_like(x))
+            return qmap[nearest_code(y, qmap).long()] * s, y
+
+        v_hat, y = decoded(v, v_map)
+        smallest = v_map[v_map > 0].min()
         if test == "nearest":
-            zero = qmap[nearest_code(x, qmap).long()] == 0
-        elif test == "floor":  # the entry at or below x
-            zero = x < smallest
+            zero = v_hat == 0
+        elif test == "floor":  # the entry at or below y
+            zero = y < smallest
         elif test == "raw-v":  # v itself against the map, no absmax
             zero = v < smallest / 2
         elif test == "before-quantizing":
             zero = v == 0
-        if m_rule == "nonzero":
-            return zero & (m != 0)
+        elif test == "isclose":  # isclose's default atol=1e-8: the size of a whole tiny v
+            zero = torch.isclose(v_hat, torch.zeros_like(v_hat))
+        elif test == "eps":  # "zero" as below Adam's eps
+            zero = v_hat < 1e-8
         if m_rule == "ignored":
             return zero
-        return zero & (m == 0)
+        if m_rule == "raw":
+            return zero & (m != 0)
+        m_hat = decoded(m, m_map if m_map_used == "m" else v_map)[0]
+        if m_rule == "inverted":
+            return zero & (m_hat == 0)
+        return zero & (m_hat != 0)
 
     return zero_point_victims
 
 
-def victims_in_a_loop(m, v, qmap, blocksize):
-    out = torch.zeros_like(v, dtype=torch.bool)
-    for start in range(0, v.numel(), blocksize):
-        block = v[start:start + blocksize]
+def victims_in_a_loop(m, v, m_map, v_map, blocksize):
+    def decoded(block, qmap):
         absmax = block.abs().max()
         if absmax == 0:
-            decoded = torch.zeros_like(block)
-        else:
-            idx = (block / absmax).unsqueeze(1).sub(qmap).abs().argmin(dim=1)
-            decoded = qmap[idx] * absmax
-        out[start:start + blocksize] = (decoded == 0) & (m[start:start + blocksize] != 0)
+            return torch.zeros_like(block)
+        idx = (block / absmax).unsqueeze(1).sub(qmap).abs().argmin(dim=1)
+        return qmap[idx] * absmax
+
+    out = torch.zeros_like(v, dtype=torch.bool)
+    for start in range(0, v.numel(), blocksize):
+        part = slice(start, start + blocksize)
+        out[part] = (decoded(v[part], v_map) == 0) & (decoded(m[part], m_map) != 0)
     return out
 
 
-def victims_by_codes(m, v, qmap, blocksize):
-    n = v.numel()
-    blocks = torch.cat([v, v.new_zeros(-n % blocksize)]).reshape(-1, blocksize)
-    absmax = blocks.amax(dim=1, keepdim=True)
-    codes = nearest_code(blocks / torch.where(absmax > 0, absmax, torch.ones_like(absmax)), qmap)
-    zero_code = int(torch.nonzero(qmap == 0)[0])
-    return (codes.reshape(-1)[:n] == zero_code) & m.ne(0)
+def victims_by_codes(m, v, m_map, v_map, blocksize):
+    def codes(x, qmap):
+        n = x.numel()
+        blocks = torch.cat([x, x.new_zeros(-n % blocksize)]).reshape(-1, blocksize)
+        absmax = blocks.abs().amax(dim=1, keepdim=True)
+        return nearest_code(blocks / torch.where(absmax > 0, absmax, torch.ones_like(absmax)), qmap).reshape(-1)[:n]
+
+    v_zero, m_zero = int(torch.nonzero(v_map == 0)[0]), int(torch.nonzero(m_map == 0)[0])
+    # a block of zeros codes to the zero entry too, so comparing codes needs no special case
+    return (codes(v, v_map) == v_zero) & (codes(m, m_map) != m_zero)
+
+
+def victims_with_library_calls(m, v, m_map, v_map, blocksize):
+    from adam8lib.quant import dequantize_blocks, quantize_blocks
+
+    v_hat = dequantize_blocks(*quantize_blocks(v, v_map, blocksize), v_map, blocksize)
+    m_hat = dequantize_blocks(*quantize_blocks(m, m_map, blocksize), m_map, blocksize)
+    return (v_hat == 0) & (m_hat != 0)
 
 
 # ---------------------------------------------------------------------------------- 12.3
@@ -241,9 +266,9 @@ WRONG = [
     Wrong(U, P, pack, "unpack: low nibble first", "you put the low nibble first", True, (unpack_low_first,)),
     Wrong(U, P, pack, "unpack: low nibble not masked to 4 bits", "the low nibble is not masked", True,
           (unpack_unmasked,)),
-    Wrong(U, P, pack, "unpack: high nibble masked, not shifted", "byte & 0xF0 leaves the high nibble", True,
+    Wrong(U, P, pack, "unpack: high nibble masked, not shifted", "the high nibble came out 16 times too large", True,
           (unpack_high_unshifted,)),
-    Wrong(U, P, pack, "unpack: highs then lows, not interleaved", "torch.cat puts all the high nibbles first", True,
+    Wrong(U, P, pack, "unpack: highs then lows, not interleaved", "all the high nibbles come first", True,
           (unpack_concatenated,)),
     Wrong(U, P, pack, "unpack: padding not trimmed", "keep the first n codes", True, (unpack_not_trimmed,)),
     # 12.2 · zero-point victims
@@ -251,16 +276,24 @@ WRONG = [
           "absmax of ITS block", True),
     Wrong("12.2", C.check_zero_point_victims, make_victims(scale="unpadded"), "view(-1, blocksize) on a short tail",
           "the last block is short", True),
-    Wrong("12.2", C.check_zero_point_victims, make_victims(m_rule="ignored"), "m != 0 forgotten",
-          "Require m != 0 too", True),
-    Wrong("12.2", C.check_zero_point_victims, make_victims(m_rule="inverted"), "m == 0 instead of m != 0",
+    Wrong("12.2", C.check_zero_point_victims, make_victims(m_rule="ignored"), "m forgotten",
+          "Require the decoded m to be non-zero too", True),
+    Wrong("12.2", C.check_zero_point_victims, make_victims(m_rule="raw"), "the given m tested, not the decoded m",
+          "the update uses the DECODED m", True),
+    Wrong("12.2", C.check_zero_point_victims, make_victims(m_rule="inverted"), "decoded m == 0 instead of != 0",
           "the m test is inverted", True),
+    Wrong("12.2", C.check_zero_point_victims, make_victims(m_map_used="v"), "m coded with v's map",
+          "you coded m with v's map", True),
     Wrong("12.2", C.check_zero_point_victims, make_victims(test="floor"), "rounded down, not to the nearest entry",
           "you rounded down to the map entry below", True),
     Wrong("12.2", C.check_zero_point_victims, make_victims(test="raw-v"), "v compared with the map unscaled",
           "you compared v itself with the map", True),
     Wrong("12.2", C.check_zero_point_victims, make_victims(test="before-quantizing"), "v == 0 before quantizing",
           "you flagged v == 0 before quantizing", True),
+    Wrong("12.2", C.check_zero_point_victims, make_victims(test="isclose"), "isclose(v_hat, 0): atol 1e-8",
+          "your test depends on the size of v", True),
+    Wrong("12.2", C.check_zero_point_victims, make_victims(test="eps"), "decoded v below eps counted as 0",
+          "your test depends on the size of v", True),
     # 12.3 · rank-1 scales
     Wrong("12.3", C.check_rank1_scale, rank1_max_of_maxima, "max instead of min of row/column max",
           "take the smaller one", True),
@@ -268,7 +301,7 @@ WRONG = [
     Wrong("12.3", C.check_rank1_scale, rank1_no_abs, "maxima of x, not |x|", "take maxima of |x|", True),
     Wrong("12.3", C.check_rank1_scale, rank1_product, "product of the maxima", "not the product of the maxima", True),
     Wrong("12.3", C.check_rank1_scale, rank1_no_keepdim, "keepdim forgotten: shapes do not broadcast",
-          "keep the reduced dims", True),
+          "lost the reduced dimension", True),
     Wrong("12.3", C.check_rank1_scale, rank1_returns_both, "returns the two vectors", "combine them into one scale",
           True),
     Wrong("12.3", C.check_rank1_scale, rank1_amin, "amin instead of amax", "you took the SMALLEST magnitude", True),
@@ -299,6 +332,7 @@ RIGHT = [
     Right(U, P, pack, "the unpack with divmod into an empty tensor", (unpack_with_divmod,)),
     Right("12.2", C.check_zero_point_victims, victims_in_a_loop, "a loop over blocks, argmin distance"),
     Right("12.2", C.check_zero_point_victims, victims_by_codes, "codes compared with the zero entry's code"),
+    Right("12.2", C.check_zero_point_victims, victims_with_library_calls, "the library's quantize_blocks / dequantize_blocks"),
     Right("12.3", C.check_rank1_scale, rank1_with_loops, "Python loops"),
     Right("12.3", C.check_rank1_scale, rank1_by_clamp, "max(dim).values and clamp(max=...)"),
     Right("12.4", C.check_stochastic_round, round_by_comparing_rand, "torch.rand compared with the fraction"),
