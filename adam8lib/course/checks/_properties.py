@@ -1,0 +1,247 @@
+"""Which PROPERTY of a wrong result failed, in the learner's terms.
+
+When a learner's result matches none of the usual wrong answers a check knows, the hint can
+still say *what kind* of difference it is: the shape (flattened, transposed, a dimension kept or
+dropped), the sign, a constant factor or offset, a shift by one position, which blocks are wrong
+(only the partial last block, only the first, only the all-zero ones, only the block boundaries),
+which inputs (only the negative ones, only zeros, only the absmax element, only NaN/Inf), NaN
+where a division by zero happened, codes one off (rounding or ties). :func:`describe` returns one
+sentence naming that property, or None when the difference has no simple shape::
+
+    describe(got, want, x=x, blocksize=256)
+    # 'only block 3 (elements 768 … 999, the partial last block of 232) is wrong: ...'
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+__all__ = ["describe"]
+
+
+def _as_tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return torch.tensor(float(value), dtype=torch.float64)
+    return None
+
+
+def _close(a: torch.Tensor, e: torch.Tensor, rtol: float, atol: float) -> torch.Tensor:
+    """Elementwise |a - e| <= atol + rtol |e| (NaN matches NaN)."""
+    a, e = a.double(), e.double()
+    both_nan = torch.isnan(a) & torch.isnan(e)
+    with torch.no_grad():
+        ok = (a - e).abs() <= atol + rtol * e.abs()
+    return ok | both_nan | (a == e)
+
+
+def _factor_words(c: float) -> str:
+    named = [(2.0, "twice"), (0.5, "half"), (127.0, "127 times"), (1 / 127, "1/127 of"), (255.0, "255 times"),
+             (-1.0, "minus")]
+    for value, words in named:
+        if math.isclose(c, value, rel_tol=1e-3):
+            return words
+    return f"{c:.4g} times"
+
+
+def _shape_property(a: torch.Tensor, e: torch.Tensor, x: torch.Tensor | None) -> str | None:
+    sa, se = tuple(a.shape), tuple(e.shape)
+    if sa == se:
+        return None
+    if a.numel() == e.numel():
+        if a.dim() == 1 and e.dim() > 1:
+            return f"your result is flat, shape {sa}; the expected one keeps the input's shape {se} (reshape it back)"
+        if a.dim() == e.dim() and sa == tuple(reversed(se)):
+            return f"your result has shape {sa}, the expected {se}: the axes are swapped (transposed)"
+        squeezed_a = tuple(d for d in sa if d != 1)
+        squeezed_e = tuple(d for d in se if d != 1)
+        if squeezed_a == squeezed_e:
+            return (f"your result has shape {sa}, the expected {se}: the same values with a size-1 dimension "
+                    "added or dropped (keepdim, unsqueeze or squeeze)")
+        return f"your result has shape {sa}, the expected {se}: the right number of elements in another shape"
+    if x is not None and x.dim() >= 1:
+        for dim in range(x.dim()):
+            reduced = tuple(s for i, s in enumerate(x.shape) if i != dim)
+            kept = tuple(1 if i == dim else s for i, s in enumerate(x.shape))
+            if sa in (reduced, kept) and sa != se:
+                return (f"your result has shape {sa}: that is the input {tuple(x.shape)} reduced over dimension "
+                        f"{dim}; the expected shape {se} reduces over another (or none)")
+    if a.dim() == e.dim() == 1 and a.numel() == e.numel() - 1:
+        return (f"your result has {a.numel()} entries, one fewer than the {e.numel()} expected: the last (partial) "
+                "one is missing — count ceil(n / size), not n // size")
+    if a.dim() == e.dim() == 1 and a.numel() == e.numel() + 1:
+        return f"your result has {a.numel()} entries, one more than the {e.numel()} expected"
+    if a.numel() == 1 and e.numel() > 1:
+        return f"your result is a single value, the expected one has shape {se}: one value per {'block' if e.dim() == 1 else 'entry'}"
+    return None
+
+
+def _where(bad: torch.Tensor, x: torch.Tensor | None, blocksize: int | None) -> str | None:
+    """Where the wrong elements are: which blocks, which kind of input."""
+    flat_bad = bad.reshape(-1)
+    n, n_bad = flat_bad.numel(), int(flat_bad.sum())
+    if n_bad == 0 or n_bad == n:
+        return None
+    idx = flat_bad.nonzero().reshape(-1)
+    if blocksize and n > blocksize:
+        nb = -(-n // blocksize)
+        blocks = sorted({int(i) // blocksize for i in idx})
+        last_len = n - (nb - 1) * blocksize
+        if blocks == [nb - 1]:
+            start = (nb - 1) * blocksize
+            tail = (f"the partial last block of {last_len}" if last_len < blocksize else "the last block")
+            return (f"only block {nb - 1} (elements {start} … {n - 1}, {tail}) is wrong, the others are right: look "
+                    "at how your code handles the end of the tensor")
+        if blocks == [0]:
+            return f"only the first block (elements 0 … {blocksize - 1}) is wrong: look at what block 0 does differently"
+        if len(blocks) == nb - 1 and 0 not in blocks:
+            return "every block but the first is wrong: block b must use its own offset b * blocksize and its own scale"
+        pos = idx % blocksize
+        if bool(((pos == 0) | (pos == blocksize - 1) | (idx == n - 1)).all()):
+            return ("only elements at the block boundaries (the first or last element of a block) are wrong: an "
+                    "off-by-one in where a block starts or ends")
+        if x is not None and x.numel() == n:
+            xf = x.reshape(-1).double()
+            zero_blocks = [b for b in range(nb) if bool((xf[b * blocksize:(b + 1) * blocksize] == 0).all())]
+            if zero_blocks and blocks == zero_blocks:
+                return (f"only the all-zero block(s) {zero_blocks} are wrong: a block whose absmax is 0 (0 / 0 = NaN) "
+                        "needs its own rule")
+    if x is not None and x.numel() == n:
+        xf = x.reshape(-1).double()
+        kinds = [
+            (~torch.isfinite(xf), "where the input is NaN or Inf"),
+            (xf < 0, "where the input is negative: look at the sign"),
+            (xf == 0, "where the input is exactly 0"),
+        ]
+        finite = xf[torch.isfinite(xf)]
+        if finite.numel():
+            kinds.append((xf.abs() == finite.abs().max(), "at the element of largest magnitude (the absmax itself)"))
+        for mask, words in kinds:
+            if bool(mask.any()) and bool((flat_bad <= mask).all()):
+                return f"only the elements {words} are wrong ({n_bad} of {n}); the others are right"
+    return None
+
+
+def describe(actual: Any, expected: Any, *, x: Any = None, blocksize: int | None = None, rtol: float = 1e-5,
+             atol: float = 1e-6) -> str | None:
+    """One sentence naming the property in which ``actual`` differs from ``expected``, or None.
+
+    ``x`` (optional) is the input the result was computed from, elementwise aligned with the result
+    when it has the same number of elements; ``blocksize`` names blocks of the flat result."""
+    if isinstance(expected, (tuple, list)):
+        if not isinstance(actual, (tuple, list)) or len(actual) != len(expected):
+            return None
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            found = describe(a, e, x=x, blocksize=blocksize, rtol=rtol, atol=atol)
+            if found:
+                return f"item {i} of your result: {found}"
+        return None
+    a, e = _as_tensor(actual), _as_tensor(expected)
+    if a is None or e is None:
+        return None
+    xt = x.detach().cpu() if isinstance(x, torch.Tensor) else None
+    shape = _shape_property(a, e, xt)
+    if shape or a.shape != e.shape:
+        return shape
+    if e.numel() == 0 or a.is_complex() or e.is_complex():
+        return None
+    a64, e64 = a.double(), e.double()
+    nonfinite = ~torch.isfinite(a64) & torch.isfinite(e64)
+    if bool(nonfinite.any()):
+        where = _where(nonfinite, xt, blocksize)
+        first = tuple(int(i) for i in nonfinite.nonzero()[0]) if a64.dim() else ()
+        return (f"your result is {a64[first].item()} at index {first} where a finite value is expected"
+                + (f" ({where})" if where else "") + ": a division by zero (0 / 0, or x / 0 without eps or a guard)?")
+    bad = ~_close(a64, e64, rtol, atol)
+    if not bool(bad.any()):
+        return None
+    if bool((a64 == 0).all()) and bool((e64 != 0).any()):
+        return "your result is all zeros: nothing was computed into it (or it was reset, or a factor is 0)"
+    if bool(_close(a64, -e64, rtol, atol).all()):
+        return "your result has the opposite sign of the expected one everywhere: a sign is flipped"
+    if bool(_close(a64, e64.abs(), rtol, atol).all()) and bool((e64 < 0).any()):
+        return "your result is the absolute value of the expected one: the sign of the negative entries was lost"
+    denom = float((e64 * e64).sum())
+    if denom > 0:
+        c = float((a64 * e64).sum()) / denom
+        if abs(c - 1) > 1e-3 and c != 0 and bool(_close(a64, c * e64, max(rtol, 1e-4), atol).all()):
+            return (f"your result is {_factor_words(c)} the expected one everywhere: the formula is right up to a "
+                    "constant factor (a scale, a missing or extra division or multiplication)")
+    if e64.numel() > 1:
+        d = float((a64 - e64).mean())
+        if abs(d) > atol and bool(_close(a64, e64 + d, max(rtol, 1e-4), max(atol, 1e-6 * abs(d))).all()):
+            return f"your result is the expected one shifted by a constant {d:.4g} everywhere: an offset is wrong"
+        fa, fe = a64.reshape(-1), e64.reshape(-1)
+        if fa.numel() > 2:
+            if bool(_close(fa[1:], fe[:-1], rtol, atol).all()):
+                return "your result is the expected one moved one position later: an index is off by one"
+            if bool(_close(fa[:-1], fe[1:], rtol, atol).all()):
+                return "your result is the expected one moved one position earlier: an index is off by one"
+    if not a.is_floating_point() and not e.is_floating_point():
+        diff = (a.long() - e.long())
+        if int(diff.abs().max()) == 1:
+            k = int((diff != 0).sum())
+            direction = " (always one too low: rounding down, not to the nearest)" if bool((diff <= 0).all()) else \
+                " (always one too high)" if bool((diff >= 0).all()) else ""
+            where = _where(bad, xt, blocksize)
+            return (f"{k} of {diff.numel()} codes are one off{direction}: the rounding or the tie rule"
+                    + (f"; {where}" if where else ""))
+    where = _where(bad, xt, blocksize)
+    if where:
+        return where
+    if a64.is_floating_point() and bool((e64 != 0).all()) and bool((torch.sign(a64) == torch.sign(e64)).all()):
+        ratio = a64 / e64
+        return (f"your result has the right sign everywhere but the wrong size (ratio to the expected from "
+                f"{float(ratio.min()):.3g} to {float(ratio.max()):.3g}, not one constant): look at the scaling "
+                "terms (a square root, eps, a correction factor)")
+    flips = (torch.sign(a64) != torch.sign(e64)) & (e64 != 0)
+    if bool(flips.any()) and int(flips.sum()) < flips.numel() and bool((flips <= bad).all()) and \
+            bool(_close(a64.abs(), e64.abs(), rtol, atol).all()):
+        return f"your result has the right size but the wrong sign at {int(flips.sum())} of {flips.numel()} elements"
+    lo, hi = float(a64.min()), float(a64.max())
+    if bool(_close(a64, e64.clamp(lo, hi), rtol, atol).all()) and (float(e64.min()) < lo or float(e64.max()) > hi):
+        return f"your result equals the expected one clipped to [{lo:.4g}, {hi:.4g}]: something clamps the values"
+    return None
+
+
+def describe_step(before: dict, got: dict, want: dict, *, rtol: float = 1e-5, atol: float = 1e-6,
+                  blocksize: int | None = None, moments: tuple[str, ...] = ()) -> str | None:
+    """For an optimizer step: WHICH outputs are wrong, and how the parameter's UPDATE differs.
+
+    ``before``, ``got``, ``want``: ``{name: tensor}`` (the parameter under the key "p"). ``moments``
+    names the states whose wrongness explains a wrong p (when they are wrong too, look there first)."""
+    wrong = [k for k in want if k in got and isinstance(got[k], torch.Tensor) and (
+        got[k].shape != want[k].shape or not bool(_close(got[k].detach().cpu().double(),
+                                                          want[k].detach().cpu().double(), rtol, atol).all()))]
+    if not wrong:
+        return None
+    right = [k for k in want if k not in wrong]
+    head = f"{', '.join(wrong)} {'is' if len(wrong) == 1 else 'are'} wrong" + (
+        f" while {', '.join(right)} {'is' if len(right) == 1 else 'are'} right" if right else "")
+    if wrong == ["p"] and "p" in before:
+        p0 = before["p"].detach().cpu().double()
+        d_got = got["p"].detach().cpu().double() - p0
+        d_want = want["p"].detach().cpu().double() - p0
+        if bool((d_got == 0).all()):
+            return f"{head}: p did not move at all (update it in place: p.sub_(...), p.copy_(...))"
+        scale = float(d_want.abs().max()) or 1.0
+        found = describe(d_got, d_want, blocksize=blocksize, rtol=max(rtol, 1e-4), atol=max(atol, 1e-4 * scale))
+        where = f": the update p_new - p {found.removeprefix('your result ')}" if found else (
+            ": the moments are right, so the mistake is in the update of p (bias correction, sqrt, eps, lr, decay)")
+        return head + where
+    for k in sorted(wrong, key=lambda name: name not in moments):  # a wrong moment explains a wrong p
+        if k == "p" and "p" in before:
+            p0 = before["p"].detach().cpu().double()
+            found = describe(got["p"].detach().cpu().double() - p0, want["p"].detach().cpu().double() - p0,
+                             rtol=max(rtol, 1e-4), atol=atol)
+            found = found and f"the update p_new - p {found.removeprefix('your result ')}"
+        else:
+            found = describe(got[k], want[k], blocksize=blocksize, rtol=rtol, atol=atol)
+        if found:
+            return f"{head}; {k}: {found}"
+    first = next((k for k in wrong if k in moments), wrong[0])
+    return f"{head}: look first at how your step computes {first}"
