@@ -80,7 +80,7 @@ def _shape_property(a: torch.Tensor, e: torch.Tensor, x: torch.Tensor | None) ->
     return None
 
 
-def _where(bad: torch.Tensor, x: torch.Tensor | None, blocksize: int | None) -> str | None:
+def _where(bad: torch.Tensor, x: torch.Tensor | None, blocksize: int | None, x_name: str = "input") -> str | None:
     """Where the wrong elements are: which blocks, which kind of input."""
     flat_bad = bad.reshape(-1)
     n, n_bad = flat_bad.numel(), int(flat_bad.sum())
@@ -110,12 +110,18 @@ def _where(bad: torch.Tensor, x: torch.Tensor | None, blocksize: int | None) -> 
             if zero_blocks and blocks == zero_blocks:
                 return (f"only the all-zero block(s) {zero_blocks} are wrong: a block whose absmax is 0 (0 / 0 = NaN) "
                         "needs its own rule")
+    if not blocksize and n > 2 and bad.dim() <= 1:
+        if idx.tolist() == [n - 1]:
+            return (f"only the last entry (index {n - 1}) is wrong, the other {n - 1} are right: look at how your "
+                    "code handles the end (a partial last block, a bound n - 1 vs n)")
+        if idx.tolist() == [0]:
+            return f"only the first entry (index 0) is wrong, the other {n - 1} are right"
     if x is not None and x.numel() == n:
         xf = x.reshape(-1).double()
         kinds = [
-            (~torch.isfinite(xf), "where the input is NaN or Inf"),
-            (xf < 0, "where the input is negative: look at the sign"),
-            (xf == 0, "where the input is exactly 0"),
+            (~torch.isfinite(xf), f"where the {x_name} is NaN or Inf"),
+            (xf < 0, f"where the {x_name} is negative: look at the sign"),
+            (xf == 0, f"where the {x_name} is exactly 0"),
         ]
         finite = xf[torch.isfinite(xf)]
         if finite.numel():
@@ -127,7 +133,7 @@ def _where(bad: torch.Tensor, x: torch.Tensor | None, blocksize: int | None) -> 
 
 
 def describe(actual: Any, expected: Any, *, x: Any = None, blocksize: int | None = None, rtol: float = 1e-5,
-             atol: float = 1e-6) -> str | None:
+             atol: float = 1e-6, x_name: str = "input") -> str | None:
     """One sentence naming the property in which ``actual`` differs from ``expected``, or None.
 
     ``x`` (optional) is the input the result was computed from, elementwise aligned with the result
@@ -136,7 +142,7 @@ def describe(actual: Any, expected: Any, *, x: Any = None, blocksize: int | None
         if not isinstance(actual, (tuple, list)) or len(actual) != len(expected):
             return None
         for i, (a, e) in enumerate(zip(actual, expected)):
-            found = describe(a, e, x=x, blocksize=blocksize, rtol=rtol, atol=atol)
+            found = describe(a, e, x=x, blocksize=blocksize, rtol=rtol, atol=atol, x_name=x_name)
             if found:
                 return f"item {i} of your result: {found}"
         return None
@@ -152,7 +158,7 @@ def describe(actual: Any, expected: Any, *, x: Any = None, blocksize: int | None
     a64, e64 = a.double(), e.double()
     nonfinite = ~torch.isfinite(a64) & torch.isfinite(e64)
     if bool(nonfinite.any()):
-        where = _where(nonfinite, xt, blocksize)
+        where = _where(nonfinite, xt, blocksize, x_name)
         first = tuple(int(i) for i in nonfinite.nonzero()[0]) if a64.dim() else ()
         return (f"your result is {a64[first].item()} at index {first} where a finite value is expected"
                 + (f" ({where})" if where else "") + ": a division by zero (0 / 0, or x / 0 without eps or a guard)?")
@@ -187,10 +193,10 @@ def describe(actual: Any, expected: Any, *, x: Any = None, blocksize: int | None
             k = int((diff != 0).sum())
             direction = " (always one too low: rounding down, not to the nearest)" if bool((diff <= 0).all()) else \
                 " (always one too high)" if bool((diff >= 0).all()) else ""
-            where = _where(bad, xt, blocksize)
+            where = _where(bad, xt, blocksize, x_name)
             return (f"{k} of {diff.numel()} codes are one off{direction}: the rounding or the tie rule"
                     + (f"; {where}" if where else ""))
-    where = _where(bad, xt, blocksize)
+    where = _where(bad, xt, blocksize, x_name)
     if where:
         return where
     if a64.is_floating_point() and bool((e64 != 0).all()) and bool((torch.sign(a64) == torch.sign(e64)).all()):
@@ -208,12 +214,18 @@ def describe(actual: Any, expected: Any, *, x: Any = None, blocksize: int | None
     return None
 
 
+def _about(name: str, found: str) -> str:
+    """``found`` (a sentence about "your result") said about ``name``."""
+    return f"{name} {found[len('your result '):]}" if found.startswith("your result ") else f"{name}: {found}"
+
+
 def describe_step(before: dict, got: dict, want: dict, *, rtol: float = 1e-5, atol: float = 1e-6,
-                  blocksize: int | None = None, moments: tuple[str, ...] = ()) -> str | None:
+                  blocksize: int | None = None, moments: tuple[str, ...] = (), g: Any = None) -> str | None:
     """For an optimizer step: WHICH outputs are wrong, and how the parameter's UPDATE differs.
 
     ``before``, ``got``, ``want``: ``{name: tensor}`` (the parameter under the key "p"). ``moments``
-    names the states whose wrongness explains a wrong p (when they are wrong too, look there first)."""
+    names the states whose wrongness explains a wrong p (when they are wrong too, look there first); ``g``
+    the gradient (to say "only where the gradient is NaN", "only where it is negative")."""
     wrong = [k for k in want if k in got and isinstance(got[k], torch.Tensor) and (
         got[k].shape != want[k].shape or not bool(_close(got[k].detach().cpu().double(),
                                                           want[k].detach().cpu().double(), rtol, atol).all()))]
@@ -229,19 +241,22 @@ def describe_step(before: dict, got: dict, want: dict, *, rtol: float = 1e-5, at
         if bool((d_got == 0).all()):
             return f"{head}: p did not move at all (update it in place: p.sub_(...), p.copy_(...))"
         scale = float(d_want.abs().max()) or 1.0
-        found = describe(d_got, d_want, blocksize=blocksize, rtol=max(rtol, 1e-4), atol=max(atol, 1e-4 * scale))
-        where = f": the update p_new - p {found.removeprefix('your result ')}" if found else (
-            ": the moments are right, so the mistake is in the update of p (bias correction, sqrt, eps, lr, decay)")
-        return head + where
+        found = describe(d_got, d_want, x=g, blocksize=blocksize, rtol=max(rtol, 1e-4), atol=max(atol, 1e-4 * scale),
+                         x_name="gradient")
+        return f"{head}; {_about('the update p_new - p', found)}" if found else (
+            f"{head}: the moments are right, so the mistake is in the update of p (bias correction, sqrt, eps, lr, "
+            "decay)")
     for k in sorted(wrong, key=lambda name: name not in moments):  # a wrong moment explains a wrong p
         if k == "p" and "p" in before:
             p0 = before["p"].detach().cpu().double()
             found = describe(got["p"].detach().cpu().double() - p0, want["p"].detach().cpu().double() - p0,
-                             rtol=max(rtol, 1e-4), atol=atol)
-            found = found and f"the update p_new - p {found.removeprefix('your result ')}"
+                             x=g, rtol=max(rtol, 1e-4), atol=atol, x_name="gradient")
+            found = found and _about("the update p_new - p", found)
         else:
-            found = describe(got[k], want[k], blocksize=blocksize, rtol=rtol, atol=atol)
+            found = describe(got[k], want[k], x=g if got[k].numel() == getattr(g, "numel", lambda: -1)() else None,
+                             blocksize=blocksize, rtol=rtol, atol=atol, x_name="gradient")
+            found = found and _about(k, found)
         if found:
-            return f"{head}; {k}: {found}"
+            return f"{head}; {found}"
     first = next((k for k in wrong if k in moments), wrong[0])
     return f"{head}: look first at how your step computes {first}"

@@ -85,7 +85,7 @@ def _run(step_fn, decoupled: bool, title: str, variants_for) -> None:
             default = variants_for(None)
             if not matches((p_l, m_l, v_l), want, rtol=1e-5, atol=1e-6):
                 found = describe_step({"p": p0, "m": m0, "v": v0}, {"p": p_l, "m": m_l, "v": v_l},
-                                      dict(zip("pmv", want)), moments=("m", "v"))
+                                      dict(zip("pmv", want)), moments=("m", "v"), g=g)
                 default = f"{found} (step {t}). The rule: {default}" if found else default
             expect_close((p_l, m_l, v_l), want, what=what, rtol=1e-5, atol=1e-6, describe_diff=False,
                          default=default, variants=variants_for(variant))

@@ -11,6 +11,7 @@ import torch
 from ...kernels.reference import adam8bit_step
 from ...quant import dequantize_blocks, dynamic_map, nearest_code, num_blocks, quantize_blocks
 from ._common import assert_close, call, fail, passed, require_callable
+from ._properties import describe_step
 
 __all__ = ["check_adam8bit_step", "check_adam8bit_optimizer", "check_stable_embedding", "check_trains_like_adam",
            "mlp_task", "train_side_by_side"]
@@ -128,6 +129,29 @@ def _close(got: dict, want: dict, pdtype) -> str | None:
     return None
 
 
+def _step_property(pre, mine, ref, g, qmap1, qmap2, bs, pdtype) -> str | None:
+    """Which of p / m / v / absmax went wrong, compared as VALUES (codes dequantized), and how."""
+    def values(d):
+        return {"p": d["p"].float(), "m": dequantize_blocks(d["state1"], d["absmax1"], qmap1, bs),
+                "v": dequantize_blocks(d["state2"], d["absmax2"], qmap2, bs),
+                "absmax of m": d["absmax1"], "absmax of v": d["absmax2"]}
+
+    try:
+        got, want, before = values(mine), values(ref), values(pre)
+    except Exception:  # noqa: BLE001 - states of the wrong size: the field check reports those
+        return None
+    ptol = 1e-2 if pdtype != torch.float32 else 1e-5
+    # one code of rounding (1/127 of the absmax near the top of the map) is not a mistake
+    found = describe_step(before, got, want, rtol=max(ptol, 2e-2), atol=1e-7, blocksize=bs, moments=("m", "v"),
+                          g=g.float())
+    if found is None:
+        return None
+    finite = torch.isfinite(g.float())
+    if not bool(finite.all()):
+        found += " (this input has NaN/Inf gradient elements)"
+    return found
+
+
 def _cases():
     gen = torch.Generator().manual_seed(7)
     tiny = torch.full((512,), -1e-9)
@@ -191,6 +215,9 @@ def check_adam8bit_step(adam8bit_step_fn) -> None:
             else:
                 hint = ("dequantize m and v (qmap[state] * absmax of the block), update them and p in fp32 like AdamW, "
                         "then requantize with a fresh absmax per block.")
+                found = _step_property(pre, mine, ref, g, qmap1, qmap2, hp["blocksize"], pdtype)
+                if found:
+                    hint = f"{found}. The rule: {hint}"
                 for h, kwv in _STEP_SLIPS:
                     try:
                         if _close(mine, _variant(pre, g, qmap1, qmap2, kw, **kwv), pdtype) is None:

@@ -14,6 +14,7 @@ import torch
 
 from ...quant import dequantize_blockwise, dynamic_map, nearest_code, num_blocks, quantize_blockwise
 from ._common import assert_close, call, fail, is_stub, passed, require_callable
+from ._properties import describe
 from ._variants import diagnose
 
 __all__ = ["check_absmax_kernel", "check_dequantize_kernel", "check_quantize_kernel", "check_ema_requantize_kernel"]
@@ -113,7 +114,8 @@ def check_absmax_kernel(absmax_kernel) -> None:
              "was computed.", lambda: torch.cat([want[:1], only_first[1:]])),
             ("nothing was written into absmax: end the kernel with tl.store(absmax_ptr + pid, block_absmax).",
              lambda: only_first),
-        ], "absmax[pid] = max |x| over offsets pid*BLOCK ... pid*BLOCK + BLOCK - 1 (masked at n).", rtol=0, atol=0)
+        ], "absmax[pid] = max |x| over offsets pid*BLOCK ... pid*BLOCK + BLOCK - 1 (masked at n).", rtol=0, atol=0,
+            expected=want)
         assert_close(out.cpu(), want, what=what, hint=hint, rtol=0, atol=0)
     passed("Exercise 08.1 · A Triton absmax-per-block kernel")
 
@@ -160,7 +162,7 @@ def check_dequantize_kernel(dequantize_kernel) -> None:
                  "absmax_ptr + offs (that reads one 'absmax' per element).",
                  lambda: values * absmax_buf.cpu()[:n]),
             ], "out[i] = qmap[codes[i]] * absmax[pid] for offsets i = pid*BLOCK + tl.arange(0, BLOCK) (masked).",
-                rtol=1e-6, atol=0)
+                rtol=1e-6, atol=0, expected=want, blocksize=bs)
             assert_close(out.cpu(), want, what=what, hint=hint, rtol=1e-6, atol=0)
     passed("Exercise 08.2 · A Triton blockwise dequantization kernel")
 
@@ -235,7 +237,8 @@ def check_quantize_kernel(quantize_kernel) -> None:
                 ("one absmax per block: program pid uses absmax[pid], not absmax[0] (tl.load(absmax_ptr + pid)).",
                  lambda: nearest_code(x / (absmax[0] if absmax[0] > 0 else 1.0), qmap).long()),
             ], "normalise by the block's absmax, binary-search the sorted map (8 halvings: 128, 64, …, 1), then pick the "
-               "nearer of the two neighbours (ties: the lower index).", rtol=0, atol=0)
+               "nearer of the two neighbours (ties: the lower index).", rtol=0, atol=0, expected=want.long(), x=x,
+               blocksize=bs)
             fail(f"{what}: {report}", hint)
         # a uint8 output, not int32 written into a uint8 buffer by accident
     passed("Exercise 08.3 · A Triton nearest-code kernel (binary search)")
@@ -319,7 +322,8 @@ def check_ema_requantize_kernel(ema_requantize_kernel) -> None:
             ("dequantize first: m = qmap[codes] * absmax[pid] — qmap[codes] alone is the normalised value in "
              "[-1, 1], not the state.",
              lambda: block_absmax(beta * qmap[codes.long()] + (1 - beta) * g)),
-        ], "absmax[pid] = max |beta * m + (1 - beta) * g| over the block's valid elements.", rtol=1e-6, atol=0)
+        ], "absmax[pid] = max |beta * m + (1 - beta) * g| over the block's valid elements.", rtol=1e-6, atol=0,
+            expected=want_absmax)
         assert_close(got_absmax, want_absmax, what=f"{what}: the new absmax", hint=hint, rtol=1e-6, atol=0)
         if not close_codes(got_codes, want_codes):
             scaled = m_new / torch.where(want_absmax > 0, want_absmax, torch.ones(())).repeat_interleave(bs)[:n]
@@ -342,5 +346,8 @@ def check_ema_requantize_kernel(ema_requantize_kernel) -> None:
                     torch.equal(got_codes[~zero], want_codes[~zero]):
                 hint = ("an all-zero block has absmax 0: divide by tl.where(absmax > 0, absmax, 1.0), or 0/0 gives "
                         "NaN and the block gets code 0 instead of the code of 0.0.")
+            elif hint.startswith("requantize the updated state"):
+                found = describe(got_codes.long(), want_codes.long(), blocksize=bs, rtol=0, atol=0)
+                hint = f"the codes: {found}. The rule: {hint}" if found else hint
             fail(f"{what}: {_codes_report(got_codes, want_codes, qmap, scaled)}", hint)
     passed("Exercise 08.4 · A fused 8-bit EMA kernel")
