@@ -39,13 +39,26 @@ def _close(a: torch.Tensor, e: torch.Tensor, rtol: float, atol: float) -> torch.
     return ok | both_nan | (a == e)
 
 
-def _factor_words(c: float) -> str:
-    named = [(2.0, "twice"), (0.5, "half"), (127.0, "127 times"), (1 / 127, "1/127 of"), (255.0, "255 times"),
-             (-1.0, "minus")]
-    for value, words in named:
-        if math.isclose(c, value, rel_tol=1e-3):
+_NAMED_FACTORS = [
+    (2.0, "twice"), (0.5, "half"), (127.0, "127 times"), (1 / 127, "1/127 of"), (255.0, "255 times"),
+    (1 / 255, "1/255 of"), (-1.0, "minus"), (4.0, "4 times"), (0.25, "a quarter of"), (8.0, "8 times"),
+    (0.125, "an eighth of"), (1024.0, "1024 times (one KiB/MiB conversion too few?)"),
+    (1 / 1024, "1/1024 of (one KiB/MiB conversion too many?)"), (2.0**20, "2**20 times (bytes vs MiB?)"),
+    (2.0**-20, "2**-20 of (bytes vs MiB?)"), (2.0**20 / 1e6, "1.048576 times (MB = 10**6 vs MiB = 2**20 bytes?)"),
+    (1e6 / 2.0**20, "0.9537 times (MiB = 2**20 vs MB = 10**6 bytes?)"),
+]
+
+
+def _factor_words(c: float, *, only_named: bool = False) -> str | None:
+    for value, words in _NAMED_FACTORS:
+        if math.isclose(c, value, rel_tol=1e-4):
             return words
-    return f"{c:.4g} times"
+    for k in range(3, 65):  # simple integer factors and their inverses: a count off by a factor
+        if math.isclose(c, k, rel_tol=1e-6):
+            return f"{k} times"
+        if math.isclose(c, 1 / k, rel_tol=1e-6):
+            return f"1/{k} of"
+    return None if only_named else f"{c:.4g} times"
 
 
 def _shape_property(a: torch.Tensor, e: torch.Tensor, x: torch.Tensor | None) -> str | None:
@@ -119,16 +132,18 @@ def _where(bad: torch.Tensor, x: torch.Tensor | None, blocksize: int | None, x_n
     if x is not None and x.numel() == n:
         xf = x.reshape(-1).double()
         kinds = [
-            (~torch.isfinite(xf), f"where the {x_name} is NaN or Inf"),
-            (xf < 0, f"where the {x_name} is negative: look at the sign"),
-            (xf == 0, f"where the {x_name} is exactly 0"),
+            (~torch.isfinite(xf), f"where the {x_name} is NaN or Inf", "those need their own rule"),
+            (xf < 0, f"where the {x_name} is negative", "look at how your code treats the sign"),
+            (xf > 0, f"where the {x_name} is positive", "look at how your code treats the sign"),
+            (xf == 0, f"where the {x_name} is exactly 0", "a zero needs its own care (0 / 0, a sign of 0)"),
         ]
         finite = xf[torch.isfinite(xf)]
         if finite.numel():
-            kinds.append((xf.abs() == finite.abs().max(), "at the element of largest magnitude (the absmax itself)"))
-        for mask, words in kinds:
+            kinds.append((xf.abs() == finite.abs().max(), "at the element of largest magnitude (the absmax itself)",
+                          "look at what your code does with the largest value"))
+        for mask, words, advice in kinds:
             if bool(mask.any()) and bool((flat_bad <= mask).all()):
-                return f"only the elements {words} are wrong ({n_bad} of {n}); the others are right"
+                return f"only the elements {words} are wrong ({n_bad} of {n}), the others are right: {advice}"
     return None
 
 
@@ -174,9 +189,15 @@ def describe(actual: Any, expected: Any, *, x: Any = None, blocksize: int | None
     denom = float((e64 * e64).sum())
     if denom > 0:
         c = float((a64 * e64).sum()) / denom
-        if abs(c - 1) > 1e-3 and c != 0 and bool(_close(a64, c * e64, max(rtol, 1e-4), atol).all()):
-            return (f"your result is {_factor_words(c)} the expected one everywhere: the formula is right up to a "
-                    "constant factor (a scale, a missing or extra division or multiplication)")
+        words = _factor_words(c, only_named=e64.numel() == 1)  # one number: only a telling factor says anything
+        if words and abs(c - 1) > 1e-3 and c != 0 and bool(_close(a64, c * e64, max(rtol, 1e-4), atol).all()):
+            where = "" if e64.numel() == 1 else " everywhere"
+            return (f"your result is {words} the expected one{where}: the formula is right up to a constant factor "
+                    "(a scale, a unit, a missing or extra division or multiplication)")
+    if e64.numel() == 1:
+        d = float(a64.reshape(-1)[0] - e64.reshape(-1)[0])
+        if d in (1.0, -1.0):
+            return f"your result is the expected one {'plus' if d > 0 else 'minus'} 1: an off-by-one"
     if e64.numel() > 1:
         d = float((a64 - e64).mean())
         if abs(d) > atol and bool(_close(a64, e64 + d, max(rtol, 1e-4), max(atol, 1e-6 * abs(d))).all()):
@@ -199,6 +220,12 @@ def describe(actual: Any, expected: Any, *, x: Any = None, blocksize: int | None
     where = _where(bad, xt, blocksize, x_name)
     if where:
         return where
+    rel = float(((a64 - e64).abs() / e64.abs().clamp_min(1e-30)).max())
+    for eps_dtype, name in ((2.0**-7, "bfloat16"), (2.0**-10, "float16"), (2.0**-22, "float32")):
+        if rel <= eps_dtype * 1.01 and rel > rtol and bool((torch.sign(a64) == torch.sign(e64)).all()):
+            return (f"your result is close but not exact: relative error up to {rel:.2g}, the rounding of {name} "
+                    f"(or a lower precision somewhere): compute in the precision the exercise asks for (no "
+                    f"{name} step in between)")
     if a64.is_floating_point() and bool((e64 != 0).all()) and bool((torch.sign(a64) == torch.sign(e64)).all()):
         ratio = a64 / e64
         return (f"your result has the right sign everywhere but the wrong size (ratio to the expected from "
