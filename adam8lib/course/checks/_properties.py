@@ -61,6 +61,29 @@ def _factor_words(c: float, *, only_named: bool = False) -> str | None:
     return None if only_named else f"{c:.4g} times"
 
 
+def _describe_number(a: float, e: float) -> str | None:
+    """One number against another: only differences that say something (a telling factor, ±1, rounding)."""
+    if not (math.isfinite(a) and math.isfinite(e)):
+        return f"your result is {a}, expected {e}: a division by zero or an overflow?" if math.isfinite(e) else None
+    if e == 0:
+        return f"your result is {a:g} where 0 is expected: for this input nothing should be counted"
+    if a == 0:
+        return "your result is 0 where a non-zero value is expected: a term is missing, or an integer division gave 0"
+    if a == -e:
+        return "your result has the opposite sign of the expected one"
+    c = a / e
+    words = _factor_words(c, only_named=True)
+    if words:
+        return (f"your result is {words} the expected one: the formula is right up to a constant factor (a unit, a "
+                "count of states or bytes, a missing or extra division or multiplication)")
+    if a - e in (1.0, -1.0):
+        return f"your result is the expected one {'plus' if a > e else 'minus'} 1: an off-by-one (a count, a bound)"
+    if a == math.floor(e) or a == math.ceil(e) or a == round(e):
+        return ("your result is the expected one rounded to a whole number: somewhere an integer division (//), "
+                "int() or round() cuts the fraction — use true division /")
+    return None
+
+
 def _shape_property(a: torch.Tensor, e: torch.Tensor, x: torch.Tensor | None) -> str | None:
     sa, se = tuple(a.shape), tuple(e.shape)
     if sa == se:
@@ -180,6 +203,8 @@ def describe(actual: Any, expected: Any, *, x: Any = None, blocksize: int | None
     bad = ~_close(a64, e64, rtol, atol)
     if not bool(bad.any()):
         return None
+    if e64.numel() == 1:
+        return _describe_number(float(a64.reshape(-1)[0]), float(e64.reshape(-1)[0]))
     if bool((a64 == 0).all()) and bool((e64 != 0).any()):
         return "your result is all zeros: nothing was computed into it (or it was reset, or a factor is 0)"
     if bool(_close(a64, -e64, rtol, atol).all()):
@@ -189,15 +214,10 @@ def describe(actual: Any, expected: Any, *, x: Any = None, blocksize: int | None
     denom = float((e64 * e64).sum())
     if denom > 0:
         c = float((a64 * e64).sum()) / denom
-        words = _factor_words(c, only_named=e64.numel() == 1)  # one number: only a telling factor says anything
-        if words and abs(c - 1) > 1e-3 and c != 0 and bool(_close(a64, c * e64, max(rtol, 1e-4), atol).all()):
-            where = "" if e64.numel() == 1 else " everywhere"
-            return (f"your result is {words} the expected one{where}: the formula is right up to a constant factor "
-                    "(a scale, a unit, a missing or extra division or multiplication)")
-    if e64.numel() == 1:
-        d = float(a64.reshape(-1)[0] - e64.reshape(-1)[0])
-        if d in (1.0, -1.0):
-            return f"your result is the expected one {'plus' if d > 0 else 'minus'} 1: an off-by-one"
+        words = _factor_words(c)
+        if abs(c - 1) > 1e-3 and c != 0 and bool(_close(a64, c * e64, max(rtol, 1e-4), atol).all()):
+            return (f"your result is {words} the expected one everywhere: the formula is right up to a constant "
+                    "factor (a scale, a unit, a missing or extra division or multiplication)")
     if e64.numel() > 1:
         d = float((a64 - e64).mean())
         if abs(d) > atol and bool(_close(a64, e64 + d, max(rtol, 1e-4), max(atol, 1e-6 * abs(d))).all()):
@@ -287,3 +307,21 @@ def describe_step(before: dict, got: dict, want: dict, *, rtol: float = 1e-5, at
             return f"{head}; {found}"
     first = next((k for k in wrong if k in moments), wrong[0])
     return f"{head}: look first at how your step computes {first}"
+
+
+def case_pattern(outcomes: list[tuple[list[str], bool]]) -> str | None:
+    """Across a check's inputs: the one kind of input on which (and only on which) the answer is wrong.
+
+    ``outcomes``: per input, its tags ("with kind='adamw'", "whose size is not a multiple of blocksize")
+    and whether the learner's answer was right on it. Returns a sentence naming the tag that every
+    wrong input has and no right input has, or None (all right, all wrong, or no single tag)."""
+    bad = [set(tags) for tags, ok in outcomes if not ok]
+    good = [set(tags) for tags, ok in outcomes if ok]
+    if not bad or not good or (len(good) == 1 and len(bad) > 2):  # right on one input only: no pattern to tell
+        return None
+    ordered = list(dict.fromkeys(tag for tags, _ in outcomes for tag in tags))
+    for tag in ordered:
+        if all(tag in tags for tags in bad) and not any(tag in tags for tags in good):
+            return (f"your answer is right on {len(good)} of {len(outcomes)} inputs and wrong exactly on the "
+                    f"{len(bad)} {tag}")
+    return None

@@ -50,10 +50,11 @@ def matches(actual: Any, expected: Any, *, rtol: float = 1e-5, atol: float = 1e-
 
 
 def diagnose(actual: Any, variants: Variants, default: str, *, rtol: float = 1e-5, atol: float = 1e-6,
-             expected: Any = None, x: Any = None, blocksize: int | None = None) -> str:
+             expected: Any = None, x: Any = None, blocksize: int | None = None, context: str | None = None) -> str:
     """The hint of the first variant that ``actual`` matches; else, when ``expected`` is given, the
     property in which it differs (:func:`~adam8lib.course.checks._properties.describe`) followed by
-    ``default``; else ``default``."""
+    ``default``; else ``default``. ``context``: a sentence about the inputs (e.g. on which kind of input the
+    answer is wrong, :func:`~adam8lib.course.checks._properties.case_pattern`) added when no variant matched."""
     for hint, make in variants:
         try:
             candidate = make()
@@ -61,19 +62,19 @@ def diagnose(actual: Any, variants: Variants, default: str, *, rtol: float = 1e-
             continue
         if candidate is not None and matches(actual, candidate, rtol=rtol, atol=atol):
             return hint
+    found = None
     if expected is not None:
         try:
             found = describe(actual, expected, x=x, blocksize=blocksize, rtol=rtol, atol=atol)
         except Exception:  # noqa: BLE001 - describing is best effort; the comparison itself still fails
             found = None
-        if found:
-            return f"{found}. The rule: {default}"
-    return default
+    parts = [part for part in (found, context) if part]
+    return f"{'; '.join(parts)}. The rule: {default}" if parts else default
 
 
 def expect_close(actual: Any, expected: Any, *, what: str, default: str, variants: Variants = (),
                  rtol: float = 1e-5, atol: float = 1e-6, dtype: Any = None, x: Any = None,
-                 blocksize: int | None = None, describe_diff: bool = True) -> None:
+                 blocksize: int | None = None, describe_diff: bool = True, context: str | None = None) -> None:
     """assert_close with a hint chosen by :func:`diagnose` when the answer is wrong (``x``, ``blocksize``:
     the input and the block size, to say where a wrong result differs)."""
     if matches(actual, expected, rtol=rtol, atol=atol):
@@ -82,7 +83,7 @@ def expect_close(actual: Any, expected: Any, *, what: str, default: str, variant
                          hint=f"return a {dtype} tensor (convert with .to({dtype}))")
         return
     hint = diagnose(actual, variants, default, rtol=rtol, atol=atol, expected=expected if describe_diff else None,
-                    x=x, blocksize=blocksize)
+                    x=x, blocksize=blocksize, context=context)
     assert_close(actual, expected, what=what, hint=hint, rtol=rtol, atol=atol, dtype=dtype)
     # assert_close compares a little differently (e.g. dict keys); never let a mismatch pass
     assert_equal(actual, expected, what=what, hint=hint)
