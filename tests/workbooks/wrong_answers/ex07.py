@@ -543,5 +543,37 @@ RIGHT_TRAIN = [
           (_SOLUTION_OPTIMIZER,)),
 ]
 
-WRONG = WRONG_STEP + WRONG_OPTIMIZER + WRONG_EMBEDDING + WRONG_TRAIN
+# ------------------------------------------------------------------ 07.1 · mistakes named by a PROPERTY
+def step_with(slip):
+    """The solution's 8-bit step with a slip in the parameter update or the stored m (not one of the named variants)."""
+
+    @torch.no_grad()
+    def adam8bit_step(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, *, step, lr, beta1, beta2, eps,
+                      weight_decay, blocksize):
+        m = dequantize_blocks(state1, absmax1, qmap1, blocksize)
+        v = dequantize_blocks(state2, absmax2, qmap2, blocksize)
+        grad, param = g.float(), p.float()
+        finite = torch.isfinite(grad)
+        m = torch.where(finite, beta1 * m + (1 - beta1) * grad, 0.0)
+        v = torch.where(finite, beta2 * v + (1 - beta2) * grad * grad, 0.0)
+        c1, c2 = 1 - beta1**step, math.sqrt(1 - beta2**step)
+        new = param * (1 - lr * weight_decay) - (2 * lr if slip == "lr_twice" else lr) / c1 * m / (v.sqrt() / c2 + eps)
+        p.copy_(torch.where(finite, new, 0.0 if slip == "nan_p_zero" else param))
+        state1[:], absmax1[:] = quantize_blocks(m, qmap1, blocksize, keep_sign=True)
+        state2[:], absmax2[:] = quantize_blocks(v, qmap2, blocksize, keep_sign=True)
+        if slip == "absmax_halved":
+            absmax1.mul_(0.5)
+
+    adam8bit_step.__name__ = f"adam8bit_step_{slip}"
+    return adam8bit_step
+
+
+WRONG_STEP_PROPERTIES = [
+    Wrong("07.1", STEP, step_with("lr_twice"), "the step size doubled (2 * lr)", "the update p_new - p is twice", True),
+    Wrong("07.1", STEP, step_with("nan_p_zero"), "p set to 0 where the gradient is not finite",
+          "only the elements where the gradient is NaN or Inf are wrong", True),
+    Wrong("07.1", STEP, step_with("absmax_halved"), "the stored absmax of m halved", "m is half the expected", True),
+]
+
+WRONG = WRONG_STEP + WRONG_STEP_PROPERTIES + WRONG_OPTIMIZER + WRONG_EMBEDDING + WRONG_TRAIN
 RIGHT = RIGHT_STEP + RIGHT_OPTIMIZER + RIGHT_EMBEDDING + RIGHT_TRAIN
