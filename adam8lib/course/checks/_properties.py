@@ -170,12 +170,34 @@ def _where(bad: torch.Tensor, x: torch.Tensor | None, blocksize: int | None, x_n
     return None
 
 
+def _same_value(a: Any, e: Any, rtol: float, atol: float) -> bool:
+    at, et = _as_tensor(a), _as_tensor(e)
+    if at is None or et is None:
+        return a == e
+    return at.shape == et.shape and bool(_close(at.double(), et.double(), rtol, atol).all())
+
+
 def describe(actual: Any, expected: Any, *, x: Any = None, blocksize: int | None = None, rtol: float = 1e-5,
              atol: float = 1e-6, x_name: str = "input") -> str | None:
     """One sentence naming the property in which ``actual`` differs from ``expected``, or None.
 
     ``x`` (optional) is the input the result was computed from, elementwise aligned with the result
     when it has the same number of elements; ``blocksize`` names blocks of the flat result."""
+    if isinstance(expected, dict):
+        if not isinstance(actual, dict) or set(actual) != set(expected):
+            return None
+        wrong = [k for k in expected if describe(actual[k], expected[k], rtol=rtol, atol=atol) is not None
+                 or not _same_value(actual[k], expected[k], rtol, atol)]
+        if not wrong:
+            return None
+        right = [k for k in expected if k not in wrong]
+        head = (f"only {', '.join(map(repr, wrong))} {'is' if len(wrong) == 1 else 'are'} wrong "
+                f"({', '.join(map(repr, right))} right)") if right else "every entry is wrong"
+        found = describe(actual[wrong[0]], expected[wrong[0]], x=x, blocksize=blocksize, rtol=rtol, atol=atol,
+                         x_name=x_name)
+        if found and found.startswith("your result "):
+            found = f"{wrong[0]!r} {found[len('your result '):]}"
+        return f"{head}; {found}" if found else head
     if isinstance(expected, (tuple, list)):
         if not isinstance(actual, (tuple, list)) or len(actual) != len(expected):
             return None

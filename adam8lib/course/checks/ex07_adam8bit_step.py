@@ -652,6 +652,27 @@ def train_side_by_side(optimizer_class, steps: int = 200, lr: float = 1e-2) -> d
     return {name: yours, "torch.optim.Adam": _train(lambda ps: torch.optim.Adam(ps, lr=lr), steps)}
 
 
+def _curve_property(got: list[float], want: list[float], rule: str) -> str:
+    """How a loss curve differs from the reference loop's: its first point, a factor, a shift, where it departs."""
+    from ._properties import describe
+
+    if len(got) != len(want):
+        return f"your curve has {len(got)} losses for {len(want)} steps: one loss per step. The rule: {rule}"
+    found = describe(torch.tensor(got, dtype=torch.float64), torch.tensor(want, dtype=torch.float64),
+                     rtol=1e-4, atol=1e-7)
+    if found and not any(w in found for w in ("times the expected", "half the expected", "twice the expected",
+                                               "moved one position", "shifted by a constant")):
+        found = None  # losses are positive: "right sign, wrong size" says nothing about a curve
+    if not math.isclose(got[0], want[0], rel_tol=1e-4, abs_tol=1e-7):
+        where = (f"already the first loss differs ({got[0]:.6g}, the untrained model gives {want[0]:.6g}): the loss "
+                 "itself is computed differently (the data, the model's output, mse_loss)")
+    else:
+        k = next(i for i, (a, b) in enumerate(zip(got, want)) if not math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-7))
+        where = (f"the first {k} losses are right, from step {k + 1} on they differ: the loss is right, the "
+                 "UPDATE between steps is not (the gradients, the optimizer, zero_grad)")
+    return f"{where}{'; ' + found if found else ''}. The rule: {rule}"
+
+
 def check_trains_like_adam(train_fn, optimizer_class) -> None:
     """``train_fn(optimizer_class, steps=200, lr=1e-2)`` must give the reference loop's losses with
     torch.optim.Adam; trained 200 steps, ``optimizer_class``'s final loss must be at most 2x that of
@@ -706,6 +727,8 @@ def check_trains_like_adam(train_fn, optimizer_class) -> None:
                 if same(got_curve, make()):
                     hint = h
                     break
+            else:
+                hint = _curve_property(got_curve, want_curve, hint)
         fail(f"train(torch.optim.Adam, steps=20) gave {len(got_curve)} losses {got_curve[:3]}...; the reference loop "
              f"gives 20: {[round(v, 6) for v in want_curve[:3]]}...", hint)
     curves = train_side_by_side(optimizer_class)
