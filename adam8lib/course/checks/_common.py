@@ -17,9 +17,14 @@ success prints exactly one line (stored as the check cell's output and compared 
 Helpers
 -------
 ``call(fn, *args, **kwargs)``
-    Call the learner's function. ``NotImplementedError`` (the stub) becomes an AssertionError
-    "<name> is not implemented yet"; any other exception becomes an AssertionError that names
-    the function, the exception and the inputs (chained, so the traceback stays visible).
+    Call the learner's function. The stub's own ``raise NotImplementedError(...)`` becomes an
+    AssertionError "<name> is not implemented yet"; a ``NotImplementedError`` raised by torch
+    (an operation that has no kernel for these dtypes, e.g. ``<<`` on a float tensor) and any
+    other exception become an AssertionError that names the function, the exception and the
+    inputs (chained, so the traceback stays visible), with a hint where one applies.
+``is_stub(exc)``
+    True when a ``NotImplementedError`` is the workbook stub's own raise (decided by where it was
+    raised: a ``raise NotImplementedError`` line in the learner's code), not torch's.
 ``assert_close(actual, expected, *, hint, rtol, atol, what, dtype, check_dtype)``
     Tensors / arrays / numbers / (nested) tuples and lists: checks ``None`` (forgotten
     ``return``), type, shape, optionally dtype, non-finite values, then closeness; the message
@@ -36,9 +41,13 @@ Helpers
 
 from __future__ import annotations
 
+import linecache
 import math
 import numbers
+import os
+import re
 import sys
+import sysconfig
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
@@ -48,6 +57,8 @@ __all__ = [
     "passed",
     "fail",
     "call",
+    "is_stub",
+    "torch_not_implemented_hint",
     "require_callable",
     "assert_close",
     "assert_equal",
@@ -95,16 +106,91 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _library_dirs() -> tuple[str, ...]:
+    """Folders whose code is not the learner's: the standard library, installed packages, adam8lib."""
+    dirs = {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}  # adam8lib/course
+    dirs.add(os.path.dirname(dirs.copy().pop()))  # adam8lib
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            dirs.add(os.path.abspath(path))
+    return tuple(sorted(dirs))
+
+
+def _in_library(filename: str) -> bool:
+    if not filename or filename.startswith("<"):
+        return False  # an interactive cell ("<ipython-input-...>", "<string>")
+    path = os.path.abspath(filename)
+    if "site-packages" in path.split(os.sep) or "dist-packages" in path.split(os.sep):
+        return True
+    return any(path == d or path.startswith(d + os.sep) for d in _library_dirs())
+
+
+_RAISE_LINE = re.compile(r"\braise\s+NotImplementedError\b")
+_STUB_MESSAGE = re.compile(r"^(Exercise \d+\.\d+\b.*)?$")
+
+
+def is_stub(exc: BaseException) -> bool:
+    """Is this NotImplementedError the workbook stub's ``raise NotImplementedError("Exercise NN.k: ...")``?
+
+    Decided by where it was raised. Raised inside torch (or another library) -> not the stub. Raised
+    on a line of the learner's code: the stub when that line is a ``raise NotImplementedError``; a
+    line such as ``x << 4`` on a float tensor raises torch's NotImplementedError from C++ with the
+    learner's line as the innermost Python frame, so the line's text decides. When the source is not
+    available, the message does (the stub's is "Exercise NN.k: <name>" or empty)."""
+    if not isinstance(exc, NotImplementedError):
+        return False
+    tb = exc.__traceback__
+    if tb is None:
+        return bool(_STUB_MESSAGE.match(str(exc)))
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    filename, lineno = tb.tb_frame.f_code.co_filename, tb.tb_lineno
+    if _in_library(filename):
+        return False
+    line = linecache.getline(filename, lineno, tb.tb_frame.f_globals)
+    code = line.split("#", 1)[0]
+    if code.strip():
+        return bool(_RAISE_LINE.search(code))
+    return bool(_STUB_MESSAGE.match(str(exc)))
+
+
+_DTYPE_WORDS = {"Float": "float32", "Double": "float64", "BFloat16": "bfloat16", "Half": "float16",
+                "Byte": "uint8", "Char": "int8", "Int": "int32", "Long": "int64", "Bool": "bool"}
+
+
+def torch_not_implemented_hint(exc: BaseException) -> str:
+    """Learner's terms for torch's NotImplementedError: which operation has no kernel for which dtype."""
+    text = str(exc)
+    found = re.search(r'"(\w+?)(?:_cpu|_cuda)?(?:_kernel)?"\s+not implemented for\s+\'(\w+)\'', text)
+    if found:
+        op, dtype = found.group(1), _DTYPE_WORDS.get(found.group(2), found.group(2))
+        bitwise = "shift" in op or op.startswith("bitwise") or op.strip("_") in ("and", "or", "xor", "invert")
+        if bitwise:
+            return (f"torch's `{op}` (a bit operation: <<, >>, &, |, ^) does not exist for {dtype} tensors: bit "
+                    "operations work on integer tensors only, so convert the operand to an integer dtype first "
+                    "(this is torch's error in your code, not the exercise's stub).")
+        return (f"torch has no `{op}` for {dtype} tensors: convert the operand to a dtype that op supports "
+                "(this is torch's error in your code, not the exercise's stub).")
+    return ("torch raised NotImplementedError inside your code: an operation you used does not exist for these "
+            "inputs (usually their dtype or device) — the traceback shows which line. This is not the exercise's "
+            "stub: your code ran.")
+
+
 def call(fn: Callable, *args: Any, **kwargs: Any) -> Any:
     """Call the learner's ``fn``; turn its exceptions into AssertionErrors that say what happened."""
     require_callable(fn)
     try:
         return fn(*args, **kwargs)
     except NotImplementedError as exc:
-        raise AssertionError(
-            f"{_name(fn)} is not implemented yet: replace the `raise NotImplementedError(...)` line "
-            "in the exercise cell with your code, run that cell, then run this check again."
-        ) from exc
+        if is_stub(exc):
+            raise AssertionError(
+                f"{_name(fn)} is not implemented yet: replace the `raise NotImplementedError(...)` line "
+                "in the exercise cell with your code, run that cell, then run this check again."
+            ) from exc
+        inputs = ", ".join([_short(a) for a in args] + [f"{k}={_short(v)}" for k, v in kwargs.items()])
+        raise AssertionError(f"{_name(fn)}({inputs}) raised NotImplementedError inside torch: {exc}\n"
+                             f"Hint: {torch_not_implemented_hint(exc)}") from exc
     except AssertionError:
         raise
     except Exception as exc:

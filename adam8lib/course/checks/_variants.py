@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ._common import assert_close, assert_equal
+from ._properties import describe
 
 Variants = Sequence[tuple[str, Callable[[], Any]]]
 
@@ -48,27 +49,41 @@ def matches(actual: Any, expected: Any, *, rtol: float = 1e-5, atol: float = 1e-
     return (math.isnan(a) and math.isnan(e)) or a == e or abs(a - e) <= atol + rtol * abs(e)
 
 
-def diagnose(actual: Any, variants: Variants, default: str, *, rtol: float = 1e-5, atol: float = 1e-6) -> str:
-    """The hint of the first variant that ``actual`` matches, else ``default``."""
+def diagnose(actual: Any, variants: Variants, default: str, *, rtol: float = 1e-5, atol: float = 1e-6,
+             expected: Any = None, x: Any = None, blocksize: int | None = None, context: str | None = None) -> str:
+    """The hint of the first variant that ``actual`` matches; else, when ``expected`` is given, the
+    property in which it differs (:func:`~adam8lib.course.checks._properties.describe`) followed by
+    ``default``; else ``default``. ``context``: a sentence about the inputs (e.g. on which kind of input the
+    answer is wrong, :func:`~adam8lib.course.checks._properties.case_pattern`) added when no variant matched."""
     for hint, make in variants:
         try:
             candidate = make()
         except Exception:  # a variant that cannot be built for this input just does not match
             continue
-        if matches(actual, candidate, rtol=rtol, atol=atol):
+        if candidate is not None and matches(actual, candidate, rtol=rtol, atol=atol):
             return hint
-    return default
+    found = None
+    if expected is not None:
+        try:
+            found = describe(actual, expected, x=x, blocksize=blocksize, rtol=rtol, atol=atol)
+        except Exception:  # noqa: BLE001 - describing is best effort; the comparison itself still fails
+            found = None
+    parts = [part for part in (found, context) if part]
+    return f"{'; '.join(parts)}. The rule: {default}" if parts else default
 
 
 def expect_close(actual: Any, expected: Any, *, what: str, default: str, variants: Variants = (),
-                 rtol: float = 1e-5, atol: float = 1e-6, dtype: Any = None) -> None:
-    """assert_close with a hint chosen by :func:`diagnose` when the answer is wrong."""
+                 rtol: float = 1e-5, atol: float = 1e-6, dtype: Any = None, x: Any = None,
+                 blocksize: int | None = None, describe_diff: bool = True, context: str | None = None) -> None:
+    """assert_close with a hint chosen by :func:`diagnose` when the answer is wrong (``x``, ``blocksize``:
+    the input and the block size, to say where a wrong result differs)."""
     if matches(actual, expected, rtol=rtol, atol=atol):
         if dtype is not None and isinstance(actual, torch.Tensor) and actual.dtype != dtype:
             assert_close(actual, expected, what=what, dtype=dtype, rtol=rtol, atol=atol,
                          hint=f"return a {dtype} tensor (convert with .to({dtype}))")
         return
-    hint = diagnose(actual, variants, default, rtol=rtol, atol=atol)
+    hint = diagnose(actual, variants, default, rtol=rtol, atol=atol, expected=expected if describe_diff else None,
+                    x=x, blocksize=blocksize, context=context)
     assert_close(actual, expected, what=what, hint=hint, rtol=rtol, atol=atol, dtype=dtype)
     # assert_close compares a little differently (e.g. dict keys); never let a mismatch pass
     assert_equal(actual, expected, what=what, hint=hint)

@@ -39,7 +39,7 @@ def check_adam_moments(adam_moments_fn) -> None:
                  hint="you returned (v, m): return the new m first, then the new v.")
         _require_dtype(got_m, dtype, what + " m")
         _require_dtype(got_v, dtype, what + " v")
-        expect_close(got_m, want_m, what=what + " m", dtype=dtype,
+        expect_close(got_m, want_m, what=what + " m", dtype=dtype, x=g,
                      default="m = beta1 * m + (1 - beta1) * g",
                      variants=[
                          ("you gave beta to the new g and 1 - beta to the old average: it is the other way "
@@ -47,7 +47,7 @@ def check_adam_moments(adam_moments_fn) -> None:
                          ("you used beta2 for m: m averages g with beta1.", lambda: ema_update(m, g, b2)),
                          ("you averaged g * g into m: m is the average of g itself.", lambda: ema_update(m, g * g, b1)),
                      ])
-        expect_close(got_v, want_v, what=what + " v", dtype=dtype,
+        expect_close(got_v, want_v, what=what + " v", dtype=dtype, x=g,
                      default="v = beta2 * v + (1 - beta2) * g * g",
                      variants=[
                          ("you averaged g, not g * g: v is the moving average of the SQUARED gradient.",

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from ._common import call, passed, require_callable
-from ._variants import expect_close
+from ._properties import describe_step
+from ._variants import expect_close, matches
 
 __all__ = ["check_adam_step", "check_adamw_step"]
 
@@ -81,8 +82,13 @@ def _run(step_fn, decoupled: bool, title: str, variants_for) -> None:
                 return lambda: _one_step(p0, g, m0, v0, t, lr, betas, eps, wd,
                                          **{"decay": "decoupled" if decoupled else "l2", **kw})
 
-            expect_close((p_l, m_l, v_l), want, what=what, rtol=1e-5, atol=1e-6,
-                         default=variants_for(None), variants=variants_for(variant))
+            default = variants_for(None)
+            if not matches((p_l, m_l, v_l), want, rtol=1e-5, atol=1e-6):
+                found = describe_step({"p": p0, "m": m0, "v": v0}, {"p": p_l, "m": m_l, "v": v_l},
+                                      dict(zip("pmv", want)), moments=("m", "v"), g=g)
+                default = f"{found} (step {t}). The rule: {default}" if found else default
+            expect_close((p_l, m_l, v_l), want, what=what, rtol=1e-5, atol=1e-6, describe_diff=False,
+                         default=default, variants=variants_for(variant))
             m, v = want[1], want[2]
     passed(title)
 

@@ -8,6 +8,7 @@ from torch.overrides import TorchFunctionMode
 from ...quant import absmax_dequantize, absmax_quantize
 from ._common import assert_close, call, fail, passed, require_callable
 from ._shapes import call_any_shape
+from ._properties import describe
 from ._variants import expect_close
 
 __all__ = ["check_absmax_quantize", "check_absmax_dequantize"]
@@ -141,6 +142,11 @@ def check_absmax_quantize(absmax_quantize_fn) -> None:
                         break
                 except Exception:  # noqa: BLE001
                     continue
+            if isinstance(q, torch.Tensor) and q.shape != want_q.shape:
+                hint = f"q: {describe(q, want_q, x=x) or 'give q the shape of x'}. The rule: {hint}"
+            elif hint.startswith("q = round(x * 127 / absmax)") and isinstance(q, torch.Tensor):
+                found = describe(q.long(), want_q.long(), x=x.float(), rtol=0, atol=0)
+                hint = f"q: {found}. The rule: {hint}" if found else hint
             assert_close(q, want_q, what=f"{what}: q", hint=hint, rtol=0, atol=1)
             fail(f"{what}: q differs from the reference in more than 1% of the codes.", hint)
         if not isinstance(a, torch.Tensor):
@@ -165,7 +171,7 @@ def check_absmax_dequantize(absmax_dequantize_fn) -> None:
         if isinstance(got, torch.Tensor) and got.dtype != torch.float32:
             fail(f"{what} has dtype {got.dtype}, expected torch.float32.",
                  hint=f"your result is {got.dtype}: return float32, e.g. q.float() * absmax / 127.")
-        expect_close(got, want, what=what, dtype=torch.float32, rtol=1e-6, atol=1e-7,
+        expect_close(got, want, what=what, dtype=torch.float32, rtol=1e-6, atol=1e-7, x=q,
                      default="x ≈ q * absmax / 127, returned as float32.",
                      variants=[
                          ("you divided by 128: divide by 127, the same number you scaled by.", lambda: qf * a / 128),

@@ -6,6 +6,7 @@ import torch
 
 from ...quant import dynamic_map, linear_map, nearest_code
 from ._common import assert_equal, call, fail, passed, require_callable
+from ._properties import describe
 from ._shapes import call_any_shape
 from ._variants import matches
 
@@ -211,6 +212,15 @@ def check_nearest_code(nearest_code_fn) -> None:
                 if alt is not None and torch.equal(got, alt):
                     hint = h
                     break
+            if hint.startswith("pick the index of the map entry closest"):
+                outside = (x.reshape(-1) < code[0]) | (x.reshape(-1) > code[-1])
+                bad = (got.reshape(-1) != want.reshape(-1))
+                if bool(outside.any()) and bool((bad <= outside).all()):
+                    found = (f"only the values beyond the ends of the map (below {float(code[0]):g} or above "
+                             f"{float(code[-1]):g}) get a wrong code: they belong to the nearest END entry")
+                else:
+                    found = describe(got.reshape(-1).long(), want.reshape(-1).long(), x=x.reshape(-1), rtol=0, atol=0)
+                hint = f"{found}. The rule: {hint}" if found else hint
             assert_equal(got, want, what=what, hint=hint)
     passed("Exercise 05.2 · Nearest-code lookup")
 

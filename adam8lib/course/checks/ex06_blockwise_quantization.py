@@ -6,6 +6,7 @@ import torch
 
 from ...quant import dequantize_blockwise, dynamic_map, nearest_code, num_blocks, quantize_blockwise
 from ._common import assert_close, call, fail, passed, require_callable
+from ._properties import describe
 from ._variants import expect_close, matches
 
 __all__ = ["check_quantize_blockwise", "check_dequantize_blockwise"]
@@ -107,6 +108,10 @@ def check_quantize_blockwise(quantize_blockwise_fn) -> None:
             scale_global = nearest_code(x.reshape(-1).float() / x.float().abs().max(), code)
             if torch.equal(codes.reshape(-1), scale_global):
                 hint = "normalize each element by ITS block's absmax, not by the whole tensor's."
+            if hint.startswith("code = nearest map entry"):
+                found = describe(codes.reshape(-1).long(), want_codes.reshape(-1).long(), x=x.reshape(-1).float(),
+                                 blocksize=bs, rtol=0, atol=0)
+                hint = f"the codes: {found}. The rule: {hint}" if found else hint
             assert_close(codes, want_codes, what=f"{what}: codes", hint=hint, rtol=0, atol=0)
     passed("Exercise 06.1 · Blockwise quantization")
 
@@ -141,7 +146,7 @@ def check_dequantize_blockwise(dequantize_blockwise_fn) -> None:
                 and matches(got.view(codes.shape), want, rtol=1e-6, atol=0):
             fail(f"{what} has shape {tuple(got.shape)}, expected {tuple(codes.shape)}.",
                  hint="you returned a flat tensor: give it the shape of codes (.view(codes.shape)).")
-        expect_close(got, want, what=what, dtype=torch.float32, rtol=1e-6, atol=0,
+        expect_close(got, want, what=what, dtype=torch.float32, rtol=1e-6, atol=0, x=x, blocksize=bs,
                      default="x[i] = code[codes[i]] * absmax[i // blocksize], in the shape of codes.",
                      variants=[
                          ("element i belongs to block i // blocksize (not i % number_of_blocks): use "
@@ -155,6 +160,12 @@ def check_dequantize_blockwise(dequantize_blockwise_fn) -> None:
                           lambda: shaped(values)),
                          ("you divided by absmax: quantizing divided x by absmax, so dequantizing multiplies.",
                           lambda: shaped(values / absmax[idx // bs])),
+                         ("you looked up the NEIGHBOURING map entry (code[codes - 1]): the code is the index itself, "
+                          "code[codes.long()] — no shift by one.",
+                          lambda: shaped(code[(codes.reshape(-1).long() - 1).clamp(0, 255)] * absmax[idx // bs])),
+                         ("you looked up the NEIGHBOURING map entry (code[codes + 1]): the code is the index itself, "
+                          "code[codes.long()] — no shift by one.",
+                          lambda: shaped(code[(codes.reshape(-1).long() + 1).clamp(0, 255)] * absmax[idx // bs])),
                          ("that is linear dequantization ((codes - 127) / 127, lesson 04): look the codes up in the "
                           "map, code[codes], then multiply by the block's absmax.",
                           lambda: shaped((codes.reshape(-1).float() - 127) / 127 * absmax[idx // bs])),

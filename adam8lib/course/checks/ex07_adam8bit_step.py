@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import io
 import math
+import numbers
 
 import torch
 
 from ...kernels.reference import adam8bit_step
 from ...quant import dequantize_blocks, dynamic_map, nearest_code, num_blocks, quantize_blocks
 from ._common import assert_close, call, fail, passed, require_callable
+from ._properties import describe_step
 
 __all__ = ["check_adam8bit_step", "check_adam8bit_optimizer", "check_stable_embedding", "check_trains_like_adam",
            "mlp_task", "train_side_by_side"]
@@ -127,6 +129,29 @@ def _close(got: dict, want: dict, pdtype) -> str | None:
     return None
 
 
+def _step_property(pre, mine, ref, g, qmap1, qmap2, bs, pdtype) -> str | None:
+    """Which of p / m / v / absmax went wrong, compared as VALUES (codes dequantized), and how."""
+    def values(d):
+        return {"p": d["p"].float(), "m": dequantize_blocks(d["state1"], d["absmax1"], qmap1, bs),
+                "v": dequantize_blocks(d["state2"], d["absmax2"], qmap2, bs),
+                "absmax of m": d["absmax1"], "absmax of v": d["absmax2"]}
+
+    try:
+        got, want, before = values(mine), values(ref), values(pre)
+    except Exception:  # noqa: BLE001 - states of the wrong size: the field check reports those
+        return None
+    ptol = 1e-2 if pdtype != torch.float32 else 1e-5
+    # one code of rounding (1/127 of the absmax near the top of the map) is not a mistake
+    found = describe_step(before, got, want, rtol=max(ptol, 2e-2), atol=1e-7, blocksize=bs, moments=("m", "v"),
+                          g=g.float())
+    if found is None:
+        return None
+    finite = torch.isfinite(g.float())
+    if not bool(finite.all()):
+        found += " (this input has NaN/Inf gradient elements)"
+    return found
+
+
 def _cases():
     gen = torch.Generator().manual_seed(7)
     tiny = torch.full((512,), -1e-9)
@@ -190,6 +215,9 @@ def check_adam8bit_step(adam8bit_step_fn) -> None:
             else:
                 hint = ("dequantize m and v (qmap[state] * absmax of the block), update them and p in fp32 like AdamW, "
                         "then requantize with a fresh absmax per block.")
+                found = _step_property(pre, mine, ref, g, qmap1, qmap2, hp["blocksize"], pdtype)
+                if found:
+                    hint = f"{found}. The rule: {hint}"
                 for h, kwv in _STEP_SLIPS:
                     try:
                         if _close(mine, _variant(pre, g, qmap1, qmap2, kw, **kwv), pdtype) is None:
@@ -207,11 +235,23 @@ def check_adam8bit_step(adam8bit_step_fn) -> None:
 
 
 # ---------------------------------------------------------------------------- 07.2
+# The parameters of the 07.2 check, and what each one tests (index: shape, role):
+_PARAMS = [
+    ((64, 128), "an 8192-element weight (8-bit states, 32 blocks)"),
+    ((128, 32), "a 4096-element weight (exactly min_8bit_size: 8-bit, the threshold is inclusive)"),
+    ((4095,), "a 4095-element tensor (one below min_8bit_size: fp32 states)"),
+    ((32,), "a 32-element bias (fp32 states)"),
+    ((16,), "a parameter that never gets a gradient"),
+    ((65, 100), "a 6500-element weight (8-bit; 6500 is not a multiple of the blocksize 256: a partial last block)"),
+    ((5120,), "a 5120-element weight whose FIRST gradient comes at step 2 (its own step count starts then)"),
+]
+_NEVER, _RAGGED, _LATE = 4, 5, 6
+
+
 def _optimizer_params(seed: int = 0) -> list[torch.nn.Parameter]:
-    """8192 (8-bit), exactly 4096 (8-bit: the threshold is inclusive), 4095 and 32 elements (fp32), one without grad."""
+    """The parameters of :data:`_PARAMS` (the same values on every call)."""
     gen = torch.Generator().manual_seed(seed)
-    shapes = [(64, 128), (128, 32), (4095,), (32,), (16,)]
-    return [torch.nn.Parameter(torch.randn(s, generator=gen) * 0.1) for s in shapes]
+    return [torch.nn.Parameter(torch.randn(shape, generator=gen) * 0.1) for shape, _ in _PARAMS]
 
 
 def _groups(params, **overrides):
@@ -220,16 +260,50 @@ def _groups(params, **overrides):
     return [{**first, **overrides}, {**second, **overrides}] if overrides else [first, second]
 
 
-def _run(make, steps: int, params, *, grad_seed: int = 1, start: int = 0):
+def _give_grads(params, gen, step_index: int) -> None:
+    """Gradients of one step: every parameter but the one that never gets any; the late one from step 2."""
+    for i, p in enumerate(params):
+        if i == _NEVER:
+            continue
+        g = torch.randn(p.shape, generator=gen) * 0.01
+        p.grad = None if (i == _LATE and step_index == 0) else g
+
+
+def _run(make, steps: int, params, *, grad_seed: int = 1):
     opt = make(params)
     gen = torch.Generator().manual_seed(grad_seed)
-    for _ in range(start):
-        [torch.randn(p.shape, generator=gen) for p in params[:4]]
-    for _ in range(steps):
-        for p in params[:4]:  # the last parameter never gets a gradient
-            p.grad = torch.randn(p.shape, generator=gen) * 0.01
+    for k in range(steps):
+        _give_grads(params, gen, k)
         opt.step()
     return opt
+
+
+def _differing(a, b) -> list[int]:
+    """Indices of the parameters that differ between two runs."""
+    return [i for i, (x, y) in enumerate(zip(a, b)) if not torch.allclose(x.detach(), y.detach(), rtol=1e-4, atol=1e-6)]
+
+
+def _property_hint(bad: list[int]) -> str | None:
+    """Which KIND of parameter went wrong says where to look."""
+    roles = {i: _PARAMS[i][1] for i in bad}
+    listing = "; ".join(roles.values())
+    if bad == [_LATE]:
+        return (f"only {_PARAMS[_LATE][1]} is wrong: its bias correction used the wrong step. Count steps PER "
+                "PARAMETER in self.state[p] (1 on its own first update), not per call of step() or per optimizer.")
+    if bad == [_RAGGED]:
+        return (f"only {_PARAMS[_RAGGED][1]} is wrong: the partial last block. num_blocks = ceil(n / blocksize), and "
+                "the 8-bit step gets the whole flat tensor (no element dropped, none padded into the parameter).")
+    if set(bad) <= {0, 1, _RAGGED, _LATE}:
+        return (f"only the 8-bit parameters are wrong ({listing}); the fp32 ones are right: look at the 8-bit path "
+                "(fresh codes 127 / 0 and absmax 0 for a new state, the flat views, the step's arguments).")
+    if set(bad) <= {2, 3}:
+        return (f"only the fp32-state parameters are wrong ({listing}); the 8-bit ones are right: look at the fp32 "
+                "AdamW path (its bias correction, eps, weight decay, reading the group's lr and betas).")
+    return None
+
+
+def _same(a, b) -> bool:
+    return not _differing(a, b)
 
 
 def _reference(params, **overrides):
@@ -243,8 +317,8 @@ def _same(a, b) -> bool:
 
 
 class _StepRuleAdam8bit(torch.optim.Optimizer):
-    """The 07.2 optimizer with a wrong step count: "always_one" (never grows) or "global" (one counter
-    increased for every parameter of every step)."""
+    """The 07.2 optimizer with a wrong step count: "always_one" (never grows), "global" (one counter
+    increased for every parameter of every step) or "per_call" (one counter increased per call of step())."""
 
     def __init__(self, params, rule: str):
         super().__init__(params, dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0))
@@ -255,6 +329,8 @@ class _StepRuleAdam8bit(torch.optim.Optimizer):
     def step(self):
         from ...adam import adam_step
 
+        calls = getattr(self, "calls", 0) + 1
+        self.calls = calls
         for group in self.param_groups:
             b1, b2 = group["betas"]
             for p in group["params"]:
@@ -266,7 +342,7 @@ class _StepRuleAdam8bit(torch.optim.Optimizer):
                     st.update(_fresh_state(n, 256) if n >= 4096 else
                               dict(exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p)))
                 self.count += 1
-                t = 1 if self.rule == "always_one" else self.count
+                t = {"always_one": 1, "per_call": calls}.get(self.rule, self.count)
                 kw = dict(step=t, lr=group["lr"], eps=group["eps"], weight_decay=group["weight_decay"])
                 if "state1" in st:
                     adam8bit_step(p.view(-1), p.grad.view(-1), st["state1"], st["state2"], st["absmax1"],
@@ -283,6 +359,10 @@ def _crash_hint(text: str) -> str | None:
     if "must match the size" in text or "flat contiguous 1-D" in text:
         return ("flatten the gradient too: the 8-bit step works on flat tensors, so pass p.view(-1) AND "
                 "p.grad.view(-1).")
+    if "absmax" in text and "must have" in text:
+        return ("a tensor whose size is not a multiple of the blocksize (here 6500 = 25 x 256 + 100) has a partial "
+                "last block, and it needs its own absmax: the partial last block counts, number of blocks = "
+                "ceil(n / blocksize), -(-n // blocksize).")
     if ("step" in text and "got 0" in text) or "ZeroDivisionError" in text:
         return ("the first update ran with step = 0 (1 - beta1**0 = 0 divides by zero): increase the count BEFORE "
                 "the update, so the first step is step 1.")
@@ -304,13 +384,15 @@ def check_adam8bit_optimizer(optimizer_class) -> None:
         fail(str(err), hint)
     if not isinstance(opt, torch.optim.Optimizer):
         fail(f"{name}(...) is a {type(opt).__name__}", "subclass torch.optim.Optimizer and call super().__init__(params, defaults).")
-    if not torch.equal(params[4], before[4]):
+    if not torch.equal(params[_NEVER], before[_NEVER]):
         fail(f"{name}: a parameter without a gradient changed", "skip parameters whose .grad is None.")
-    if opt.state.get(params[4]):
+    if opt.state.get(params[_NEVER]):
         fail(f"{name}: a parameter that never got a gradient has a state",
              "create a parameter's state on its first step, in step() (`if not state: ...`), not in __init__: a "
              "parameter that never gets a gradient has no state.")
-    for p, kind in zip(params[:4], ("8-bit", "8-bit", "fp32", "fp32")):
+    for p, kind in zip(params, ("8-bit", "8-bit", "fp32", "fp32", None, "8-bit", "8-bit")):
+        if kind is None:
+            continue
         tensors = [v for v in opt.state[p].values() if torch.is_tensor(v) and v.numel() > 1]
         has_codes = any(v.dtype == torch.uint8 and v.numel() == p.numel() for v in tensors)
         if kind == "8-bit" and not has_codes:
@@ -349,13 +431,21 @@ def check_adam8bit_optimizer(optimizer_class) -> None:
              "update), or the bias correction keeps dividing as if every step were the first.", "always_one"),
             ("you keep one counter for all parameters (increased for every tensor): each parameter needs its own "
              "count in self.state[p]['step'], 1 on its first update.", "global"),
+            ("you count calls of step() (one counter for the optimizer), not updates of each parameter: a parameter "
+             "whose first gradient comes at step 2 then starts its bias correction at 2. Keep the count in "
+             "self.state[p]['step'], 1 on that parameter's own first update.", "per_call"),
         ]:
             alt = _optimizer_params()
             _run(lambda ps, rule=rule: _StepRuleAdam8bit(_groups(ps), rule), 3, alt)
             if _same(params, alt):
                 fail(f"{name}: parameters after 3 steps differ from adam8lib.optim.Adam8bit", hint)
-        fail(f"{name}: parameters after 3 steps differ from adam8lib.optim.Adam8bit (groups with different lr, "
-             "betas, weight_decay; 8-bit and fp32 tensors)",
+        bad = _differing(params, ref_params)
+        which = "; ".join(f"#{i} {_PARAMS[i][1]}" for i in bad)
+        hint = _property_hint(bad)
+        if hint is not None:
+            fail(f"{name}: after 3 steps these parameters differ from adam8lib.optim.Adam8bit: {which}", hint)
+        fail(f"{name}: after 3 steps these parameters differ from adam8lib.optim.Adam8bit: {which} (groups with "
+             "different lr, betas, weight_decay; 8-bit and fp32 tensors)",
              "keep a step count per parameter in self.state[p] and increase it before each update (bias correction "
              "uses it); call the 8-bit step on flat views p.view(-1), p.grad.view(-1) and write into the state in place.")
     # state_dict round trip: two steps, save, load into a fresh optimizer, one more step on both
@@ -370,9 +460,7 @@ def check_adam8bit_optimizer(optimizer_class) -> None:
     b = optimizer_class(_groups(b_params))
     call(b.load_state_dict, saved)
     for opt_, ps in ((a, a_params), (b, b_params)):
-        gen = torch.Generator().manual_seed(7)
-        for p in ps[:4]:
-            p.grad = torch.randn(p.shape, generator=gen) * 0.01
+        _give_grads(ps, torch.Generator().manual_seed(7), 1)
         opt_.step()
     if not _same(a_params, b_params):
         fail(f"{name}: after state_dict() / load_state_dict() the next step differs from the original optimizer's",
@@ -412,9 +500,18 @@ def check_stable_embedding(stable_embedding_class) -> None:
             hint = "initialise the table with nn.init.xavier_uniform_(self.embedding.weight) (nn.Embedding's default is N(0, 1))."
         fail(f"embedding weights: std {w.std().item():.4f}, max |w| {w.abs().max().item():.3f}; "
              f"xavier-uniform gives std {bound / math.sqrt(3):.4f}, |w| <= {bound:.3f}", hint)
+    if norm.weight is None or norm.bias is None:
+        fail(f"self.norm has weight={_short_param(norm.weight)}, bias={_short_param(norm.bias)}: it cannot learn a "
+             "scale and shift", "you built the LayerNorm without its affine parameters (elementwise_affine=False or "
+             "bias=False): the stable embedding's LayerNorm learns a per-feature scale and shift, the nn.LayerNorm "
+             "default.")
     x = torch.tensor([[1, 5, 999], [0, 0, 42]])
     out = call(module, x)
     want = torch.nn.functional.layer_norm(w[x], (64,), norm.weight.detach(), norm.bias.detach(), norm.eps)
+    if isinstance(out, torch.Tensor) and out.shape != want.shape:
+        fail(f"StableEmbedding(x) for x of shape {tuple(x.shape)} has shape {tuple(out.shape)}, expected "
+             f"{tuple(want.shape)}", "one embedding_dim vector per token id: look up all of x (any shape) and normalise "
+                                     "over the LAST dimension only.")
     if isinstance(out, torch.Tensor) and out.shape == want.shape and torch.allclose(out, w[x]):
         fail("StableEmbedding(x) returns the looked-up vectors unchanged", "apply self.norm to the looked-up vectors.")
     if isinstance(out, torch.Tensor) and out.shape == want.shape and \
@@ -423,6 +520,7 @@ def check_stable_embedding(stable_embedding_class) -> None:
              "that is L2 normalisation (F.normalize): apply the LayerNorm self.norm, which subtracts each vector's "
              "mean, divides by its std, then scales and shifts.")
     assert_close(out, want, what="StableEmbedding(x)", hint="return self.norm(self.embedding(x)).")
+    _check_trained(module, x)
     try:
         import contextlib as _cl
         import io as _io
@@ -440,6 +538,43 @@ def check_stable_embedding(stable_embedding_class) -> None:
         finally:  # and leave none behind: a later optimizer could take a dead parameter's override by its id
             manager.initialize()
     passed("Exercise 07.3 · The stable embedding")
+
+
+def _short_param(t) -> str:
+    return "None" if t is None else f"a tensor of shape {tuple(t.shape)}"
+
+
+def _check_trained(module, x) -> None:
+    """After training, the output must follow the module's CURRENT parameters (table, scale, shift)."""
+    emb, norm = module.embedding, module.norm
+    gen = torch.Generator().manual_seed(73)
+    with torch.no_grad():  # what a few optimizer steps do: every parameter moves away from its init
+        emb.weight.add_(torch.randn(emb.weight.shape, generator=gen) * 0.05)
+        norm.weight.copy_(1.0 + torch.randn(norm.weight.shape, generator=gen) * 0.5)
+        norm.bias.copy_(torch.randn(norm.bias.shape, generator=gen) * 0.5)
+    w, scale, shift = emb.weight.detach(), norm.weight.detach(), norm.bias.detach()
+    out = call(module, x)
+    want = torch.nn.functional.layer_norm(w[x], (w.shape[1],), scale, shift, norm.eps)
+    if not isinstance(out, torch.Tensor) or out.shape != want.shape:
+        assert_close(out, want, what="StableEmbedding(x) after training", hint="return self.norm(self.embedding(x)).")
+    plain = torch.nn.functional.layer_norm(w[x], (w.shape[1],), None, None, norm.eps)
+    what = "StableEmbedding(x) after training (self.norm.weight != 1, self.norm.bias != 0, the table moved)"
+    if torch.allclose(out, plain, atol=1e-5):
+        fail(f"{what} ignores the LayerNorm's scale and shift",
+             "your forward normalises without self.norm's weight and bias (F.layer_norm without them, or a "
+             "hand-written (x - mean) / std): the untrained scale 1 and shift 0 hid it; once trained they matter. "
+             "Call self.norm itself.")
+    if torch.allclose(out, scale * plain, atol=1e-5) or torch.allclose(out, plain + shift, atol=1e-5):
+        fail(f"{what} uses only one of the LayerNorm's scale and shift",
+             "your normalisation applies self.norm.weight or self.norm.bias but not both: call self.norm itself.")
+    if not out.requires_grad:
+        fail(f"{what} carries no gradient",
+             "the output is detached (torch.no_grad(), .detach() or .data in forward): the table and the LayerNorm "
+             "could not learn.")
+    assert_close(out, want, what=what,
+                 hint="the output does not follow the module's current parameters: compute it from self.embedding and "
+                      "self.norm in forward every call (no copy of the table or of the LayerNorm taken in __init__).",
+                 atol=1e-5, rtol=1e-5)
 
 
 def _check_override(bnb, stable_embedding_class, x) -> None:
@@ -517,6 +652,27 @@ def train_side_by_side(optimizer_class, steps: int = 200, lr: float = 1e-2) -> d
     return {name: yours, "torch.optim.Adam": _train(lambda ps: torch.optim.Adam(ps, lr=lr), steps)}
 
 
+def _curve_property(got: list[float], want: list[float], rule: str) -> str:
+    """How a loss curve differs from the reference loop's: its first point, a factor, a shift, where it departs."""
+    from ._properties import describe
+
+    if len(got) != len(want):
+        return f"your curve has {len(got)} losses for {len(want)} steps: one loss per step. The rule: {rule}"
+    found = describe(torch.tensor(got, dtype=torch.float64), torch.tensor(want, dtype=torch.float64),
+                     rtol=1e-4, atol=1e-7)
+    if found and not any(w in found for w in ("times the expected", "half the expected", "twice the expected",
+                                               "moved one position", "shifted by a constant")):
+        found = None  # losses are positive: "right sign, wrong size" says nothing about a curve
+    if not math.isclose(got[0], want[0], rel_tol=1e-4, abs_tol=1e-7):
+        where = (f"already the first loss differs ({got[0]:.6g}, the untrained model gives {want[0]:.6g}): the loss "
+                 "itself is computed differently (the data, the model's output, mse_loss)")
+    else:
+        k = next(i for i, (a, b) in enumerate(zip(got, want)) if not math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-7))
+        where = (f"the first {k} losses are right, from step {k + 1} on they differ: the loss is right, the "
+                 "UPDATE between steps is not (the gradients, the optimizer, zero_grad)")
+    return f"{where}{'; ' + found if found else ''}. The rule: {rule}"
+
+
 def check_trains_like_adam(train_fn, optimizer_class) -> None:
     """``train_fn(optimizer_class, steps=200, lr=1e-2)`` must give the reference loop's losses with
     torch.optim.Adam; trained 200 steps, ``optimizer_class``'s final loss must be at most 2x that of
@@ -527,10 +683,20 @@ def check_trains_like_adam(train_fn, optimizer_class) -> None:
     got_curve = call(train_fn, torch.optim.Adam, steps=20, lr=1e-2)
     if got_curve is None:
         fail("train(torch.optim.Adam, steps=20) returned None", "return the list of losses.")
-    try:
-        got_curve = [float(v) for v in got_curve]
-    except (TypeError, ValueError):
-        fail(f"train(torch.optim.Adam, steps=20) returned {type(got_curve).__name__}", "return a list of floats (loss.item()).")
+    if isinstance(got_curve, torch.Tensor) or not isinstance(got_curve, (list, tuple)):
+        fail(f"train(torch.optim.Adam, steps=20) returned a {type(got_curve).__name__}, expected a list of 20 floats",
+             "collect one Python float per step in a list (losses.append(loss.item())) and return the list.")
+    kinds = {type(v).__name__ for v in got_curve}
+    if any(isinstance(v, torch.Tensor) for v in got_curve):
+        tensor = next(v for v in got_curve if isinstance(v, torch.Tensor))
+        graph = " and keeps its autograd graph alive (memory grows every step)" if tensor.requires_grad else ""
+        fail(f"train(...) recorded {type(tensor).__name__}s of shape {tuple(tensor.shape)} per step, not floats",
+             f"you appended the loss tensor itself: a tensor per step is not a number{graph}; record loss.item(), "
+             "the Python float.")
+    if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in got_curve):
+        fail(f"train(...) recorded values of type {sorted(kinds)} per step, expected float",
+             "record one Python float per step: loss.item() of the loss you backpropagate.")
+    got_curve = [float(v) for v in got_curve]
     def same(curve, reference):
         return len(curve) == len(reference) and all(
             math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-7) for a, b in zip(curve, reference))
@@ -561,6 +727,8 @@ def check_trains_like_adam(train_fn, optimizer_class) -> None:
                 if same(got_curve, make()):
                     hint = h
                     break
+            else:
+                hint = _curve_property(got_curve, want_curve, hint)
         fail(f"train(torch.optim.Adam, steps=20) gave {len(got_curve)} losses {got_curve[:3]}...; the reference loop "
              f"gives 20: {[round(v, 6) for v in want_curve[:3]]}...", hint)
     curves = train_side_by_side(optimizer_class)

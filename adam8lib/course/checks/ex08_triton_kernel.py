@@ -13,7 +13,8 @@ import os
 import torch
 
 from ...quant import dequantize_blockwise, dynamic_map, nearest_code, num_blocks, quantize_blockwise
-from ._common import assert_close, call, fail, passed, require_callable
+from ._common import assert_close, call, fail, is_stub, passed, require_callable
+from ._properties import describe
 from ._variants import diagnose
 
 __all__ = ["check_absmax_kernel", "check_dequantize_kernel", "check_quantize_kernel", "check_ema_requantize_kernel"]
@@ -41,7 +42,9 @@ def _launch(kernel, grid, *args, **kwargs) -> None:
     try:
         call(kernel[grid], *args, **kwargs)
     except AssertionError as exc:
-        if "NotImplementedError" in str(exc):
+        text = str(exc)  # the interpreter wraps the stub's raise: its message names the exercise
+        if "NotImplementedError" in text and ("Exercise 08." in text or isinstance(exc.__cause__, NotImplementedError)
+                                             and is_stub(exc.__cause__)):
             fail(f"{getattr(getattr(kernel, 'fn', kernel), '__name__', 'the kernel')} is not implemented yet: replace "
                  "the `raise NotImplementedError(...)` line in the exercise cell with the kernel's body, run that "
                  "cell, then run this check again.")
@@ -53,6 +56,17 @@ def _padded(values: torch.Tensor, fill, pad: int = _PAD) -> tuple[torch.Tensor, 
     buf = torch.full((values.numel() + pad,), fill, dtype=values.dtype, device=values.device)
     buf[: values.numel()] = values.reshape(-1)
     return buf, buf[: values.numel()]
+
+
+def _absmax_store_hint(buf: torch.Tensor, nb: int, bs: int, sentinel: float) -> str:
+    """What a kernel that wrote past the nb absmax entries did: a store per lane, or at the wrong offset."""
+    written = (buf.cpu() != sentinel).nonzero().flatten()
+    last = int(written.max()) if written.numel() else 0
+    if last >= bs - 1 or written.numel() > nb:
+        return (f"your kernel wrote {written.numel()} absmax entries for {nb} blocks (up to index {last}): the store "
+                "used one address per lane (absmax_ptr + offs, a BLOCK-wide store). A block has ONE absmax: program "
+                "pid stores a single scalar at absmax_ptr + pid (on a GPU such a store writes over other memory).")
+    return "program `pid` writes exactly one value, at absmax_ptr + pid (pid = 0 … number of blocks - 1)."
 
 
 # ---------------------------------------------------------------------------- 08.1
@@ -69,12 +83,13 @@ def check_absmax_kernel(absmax_kernel) -> None:
         want = quantize_blockwise(x, None, bs)[1]
         nb = num_blocks(n, bs)
         _, x_view = _padded(x.to(device), 1e6)  # reading past n would see 1e6
-        out_buf, out = _padded(torch.zeros(nb, device=device), -1.0)
+        # room for a per-lane store at absmax_ptr + offs (up to nb * bs): caught here instead of corrupting memory
+        out_buf, out = _padded(torch.zeros(nb, device=device), -1.0, pad=max(_PAD, nb * bs + bs))
         _launch(absmax_kernel, (nb,), x_view, out, n, BLOCK=bs)
         what = f"absmax_kernel on {n} values, blocksize {bs} ({nb} blocks)"
         if bool((out_buf[nb:] != -1.0).any()):
-            fail(f"{what} wrote past the {nb} absmax entries.", hint="program `pid` writes exactly one value: "
-                                                                   "tl.store(absmax_ptr + pid, ...).")
+            fail(f"{what} wrote past the {nb} absmax entries (one per block).",
+                 hint=_absmax_store_hint(out_buf, nb, bs, -1.0))
         blocks = torch.nn.functional.pad(x, (0, nb * bs - n)).view(nb, bs)
         sentinel = torch.cat([x, torch.full((_PAD,), 1e6)])
         shifted = torch.stack([sentinel[b: b + bs].masked_fill(torch.arange(b, b + bs) >= n, 0.0).abs().amax()
@@ -99,7 +114,8 @@ def check_absmax_kernel(absmax_kernel) -> None:
              "was computed.", lambda: torch.cat([want[:1], only_first[1:]])),
             ("nothing was written into absmax: end the kernel with tl.store(absmax_ptr + pid, block_absmax).",
              lambda: only_first),
-        ], "absmax[pid] = max |x| over offsets pid*BLOCK ... pid*BLOCK + BLOCK - 1 (masked at n).", rtol=0, atol=0)
+        ], "absmax[pid] = max |x| over offsets pid*BLOCK ... pid*BLOCK + BLOCK - 1 (masked at n).", rtol=0, atol=0,
+            expected=want)
         assert_close(out.cpu(), want, what=what, hint=hint, rtol=0, atol=0)
     passed("Exercise 08.1 · A Triton absmax-per-block kernel")
 
@@ -146,7 +162,7 @@ def check_dequantize_kernel(dequantize_kernel) -> None:
                  "absmax_ptr + offs (that reads one 'absmax' per element).",
                  lambda: values * absmax_buf.cpu()[:n]),
             ], "out[i] = qmap[codes[i]] * absmax[pid] for offsets i = pid*BLOCK + tl.arange(0, BLOCK) (masked).",
-                rtol=1e-6, atol=0)
+                rtol=1e-6, atol=0, expected=want, blocksize=bs)
             assert_close(out.cpu(), want, what=what, hint=hint, rtol=1e-6, atol=0)
     passed("Exercise 08.2 · A Triton blockwise dequantization kernel")
 
@@ -221,7 +237,8 @@ def check_quantize_kernel(quantize_kernel) -> None:
                 ("one absmax per block: program pid uses absmax[pid], not absmax[0] (tl.load(absmax_ptr + pid)).",
                  lambda: nearest_code(x / (absmax[0] if absmax[0] > 0 else 1.0), qmap).long()),
             ], "normalise by the block's absmax, binary-search the sorted map (8 halvings: 128, 64, …, 1), then pick the "
-               "nearer of the two neighbours (ties: the lower index).", rtol=0, atol=0)
+               "nearer of the two neighbours (ties: the lower index).", rtol=0, atol=0, expected=want.long(), x=x,
+               blocksize=bs)
             fail(f"{what}: {report}", hint)
         # a uint8 output, not int32 written into a uint8 buffer by accident
     passed("Exercise 08.3 · A Triton nearest-code kernel (binary search)")
@@ -242,23 +259,37 @@ def check_ema_requantize_kernel(ema_requantize_kernel) -> None:
     device = _device_for(ema_requantize_kernel)
     gen = torch.Generator().manual_seed(84)
     qmap = dynamic_map(True)
+    cases = []
     for n, bs in _SIZES[:4]:
         m0 = torch.randn(n, generator=gen) * 0.01
         codes, absmax = quantize_blockwise(m0, qmap, bs)
         g = torch.randn(n, generator=gen) * 0.02
         if n >= 2 * bs:
             codes[:bs], absmax[0], g[:bs] = 127, 0.0, 0.0  # a block that stays all zero
-        beta = 0.9
+        cases.append((f"ema_requantize_kernel on {n} values, blocksize {bs}", codes, absmax, g, 0.9, bs))
+    # exact ties: block 1 starts at 0 (absmax 0) and beta = 0.5, so m = 0.5 * g exactly and m / absmax_new = g,
+    # which holds the exact midpoints between map entries 200 … 208 (and 1.0, the block's largest value)
+    n, bs = 300, 128
+    codes, absmax = quantize_blockwise(torch.randn(n, generator=gen) * 0.01, qmap, bs)
+    g = torch.randn(n, generator=gen) * 0.02
+    codes[bs: 2 * bs], absmax[1], g[bs: 2 * bs] = 127, 0.0, 0.0
+    g[bs], g[bs + 1: bs + 9] = 1.0, (qmap[200:208] + qmap[201:209]) / 2
+    cases.append((f"ema_requantize_kernel on {n} values, blocksize {bs}, beta 0.5, with values exactly halfway "
+                  "between two map entries", codes, absmax, g, 0.5, bs))
+    for what, codes, absmax, g, beta, bs in cases:
+        n = codes.numel()
         want_codes, want_absmax = ema_requantize_reference(codes, absmax, g, qmap, beta, bs)
         nb = absmax.numel()
         codes_buf, codes_view = _padded(codes.to(device), 0)
-        absmax_buf, absmax_view = _padded(absmax.to(device), 1e6)
+        # room for a per-lane absmax store (absmax_ptr + offs reaches nb * bs): caught, not a corrupted process
+        absmax_buf, absmax_view = _padded(absmax.to(device), 1e6, pad=max(_PAD, nb * bs + bs))
         _, g_view = _padded(g.to(device), 1e3)
         _launch(ema_requantize_kernel, (nb,), codes_view, absmax_view, g_view, qmap.to(device), n, beta, BLOCK=bs)
-        what = f"ema_requantize_kernel on {n} values, blocksize {bs}"
-        if bool((codes_buf[n:] != 0).any()) or bool((absmax_buf[nb:] != 1e6).any()):
-            fail(f"{what} wrote past the end of the codes or of the absmax.",
-                 hint="mask the code store with offs < n, and store one absmax per program (absmax_ptr + pid).")
+        if bool((absmax_buf[nb:] != 1e6).any()):
+            fail(f"{what} wrote past the {nb} absmax entries.", hint=_absmax_store_hint(absmax_buf, nb, bs, 1e6))
+        if bool((codes_buf[n:] != 0).any()):
+            fail(f"{what} wrote past the end of the codes.",
+                 hint="mask the code store with offs < n: the last block is partial (n is not a multiple of BLOCK).")
         got_codes, got_absmax = codes_view.cpu(), absmax_view.cpu()
         m_old = dequantize_blockwise(codes, absmax, qmap, bs)
         m_new = m_old * beta + (1 - beta) * g
@@ -291,19 +322,32 @@ def check_ema_requantize_kernel(ema_requantize_kernel) -> None:
             ("dequantize first: m = qmap[codes] * absmax[pid] — qmap[codes] alone is the normalised value in "
              "[-1, 1], not the state.",
              lambda: block_absmax(beta * qmap[codes.long()] + (1 - beta) * g)),
-        ], "absmax[pid] = max |beta * m + (1 - beta) * g| over the block's valid elements.", rtol=1e-6, atol=0)
+        ], "absmax[pid] = max |beta * m + (1 - beta) * g| over the block's valid elements.", rtol=1e-6, atol=0,
+            expected=want_absmax)
         assert_close(got_absmax, want_absmax, what=f"{what}: the new absmax", hint=hint, rtol=1e-6, atol=0)
         if not close_codes(got_codes, want_codes):
             scaled = m_new / torch.where(want_absmax > 0, want_absmax, torch.ones(())).repeat_interleave(bs)[:n]
             rep_old = torch.where(absmax > 0, absmax, torch.ones(())).repeat_interleave(bs)[:n]
             zero = (want_absmax == 0).repeat_interleave(bs)[:n]
             hint = "requantize the updated state with the NEW absmax: nearest code of m / absmax_new (your 08.3 search)."
-            if close_codes(got_codes, nearest_code(m_new / rep_old, qmap)):
+            lo = torch.searchsorted(qmap, scaled.contiguous(), right=True).clamp(min=1) - 1
+            up = (lo + 1).clamp(max=255)
+            ties_up = torch.where((qmap[up] - scaled) <= (scaled - qmap[lo]), up, lo)
+            if close_codes(got_codes, ties_up) and not torch.equal(ties_up.long(), want_codes.long()):
+                hint = ("on an exact tie between two map entries (a value exactly halfway) take the LOWER index: move "
+                        "up only when the upper entry is strictly closer (above - x < x - below), as in 08.3.")
+            elif close_codes(got_codes, lo):
+                hint = ("you always kept the lower neighbour (the last map entry <= x): the nearest code is that entry "
+                        "or the next one, whichever is closer.")
+            elif close_codes(got_codes, nearest_code(m_new / rep_old, qmap)):
                 hint = ("you normalised by the OLD absmax: requantize m / new_absmax (the absmax you store), so the "
                         "codes and the stored scale agree.")
             elif bool(zero.any()) and not torch.equal(got_codes[zero], want_codes[zero]) and \
                     torch.equal(got_codes[~zero], want_codes[~zero]):
                 hint = ("an all-zero block has absmax 0: divide by tl.where(absmax > 0, absmax, 1.0), or 0/0 gives "
                         "NaN and the block gets code 0 instead of the code of 0.0.")
+            elif hint.startswith("requantize the updated state"):
+                found = describe(got_codes.long(), want_codes.long(), blocksize=bs, rtol=0, atol=0)
+                hint = f"the codes: {found}. The rule: {hint}" if found else hint
             fail(f"{what}: {_codes_report(got_codes, want_codes, qmap, scaled)}", hint)
     passed("Exercise 08.4 · A fused 8-bit EMA kernel")

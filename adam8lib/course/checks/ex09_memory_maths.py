@@ -9,7 +9,8 @@ import torch
 from ...memory import MB, estimate_optimizer_memory
 from ..finetune import DISTILBERT_NUM_PARAMS
 from ._common import call, fail, passed, require_callable
-from ._variants import expect_close
+from ._properties import case_pattern
+from ._variants import expect_close, matches
 
 __all__ = ["check_state_megabytes", "check_training_memory", "check_adamw_state_elements", "check_seed_adam8bit", "distilbert_shapes"]
 
@@ -37,20 +38,45 @@ class _ShapesModel(torch.nn.Module):
             [torch.nn.Parameter(torch.empty(s, device="meta", dtype=dtype)) for s in shapes])
 
 
+def _quiet_call(fn, *args):
+    """The learner's answer, or None when it raises (the main loop reports the error itself)."""
+    try:
+        return fn(args[0], args[1], blocksize=args[2])
+    except Exception:  # noqa: BLE001
+        return None
+
+
 # ---------------------------------------------------------------------------- 09.1
 def check_state_megabytes(state_megabytes) -> None:
     """``state_megabytes(num_params, kind="adam8bit", blocksize=256)`` -> MiB of optimizer state."""
     require_callable(state_megabytes, "state_megabytes")
     n_bert = DISTILBERT_NUM_PARAMS
-    for n, kind, bs in [(n_bert, "adam8bit", 256), (n_bert, "adamw", 256), (n_bert, "adam8bit", 2048),
-                        (1000, "adam8bit", 256), (4096, "adam8bit", 64), (0, "adam8bit", 256),
-                        (7_000_000_000, "adam8bit", 256), (7_000_000_000, "adamw", 256)]:
-        want = estimate_optimizer_memory(n, kind, blocksize=bs, min_8bit_size=0).megabytes  # all large
+    cases = [(n_bert, "adam8bit", 256), (n_bert, "adamw", 256), (n_bert, "adam8bit", 2048),
+             (1000, "adam8bit", 256), (4096, "adam8bit", 64), (0, "adam8bit", 256), (100, "adam8bit", 256),
+             (7_000_000_000, "adam8bit", 256), (7_000_000_000, "adamw", 256)]
+
+    def want_of(n, kind, bs):
+        return estimate_optimizer_memory(n, kind, blocksize=bs, min_8bit_size=0).megabytes  # all large
+
+    def tags(n, kind, bs):
+        return [f"with kind={kind!r}", f"with blocksize={bs}",
+                "with a blocksize other than the default 256" if bs != 256 else "with blocksize 256",
+                "smaller than one block" if 0 < n < bs else "of at least one block (or none)",
+                "with num_params=0" if n == 0 else "with num_params > 0",
+                "whose num_params is not a multiple of blocksize (a partial last block)" if n % bs else
+                "whose num_params is a multiple of blocksize",
+                "with billions of parameters" if n >= 10**9 else "with fewer than a billion parameters"]
+
+    pattern = case_pattern([(tags(*c), matches(_quiet_call(state_megabytes, *c), want_of(*c), rtol=1e-9, atol=1e-9))
+                            for c in cases])
+    for n, kind, bs in cases:
+        want = want_of(n, kind, bs)
         got = call(state_megabytes, n, kind, blocksize=bs)
         blocks = -(-n // bs)
         codes = 2 * n if kind == "adam8bit" else 8 * n
         absmax = 8 * blocks if kind == "adam8bit" else 0
         expect_close(got, want, what=f"state_megabytes({n:,}, {kind!r}, blocksize={bs})", rtol=1e-9, atol=1e-9,
+                     context=pattern,
                      default="adamw: 8 bytes/param; adam8bit: 2 bytes/param + 2 fp32 absmax per block "
                              "(ceil(n / blocksize) blocks); MB = 2**20 bytes.",
                      variants=[

@@ -176,7 +176,11 @@ def check_decay_parameter_names(get_decay_parameter_names: Callable) -> None:
                 hint = (f"{name!r} is an nn.Embedding's weight: embeddings decay too — only biases and the "
                         "parameters of norm layers are left out")
             else:
-                hint = "every weight outside norm layers decays (embeddings and Linear weights included)"
+                owner = _owner(model, name)
+                param = model.get_parameter(name)
+                hint = (f"you left out {len(missing)} name(s) that should decay, e.g. {name!r} (the "
+                        f"{name.rsplit('.', 1)[-1]!r} of a {type(owner).__name__}, {param.ndim}-D): every weight "
+                        "outside norm layers decays (embeddings and Linear weights included)")
             fail(f"{what}: {name!r} is missing — it should decay.", hint=hint)
         assert_equal(sorted(got), sorted(want), what=what)
     passed("Exercise 10.1 · Weight-decay parameter names")
@@ -336,13 +340,34 @@ def _diagnose_step(training_step: Callable, dtype: torch.dtype, seed: int) -> st
         if opt.param_groups[0]["lr"] == ref_opt.param_groups[0]["lr"] != lr0:
             return ("the first update used the next step's learning rate: call scheduler.step() AFTER "
                     "optimizer.step()")
-        return "the update differs: backward on the loss from the autocast forward, then optimizer.step()"
+        found = _update_property(model, ref_model, seed)
+        rule = "backward on the loss from the autocast forward, then optimizer.step()"
+        return f"{found}. The rule: {rule}" if found else f"the update differs: {rule}"
     # one step is right; does a second step see stale gradients?
     training_step(model, batches[1], opt, sched, dtype=dtype)
     reference(ref_model, batches[1], ref_opt, ref_sched, dtype=dtype)
     if not torch.allclose(model.hidden.weight, ref_model.hidden.weight, atol=1e-5):
         return "gradients add up across steps: call optimizer.zero_grad() every step"
     return "compare your step with: autocast forward → backward → optimizer.step() → scheduler.step() → zero_grad"
+
+
+def _update_property(model: nn.Module, ref_model: nn.Module, seed: int) -> str | None:
+    """After one step: which parameters moved wrongly, and how their update differs from the reference's."""
+    from ._properties import describe
+
+    start, _, _ = _setup(seed)
+    w0 = dict(start.named_parameters())
+    ref = dict(ref_model.named_parameters())
+    wrong = [(n, p) for n, p in model.named_parameters() if not torch.allclose(p, ref[n], atol=1e-5)]
+    if not wrong:
+        return None
+    names = ", ".join(n for n, _ in wrong[:4]) + (" …" if len(wrong) > 4 else "")
+    head = f"after one step {len(wrong)} of {len(ref)} parameters differ from the reference ({names})"
+    name, p = wrong[0]
+    found = describe((p - w0[name]).detach(), (ref[name] - w0[name]).detach(), rtol=1e-3, atol=1e-7)
+    if found:
+        return f"{head}; the update of {name} {found[len('your result '):] if found.startswith('your result ') else found}"
+    return head
 
 
 # ---------------------------------------------------------------------- exercise 10.3

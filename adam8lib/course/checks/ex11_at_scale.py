@@ -7,9 +7,27 @@ import math
 from ...distributed import shard_ranges
 from ..at_scale import estimate
 from ._common import call, fail, passed, require_callable
-from ._variants import expect_close
+from ._properties import case_pattern
+from ._variants import expect_close, matches
 
 __all__ = ["check_per_rank_bytes", "check_shard_range", "check_local_state_bytes"]
+
+
+def _answers(fn, calls) -> list:
+    """The learner's answers to every call (None where it raised: the main loop reports that)."""
+    out = []
+    for args, kwargs in calls:
+        try:
+            out.append(fn(*args, **kwargs))
+        except Exception:  # noqa: BLE001
+            out.append(None)
+    return out
+
+
+def _pattern(fn, calls, wants, tags) -> str | None:
+    got = _answers(fn, calls)
+    return case_pattern([(t, g is not None and matches(tuple(g) if isinstance(g, list) else g, w, rtol=0, atol=0))
+                         for g, w, t in zip(got, wants, tags)])
 
 
 # ---------------------------------------------------------------------------- 11.1
@@ -33,6 +51,12 @@ def check_per_rank_bytes(per_rank_bytes) -> None:
     cases = [(7_000_000_000, 8, s, o, 256) for s in ("ddp", "zero1", "fsdp2") for o in ("adamw", "adam8bit")]
     cases += [(1_000_003, 2, "fsdp2", "adam8bit", 256), (1_000_003, 3, "zero1", "adam8bit", 64),
               (4096, 1, "fsdp2", "adam8bit", 256), (70_000_000_000, 8, "fsdp2", "adam8bit", 2048)]
+    pattern = _pattern(per_rank_bytes, [((n, w, s, o), {"blocksize": bs}) for n, w, s, o, bs in cases],
+                       [estimate(*c) for c in cases],
+                       [[f"with strategy={s!r}", f"with optimizer={o!r}", f"with {s!r} and {o!r}",
+                         "where world_size does not divide num_params" if n % w else "where world_size divides num_params",
+                         "with world_size=1" if w == 1 else "with several ranks",
+                         f"with blocksize={bs}"] for n, w, s, o, bs in cases])
     for n, w, strategy, optimizer, bs in cases:
         want = estimate(n, w, strategy, optimizer, bs)
         got = call(per_rank_bytes, n, w, strategy, optimizer, blocksize=bs)
@@ -44,7 +68,7 @@ def check_per_rank_bytes(per_rank_bytes) -> None:
         def variant(**mistake):
             return lambda: _bytes_variant(n, w, strategy, optimizer, bs, **mistake)
 
-        expect_close(got, want, what=what, rtol=0, atol=0,
+        expect_close(got, want, what=what, rtol=0, atol=0, context=pattern,
                      default="fp32 weights and gradients (4 bytes each); states 8 bytes/param (adamw) or 2 bytes/param "
                              "+ 8 per block (adam8bit). DDP shards nothing, ZeRO-1 only the states, FSDP2 everything; "
                              "a shard holds ceil(n / world_size) parameters.",
@@ -148,6 +172,21 @@ def check_shard_range(shard_range) -> None:
     """``shard_range(shape, world_size, rank)`` -> flat (start, stop) of the rank's FSDP2 shard."""
     require_callable(shard_range, "shard_range")
     cases = [((512, 256), 2), ((33, 128), 2), ((5, 3), 4), ((1, 4096), 2), ((7,), 3), ((10, 4, 2), 3), ((8, 8), 1)]
+    every = [(shape, w, r) for shape, w in cases for r in range(w)]
+
+    def range_tags(shape, w, r):
+        rows, per = shape[0], -(-shape[0] // w)
+        return ["where world_size does not divide the rows" if rows % w else "where world_size divides the rows",
+                "of the last rank" if r == w - 1 else "of a rank before the last",
+                "of rank 0" if r == 0 else "of a rank after rank 0",
+                "of a rank that gets no rows at all" if r * per >= rows else "of a rank with rows",
+                "of a rank that gets fewer rows than rank 0" if 0 < rows - r * per < per else
+                "of a rank with a full share of rows (or none)",
+                f"of a {len(shape)}-D shape", "of a 1-D shape" if len(shape) == 1 else "of a shape with rows of several elements",
+                "of a tensor with more than two dims" if len(shape) > 2 else "of a tensor with at most two dims"]
+
+    pattern = _pattern(shard_range, [((shape, w, r), {}) for shape, w, r in every],
+                       [shard_ranges(shape, w)[r] for shape, w, r in every], [range_tags(*c) for c in every])
     for shape, w in cases:
         for r in range(w):
             want = shard_ranges(shape, w)[r]
@@ -155,6 +194,7 @@ def check_shard_range(shard_range) -> None:
             if isinstance(got, list):
                 got = tuple(got)
             expect_close(got, want, what=f"shard_range({shape}, world_size={w}, rank={r})", rtol=0, atol=0,
+                         context=pattern,
                          default="rank r holds rows [r*c, (r+1)*c) of dim 0, c = ceil(rows / world_size), clipped to "
                                  "the row count; multiply by the elements per row for flat positions.",
                          variants=[(hint, lambda kind=kind: _range_variant(shape, w, r, kind))
@@ -207,6 +247,26 @@ def check_local_state_bytes(local_state_bytes) -> None:
     require_callable(local_state_bytes, "local_state_bytes")
     cases = [((512, 256), 2, 4096, 256), ((33, 128), 2, 4096, 256), ((1, 4096), 2, 4096, 256),
              ((100, 30), 3, 4096, 256), ((33, 128), 4, 4096, 64), ((64,), 2, 4096, 256), ((3, 1000), 2, 0, 256)]
+    every = [(shape, w, r, min_size, bs) for shape, w, min_size, bs in cases for r in range(w)]
+
+    def local_tags(shape, w, r, min_size, bs):
+        start, stop = shard_ranges(shape, w)[r]
+        n_full, local = math.prod(shape), stop - start
+        eight = n_full >= min_size
+        return ["of a parameter with 8-bit states" if eight else "of a parameter with fp32 states (smaller than "
+                "min_8bit_size)",
+                "of an 8-bit parameter whose shard is smaller than min_8bit_size" if eight and local < min_size else
+                "of a shard at least min_8bit_size (or fp32)",
+                "of a shard that is not a whole number of blocks" if eight and local % bs else
+                "of a shard of whole blocks (or fp32)",
+                "of an empty shard" if local == 0 else "of a non-empty shard",
+                "of the last rank" if r == w - 1 else "of a rank before the last",
+                "with min_8bit_size=0" if min_size == 0 else "with min_8bit_size=4096",
+                f"with blocksize={bs}"]
+
+    pattern = _pattern(local_state_bytes, [((shape, w, r), {"min_8bit_size": m, "blocksize": bs})
+                                           for shape, w, r, m, bs in every],
+                       [_local_bytes(*c) for c in every], [local_tags(*c) for c in every])
     for shape, w, min_size, bs in cases:
         for r in range(w):
             want = _local_bytes(shape, w, r, min_size, bs)
@@ -216,7 +276,7 @@ def check_local_state_bytes(local_state_bytes) -> None:
                 variants.append((f"rank {r} holds its own shard, which may be smaller than rank 0's (the last ranks get "
                                  "fewer rows, maybe none): use shard_range(shape, world_size, rank) for this rank.",
                                  lambda: _local_bytes(shape, w, r, min_size, bs, shard_of=0)))
-            expect_close(got, want, rtol=0, atol=0,
+            expect_close(got, want, rtol=0, atol=0, context=pattern,
                          what=f"local_state_bytes({shape}, world_size={w}, rank={r}, min_8bit_size={min_size}, "
                               f"blocksize={bs})",
                          default="8-bit when the FULL parameter has >= min_8bit_size elements: 2 bytes per local "

@@ -145,3 +145,43 @@ RIGHT = [
     Right("03.2", _W, adamw_with_slices, how="p[...] = ... slice assignment and -="),
     Right("03.2", _W, adamw_with_functional, how="add_ with alpha for the decay and the update"),
 ]
+
+
+# ---------------------------------------------------------------- mistakes named by a PROPERTY of the result
+def _adamw_with(slip):
+    """AdamW written out in place, with one slip in the parameter update (m and v stay right)."""
+
+    @torch.no_grad()
+    def adamw_step(p, g, m, v, step, lr, betas, eps, weight_decay):
+        b1, b2 = betas
+        p.mul_(1 - lr * weight_decay)
+        m.mul_(b1).add_(g, alpha=1 - b1)
+        v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        m_hat, v_hat = m / (1 - b1**step), v / (1 - b2**step)
+        update = m_hat / (v_hat.sqrt() + eps)
+        if slip == "plus":
+            p.add_(lr * update)
+        elif slip == "half_lr":
+            p.sub_(0.5 * lr * update)
+        elif slip == "lr_squared":
+            p.sub_(lr * lr * update)
+        elif slip == "eps_times":
+            p.sub_(lr * m_hat / (v_hat.sqrt() * (1 + eps)))
+        elif slip == "m_reset":
+            p.sub_(lr * update)
+            m.zero_()
+
+    adamw_step.__name__ = f"adamw_{slip}"
+    return adamw_step
+
+
+WRONG += [
+    Wrong("03.2", _W, _adamw_with("plus"), "p += lr * update (the step goes with the gradient)",
+          "the update p_new - p has the opposite sign", True),
+    Wrong("03.2", _W, _adamw_with("half_lr"), "an extra factor 0.5 on the step size",
+          "the update p_new - p is half the expected one", True),
+    Wrong("03.2", _W, _adamw_with("lr_squared"), "lr multiplied in twice", "the update p_new - p is 0.01 times", True),
+    Wrong("03.2", _W, _adamw_with("eps_times"), "sqrt(v_hat) * (1 + eps) instead of + eps",
+          "right sign everywhere but the wrong size", False),
+    Wrong("03.2", _W, _adamw_with("m_reset"), "m zeroed after the update", "m is all zeros", True),
+]

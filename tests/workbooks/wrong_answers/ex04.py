@@ -130,3 +130,35 @@ RIGHT = [
     Right("04.2", _D, dequantize_normalised_first, how="q / 127 first, then times absmax"),
     Right("04.2", _D, dequantize_with_numpy, how="NumPy float32 arithmetic"),
 ]
+
+
+# ---------------------------------------------------------------- mistakes named by a PROPERTY of the result
+def dequantize_plus_one(q, absmax):
+    return (q.float() + 1) * absmax.float() / 127
+
+
+def dequantize_magnitudes(q, absmax):
+    return q.float().abs() * absmax.float() / 127
+
+
+def dequantize_in_bf16(q, absmax):
+    return (q.to(torch.bfloat16) * absmax / 127).float()
+
+
+def quantize_flat(x):
+    a = x.float().abs().max()
+    if a == 0:
+        return torch.zeros(x.numel(), dtype=torch.int8), a
+    return torch.round(x.float().reshape(-1) * 127 / a).to(torch.int8), a
+
+
+WRONG += [
+    Wrong("04.2", checks.check_absmax_dequantize, dequantize_plus_one, "(q + 1) * absmax / 127",
+          "shifted by a constant", True),
+    Wrong("04.2", checks.check_absmax_dequantize, dequantize_magnitudes, "q.abs(): the sign lost",
+          "the sign of the negative entries was lost", True),
+    Wrong("04.2", checks.check_absmax_dequantize, dequantize_in_bf16, "the product computed in bfloat16",
+          "the rounding of bfloat16", True),
+    Wrong("04.1", checks.check_absmax_quantize, quantize_flat, "q returned flat (x.reshape(-1))",
+          "your result is flat", True),
+]

@@ -234,3 +234,48 @@ RIGHT = [
     Right("06.2", DQ, deq_repeat_interleave, "absmax.repeat_interleave(blocksize)[:n] and index_select with int32"),
     Right("06.2", DQ, deq_padded_blocks, "pad the codes to whole blocks, broadcast absmax[:, None], trim"),
 ]
+
+
+# ---------------------------------------------------------------- mistakes named by a PROPERTY of the result
+from adam8lib.quant import dequantize_blockwise as _dequantize  # noqa: E402
+from adam8lib.quant import quantize_blockwise as _quantize  # noqa: E402
+
+
+def quantize_last_block_by_whole_tensor(x, code, blocksize):
+    """The ragged last block is scaled by the whole tensor's absmax."""
+    _, absmax = _quantize(x, code, blocksize)
+    absmax = absmax.clone()
+    flat = x.reshape(-1).float()
+    if flat.numel() % blocksize:
+        absmax[-1] = flat.abs().max()
+    scale = torch.where(absmax > 0, absmax, torch.ones_like(absmax)).repeat_interleave(blocksize)[: flat.numel()]
+    return nearest_code(flat / scale, code).view(x.shape), absmax
+
+
+def quantize_magnitudes(x, code, blocksize):
+    return _quantize(x.abs(), code, blocksize)
+
+
+def dequantize_last_block_with_first_scale(codes, absmax, code, blocksize):
+    out = _dequantize(codes, absmax, code, blocksize).clone().reshape(-1)
+    n = out.numel()
+    if n % blocksize:
+        tail = (n // blocksize) * blocksize
+        out[tail:] = code[codes.reshape(-1)[tail:].long()] * absmax[0]
+    return out.view(codes.shape)
+
+
+def dequantize_neighbour(codes, absmax, code, blocksize):
+    idx = (codes.reshape(-1).long() - 1).clamp(0, 255)
+    return (code[idx] * absmax.repeat_interleave(blocksize)[: codes.numel()]).view(codes.shape)
+
+
+WRONG += [
+    Wrong("06.1", Q, quantize_last_block_by_whole_tensor, "the partial last block scaled by the whole tensor's absmax",
+          "only the last entry", True),
+    Wrong("06.1", Q, quantize_magnitudes, "codes of |x| (the sign dropped)",
+          "only the elements where the input is negative are wrong", True),
+    Wrong("06.2", DQ, dequantize_last_block_with_first_scale, "the partial last block uses absmax[0]",
+          "the partial last block of 232) is wrong", True),
+    Wrong("06.2", DQ, dequantize_neighbour, "code[codes - 1]", "NEIGHBOURING map entry", True),
+]

@@ -187,9 +187,11 @@ RIGHT_STEP = [
 
 # ------------------------------------------------------------------ 07.2 · the optimizer class
 def make_optimizer(name, *, strict=False, quantize_all=False, defaults_only=False, no_decay=False, step_rule="state",
-                   own_attributes=False, skip_none=True, flat_grad=True, eager_state=False, count="numel"):
+                   own_attributes=False, skip_none=True, flat_grad=True, eager_state=False, count="numel",
+                   blocks_rule="ceil"):
     """The solution's MyAdam8bit with one slip. step_rule: "state" (right), "always_one", "after" (increased
-    after the update, so the first update runs with step 0), "global" (one counter for all parameters)."""
+    after the update, so the first update runs with step 0), "global" (one counter for all parameters),
+    "per_call" (one counter increased per call of step()). blocks_rule "floor": n // blocksize absmax entries."""
 
     class MyAdam8bit(torch.optim.Optimizer):
         def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, blocksize=256,
@@ -210,7 +212,8 @@ def make_optimizer(name, *, strict=False, quantize_all=False, defaults_only=Fals
             state["step"] = 0
             big = quantize_all or (n > group["min_8bit_size"] if strict else n >= group["min_8bit_size"])
             if big:
-                blocks = -(-p.numel() // group["blocksize"])
+                blocks = -(-p.numel() // group["blocksize"]) if blocks_rule == "ceil" else \
+                    p.numel() // group["blocksize"]
                 state["state1"] = torch.full((p.numel(),), 127, dtype=torch.uint8)
                 state["state2"] = torch.zeros(p.numel(), dtype=torch.uint8)
                 state["absmax1"], state["absmax2"] = torch.zeros(blocks), torch.zeros(blocks)
@@ -227,6 +230,7 @@ def make_optimizer(name, *, strict=False, quantize_all=False, defaults_only=Fals
 
         @torch.no_grad()
         def step(self):
+            self.calls = getattr(self, "calls", 0) + 1
             for group in self.param_groups:
                 hp = self.hyper if defaults_only else group
                 beta1, beta2 = hp["betas"]
@@ -241,6 +245,8 @@ def make_optimizer(name, *, strict=False, quantize_all=False, defaults_only=Fals
                         state["step"] = self.t
                     elif step_rule == "always_one":
                         state["step"] = 1
+                    elif step_rule == "per_call":
+                        state["step"] = self.calls
                     elif step_rule == "state":
                         state["step"] += 1
                     common = dict(step=state["step"], lr=hp["lr"], eps=hp["eps"],
@@ -331,6 +337,10 @@ WRONG_OPTIMIZER = [
           "parameter", "create a parameter's state on its first step", True),
     Wrong("07.2", OPT, make_optimizer("len_not_numel", count="len"), "size compared with p.shape[0], not numel()",
           "count elements with p.numel()", True),
+    Wrong("07.2", OPT, make_optimizer("step_per_call", step_rule="per_call"), "one step counter per call of step(), "
+          "so a parameter whose first gradient comes late starts at step 2", "you count calls of step()", True),
+    Wrong("07.2", OPT, make_optimizer("floor_blocks", blocks_rule="floor"), "n // blocksize absmax entries (the "
+          "partial last block has none)", "partial last block", True),
 ]
 RIGHT_OPTIMIZER = [
     Right("07.2", OPT, Adam8bitInlineFp32, "fp32 AdamW written inline, p.flatten() views, full_like states"),
@@ -340,7 +350,7 @@ RIGHT_OPTIMIZER = [
 
 # ------------------------------------------------------------------ 07.3 · the stable embedding
 def make_embedding(name, *, init="xavier_uniform", norm="layer", override="embedding", swap_args=False,
-                   norm_dim="embedding_dim"):
+                   norm_dim="embedding_dim", affine=True):
     """The solution's StableEmbedding with one slip."""
     import bitsandbytes as bnb
 
@@ -353,7 +363,8 @@ def make_embedding(name, *, init="xavier_uniform", norm="layer", override="embed
                 nn.init.xavier_uniform_(self.embedding.weight)
             elif init == "xavier_normal":
                 nn.init.xavier_normal_(self.embedding.weight)
-            self.norm = nn.LayerNorm(embedding_dim if norm_dim == "embedding_dim" else num_embeddings)
+            self.norm = nn.LayerNorm(embedding_dim if norm_dim == "embedding_dim" else num_embeddings,
+                                     elementwise_affine=affine)
             target = {"embedding": self.embedding, "self": self, "norm": self.norm}.get(override)
             if target is not None:
                 bnb.optim.GlobalOptimManager.get_instance().register_module_override(target, "weight",
@@ -365,6 +376,12 @@ def make_embedding(name, *, init="xavier_uniform", norm="layer", override="embed
                 return self.norm(e)
             if norm == "l2":
                 return nn.functional.normalize(e, dim=-1)
+            if norm == "functional_plain":  # the normalisation without the LayerNorm's own scale and shift
+                return nn.functional.layer_norm(e, (e.shape[-1],))
+            if norm == "detached":
+                return self.norm(e).detach()
+            if norm == "weight_only":
+                return nn.functional.layer_norm(e, (e.shape[-1],), self.norm.weight, None, self.norm.eps)
             return e
 
     StableEmbedding.__name__ = name
@@ -373,6 +390,24 @@ def make_embedding(name, *, init="xavier_uniform", norm="layer", override="embed
 
 def plain_embedding(num_embeddings, embedding_dim):
     return nn.Embedding(num_embeddings, embedding_dim)
+
+
+class StableEmbeddingFrozenCopy(nn.Module):
+    """Wrong: forward looks up a copy of the table taken in __init__ (training never reaches it)."""
+
+    def __init__(self, num_embeddings, embedding_dim):
+        super().__init__()
+        import bitsandbytes as bnb
+
+        self.embedding = nn.Embedding(num_embeddings, embedding_dim)
+        nn.init.xavier_uniform_(self.embedding.weight)
+        self.table = self.embedding.weight.detach().clone()
+        self.norm = nn.LayerNorm(embedding_dim)
+        bnb.optim.GlobalOptimManager.get_instance().register_module_override(self.embedding, "weight",
+                                                                             {"optim_bits": 32})
+
+    def forward(self, x):
+        return self.norm(self.table[x])
 
 
 class StableEmbeddingByHand(nn.Module):
@@ -415,6 +450,17 @@ WRONG_EMBEDDING = [
           "LayerNorm normalises each embedding VECTOR", True),
     Wrong("07.3", EMB, make_embedding("swapped_args", swap_args=True), "nn.Embedding(embedding_dim, num_embeddings)",
           "you swapped the arguments", True),
+    Wrong("07.3", EMB, make_embedding("no_affine", affine=False), "nn.LayerNorm(embedding_dim, "
+          "elementwise_affine=False): no scale and shift to learn", "without its affine parameters", True),
+    Wrong("07.3", EMB, make_embedding("functional_without_params", norm="functional_plain"), "F.layer_norm without "
+          "the LayerNorm's weight and bias (right only while untrained)", "ignores the LayerNorm's scale and shift",
+          True),
+    Wrong("07.3", EMB, make_embedding("weight_without_bias", norm="weight_only"), "F.layer_norm with the scale but "
+          "not the shift", "uses only one of the LayerNorm's scale and shift", True),
+    Wrong("07.3", EMB, make_embedding("detached_output", norm="detached"), "forward returns a detached tensor",
+          "carries no gradient", True),
+    Wrong("07.3", EMB, StableEmbeddingFrozenCopy, "forward reads a copy of the table made in __init__",
+          "does not follow the module's current parameters", True),
 ]
 RIGHT_EMBEDDING = [
     Right("07.3", EMB, StableEmbeddingByHand, "uniform bound by hand, F.layer_norm with the module's parameters"),
@@ -423,7 +469,7 @@ RIGHT_EMBEDDING = [
 
 # ------------------------------------------------------------------ 07.4 · training with the optimizer
 def make_train(name, *, record="before", use_lr=True, zero="before", fresh_optimizer=False, reduction="mean",
-               fixed_steps=None, give_back=True):
+               fixed_steps=None, give_back=True, keep="item"):
     """The solution's train() with one slip. zero: "before" (right), "none", "between" (after backward, before
     the step)."""
 
@@ -441,7 +487,7 @@ def make_train(name, *, record="before", use_lr=True, zero="before", fresh_optim
             loss = nn.functional.mse_loss(model(x), y, reduction=reduction)
             loss.backward()
             if record == "before":
-                losses.append(loss.item())
+                losses.append(loss.item() if keep == "item" else loss if keep == "tensor" else loss.detach())
             if zero == "between":
                 opt.zero_grad()
             opt.step()
@@ -487,11 +533,47 @@ WRONG_TRAIN = [
           "take `steps` steps", True, (_SOLUTION_OPTIMIZER,)),
     Wrong("07.4", TRAIN, make_train("no_return", give_back=False), "losses not returned",
           "return the list of losses", True, (_SOLUTION_OPTIMIZER,)),
+    Wrong("07.4", TRAIN, make_train("loss_tensors", keep="tensor"), "the loss tensor appended (graph kept alive)",
+          "you appended the loss tensor itself", True, (_SOLUTION_OPTIMIZER,)),
+    Wrong("07.4", TRAIN, make_train("detached_tensors", keep="detach"), "loss.detach() appended: tensors, not floats",
+          "you appended the loss tensor itself", True, (_SOLUTION_OPTIMIZER,)),
 ]
 RIGHT_TRAIN = [
     Right("07.4", TRAIN, train_with_module_loss, "nn.MSELoss, model.zero_grad, loss.item() read after the step",
           (_SOLUTION_OPTIMIZER,)),
 ]
 
-WRONG = WRONG_STEP + WRONG_OPTIMIZER + WRONG_EMBEDDING + WRONG_TRAIN
+# ------------------------------------------------------------------ 07.1 · mistakes named by a PROPERTY
+def step_with(slip):
+    """The solution's 8-bit step with a slip in the parameter update or the stored m (not one of the named variants)."""
+
+    @torch.no_grad()
+    def adam8bit_step(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, *, step, lr, beta1, beta2, eps,
+                      weight_decay, blocksize):
+        m = dequantize_blocks(state1, absmax1, qmap1, blocksize)
+        v = dequantize_blocks(state2, absmax2, qmap2, blocksize)
+        grad, param = g.float(), p.float()
+        finite = torch.isfinite(grad)
+        m = torch.where(finite, beta1 * m + (1 - beta1) * grad, 0.0)
+        v = torch.where(finite, beta2 * v + (1 - beta2) * grad * grad, 0.0)
+        c1, c2 = 1 - beta1**step, math.sqrt(1 - beta2**step)
+        new = param * (1 - lr * weight_decay) - (2 * lr if slip == "lr_twice" else lr) / c1 * m / (v.sqrt() / c2 + eps)
+        p.copy_(torch.where(finite, new, 0.0 if slip == "nan_p_zero" else param))
+        state1[:], absmax1[:] = quantize_blocks(m, qmap1, blocksize, keep_sign=True)
+        state2[:], absmax2[:] = quantize_blocks(v, qmap2, blocksize, keep_sign=True)
+        if slip == "absmax_halved":
+            absmax1.mul_(0.5)
+
+    adam8bit_step.__name__ = f"adam8bit_step_{slip}"
+    return adam8bit_step
+
+
+WRONG_STEP_PROPERTIES = [
+    Wrong("07.1", STEP, step_with("lr_twice"), "the step size doubled (2 * lr)", "the update p_new - p is twice", True),
+    Wrong("07.1", STEP, step_with("nan_p_zero"), "p set to 0 where the gradient is not finite",
+          "only the elements where the gradient is NaN or Inf are wrong", True),
+    Wrong("07.1", STEP, step_with("absmax_halved"), "the stored absmax of m halved", "m is half the expected", True),
+]
+
+WRONG = WRONG_STEP + WRONG_STEP_PROPERTIES + WRONG_OPTIMIZER + WRONG_EMBEDDING + WRONG_TRAIN
 RIGHT = RIGHT_STEP + RIGHT_OPTIMIZER + RIGHT_EMBEDDING + RIGHT_TRAIN

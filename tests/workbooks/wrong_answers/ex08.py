@@ -78,6 +78,15 @@ def absmax_store_at_zero(x_ptr, absmax_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def absmax_store_per_lane(x_ptr, absmax_ptr, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    amax = tl.max(tl.abs(x), axis=0)
+    tl.store(absmax_ptr + offs, amax + tl.zeros([BLOCK], dtype=tl.float32), mask=offs < n)  # one store per lane
+
+
+@triton.jit
 def absmax_program_id_1(x_ptr, absmax_ptr, n, BLOCK: tl.constexpr):
     pid = tl.program_id(1)  # the grid is 1-D: always 0
     offs = pid * BLOCK + tl.arange(0, BLOCK)
@@ -288,7 +297,8 @@ def quantize_ties_from_below(x_ptr, absmax_ptr, qmap_ptr, codes_ptr, n, BLOCK: t
 @triton.jit
 def _ema(codes_ptr, absmax_ptr, g_ptr, qmap_ptr, n, beta, BLOCK: tl.constexpr, ZERO_MASKED: tl.constexpr,
          ABS: tl.constexpr, NEW_ABSMAX: tl.constexpr, SWAP_BETA: tl.constexpr, MASK_STORE: tl.constexpr,
-         NORM_OLD: tl.constexpr, STORE_ABSMAX: tl.constexpr, SCALE_IN: tl.constexpr, GUARD: tl.constexpr):
+         NORM_OLD: tl.constexpr, STORE_ABSMAX: tl.constexpr, SCALE_IN: tl.constexpr, GUARD: tl.constexpr,
+         TIE_UP: tl.constexpr, PER_LANE_ABSMAX: tl.constexpr):
     """The solution with switches, one per slip."""
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
@@ -321,12 +331,17 @@ def _ema(codes_ptr, absmax_ptr, g_ptr, qmap_ptr, n, beta, BLOCK: tl.constexpr, Z
         probe = lo + (128 >> s)
         lo = tl.where(tl.load(qmap_ptr + probe) <= x, probe, lo)
     hi = tl.minimum(lo + 1, 255)
-    codes = tl.where(tl.load(qmap_ptr + hi) - x < x - tl.load(qmap_ptr + lo), hi, lo)
+    if TIE_UP:
+        codes = tl.where(tl.load(qmap_ptr + hi) - x <= x - tl.load(qmap_ptr + lo), hi, lo)
+    else:
+        codes = tl.where(tl.load(qmap_ptr + hi) - x < x - tl.load(qmap_ptr + lo), hi, lo)
     if MASK_STORE:
         tl.store(codes_ptr + offs, codes.to(tl.uint8), mask=mask)
     else:
         tl.store(codes_ptr + offs, codes.to(tl.uint8))
-    if STORE_ABSMAX:
+    if PER_LANE_ABSMAX:  # the scalar broadcast over the block's lanes, stored at absmax_ptr + offs
+        tl.store(absmax_ptr + offs, scale + tl.zeros([BLOCK], dtype=tl.float32), mask=mask)
+    elif STORE_ABSMAX:
         tl.store(absmax_ptr + pid, scale)
 
 
@@ -336,7 +351,8 @@ class _SwitchedEma(_Switched):
     def __init__(self, name, **switches):
         self.__name__ = name
         self.switches = dict(ZERO_MASKED=True, ABS=True, NEW_ABSMAX=True, SWAP_BETA=False, MASK_STORE=True,
-                             NORM_OLD=False, STORE_ABSMAX=True, SCALE_IN=True, GUARD=True)
+                             NORM_OLD=False, STORE_ABSMAX=True, SCALE_IN=True, GUARD=True, TIE_UP=False,
+                             PER_LANE_ABSMAX=False)
         self.switches.update(switches)
 
     def __getitem__(self, grid):
@@ -380,6 +396,8 @@ WRONG = [
           "not at 0, and not at pid", True),
     Wrong("08.1", ABSMAX, absmax_store_at_zero, "store at absmax_ptr without + pid", "every program stored into absmax[0]",
           True),
+    Wrong("08.1", ABSMAX, absmax_store_per_lane, "absmax stored at absmax_ptr + offs (one store per lane)",
+          "the store used one address per lane", True),
     Wrong("08.1", ABSMAX, absmax_program_id_1, "tl.program_id(1) on a 1-D grid", "tl.program_id(0)", True),
     Wrong("08.1", ABSMAX, absmax_no_store, "absmax computed but never stored", "nothing was written into absmax",
           True),
@@ -427,6 +445,10 @@ WRONG = [
           "you did not store the new absmax", True),
     Wrong("08.4", EMA, _SwitchedEma("ema_not_dequantized", SCALE_IN=False), "m = qmap[codes] without * absmax",
           "dequantize first", True),
+    Wrong("08.4", EMA, _SwitchedEma("ema_ties_up", TIE_UP=True), "ties between two codes go to the upper index (<=)",
+          "take the LOWER index", True),
+    Wrong("08.4", EMA, _SwitchedEma("ema_absmax_per_lane", PER_LANE_ABSMAX=True), "the new absmax stored at "
+          "absmax_ptr + offs (one store per lane, past the absmax buffer)", "the store used one address per lane", True),
     Wrong("08.4", EMA, _SwitchedEma("ema_no_zero_guard", GUARD=False), "0/0 in the all-zero block",
           "an all-zero block has absmax 0", True),
 ]

@@ -249,3 +249,25 @@ RIGHT = [
     Right("09.3", ELEMENTS, adamw_elements_via_named_parameters, "numel * 2 summed + number of trainable tensors"),
     Right("09.4", SEED, seed_by_module_walk, "LayerNorm parameters found by walking modules, groups by id()"),
 ]
+
+
+# ---------------------------------------------------------------- mistakes named by a PROPERTY of the result
+def _megabytes(*, adamw=8, unit=2**20, fixed_blocksize=None, min_blocks=0, integer=False):
+    def state_megabytes(num_params, kind="adam8bit", blocksize=256):
+        bs = fixed_blocksize or blocksize
+        total = adamw * num_params if kind == "adamw" else 2 * num_params + 8 * max(min_blocks, -(-num_params // bs))
+        return total // unit if integer else total / unit
+
+    return state_megabytes
+
+
+WRONG += [
+    Wrong("09.1", MB, _megabytes(unit=1024), "bytes / 1024 (KiB, not MiB)", "1024 times", True),
+    Wrong("09.1", MB, _megabytes(adamw=12), "AdamW counted with 12 bytes per parameter",
+          "wrong exactly on the 2 with kind='adamw'", True),
+    Wrong("09.1", MB, _megabytes(min_blocks=1), "at least one block, even for 0 parameters",
+          "wrong exactly on the 1 with num_params=0", True),
+    Wrong("09.1", MB, _megabytes(fixed_blocksize=256), "blocksize argument ignored (always 256)",
+          "with a blocksize other than the default 256", True),
+    Wrong("09.1", MB, _megabytes(integer=True), "bytes // 2**20 (integer division)", "rounded to a whole number", True),
+]
