@@ -2,8 +2,8 @@
 
     python -m adam8lib.course.grading.gradebook SUBMISSIONS [--out grades/gradebook.csv]
         [--manifest exercises/.manifest.json] [--cell-timeout 120] [--learner-timeout 3600]
-        [--jobs 1] [--sandbox auto|bwrap|none] [--memory-limit 8192] [--max-output 65536]
-        [--lessons notebooks]
+        [--jobs 1] [--sandbox bwrap|none] [--memory-limit 8192] [--max-output 65536]
+        [--references zero|note] [--lessons notebooks]
 
 ``SUBMISSIONS`` holds one folder per learner with their ``NN_topic.ipynb`` workbooks (at any
 depth; a file is matched to a workbook by name, else by its ``NN_`` prefix).
@@ -15,11 +15,13 @@ changes to the files do not count). For each workbook the gradebook takes the le
 the course's checks first, runs the exercise cells, verifies that the checks are still the
 course's (source hashes and the identity of everything they rely on), calls each check from
 the manifest on the learner's functions, and sends one result per exercise back through a pipe
-the gradebook owns. The child runs in a bubblewrap sandbox when it works
-(:mod:`adam8lib.course.grading.sandbox`: no access to the repository, the other submissions or
+the gradebook owns. The child runs in a bubblewrap sandbox — without one the gradebook refuses to grade unless
+told ``--sandbox none`` — (:mod:`adam8lib.course.grading.sandbox`: no access to the repository, the other submissions or
 the gradebook's files; no network; its own process namespace) with its memory (``--memory-limit``)
 and output (``--max-output``) capped, a per-cell timeout (``--cell-timeout``) and a time limit per
-learner (``--learner-timeout``). Points come from the gradebook's own copy of the manifest: a
+learner (``--learner-timeout``), and the guard it installs (:mod:`adam8lib.course.grading.guard`)
+reports on a second pipe: any alarm makes the workbook ``tampered``, a course reference used makes
+that exercise ``reference`` (0 points; ``--references note``: a note only). Points come from the gradebook's own copy of the manifest: a
 learner can never score more than a workbook's maximum.
 
 **Output.** One CSV row per learner — ``learner``, the points of every exercise (columns named

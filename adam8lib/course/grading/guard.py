@@ -233,14 +233,11 @@ def install(alarm_fd: int, *, roots: list[str], forbidden: dict, allowed: list) 
                 alarm(f"alarm learner code ran {code.co_name} while a check ran (a torch mode or tensor subclass "
                       f"that changes what the check sees; {where(frame)})")
             return
-        caller = frame.f_back
-        while caller is not None:
-            if id(caller.f_code) in allowed_codes or id(caller.f_code) in forbidden_view:
-                return  # the solution's own library call, or inside a reference already seen
-            if not trusted(caller):
-                alarm(f"ref {watching[0]} learner code called the course reference {name} ({where(caller)})")
-                return
-            caller = caller.f_back
+        caller = frame.f_back  # the direct caller: a library the learner called may use references itself
+        if caller is None or id(caller.f_code) in allowed_codes or id(caller.f_code) in forbidden_view:
+            return
+        if not trusted(caller):
+            alarm(f"ref {watching[0]} learner code called the course reference {name} ({where(caller)})")
 
     def set_profile(exercise):
         watching[0] = exercise
@@ -299,7 +296,9 @@ def _codes_of(obj) -> list:
         if item is None or id(item) in seen:
             continue
         seen.add(id(item))
-        if isinstance(item, types.FunctionType):
+        if isinstance(item, types.FunctionType) and getattr(item, "__wrapped__", None) is not None:
+            stack.append(item.__wrapped__)  # a decorator's wrapper code is shared by everything it decorates
+        elif isinstance(item, types.FunctionType):
             out.append(item.__code__)
         elif isinstance(item, (types.MethodType, staticmethod, classmethod)):
             stack.append(item.__func__)

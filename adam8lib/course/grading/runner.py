@@ -28,9 +28,12 @@ never reads a file the learner could write, and points are computed by the grade
 own manifest. New threads or trace/profile hooks left by learner code also count as tampering.
 This process exits with ``os._exit`` so no learner ``atexit`` hook runs.
 
-What this does not stop: code that runs in this process (the learner's) can in principle read
-its memory (the token) and forge its *own* results, or patch C-level state; the sandbox bounds
-that to the learner's own grade (no other learner, course file or gradebook is reachable).
+Before any learner code runs, :mod:`adam8lib.course.grading.guard` is installed (``--alarm-fd``):
+learner code cannot take a stack frame, walk the heap, trace, use ctypes or read this process's
+memory (refused, and reported on the alarm pipe: the workbook is tampered), and while a check
+runs, calls of course references and learner-written torch modes / ``__torch_function__`` are
+reported. What this does not stop: native code the learner brings, and library functions that
+read frames for their caller; the sandbox bounds what remains to the learner's own grade.
 """
 
 from __future__ import annotations
@@ -222,8 +225,8 @@ def _learner_code(roots: list[str]):
 
 
 def course_references(check_modules, library_imports, implementations) -> tuple[dict, list]:
-    """``{object: dotted name}`` of what the checks compare against — every function and class the
-    checks' modules define, and every ``adam8lib`` function or class they import — plus the
+    """``{object: dotted name}`` of what the checks compare against — every private function and
+    check the checks' modules define, and every ``adam8lib`` function they import — plus the
     manifest's ``implementations``, less its ``library_imports`` (the solution uses those); and
     the allowed objects."""
     def resolve(dotted: str):
@@ -251,11 +254,14 @@ def course_references(check_modules, library_imports, implementations) -> tuple[
     for name in sorted(names):
         module = sys.modules.get(name)
         for attr, value in list(vars(module).items()) if module is not None else []:
-            if not isinstance(value, (types.FunctionType, type)):
+            # functions only: classes of the checks (models, spies, optimizers) are handed to the
+            # learner's code, which calls their methods; generators are context managers of the checks
+            if not isinstance(value, types.FunctionType) or value.__code__.co_flags & 0x20:
                 continue
             home = getattr(value, "__module__", "") or ""
             if home in names:
-                forbidden.setdefault(value, f"{home}.{getattr(value, '__qualname__', attr)}")
+                if attr.startswith(("_", "check_")):  # public helpers (mlp_task, ...) are the course's tools
+                    forbidden.setdefault(value, f"{home}.{getattr(value, '__qualname__', attr)}")
             elif home.startswith("adam8lib.") and not home.startswith("adam8lib.course"):
                 forbidden.setdefault(value, f"{home}.{getattr(value, '__qualname__', attr)}")
     for dotted in implementations:
