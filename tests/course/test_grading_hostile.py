@@ -273,7 +273,7 @@ FOUND = {
                  "stochastic_round: reference", f"{CHECKS}._rank1", f"{CHECKS}._victims",
                  "adam8lib.formats.pack_nibbles", f"{CHECKS}._bf16_neighbours"],
     "c1_dynamic": ["pack_nibbles: reference", "zero_point_victims: reference", "rank1_scale: reference",
-                   "called the course reference adam8lib.formats.pack_nibbles", f"course reference {CHECKS}._victims",
+                   "stochastic_round: reference", "called the course reference adam8lib.formats.pack_nibbles",
                    f"course reference {CHECKS}._rank1"],
     "c2_getframe": ["tampered", "sys._getframe"], "c2_traceback": ["tampered", "read tb_frame"],
     "c2_inspect": ["tampered", "sys._getframe"], "c2_generator": ["tampered", "read gi_frame"],
@@ -348,7 +348,11 @@ def test_references_can_be_only_noted(tmp_path):
     assert gradebook.main([str(tmp_path / "sub"), "--out", str(out), "--manifest", str(only), "--cell-timeout", "60",
                            "--sandbox", "bwrap", "--references", "note"]) == 0  # fmt: skip
     [row] = list(csv.DictReader(out.open(encoding="utf-8")))
-    assert row["total"] == "4", row
+    statuses = json.loads((tmp_path / "grades" / "reports" / "c1.json").read_text())["statuses"]
+    # the checks' own verdicts stand (the cheat's home-made stochastic rounding may fail its check)
+    assert all(statuses[e]["status"] in ("passed", "failed") for e in EXERCISES), statuses
+    assert [row[e] for e in EXERCISES] == ["1" if statuses[e]["status"] == "passed" else "0" for e in EXERCISES]
+    assert int(row["total"]) >= 3, row
     assert row["notes"].count("uses a course reference") == 4 and "the instructor decides" in row["notes"], row["notes"]
 
 
