@@ -10,7 +10,7 @@ TORCH_INDEX ?=
 EXTRAS ?= course,test,gpu
 PYTEST := $(PY) -m pytest
 
-.PHONY: lab test unit setup exercises outputs grade grade-solutions bench clean help browser-test wrong-answers \
+.PHONY: lab test unit setup exercises outputs grade grade-solutions sandbox bench clean help browser-test wrong-answers \
         test-second-machine test-gpu
 
 help:
@@ -27,7 +27,7 @@ help:
 	@echo "make setup      - create .venv and install $(TORCH_PIN) + the course (extras: $(EXTRAS))"
 	@echo "make outputs    - re-execute lessons and solutions on the CPU and store their outputs"
 	@echo "make exercises  - regenerate exercises/ (the learners' workbooks) from solutions/"
-	@echo "make grade      - grade a class: SUBMISSIONS=folder -> grades/gradebook.csv"
+	@echo "make grade      - grade a class: SUBMISSIONS=folder -> grades/gradebook.csv (in bubblewrap; SANDBOX=none without)"
 	@echo "make bench      - side-by-side CPU benchmarks: the 8-bit step, then 4-bit/FP8 next to torchao (bench/README.md)"
 	@echo "make clean      - remove .venv and test caches"
 
@@ -89,10 +89,25 @@ test-second-machine: setup
 wrong-answers: setup
 	$(PY) -m tests.workbooks.wrong_answers
 
-grade-solutions: setup
+grade-solutions: setup sandbox
 	@tmp=$$(mktemp -d); mkdir -p "$$tmp/submissions/solutions"; cp solutions/*.ipynb "$$tmp/submissions/solutions/"; \
 	$(PY) -m adam8lib.course.grading.gradebook "$$tmp/submissions" --out "$$tmp/grades/gradebook.csv" \
-	    --jobs 1 --require-full-marks; rc=$$?; rm -rf "$$tmp"; exit $$rc
+	    --jobs 1 --require-full-marks --sandbox $(SANDBOX); rc=$$?; rm -rf "$$tmp"; exit $$rc
+
+# The gradebook's sandbox: bubblewrap, installed with apt-get where we are root (as .ci/run does);
+# elsewhere it says what to install. The gradebook itself refuses to grade without it unless
+# SANDBOX=none (make grade SANDBOX=none ...: learners' code then runs with your permissions).
+SANDBOX ?= bwrap
+sandbox:
+	@if [ "$(SANDBOX)" != none ] && ! command -v bwrap >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing bubblewrap, the gradebook's sandbox (apt-get)"; \
+	    apt-get install -y -q bubblewrap >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null; }; \
+	  else \
+	    echo "the gradebook needs bubblewrap: 'sudo apt-get install bubblewrap' (Debian/Ubuntu), or grade" \
+	         "without a sandbox with SANDBOX=none (learners' code then runs with your permissions)" >&2; exit 1; \
+	  fi; \
+	fi
 
 # On a machine with a CUDA GPU (Colab, a cloud box): every lesson and solution under nbval on the
 # GPU, then the GPU kernel tests (bench/gpu_check.sh has the GPU benchmarks).
@@ -132,8 +147,8 @@ exercises: setup
 
 # Grade a class: one subfolder of notebooks per learner -> grades/gradebook.csv
 SUBMISSIONS ?= submissions
-grade: setup
-	$(PY) -m adam8lib.course.grading.gradebook $(SUBMISSIONS) --out grades/gradebook.csv
+grade: setup sandbox
+	$(PY) -m adam8lib.course.grading.gradebook $(SUBMISSIONS) --out grades/gradebook.csv --sandbox $(SANDBOX)
 
 # Side-by-side CPU benchmark of the 8-bit step (writes bench/README.md tables).
 bench: setup

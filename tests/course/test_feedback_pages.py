@@ -26,7 +26,7 @@ from urllib.parse import unquote
 import nbformat
 import pytest
 
-from adam8lib.course.grading import gradebook
+from adam8lib.course.grading import gradebook, sandbox
 from adam8lib.course.grading.conventions import MANIFEST_NAME, SOLUTION_TAG, Manifest
 from adam8lib.course.grading.feedback import GENERATOR, page_name, split_hint, write_pages
 from adam8lib.course.grading.lessons import SECTIONS, heading_anchor, lesson_headings, lesson_section
@@ -137,7 +137,8 @@ def graded(tmp_path_factory) -> dict:
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(io.StringIO()):
         rc = gradebook.main([str(sub), "--out", str(out), "--manifest", str(only), "--jobs", "1",
-                             "--cell-timeout", "60", "--lessons", str(LESSONS)])  # fmt: skip
+                             "--cell-timeout", "60", "--lessons", str(LESSONS),
+                             "--sandbox", "bwrap" if sandbox.available() is None else "none"])  # fmt: skip
     assert rc == 0, stdout.getvalue()
     return {"root": root, "grades": out.parent, "stdout": stdout.getvalue(), "manifest": Manifest.load(only)}
 

@@ -544,6 +544,8 @@ def test_plugin_prefers_the_official_manifest(pytester):
 # the gradebook: isolated checks, sandboxed learners, a run that always finishes
 # ---------------------------------------------------------------------------------------------
 needs_bwrap = pytest.mark.skipif(sandbox.available() is not None, reason=f"no sandbox here: {sandbox.available()}")
+#: the sandbox where there is one (the gradebook refuses to grade without one unless told "none")
+SANDBOX = "bwrap" if sandbox.available() is None else "none"
 
 
 def test_gradebook_grades_a_real_workbook_without_false_alarms(tmp_path, manifest, capsys):
@@ -559,7 +561,7 @@ def test_gradebook_grades_a_real_workbook_without_false_alarms(tmp_path, manifes
     only.write_text(Manifest({CLASS_WORKBOOK: specs}).dumps(), encoding="utf-8")
     out = tmp_path / "grades" / "gradebook.csv"
     rc = gradebook.main([str(sub), "--out", str(out), "--manifest", str(only), "--cell-timeout", str(CELL_TIMEOUT),
-                         "--jobs", "2", "--require-full-marks"])  # fmt: skip
+                         "--jobs", "2", "--require-full-marks", "--sandbox", SANDBOX])  # fmt: skip
     assert rc == 3  # bo is short of full marks (make grade-solutions relies on this status)
     rows = list(csv.reader(out.open(encoding="utf-8")))
     full = sum(s.points for s in specs)
@@ -754,11 +756,11 @@ def test_gradebook_rejects_bad_input(tmp_path, manifest):
     with pytest.raises(ValueError, match="sandbox must be one of"):
         gradebook.grade_class(tmp_path / "empty", manifest, sandbox="docker", progress=False)
     # a learner with no workbook at all: no child process, every workbook noted missing
-    [grade] = gradebook.grade_class(tmp_path / "empty", manifest, progress=False)
+    [grade] = gradebook.grade_class(tmp_path / "empty", manifest, progress=False, sandbox=SANDBOX)
     assert grade.total == 0 and grade.notes == [f"{name} missing" for name in manifest.notebooks]
     # unreadable notebooks are noted, not fatal
     (tmp_path / "empty" / "ann" / CLASS_WORKBOOK).write_bytes(b"\x00\xff not json")
-    [grade] = gradebook.grade_class(tmp_path / "empty", manifest, progress=False)
+    [grade] = gradebook.grade_class(tmp_path / "empty", manifest, progress=False, sandbox=SANDBOX)
     assert grade.total == 0 and grade.notes[0].startswith(f"{CLASS_WORKBOOK} could not be read (")
 
 

@@ -3,8 +3,9 @@
 :func:`converse` starts the command (in its own session), writes the job to its stdin from a
 thread, and reads two pipes with one selector until the child says ``done``, both pipes close,
 or the deadline passes — every read waits at most until the deadline, so a child (or a
-grandchild holding a pipe open) can never block the gradebook. The result pipe is created here;
-the child gets only its write end (``{fd}`` in the command). Its combined stdout/stderr is kept
+grandchild holding a pipe open) can never block the gradebook. The result pipe and the alarm pipe
+(what :mod:`adam8lib.course.grading.guard` reports) are created here; the child gets only their
+write ends (``{fd}`` and ``{alarm}`` in the command); the alarm pipe is read to its end marker. Its combined stdout/stderr is kept
 up to 256 KiB; more than 1 MiB on the result pipe is abuse. Afterwards the whole process group
 is killed (stray processes of the learner) and the child reaped.
 """
@@ -54,25 +55,30 @@ def kill(proc: subprocess.Popen) -> None:
 
 
 def converse(cmd, env, cwd, job: bytes, deadline: float, active: set, lock: threading.Lock):
-    """Run one child; return (messages, or None if the channel was abused; log; returncode; timed_out).
+    """Run one child; return (messages, or None if the channel was abused; log; returncode; timed_out;
+    the alarm pipe's text).
 
-    ``{fd}`` in ``cmd`` becomes the child's end of the result pipe. The job goes in through stdin
-    (from a thread); every read waits at most until ``deadline``; the log is capped.
+    ``{fd}`` and ``{alarm}`` in ``cmd`` become the child's ends of the result and alarm pipes. The
+    job goes in through stdin (from a thread); every read waits at most until ``deadline``; the log
+    and the alarm text are capped.
     """
     read_fd, write_fd = os.pipe()
-    cmd = [str(write_fd) if part == "{fd}" else part for part in cmd]
+    alarm_read, alarm_write = os.pipe()
+    cmd = [str(write_fd) if part == "{fd}" else str(alarm_write) if part == "{alarm}" else part for part in cmd]
     try:
         proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, pass_fds=(write_fd,), start_new_session=True)  # fmt: skip
+                                stderr=subprocess.STDOUT, pass_fds=(write_fd, alarm_write), start_new_session=True)  # fmt: skip
     except BaseException:
         os.close(read_fd)
+        os.close(alarm_read)
         raise
     finally:
         os.close(write_fd)
-    return _collect(proc, read_fd, job, deadline, active, lock)
+        os.close(alarm_write)
+    return _collect(proc, read_fd, alarm_read, job, deadline, active, lock)
 
 
-def _collect(proc, read_fd, job, deadline, active, lock):
+def _collect(proc, read_fd, alarm_fd, job, deadline, active, lock):
     with lock:
         active.add(proc)
 
@@ -84,11 +90,13 @@ def _collect(proc, read_fd, job, deadline, active, lock):
             pass
 
     threading.Thread(target=feed, daemon=True).start()
-    channel, log, log_total = bytearray(), bytearray(), 0
+    channel, log, log_total, alarms = bytearray(), bytearray(), 0, bytearray()
     abused, done, timed_out = False, False, False
     sel = selectors.DefaultSelector()
     sel.register(read_fd, selectors.EVENT_READ, "channel")
     sel.register(proc.stdout, selectors.EVENT_READ, "log")
+    sel.register(alarm_fd, selectors.EVENT_READ, "alarm")
+    fds = {"channel": read_fd, "alarm": alarm_fd}
     try:
         while sel.get_map() and not done:
             remaining = deadline - time.monotonic()
@@ -96,12 +104,14 @@ def _collect(proc, read_fd, job, deadline, active, lock):
                 timed_out = True
                 break
             for key, _ in sel.select(timeout=min(remaining, 1.0)):
-                fd = read_fd if key.data == "channel" else proc.stdout.fileno()
+                fd = fds.get(key.data) or proc.stdout.fileno()
                 chunk = os.read(fd, 65536)
                 if not chunk:
                     sel.unregister(key.fileobj)
                     continue
-                if key.data == "log":
+                if key.data == "alarm":
+                    alarms += chunk[: max(0, _LOG_CAP - len(alarms))]
+                elif key.data == "log":
                     log_total += len(chunk)
                     log += chunk[: max(0, _LOG_CAP - len(log))]
                 else:
@@ -110,9 +120,20 @@ def _collect(proc, read_fd, job, deadline, active, lock):
                         abused = done = True
                     elif b"\"kind\": \"done\"" in channel:
                         done = True
+        # what the guard wrote before the child said "done" is in the alarm pipe already
+        os.set_blocking(alarm_fd, False)
+        while len(alarms) < _LOG_CAP:
+            try:
+                chunk = os.read(alarm_fd, 65536)
+            except (BlockingIOError, OSError):
+                break
+            if not chunk:
+                break
+            alarms += chunk
     finally:
         sel.close()
         os.close(read_fd)
+        os.close(alarm_fd)
         if done:
             try:
                 proc.wait(timeout=5)
@@ -129,12 +150,13 @@ def _collect(proc, read_fd, job, deadline, active, lock):
     text = log.decode("utf-8", "replace")
     if log_total > len(log):
         text += f"\n[output truncated: {log_total} bytes, kept {len(log)}]\n"
+    alarm_text = bytes(alarms).decode("utf-8", "replace")
     if abused:
-        return None, text, proc.returncode, timed_out
+        return None, text, proc.returncode, timed_out, alarm_text
     messages = []
     for line in bytes(channel).decode("utf-8", "replace").splitlines():
         try:
             messages.append(json.loads(line))
         except json.JSONDecodeError:
-            return None, text, proc.returncode, timed_out
-    return messages, text, proc.returncode, timed_out
+            return None, text, proc.returncode, timed_out, alarm_text
+    return messages, text, proc.returncode, timed_out, alarm_text

@@ -2,8 +2,8 @@
 
     python -m adam8lib.course.grading.gradebook SUBMISSIONS [--out grades/gradebook.csv]
         [--manifest exercises/.manifest.json] [--cell-timeout 120] [--learner-timeout 3600]
-        [--jobs 1] [--sandbox auto|bwrap|none] [--memory-limit 8192] [--max-output 65536]
-        [--lessons notebooks]
+        [--jobs 1] [--sandbox bwrap|none] [--memory-limit 8192] [--max-output 65536]
+        [--references zero|note] [--lessons notebooks]
 
 ``SUBMISSIONS`` holds one folder per learner with their ``NN_topic.ipynb`` workbooks (at any
 depth; a file is matched to a workbook by name, else by its ``NN_`` prefix).
@@ -15,11 +15,13 @@ changes to the files do not count). For each workbook the gradebook takes the le
 the course's checks first, runs the exercise cells, verifies that the checks are still the
 course's (source hashes and the identity of everything they rely on), calls each check from
 the manifest on the learner's functions, and sends one result per exercise back through a pipe
-the gradebook owns. The child runs in a bubblewrap sandbox when it works
-(:mod:`adam8lib.course.grading.sandbox`: no access to the repository, the other submissions or
+the gradebook owns. The child runs in a bubblewrap sandbox — without one the gradebook refuses to grade unless
+told ``--sandbox none`` — (:mod:`adam8lib.course.grading.sandbox`: no access to the repository, the other submissions or
 the gradebook's files; no network; its own process namespace) with its memory (``--memory-limit``)
 and output (``--max-output``) capped, a per-cell timeout (``--cell-timeout``) and a time limit per
-learner (``--learner-timeout``). Points come from the gradebook's own copy of the manifest: a
+learner (``--learner-timeout``), and the guard it installs (:mod:`adam8lib.course.grading.guard`)
+reports on a second pipe: any alarm makes the workbook ``tampered``, a course reference used makes
+that exercise ``reference`` (0 points; ``--references note``: a note only). Points come from the gradebook's own copy of the manifest: a
 learner can never score more than a workbook's maximum.
 
 **Output.** One CSV row per learner — ``learner``, the points of every exercise (columns named
@@ -77,8 +79,11 @@ __all__ = ["LearnerGrade", "Grader", "find_workbooks", "grade_learner", "grade_c
 
 #: Exercise statuses a child may send; only "passed" scores.
 STATUSES = ("passed", "failed", "timeout", "tampered", "error")
-#: Statuses worth a note in the gradebook (plain failures are just 0 points).
-NOTED = ("timeout", "tampered", "error")
+#: Statuses worth a note in the gradebook (plain failures are just 0 points); "reference" is the
+#: gradebook's own (a course reference used, with ``--references zero``).
+NOTED = ("timeout", "tampered", "error", "reference")
+#: What a course reference used in an exercise scores: ``zero`` (0 points and a note) or ``note`` (a note only).
+REFERENCE_POLICIES = ("zero", "note")
 
 
 @dataclass
@@ -323,14 +328,19 @@ class Grader:
     max_output: int = 65536
     hide: list = field(default_factory=list)
     reports: Path | None = None
+    references: str = "zero"
 
     def __post_init__(self):
+        if self.references not in REFERENCE_POLICIES:
+            raise ValueError(f"references must be one of {REFERENCE_POLICIES}, got {self.references!r}")
         if self.cell_timeout <= 0 or self.learner_timeout <= 0:
             raise ValueError("timeouts must be positive")
         if self.sandbox not in sandbox.MODES:
             raise ValueError(f"sandbox must be one of {sandbox.MODES}, got {self.sandbox!r}")
-        if self.sandbox == "bwrap" and sandbox.available():
-            raise RuntimeError(f"--sandbox bwrap: {sandbox.available()}")
+        if self.sandbox != "none" and sandbox.available():
+            raise RuntimeError(f"no sandbox: {sandbox.available()}. The gradebook runs learners' code only in its "
+                               "bubblewrap sandbox: install it (make grade does where it can), or pass --sandbox none "
+                               "to grade without one (learners' code then runs with your permissions)")
         self.modules = checks_origin(self.manifest)
         paths = [Path(p) for info in self.modules.values() for p in info["files"]]
         package = importlib.util.find_spec("adam8lib.course.checks")
@@ -345,7 +355,7 @@ class Grader:
         self.active: set = set()
         self.lock = threading.Lock()
         self.stopped = threading.Event()
-        self.mode = "bwrap" if self.sandbox != "none" and sandbox.available() is None else "none"
+        self.mode = "none" if self.sandbox == "none" else "bwrap"
 
     def close(self) -> None:
         if self.scratch_root.exists():
@@ -382,15 +392,17 @@ class Grader:
             "cell_timeout": self.cell_timeout,
             "max_output": self.max_output,
             "course_setup": self.course_setup,
+            "library_imports": self.manifest.library_imports(name),
+            "implementations": self.manifest.implementations(name),
         }
         scratch = Path(tempfile.mkdtemp(prefix="learner-", dir=self.scratch_root))
         try:
             argv = [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else []), "-m",
-                    "adam8lib.course.grading.runner", "--result-fd", "{fd}"]  # fmt: skip
+                    "adam8lib.course.grading.runner", "--result-fd", "{fd}", "--alarm-fd", "{alarm}"]  # fmt: skip
             cmd, _, workdir = sandbox.wrap(argv, scratch=scratch, hide=[*self.hide, self.scratch_root],
                                            mode=self.mode, memory_mb=self.memory_mb, file_mb=256)  # fmt: skip
             env = self._env(workdir)
-            messages, text, rc, timed_out = _converse(cmd, env, scratch if self.mode == "none" else None,
+            messages, text, rc, timed_out, alarm_text = _converse(cmd, env, scratch if self.mode == "none" else None,
                                                       json.dumps(job).encode(), deadline, self.active, self.lock)  # fmt: skip
         finally:
             _remove(scratch)
@@ -416,6 +428,8 @@ class Grader:
                     notes.append(f"{name}: an invalid or repeated result on the result channel; scores 0")
                     return {}, notes
                 results[exercise] = (status, str(message.get("detail", ""))[:300], str(message.get("error", ""))[:5000])
+        results, more = self._guarded(name, specs, results, alarm_text, token, finished)
+        notes.extend(more)
         if not finished:
             if self.stopped.is_set():
                 notes.append(f"{name}: grading was interrupted; exercises without a result score 0")
@@ -425,6 +439,40 @@ class Grader:
             else:
                 notes.append(f"{name}: the grading process {_died(rc)} before it finished; "
                              "exercises without a result score 0")  # fmt: skip
+        return results, notes
+
+    def _guarded(self, name: str, specs, results: dict, alarm_text: str, token: str, finished: bool):
+        """Apply what the guard reported (:mod:`adam8lib.course.grading.guard`): any alarm makes every
+        exercise of the workbook ``tampered``; a course reference used makes that exercise
+        ``reference`` (0 points) or, with ``references="note"``, only adds a note; a child that
+        finished without the guard's end marker closed the alarm channel (tampered)."""
+        alarms, refs, ended = [], {}, False
+        for line in alarm_text.splitlines():
+            kind, _, rest = line.partition(" ")
+            if kind == "alarm":
+                alarms.append(rest)
+            elif kind == "ref":
+                exercise, _, text = rest.partition(" ")
+                refs.setdefault(exercise, []).append(text)
+            elif kind == "end":
+                ended = rest.strip() == token
+        if finished and not ended:
+            alarms.append("the guard's alarm channel was closed or its end is missing")
+        if alarms:
+            shown = "; ".join(dict.fromkeys(alarms))
+            shown = shown if len(shown) <= 1500 else shown[:1497] + "..."
+            return ({s.exercise: ("tampered", "the grading guard stopped learner code (see the notes)", "") for s in specs},
+                    [f"{name}: tampered: {shown}"])
+        notes = []
+        for spec in specs:
+            found = list(dict.fromkeys(refs.get(spec.exercise, [])))
+            if not found:
+                continue
+            text = "; ".join(found)[:300]
+            if self.references == "zero" and spec.exercise in results:
+                results[spec.exercise] = ("reference", text, "")
+            else:
+                notes.append(f"{name} {spec.label} {spec.exercise}: uses a course reference ({text}); the instructor decides")
         return results, notes
 
     def grade(self, learner: str, notebooks: dict[str, bytes], notes: list[str]) -> LearnerGrade:
@@ -556,6 +604,7 @@ def grade_class(
     memory_mb: int | None = 8192,
     max_output: int = 65536,
     on_start=None,
+    references: str = "zero",
 ) -> list[LearnerGrade]:
     """Grade every learner folder of ``submissions`` (sorted by name); rows go to ``out`` as they finish.
 
@@ -576,7 +625,7 @@ def grade_class(
     # invisible to learners: the submissions, the gradebook's folder and the reports
     hide = [submissions, *([Path(out).parent] if out is not None else []), *([Path(reports)] if reports else [])]
     grader = Grader(manifest, cell_timeout=cell_timeout, learner_timeout=learner_timeout, sandbox=sandbox,
-                    memory_mb=memory_mb, max_output=max_output, hide=hide, reports=reports)  # fmt: skip
+                    memory_mb=memory_mb, max_output=max_output, hide=hide, reports=reports, references=references)  # fmt: skip
     if on_start is not None:
         on_start(grader)
     writer = GradebookWriter(out, manifest) if out is not None else None
@@ -642,8 +691,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cell-timeout", type=float, default=120, help="seconds per exercise cell and per check (default 120)")
     parser.add_argument("--learner-timeout", type=float, default=3600, help="seconds per learner (default 3600)")
     parser.add_argument("--jobs", type=int, default=1, help="learners graded at the same time (default 1)")
-    parser.add_argument("--sandbox", choices=sandbox.MODES, default="auto",
-                        help="bwrap: require bubblewrap; none: plain child processes; auto (default): bwrap if it works")
+    parser.add_argument("--sandbox", choices=sandbox.MODES, default="bwrap",
+                        help="bwrap (default; auto is the same): learners' code runs in bubblewrap, and without it "
+                             "the gradebook refuses to grade; none: plain child processes with your permissions")
+    parser.add_argument("--references", choices=REFERENCE_POLICIES, default="zero",
+                        help="an exercise whose code is, wraps or calls a course reference (the checks' own "
+                             "implementations): zero (default) scores 0 with a note; note only notes it")
     parser.add_argument("--memory-limit", type=int, default=8192, help="address-space cap per child, MiB (default 8192)")
     parser.add_argument("--max-output", type=int, default=65536, help="characters of a check's output kept (default 65536)")
     parser.add_argument("--lessons", type=Path, default=None,
@@ -666,13 +719,14 @@ def main(argv: list[str] | None = None) -> int:
         if threading.current_thread() is threading.main_thread() else {}  # fmt: skip
     try:
         manifest = Manifest.load(args.manifest)
-        if args.sandbox == "none" or sandbox.available():
-            print(f"warning: learners' code runs without a sandbox ({sandbox.available() or '--sandbox none'}); "
-                  "grade untrusted work in a container (README)", file=sys.stderr)  # fmt: skip
+        if args.sandbox == "none":
+            print("warning: learners' code runs without a sandbox (--sandbox none): it can read and write what "
+                  "your account can; grade untrusted work in a container (README)", file=sys.stderr)  # fmt: skip
         grades = grade_class(
             args.submissions, manifest, cell_timeout=args.cell_timeout, learner_timeout=args.learner_timeout,
             jobs=args.jobs, reports=args.out.parent / "reports", out=args.out, sandbox=args.sandbox,
             memory_mb=args.memory_limit, max_output=args.max_output, on_start=lambda g: holder.update(grader=g),
+            references=args.references,
         )  # fmt: skip
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)

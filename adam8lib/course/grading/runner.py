@@ -28,9 +28,12 @@ never reads a file the learner could write, and points are computed by the grade
 own manifest. New threads or trace/profile hooks left by learner code also count as tampering.
 This process exits with ``os._exit`` so no learner ``atexit`` hook runs.
 
-What this does not stop: code that runs in this process (the learner's) can in principle read
-its memory (the token) and forge its *own* results, or patch C-level state; the sandbox bounds
-that to the learner's own grade (no other learner, course file or gradebook is reachable).
+Before any learner code runs, :mod:`adam8lib.course.grading.guard` is installed (``--alarm-fd``):
+learner code cannot take a stack frame, walk the heap, trace, use ctypes or read this process's
+memory (refused, and reported on the alarm pipe: the workbook is tampered), and while a check
+runs, calls of course references and learner-written torch modes / ``__torch_function__`` are
+reported. What this does not stop: native code the learner brings, and library functions that
+read frames for their caller; the sandbox bounds what remains to the learner's own grade.
 """
 
 from __future__ import annotations
@@ -38,19 +41,23 @@ from __future__ import annotations
 import ast
 import builtins
 import hashlib
+import importlib
 import io
 import json
 import os
 import signal
 import sys
+import sysconfig
 import threading
 import types
+
+from .guard import install, references
 
 __all__ = ["main", "file_digest", "Snapshot"]
 
 #: Modules (besides the checks' own and adam8lib's) whose functions a check relies on.
-WATCHED = ("builtins", "sys", "os", "io", "json", "signal", "math", "traceback", "contextlib",
-           "torch", "torch.nn.functional", "torch.testing", "numpy")  # fmt: skip
+WATCHED = ("builtins", "sys", "os", "io", "json", "signal", "_signal", "math", "traceback", "contextlib", "functools",
+           "operator", "torch", "torch.nn.functional", "torch.testing", "torch.overrides", "numpy", "numpy.testing")  # fmt: skip
 
 
 class GradingTimeout(BaseException):
@@ -188,9 +195,86 @@ def _split_check(source: str, check: str) -> tuple[list[ast.stmt], ast.Call]:
     raise ValueError(f"the manifest's check cell does not call {check}(...)")
 
 
+def expression_args(spec: dict, exercise: str) -> list[ast.expr]:
+    """The argument expressions of a manifest check call (``check_x(a, b)`` -> ``[a, b]``)."""
+    _, call = _split_check(spec["source"], f"check_{exercise}")
+    return list(call.args) + [k.value for k in call.keywords]
+
+
+def trusted_roots(modules: dict) -> list[str]:
+    """Folders whose modules count as library code: the Python installation, site-packages,
+    adam8lib, the PYTHONPATH entries and the folders the checks come from."""
+    import adam8lib
+
+    paths = sysconfig.get_paths()
+    roots = [paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")]
+    roots += [sys.prefix, sys.exec_prefix, sys.base_prefix, os.path.dirname(adam8lib.__file__)]
+    roots += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    roots += [os.path.dirname(info["origin"]) for info in modules.values()]
+    return [os.path.realpath(r) for r in roots if r]
+
+
+def _learner_code(roots: list[str]):
+    prefixes = tuple(r.rstrip(os.sep) + os.sep for r in roots)
+
+    def learner_code(code) -> bool:
+        name = code.co_filename
+        return name.startswith("<") or not os.path.realpath(name).startswith(prefixes)
+
+    return learner_code
+
+
+def course_references(check_modules, library_imports, implementations) -> tuple[dict, list]:
+    """``{object: dotted name}`` of what the checks compare against — every private function and
+    check the checks' modules define, and every ``adam8lib`` function they import — plus the
+    manifest's ``implementations``, less its ``library_imports`` (the solution uses those); and
+    the allowed objects."""
+    def resolve(dotted: str):
+        parts = dotted.split(".")
+        for cut in range(len(parts), 0, -1):
+            module = sys.modules.get(".".join(parts[:cut]))
+            if module is None:
+                try:
+                    module = importlib.import_module(".".join(parts[:cut]))
+                except Exception:  # noqa: BLE001 - not importable: nothing to resolve
+                    continue
+            value = module
+            try:
+                for attr in parts[cut:]:
+                    value = getattr(value, attr)
+            except AttributeError:
+                return None
+            return value
+        return None
+
+    allowed = [v for v in (resolve(d) for d in library_imports) if v is not None and not isinstance(v, types.ModuleType)]
+    allowed_ids = {id(v) for v in allowed}
+    forbidden: dict = {}
+    names = {n for n in sys.modules if any(n == m or n.startswith(m + ".") for m in check_modules)}
+    for name in sorted(names):
+        module = sys.modules.get(name)
+        for attr, value in list(vars(module).items()) if module is not None else []:
+            # functions only: classes of the checks (models, spies, optimizers) are handed to the
+            # learner's code, which calls their methods; generators are context managers of the checks
+            if not isinstance(value, types.FunctionType) or value.__code__.co_flags & 0x20:
+                continue
+            home = getattr(value, "__module__", "") or ""
+            if home in names:
+                if attr.startswith(("_", "check_")):  # public helpers (mlp_task, ...) are the course's tools
+                    forbidden.setdefault(value, f"{home}.{getattr(value, '__qualname__', attr)}")
+            elif home.startswith("adam8lib.") and not home.startswith("adam8lib.course"):
+                forbidden.setdefault(value, f"{home}.{getattr(value, '__qualname__', attr)}")
+    for dotted in implementations:
+        value = resolve(dotted)
+        if value is not None and not isinstance(value, types.ModuleType):
+            forbidden.setdefault(value, dotted)
+    return {k: v for k, v in forbidden.items() if id(k) not in allowed_ids}, allowed
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     fd = int(argv[argv.index("--result-fd") + 1])
+    alarm_fd = int(argv[argv.index("--alarm-fd") + 1]) if "--alarm-fd" in argv else None
     job = json.loads(sys.stdin.read())
     channel = os.fdopen(fd, "w", encoding="utf-8")
     real_stdout, real_stderr = sys.stdout, sys.stderr
@@ -203,7 +287,8 @@ def main(argv: list[str] | None = None) -> None:
 
         return send
 
-    send = sender(job.pop("token", ""))
+    token = job.pop("token", "")
+    send = sender(token)
 
     cap = int(job.get("max_output", 65536))
     cell_timeout = float(job.get("cell_timeout", 120))
@@ -250,6 +335,13 @@ def main(argv: list[str] | None = None) -> None:
                 bad.append(f"check_{exercise} comes from {source}, not from the course's checks")
         return bad
 
+    guard = None
+    if alarm_fd is not None:
+        forbidden, allowed = course_references(origins, job.get("library_imports", []), job.get("implementations", []))
+        guard = install(alarm_fd, roots=trusted_roots(modules), forbidden=forbidden, allowed=allowed)
+        for _, expression in resolved.values():
+            guard.trust(expression)
+    learner_code = _learner_code(trusted_roots(modules))
     watched = sorted({*WATCHED, *origins, *(n for n in sys.modules if n == "adam8lib" or n.startswith("adam8lib."))})
     snapshot = Snapshot(watched)
     baseline = files_changed()
@@ -284,24 +376,43 @@ def main(argv: list[str] | None = None) -> None:
             send(kind="note", text=f"cell {cell['index']} (exercise cell) raised {type(exc).__name__}: {_first_line(exc)}")
         finally:
             sys.stdout, sys.stderr = real_stdout, real_stderr
+        if guard is not None:
+            for found in guard.modes():
+                guard.alarm(f"after exercise cell {cell['index']}: {found}")
 
     # 3. the checks
     for spec in checks:
         exercise = spec["exercise"]
         if exercise not in resolved:
             continue
-        changed = snapshot.changes() + files_changed() + hooks_changed()
+        changed = snapshot.changes() + files_changed() + hooks_changed() + (guard.modes() if guard else [])
         if changed:
             send(kind="result", exercise=exercise, status="tampered",
                  detail="learner code changed the checks or what they rely on: " + ", ".join(changed[:5]))  # fmt: skip
             continue
         function, expression = resolved[exercise]
+        if guard is not None:
+            try:
+                arguments = ast.Expression(body=ast.Tuple(elts=expression_args(spec, exercise), ctx=ast.Load()))
+                values = eval(compile(ast.fix_missing_locations(arguments), "<check arguments>", "eval"), dict(namespace))
+            except Exception:  # noqa: BLE001 - a missing name fails in the check itself, with its message
+                values = ()
+            for value in values:
+                for name in references(value, forbidden, learner_code):
+                    guard.ref(exercise, f"the learner's {getattr(value, '__name__', type(value).__name__)} is, wraps "
+                                        f"or names the course reference {name}")
         out = _Capped(max(cap, 2 * len(spec["expected_output"])))
         status, detail, error = "passed", "", ""
         sys.stdout = sys.stderr = out
         try:
             _alarm(cell_timeout)
-            eval(expression, {**namespace, "__adam8_check__": function})
+            if guard is not None:
+                guard.profile(exercise)
+            try:
+                eval(expression, {**namespace, "__adam8_check__": function})
+            finally:
+                if guard is not None:
+                    guard.profile(None)
             _disarm()
         except GradingTimeout:
             _disarm()
@@ -319,10 +430,12 @@ def main(argv: list[str] | None = None) -> None:
                 status, detail = "failed", f"the check printed {out.total} characters (kept {out.kept}), not its success line"
             elif text != spec["expected_output"]:
                 status, detail = "failed", f"the check printed {_first_line(text)!r}, not its success line"
-        changed = snapshot.changes() + files_changed() + hooks_changed()
+        changed = snapshot.changes() + files_changed() + hooks_changed() + (guard.modes() if guard else [])
         if changed:
             status, detail, error = "tampered", "learner code changed the checks or what they rely on: " + ", ".join(changed[:5]), ""
         send(kind="result", exercise=exercise, status=status, detail=detail, **({"error": error} if error else {}))
+    if guard is not None:
+        guard.end(token)
     send(kind="done")
     channel.close()
     os._exit(0)

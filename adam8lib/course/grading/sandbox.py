@@ -95,7 +95,8 @@ def wrap(
     path of ``scratch`` as the child sees it (its working folder, ``HOME`` and ``TMPDIR``).
 
     ``mode="bwrap"`` raises RuntimeError when bubblewrap does not work; ``"auto"`` falls back
-    to ``"none"``.
+    to ``"none"`` (the gradebook itself never asks for ``auto``: it refuses to grade without a
+    sandbox unless told ``--sandbox none``).
     """
     if mode not in MODES:
         raise ValueError(f"sandbox mode must be one of {MODES}, got {mode!r}")
