@@ -58,8 +58,7 @@ def _run(make, grads):
     params = _params()
     opt = make(params)
     for gw, gb in grads:
-        params[0].grad, params[1].ggrad = gw.clone(), None
-        params[1].grad = gb.clone()
+        params[0].grad, params[1].grad = gw.clone(), gb.clone()
         opt.step()
     return params, opt
 
