@@ -374,6 +374,9 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             where = f"param group {gi} of the checkpoint"
             if not isinstance(saved, dict) or not isinstance(saved.get("params"), (list, tuple)):
                 raise ValueError(f"{where} must be a dict with a 'params' list")
+            if any(k in saved for k in OPTIMIZER_LEVEL):
+                raise ValueError(f"{where} sets {', '.join(repr(k) for k in OPTIMIZER_LEVEL if k in saved)}: not a "
+                                 f"{name} checkpoint{origin}")
             missing = [k for k in self.defaults if k not in saved]
             if missing:
                 raise ValueError(f"{where} has no {', '.join(map(repr, missing))}: not a {name} checkpoint{origin}")
@@ -401,6 +404,9 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         name = type(self).__name__
         if not isinstance(saved, dict):
             raise ValueError(f"{where} must be a dict, got {type(saved).__name__}")
+        if origin and any(k not in self.expected_state(p, rule) and k not in ("step", FORMAT_KEY) for k in map(str, saved)):
+            raise ValueError(f"{where} has keys {sorted(map(str, saved))} that a {name} ({rule.name} rule) does not "
+                             f"keep{origin}")
         saved_quantized = any(str(k).endswith("_codes") for k in saved)
         if saved_quantized or FORMAT_KEY in saved:
             fingerprint = saved.get(FORMAT_KEY)
@@ -474,9 +480,11 @@ def _foreign_origin(state_dict: dict[str, Any]) -> str:
     keys = set().union(*(g.keys() for g in groups)) if groups else set()
     states = [s for s in (state_dict.get("state") or {}).values() if isinstance(s, dict)]
     state_keys = set().union(*(s.keys() for s in states)) if states else set()
+    if keys & {"blocksize", "min_8bit_size"}:
+        return " (it looks like an Adam8bit/AdamW8bit/LowBitAdam checkpoint: they keep blocksize in each param group)"
     if keys & {"optim_bits", "percentile_clipping", "block_wise", "max_unorm", "is_paged"} or \
-            state_keys & {"state1", "qmap1", "absmax1"}:
-        return " (it looks like a bitsandbytes optimizer's or Adam8bit's checkpoint: other state keys and layouts)"
+            state_keys & {"state1", "qmap1", "absmax1", "__bnb_optimizer_quant_state__"}:
+        return " (it looks like a bitsandbytes optimizer's checkpoint: other state keys and layouts)"
     if keys & {"foreach", "differentiable", "maximize", "capturable"}:
         return " (it looks like a torch.optim checkpoint: fp32 states, no state format)"
     return ""
