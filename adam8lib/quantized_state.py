@@ -11,7 +11,9 @@
 * and a backend: here the reference step (``backend="torch"``, also what ``"auto"`` runs), the spec
   that fused steps must match.
 
-Each step, for every parameter with a gradient: decode each state to fp32 (codes times their block's
+The reference step works on whole tensors: fp32 temporaries of the parameter's size (its copy, each
+decoded state), as the reference step of the low-bit Adam formats does. Each step, for every parameter
+with a gradient: decode each state to fp32 (codes times their block's
 scale), run the rule, apply the non-finite rule (elementwise rules: an element whose new state is not
 finite has every state reset to 0 and its parameter left unchanged), write the parameter, encode each
 state again with fresh per-block scales (:meth:`QuantizedStateOptimizer.quantize`, the one hook a
@@ -288,10 +290,9 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                 state[key] = value.to(p.device)
         step = state["step"] + 1
         hyper = self.rule_group(rule, group)
-        old = p.detach().to(torch.float32, copy=True)
         values = {spec.name: self.decode(state, spec, p) for spec in rule.states}
         update = rule.update if self.quantized(p) else rule.update_unquantized
-        new = update(old.clone(), p.grad.detach().float(), values, step=step, group=hyper)
+        new = update(p.detach().to(torch.float32, copy=True), p.grad.detach().float(), values, step=step, group=hyper)
         if rule.elementwise:
             ok = None
             for x in values.values():
@@ -300,7 +301,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             if ok is not None and not bool(ok.all()):
                 for x in values.values():
                     x.masked_fill_(~ok, 0.0)
-                new = torch.where(ok, new, old)
+                new = torch.where(ok, new, p.detach().float())  # p itself is not written yet
         p.copy_(new)
         for spec in rule.states:
             self._encode(state, spec, values[spec.name], p)

@@ -4,7 +4,7 @@
 With bitsandbytes' CPU quantizer plugged into :meth:`QuantizedStateOptimizer.quantize` (the one rounding
 hook), ``Lion8bit``, ``AdEMAMix8bit`` (with and without the ``t_alpha``/``t_beta3`` warm-ups),
 ``RMSprop8bit``, ``Adagrad8bit`` and ``SGD8bit`` equal bitsandbytes' classes **bit for bit**, states and
-parameters, after many steps with weight decay, on a matrix of 70 x 61 = 4270 elements (not a multiple of
+parameters (fp32 or bf16), after many steps with weight decay, on a matrix of 70 x 61 = 4270 elements (not a multiple of
 the block of 256) and a bias of 61 elements (under ``min_8bit_size``: fp32 states in both). With the
 library's own coding (exact nearest code, keeping signs) the 8-bit states stay as close to the fp32 rule
 as bitsandbytes' do, or closer.
@@ -49,16 +49,17 @@ def _grads(steps=STEPS):
     return out
 
 
-def _params():
+def _params(dtype=torch.float32):
     gen = torch.Generator().manual_seed(3)
-    return [torch.nn.Parameter(torch.randn(70, 61, generator=gen)), torch.nn.Parameter(torch.randn(61, generator=gen))]
+    return [torch.nn.Parameter(torch.randn(70, 61, generator=gen).to(dtype)),
+            torch.nn.Parameter(torch.randn(61, generator=gen).to(dtype))]
 
 
-def _run(make, grads):
-    params = _params()
+def _run(make, grads, dtype=torch.float32):
+    params = _params(dtype)
     opt = make(params)
     for gw, gb in grads:
-        params[0].grad, params[1].grad = gw.clone(), gb.clone()
+        params[0].grad, params[1].grad = gw.to(dtype, copy=True), gb.to(dtype, copy=True)
         opt.step()
     return params, opt
 
@@ -86,16 +87,17 @@ def _bnb_key(state, key, row, suffix):
     return (value[row] if row is not None else value).reshape(-1)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("case", list(CASES))
-def test_equals_bitsandbytes_bit_for_bit_with_its_rounding(case):
+def test_equals_bitsandbytes_bit_for_bit_with_its_rounding(case, dtype):
     ours_cls, bnb_name, kwargs, keys = CASES[case]
-    grads = _grads()
-    ours, opt = _run(lambda ps: with_bnb_rounding(ours_cls)(ps, **kwargs), grads)
-    ref, bopt = _run(lambda ps: getattr(bnb.optim, bnb_name)(ps, **kwargs), grads)
+    grads = _grads(STEPS if dtype == torch.float32 else 15)
+    ours, opt = _run(lambda ps: with_bnb_rounding(ours_cls)(ps, **kwargs), grads, dtype)
+    ref, bopt = _run(lambda ps: getattr(bnb.optim, bnb_name)(ps, **kwargs), grads, dtype)
     for p, q in zip(ours, ref):
         assert torch.equal(p.detach(), q.detach()), (case, p.shape, (p - q).abs().max().item())
     s, b = opt.state[ours[0]], bopt.state[ref[0]]
-    assert s["step"] == b["step"] == STEPS
+    assert s["step"] == b["step"] == len(grads)
     for name, (key, row) in keys.items():
         assert torch.equal(s[name + "_codes"], _bnb_key(b, key, row, "codes")), (case, name)
         assert torch.equal(s[name + "_absmax"], _bnb_key(b, key, row, "absmax")), (case, name)
