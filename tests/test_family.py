@@ -296,3 +296,27 @@ def test_a_corrupt_checkpoint_is_refused():
     ckpt["state"][0]["exp_avg_slow_codes"] = ckpt["state"][0]["exp_avg_slow_codes"][:-1]
     with pytest.raises(ValueError, match="should be torch.uint8\\[4270\\]"):
         AdEMAMix8bit(_model()).load_state_dict(ckpt)
+
+
+# ------------------------------------------------------------------ memory
+def test_state_bytes_are_codes_plus_scales():
+    from _bnb import bnb
+
+    from adam8lib.memory import compute_optimizer_size
+
+    n = 256 * 64 + 100  # 16484 elements: 65 blocks of 256, 129 of 128
+    expected = {Lion8bit: n + 4 * 65, Lion4bit: n // 2 + 4 * 129, AdEMAMix8bit: 3 * n + 3 * 4 * 65,
+                RMSprop8bit: n + 4 * 65, Lion: 4 * n, AdEMAMix: 12 * n}
+    for cls, nbytes in expected.items():
+        p = torch.nn.Parameter(torch.zeros(n))
+        opt = cls([p])
+        p.grad = torch.ones(n)
+        opt.step()
+        mib, _ = compute_optimizer_size(opt.state.values())
+        assert mib * 2**20 == nbytes, cls
+    # bitsandbytes' Lion8bit keeps the same codes and scales, plus its 256-entry map (1 KiB)
+    p = torch.nn.Parameter(torch.zeros(n))
+    ref = bnb.optim.Lion8bit([p])
+    p.grad = torch.ones(n)
+    ref.step()
+    assert compute_optimizer_size(ref.state.values())[0] * 2**20 == n + 4 * 65 + 4 * 256
