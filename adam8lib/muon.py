@@ -4,8 +4,9 @@ Muon is not elementwise (:mod:`adam8lib.rules.muon`: momentum, then Newton-Schul
 the whole matrix), so it has no fused kernel: the core (:mod:`adam8lib.quantized_state`) decodes the
 momentum buffer, the rule runs in fp32 (the orthogonalization in bf16, as torch's), and the buffer is
 encoded again, blockwise (Gupta et al. 2025, "Effective Quantization of Muon Optimizer States": 8-bit
-blockwise momentum). With ``state_format="fp32"`` a 2-D parameter's step equals ``torch.optim.Muon``'s bit
-for bit (tests/test_muon.py).
+blockwise momentum). With ``state_format="fp32"`` a 2-D fp32 parameter's step equals ``torch.optim.Muon``'s bit
+for bit (tests/test_muon.py). (A bf16 parameter is updated in fp32 and rounded once; torch's Muon
+decays and updates it in bf16, two roundings.)
 
 **Which parameters Muon takes.** torch.optim.Muon accepts 2-D parameters only, and its documentation says
 that the others, "such as bias, and embedding, should be optimized by a standard method such as AdamW".

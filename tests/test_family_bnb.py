@@ -162,3 +162,20 @@ def test_own_rounding_is_as_close_to_the_fp32_rule_as_bitsandbytes(case):
         tiny = (truth.abs() < 1e-4 * absmax) & (truth != 0)
         assert tiny.sum() >= 100, (case, name, int(tiny.sum()))
         assert (mine - truth)[tiny].abs().mean() < (theirs - truth)[tiny].abs().mean(), (case, name)
+
+
+def test_arguments_and_defaults_are_bitsandbytes_but_two_of_sgd8bit():
+    import inspect
+
+    import adam8lib
+
+    for name in ("Lion8bit", "AdEMAMix8bit", "RMSprop8bit", "Adagrad8bit", "SGD8bit"):
+        ours = inspect.signature(getattr(adam8lib, name).__init__).parameters
+        theirs = inspect.signature(getattr(bnb.optim, name).__init__).parameters
+        missing = [k for k in theirs if k not in ours and k not in ("args", "optim_bits", "is_paged", "min_8bit_size")]
+        assert not missing, (name, missing)
+        differ = {k for k in ours if k in theirs and ours[k].default != theirs[k].default}
+        assert differ == ({"lr", "momentum"} if name == "SGD8bit" else set()), (name, differ)
+    ours = inspect.signature(adam8lib.Muon8bit.__init__).parameters
+    for k, v in inspect.signature(torch.optim.Muon.__init__).parameters.items():
+        assert k in ours and ours[k].default == v.default, k
