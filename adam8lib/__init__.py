@@ -8,6 +8,9 @@ Modules, in the order the course builds them:
 * :mod:`adam8lib.optim` — ``Adam8bit`` / ``AdamW8bit`` (07), stepping through
   :mod:`adam8lib.kernels` (reference PyTorch, Triton (08), fast CPU); ``Adam4bit``, ``AdamFp8``
   and bf16 weights with stochastic rounding (12), formats in :mod:`adam8lib.formats`
+* :mod:`adam8lib.family`, :mod:`adam8lib.muon` — ``Lion8bit``, ``AdEMAMix8bit``, ``RMSprop8bit``,
+  ``Adagrad8bit``, ``SGD8bit``, ``Muon8bit``: update rules (:mod:`adam8lib.rules`) on one quantized-state
+  core (:mod:`adam8lib.quantized_state`)
 * :mod:`adam8lib.memory` — estimated and measured optimizer memory (01, 09)
 * :mod:`adam8lib.training` — weight-decay groups and DistilBERT for fine-tuning (10)
 * :mod:`adam8lib.distributed` — FSDP2 shards (DTensor), checkpoints that reshard (11)
@@ -15,7 +18,9 @@ Modules, in the order the course builds them:
 
 from .adam import adam_step
 from .ema import adam_moments, bias_correction, ema_update
+from .family import AdEMAMix, AdEMAMix8bit, Adagrad8bit, Lion, Lion4bit, Lion8bit, RMSprop8bit, SGD8bit
 from .memory import compute_optimizer_size, estimate_optimizer_memory
+from .muon import Muon8bit
 from .optim import Adam4bit, Adam8bit, AdamFp8, AdamW4bit, AdamW8bit, AdamWFp8, LowBitAdam
 from .quant import (
     absmax_dequantize,
@@ -36,6 +41,15 @@ __all__ = [
     "AdamFp8",
     "AdamWFp8",
     "LowBitAdam",
+    "Lion",
+    "Lion8bit",
+    "Lion4bit",
+    "AdEMAMix",
+    "AdEMAMix8bit",
+    "RMSprop8bit",
+    "Adagrad8bit",
+    "SGD8bit",
+    "Muon8bit",
     "adam_step",
     "adam_moments",
     "bias_correction",

@@ -5,6 +5,10 @@ Each test puts ``Adam8bit``/``AdamW8bit`` (and ``Adam4bit``/``AdamW4bit``/``Adam
 torch.compile, deepcopy/pickle/torch.save, weights_only checkpoints) and checks the result
 against a reference: torch.optim.AdamW on the same data, or the same optimizer run plainly.
 
+The optimizer family of issue 35 (``Lion``, ``Lion8bit``, ``Lion4bit``, ``AdEMAMix8bit``, ``RMSprop8bit``,
+``Adagrad8bit``, ``SGD8bit``, ``Muon8bit``) goes through the same tests on its reference step; its twin is
+the same class with fp32 states (``state_format="fp32"``) instead of torch.optim.AdamW.
+
 Backends: ``torch`` (reference), ``cpu`` (C++ kernel, when it builds here) and ``triton`` in
 the interpreter (TRITON_INTERPRET=1, set by conftest.py without a GPU) on a small model.
 """
@@ -18,11 +22,15 @@ import pytest
 import torch
 from torch import nn
 
-from adam8lib import Adam4bit, Adam8bit, AdamW4bit, AdamW8bit, AdamWFp8, kernels
+from adam8lib import (AdEMAMix8bit, Adagrad8bit, Adam4bit, Adam8bit, AdamW4bit, AdamW8bit, AdamWFp8, Lion, Lion4bit,
+                      Lion8bit, Muon8bit, RMSprop8bit, SGD8bit, kernels)
+from adam8lib.quantized_state import QuantizedStateOptimizer
 
 CLASSES = [Adam8bit, AdamW8bit]
 #: The other state formats run the reference step only (lesson 12): the same conventions, backend "torch".
 OTHER_FORMATS = [Adam4bit, AdamW4bit, AdamWFp8]
+#: The family on the update-rule core (reference step only so far).
+FAMILY = [Lion, Lion8bit, Lion4bit, AdEMAMix8bit, RMSprop8bit, Adagrad8bit, SGD8bit, Muon8bit]
 
 
 def _cpu_backends():
@@ -37,7 +45,7 @@ def _cpu_backends():
 BACKENDS = _cpu_backends()
 
 
-@pytest.fixture(params=[(c, b) for c in CLASSES for b in BACKENDS] + [(c, "torch") for c in OTHER_FORMATS],
+@pytest.fixture(params=[(c, b) for c in CLASSES for b in BACKENDS] + [(c, "torch") for c in OTHER_FORMATS + FAMILY],
                 ids=lambda cb: f"{cb[0].__name__}-{cb[1]}")
 def make_opt(request):
     cls, backend = request.param
@@ -75,19 +83,27 @@ def train(model, opt, batches, sched=None):
 
 
 def twin_adamw(model, make_opt, **kwargs):
-    """torch.optim.AdamW with the same hyperparameters as ``make_opt`` would use."""
+    """torch.optim.AdamW with the same hyperparameters as ``make_opt`` would use (for the family: the
+    same class with fp32 states)."""
+    if issubclass(make_opt.cls, QuantizedStateOptimizer):
+        return make_opt.cls(model.parameters(), state_format="fp32", **kwargs)
     wd = inspect.signature(make_opt.cls.__init__).parameters["weight_decay"].default
     return torch.optim.AdamW(model.parameters(), weight_decay=kwargs.pop("weight_decay", wd), **kwargs)
 
 
 #: How far a parameter may drift from torch.optim.AdamW's, as a fraction of how far AdamW moved it:
 #: 8-bit states stay within ~1 % of the update (5 % allowed); 4-bit codes are 16 times coarser.
-TRACK_RTOL = {"8bit": 0.05, "fp8": 0.1, "4bit": 0.3}
+TRACK_RTOL = {"8bit": 0.05, "fp8": 0.1, "4bit": 0.3, "fp32": 0.0}
+#: Muon8bit on this 512-element matrix: Newton-Schulz (in bf16) of a momentum that differs by its 8-bit
+#: rounding lands 5-11 % (measured) of the distance travelled away from the fp32-state twin.
+TRACK_RTOL_MUON8BIT = 0.2
 
 
 def assert_tracks(ours, ref, start, rtol=None, opt=None):
     """Each parameter's distance from ``ref`` is a small fraction of how far ``ref`` moved
     (8-bit states: ~1 % of the update; fp32-state tensors much closer)."""
+    if rtol is None and isinstance(opt, QuantizedStateOptimizer):
+        rtol = TRACK_RTOL_MUON8BIT if isinstance(opt, Muon8bit) and opt.format else TRACK_RTOL[opt.format_name()]
     rtol = rtol if rtol is not None else TRACK_RTOL[opt.format.name if opt is not None else "8bit"]
     for p, q, s in zip(ours.parameters(), ref.parameters(), start.parameters()):
         moved = (q - s).norm()
@@ -153,6 +169,9 @@ def test_one_cycle_lr_cycles_beta1_like_torch(make_opt):
     model, ref = small_model(), small_model()
     start = copy.deepcopy(model)
     opt, ref_opt = make_opt(model.parameters(), lr=1e-2), twin_adamw(ref, make_opt, lr=1e-2)
+    key = "betas" if "betas" in opt.defaults else "momentum"
+    if key not in opt.defaults:
+        pytest.skip(f"{make_opt.cls.__name__} has no momentum for OneCycleLR to cycle")
     kw = dict(max_lr=1e-2, total_steps=8, cycle_momentum=True, base_momentum=0.8, max_momentum=0.95)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, **kw)
     ref_sched = torch.optim.lr_scheduler.OneCycleLR(ref_opt, **kw)
@@ -160,9 +179,9 @@ def test_one_cycle_lr_cycles_beta1_like_torch(make_opt):
     for batch in data(7):
         train(model, opt, [batch], sched)
         train(ref, ref_opt, [batch], ref_sched)
-        assert opt.param_groups[0]["betas"] == pytest.approx(ref_opt.param_groups[0]["betas"])
+        assert opt.param_groups[0][key] == pytest.approx(ref_opt.param_groups[0][key])
         assert opt.param_groups[0]["lr"] == pytest.approx(ref_opt.param_groups[0]["lr"])
-        beta1s.append(opt.param_groups[0]["betas"][0])
+        beta1s.append(opt.param_groups[0]["betas"][0] if key == "betas" else opt.param_groups[0][key])
     assert min(beta1s) < 0.85 < max(beta1s)  # beta1 really cycled
     assert_tracks(model, ref, start, opt=opt)
 
@@ -323,7 +342,10 @@ def test_copies_step_identically(make_opt, how):
         buffer.seek(0)
         model2, opt2 = torch.load(buffer, weights_only=False)
     assert type(opt2) is type(opt) and opt2.backend == opt.backend
-    assert torch.equal(opt2.qmap1, opt.qmap1) and torch.equal(opt2.qmap2, opt.qmap2)
+    if hasattr(opt, "qmap1"):
+        assert torch.equal(opt2.qmap1, opt.qmap1) and torch.equal(opt2.qmap2, opt.qmap2)
+    else:
+        assert opt2.format == opt.format and opt2.min_8bit_size == opt.min_8bit_size
     assert opt2.defaults == opt.defaults
     later = data(3, seed=7)
     train(model, opt, later)

@@ -1,0 +1,491 @@
+"""One optimizer for every update rule and every state format: decode each state, the rule in fp32, encode.
+
+:class:`QuantizedStateOptimizer` is the core of the optimizer family (issue 35). An optimizer is
+
+* an **update rule** (:mod:`adam8lib.rules`: the states it keeps, its hyper-parameters and their checks,
+  its step in fp32),
+* a **state format** for its states (:mod:`adam8lib.formats`: ``"8bit"``, ``"4bit"``, ``"4bit-naive"``,
+  ``"fp8"``; or :data:`FP32`, plain fp32 tensors). A format has two moment formats, ``m`` (signed) and
+  ``v`` (never negative); each state of the rule names the one that stores it
+  (:attr:`adam8lib.rules.base.StateSpec.stored_as`). The 8-bit format is data like the others.
+* and a backend: here the reference step (``backend="torch"``, also what ``"auto"`` runs), the spec
+  that fused steps must match.
+
+The reference step works on whole tensors: fp32 temporaries of the parameter's size (its copy, each
+decoded state), as the reference step of the low-bit Adam formats does. Each step, for every parameter
+with a gradient: decode each state to fp32 (codes times their block's
+scale), run the rule, apply the non-finite rule (elementwise rules: an element whose new state is not
+finite has every state reset to 0 and its parameter left unchanged), write the parameter, encode each
+state again with fresh per-block scales (:meth:`QuantizedStateOptimizer.quantize`, the one hook a
+test or an experiment overrides to plug in another rounding, e.g. bitsandbytes' CPU quantizer).
+
+**Where things live.** The block size is the optimizer's: ``blocksize`` sets it in the format
+(:attr:`format`), the one place a step reads it; param groups do not hold it (a group that sets
+``blocksize`` or ``min_8bit_size`` is refused, in the constructor, ``add_param_group`` and ``step``).
+Tensors with fewer than ``min_8bit_size`` elements keep fp32 states (as bitsandbytes: 4096).
+
+**State keys.** A state stored in fp32 is ``state[name]`` (the parameter's shape); a quantized one is
+``state[name + "_codes"]`` (flat uint8 codes, two 4-bit codes per byte for 4-bit formats) and
+``state[name + "_absmax"]`` (flat fp32 scales), plus ``state["step"]`` (a Python int). ``state_dict()``
+adds :data:`FORMAT_KEY` to every state with quantized entries: the format's name and fingerprint (maps,
+bits, block size, sign rule), so a checkpoint loads only where its codes decode to the same values,
+and a refusal names both formats as users write them (``'8bit'``, ``'4bit'``).
+
+**A step that raises changes nothing**: every group's hyper-parameters, every parameter and gradient
+(dtype, shape, device, layout) are checked before the first state or parameter is touched, and the
+step counters move only with the update.
+
+As a ``torch.optim.Optimizer``: ``zero_grad``, closures, LR schedulers, state-dict hooks
+(``load_state_dict`` runs the pre-hooks on the checkpoint and the post-hooks after it is in place),
+``copy.deepcopy``/pickle, ``torch.compile`` (the step runs eagerly: one graph break). Flags of torch's
+optimizers it does not implement (``maximize``, ``foreach``, ``fused``, ``capturable``,
+``differentiable``) are refused unless false. Not yet (later work of issue 35): fused C++/Triton steps
+of these rules, stochastic rounding, FSDP2 (DTensor) parameters (refused with a TypeError).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any, Iterable
+
+import torch
+
+from .formats import MomentFormat, StateFormat, get_format
+from .kernels import run_eagerly
+from .kernels.contract import PARAM_DTYPES, check_plain_tensor, is_usual_tensor
+from .quant import check_blocksize
+from .rules.base import StateSpec, UpdateRule
+
+__all__ = ["QuantizedStateOptimizer", "FP32", "FORMAT_KEY", "TORCH_FLAGS"]
+
+#: The state format of plain fp32 states (no codes, no scales).
+FP32 = "fp32"
+#: The key, in a saved state with quantized entries, of the format its codes are in.
+FORMAT_KEY = "state_format"
+#: torch.optim flags these optimizers do not implement, with what to do instead.
+TORCH_FLAGS = {
+    "maximize": "negate the loss instead",
+    "foreach": "the reference step has its own loop; drop the flag",
+    "fused": "fused steps of these rules are not written yet; drop the flag",
+    "capturable": "CUDA-graph capture is not supported",
+    "differentiable": "the quantized step is not differentiable",
+}
+#: Settings of the whole optimizer, refused in a param group (they have one place: the optimizer).
+OPTIMIZER_LEVEL = ("blocksize", "min_8bit_size")
+BACKENDS = ("auto", "torch")
+
+
+class QuantizedStateOptimizer(torch.optim.Optimizer):
+    """An update rule with its states in a state format (see the module docstring).
+
+    Subclasses set :attr:`rule` and :attr:`state_format` and give ``defaults`` (the rule's
+    hyper-parameters) to ``__init__``; :meth:`rule_for` may pick another rule per parameter.
+
+    Args:
+        params: parameters or param groups.
+        defaults: every hyper-parameter of the rule(s), as torch.optim's ``defaults``.
+        state_format: ``"8bit"``, ``"4bit"``, ``"4bit-naive"``, ``"fp8"``, ``"fp32"`` or a
+            :class:`~adam8lib.formats.StateFormat`; ``None``: the class's.
+        blocksize: elements per scale block (a power of two in 64...4096); ``None``: the format's.
+        min_8bit_size: tensors with fewer elements keep fp32 states.
+        backend: ``"auto"`` or ``"torch"`` (the reference step; the only one so far).
+    """
+
+    rule: UpdateRule
+    state_format: str = "8bit"
+
+    def __init__(self, params: Iterable[Any], defaults: dict[str, Any], *,
+                 state_format: str | StateFormat | None = None, blocksize: int | None = None,
+                 min_8bit_size: int = 4096, backend: str = "auto", **torch_flags: Any) -> None:
+        name = type(self).__name__
+        for key, value in torch_flags.items():
+            if key not in TORCH_FLAGS:
+                raise TypeError(f"{name}.__init__() got an unexpected keyword argument {key!r}")
+            if value:
+                raise ValueError(f"{key}={value!r} is not supported by {name}: {TORCH_FLAGS[key]}")
+        if backend not in BACKENDS:
+            raise ValueError(f"{name} has the reference step only so far: backend must be one of {BACKENDS}, "
+                             f"got {backend!r}")
+        wanted = type(self).state_format if state_format is None else state_format
+        if wanted == FP32:
+            if blocksize is not None:
+                raise ValueError(f"blocksize={blocksize!r} means nothing with state_format='fp32' (no blocks)")
+            fmt = None
+        else:
+            fmt = get_format(wanted)
+            if blocksize is not None:
+                fmt = fmt.with_blocksize(check_blocksize(blocksize))
+        if isinstance(min_8bit_size, bool) or not isinstance(min_8bit_size, int) or min_8bit_size < 0:
+            raise ValueError(f"Invalid min_8bit_size: {min_8bit_size!r} (must be an int >= 0)")
+        self.format: StateFormat | None = fmt
+        self.min_8bit_size = min_8bit_size
+        self.backend = backend
+        super().__init__(params, defaults)
+
+    # ------------------------------------------------------------------ groups and rules
+    def rule_for(self, p: torch.Tensor, group: dict[str, Any]) -> UpdateRule:
+        """The rule that steps ``p`` (every parameter: :attr:`rule`; Muon8bit picks per shape)."""
+        return self.rule
+
+    def rule_group(self, rule: UpdateRule, group: dict[str, Any]) -> dict[str, Any]:
+        """The hyper-parameters ``rule`` reads, by its own names (default: the group itself)."""
+        return group
+
+    def group_rules(self, group: dict[str, Any]) -> list[UpdateRule]:
+        """The rules whose hyper-parameters a group must satisfy."""
+        return [self.rule]
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        try:
+            self._check_group(group, f"param group {len(self.param_groups) - 1}")
+            for p in group["params"]:
+                if p.dtype not in PARAM_DTYPES:
+                    raise TypeError(f"{type(self).__name__} supports fp32, bf16 and fp16 parameters; got one of "
+                                    f"shape {tuple(p.shape)} with dtype {p.dtype}")
+                self.rule_for(p, group)
+        except (ValueError, TypeError):
+            self.param_groups.pop()
+            raise
+
+    def _check_group(self, group: dict[str, Any], where: str) -> None:
+        for key in OPTIMIZER_LEVEL:
+            if key in group:
+                raise ValueError(f"{where} sets {key!r}: it is a setting of the whole {type(self).__name__} "
+                                 f"(its constructor's argument), not of a param group")
+        for key, instead in TORCH_FLAGS.items():
+            if group.get(key):
+                raise ValueError(f"{key}={group[key]!r} is not supported by {type(self).__name__} ({where}): {instead}")
+        for key in ("betas", "ns_coefficients", "adamw_betas"):
+            if isinstance(group.get(key), list):
+                group[key] = tuple(group[key])
+        for rule in self.group_rules(group):
+            try:
+                rule.check(self.rule_group(rule, group))
+            except (ValueError, TypeError) as exc:
+                raise type(exc)(f"{exc} ({where})") from None
+
+    # ------------------------------------------------------------------ states
+    def quantized(self, p: torch.Tensor) -> bool:
+        """Whether ``p``'s states are stored in :attr:`format` (else in fp32)."""
+        return self.format is not None and p.numel() >= self.min_8bit_size
+
+    def moment(self, spec: StateSpec) -> MomentFormat:
+        return self.format.m if spec.stored_as == "m" else self.format.v
+
+    def expected_state(self, p: torch.Tensor, rule: UpdateRule) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """``{key: (shape, dtype)}`` of every tensor of ``p``'s state."""
+        out = {}
+        shape = tuple(p.shape)
+        for spec in rule.states:
+            if self.quantized(p):
+                fmt = self.moment(spec)
+                out[spec.name + "_codes"] = ((fmt.codes_numel(p.numel()),), fmt.code_dtype)
+                out[spec.name + "_absmax"] = ((fmt.scales_numel(shape),), torch.float32)
+            else:
+                out[spec.name] = (shape, torch.float32)
+        return out
+
+    def _new_state(self, p: torch.Tensor, rule: UpdateRule) -> dict[str, Any]:
+        state: dict[str, Any] = {"step": 0}
+        for spec in rule.states:
+            if self.quantized(p):
+                fmt = self.moment(spec)
+                state[spec.name + "_codes"] = torch.full((fmt.codes_numel(p.numel()),), fmt.zero_code(),
+                                                         dtype=fmt.code_dtype, device=p.device)
+                state[spec.name + "_absmax"] = torch.zeros((fmt.scales_numel(tuple(p.shape)),),
+                                                           dtype=torch.float32, device=p.device)
+            else:
+                state[spec.name] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
+        return state
+
+    def decode(self, state: dict[str, Any], spec: StateSpec, p: torch.Tensor) -> torch.Tensor:
+        """The fp32 values of one state, in ``p``'s shape (an fp32 state: the stored tensor itself)."""
+        if spec.name in state:
+            return state[spec.name]
+        values = self.moment(spec).dequantize(state[spec.name + "_codes"], state[spec.name + "_absmax"],
+                                              tuple(p.shape))
+        return values.view(p.shape)
+
+    def quantize(self, spec: StateSpec, x: torch.Tensor, fmt: MomentFormat,
+                 shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(codes, scales)`` of the flat fp32 values ``x`` of one state: the format's own coding. The
+        hook to plug another rounding into (tests/test_family_bnb.py plugs in bitsandbytes')."""
+        return fmt.quantize(x, shape)
+
+    def _encode(self, state: dict[str, Any], spec: StateSpec, x: torch.Tensor, p: torch.Tensor) -> None:
+        if spec.name in state:
+            return  # fp32: updated in place
+        codes, scales = self.quantize(spec, x.reshape(-1), self.moment(spec), tuple(p.shape))
+        state[spec.name + "_codes"].copy_(codes.reshape(-1))
+        state[spec.name + "_absmax"].copy_(scales.reshape(-1))
+
+    # ------------------------------------------------------------------ step
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One step. Checks every group, parameter and gradient first: a step that raises changes nothing."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._check_and_update()
+        return loss
+
+    @run_eagerly
+    def _check_and_update(self) -> None:
+        work = []
+        for gi, group in enumerate(self.param_groups):
+            self._check_group(group, f"param group {gi}")
+            for pi, p in enumerate(group["params"]):
+                if p.grad is None:
+                    continue
+                self._check_param_and_grad(p, p.grad, f"parameter {pi} of group {gi} (shape {tuple(p.shape)})")
+                rule = self.rule_for(p, group)
+                if self.state[p]:
+                    self._check_live_state(p, rule, f"the state of parameter {pi} of group {gi}")
+                work.append((group, p, rule))
+        for group, p, rule in work:
+            self._update(group, p, rule)
+
+    def _check_param_and_grad(self, p: torch.Tensor, grad: torch.Tensor, where: str) -> None:
+        if (is_usual_tensor(p) and is_usual_tensor(grad) and p.dtype in PARAM_DTYPES and grad.dtype in PARAM_DTYPES
+                and grad.shape == p.shape and grad.device == p.device):
+            return
+        name = type(self).__name__
+        if getattr(grad, "is_sparse", False) or getattr(grad, "layout", torch.strided) != torch.strided:
+            raise RuntimeError(f"{name} does not support sparse gradients: {where}")
+        if p.is_complex() or grad.is_complex():
+            raise RuntimeError(f"{name} does not support complex parameters or gradients: {where}")
+        for t, what in ((p, where), (grad, f"the gradient of {where}")):
+            if _is_dtensor(t):
+                raise TypeError(f"{what} is a DTensor (FSDP2): {name} does not support sharded parameters yet")
+            check_plain_tensor(t, what)
+        if p.dtype not in PARAM_DTYPES:
+            raise TypeError(f"{where} must be fp32, bf16 or fp16, got {p.dtype}")
+        if grad.dtype not in PARAM_DTYPES:
+            raise TypeError(f"the gradient of {where} must be fp32, bf16 or fp16, got {grad.dtype}")
+        if grad.shape != p.shape:
+            raise ValueError(f"gradient shape {tuple(grad.shape)} does not match {where}")
+        if grad.device != p.device:
+            raise ValueError(f"the gradient of {where} is on {grad.device}, the parameter on {p.device}")
+
+    def _check_live_state(self, p: torch.Tensor, rule: UpdateRule, where: str) -> None:
+        """The state a step is about to read has the keys and sizes this optimizer and rule expect."""
+        state = self.state[p]
+        for key, (shape, dtype) in self.expected_state(p, rule).items():
+            value = state.get(key)
+            if not torch.is_tensor(value) or value.dtype != dtype or value.numel() != math.prod(shape):
+                raise ValueError(f"{where} has no {dtype} {key!r} of {math.prod(shape)} elements: it was not made "
+                                 f"by this {type(self).__name__} (state format {self.format_name()!r}, "
+                                 f"min_8bit_size {self.min_8bit_size})")
+
+    def _update(self, group: dict[str, Any], p: torch.Tensor, rule: UpdateRule) -> None:
+        state = self.state[p]
+        if not state:
+            state.update(self._new_state(p, rule))
+        for key, value in state.items():
+            if torch.is_tensor(value) and value.device != p.device:  # the model moved after the states were made
+                state[key] = value.to(p.device)
+        step = state["step"] + 1
+        hyper = self.rule_group(rule, group)
+        values = {spec.name: self.decode(state, spec, p) for spec in rule.states}
+        update = rule.update if self.quantized(p) else rule.update_unquantized
+        new = update(p.detach().to(torch.float32, copy=True), p.grad.detach().float(), values, step=step, group=hyper)
+        if rule.elementwise:
+            ok = None
+            for x in values.values():
+                finite = torch.isfinite(x)
+                ok = finite if ok is None else ok & finite
+            if ok is not None and not bool(ok.all()):
+                for x in values.values():
+                    x.masked_fill_(~ok, 0.0)
+                new = torch.where(ok, new, p.detach().float())  # p itself is not written yet
+        p.copy_(new)
+        for spec in rule.states:
+            self._encode(state, spec, values[spec.name], p)
+        state["step"] = step
+
+    # ------------------------------------------------------------------ copy / pickle
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.update(format=self.format, min_8bit_size=self.min_8bit_size, backend=self.backend)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        self.format = state.pop("format", None)
+        self.min_8bit_size = state.pop("min_8bit_size", 4096)
+        self.backend = state.pop("backend", "auto")
+        super().__setstate__(state)
+        self.defaults.pop("differentiable", None)
+
+    def format_name(self) -> str:
+        return FP32 if self.format is None else self.format.name
+
+    def format_fingerprint(self) -> str:
+        return f"{self.format.name}:{self.format.m.fingerprint()}|{self.format.v.fingerprint()}"
+
+    def __repr__(self) -> str:
+        blocks = "" if self.format is None else f", blocks of {self.format.m.blocksize}"
+        return super().__repr__().replace(
+            type(self).__name__ + " (", f"{type(self).__name__} (state format: {self.format_name()}{blocks}", 1)
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """As torch.optim; every state with quantized entries also carries :data:`FORMAT_KEY`."""
+        sd = super().state_dict()
+        if self.format is not None:
+            for index, saved in sd["state"].items():
+                if any(str(k).endswith("_codes") for k in saved):
+                    sd["state"][index] = {**saved, FORMAT_KEY: self.format_fingerprint()}
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a checkpoint of this class, keeping codes and fp32 scales as they are. Everything is
+        checked first: a checkpoint of another optimizer, format or size raises ValueError naming the
+        problem and leaves this optimizer as it was. Runs torch's load-state-dict hooks."""
+        if not isinstance(state_dict, dict):
+            raise ValueError(f"state_dict must be a dict from Optimizer.state_dict(), got {type(state_dict).__name__}")
+        state_dict = state_dict.copy()
+        for hook in self._optimizer_load_state_dict_pre_hooks.values():
+            result = hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        groups, state = self._checked_checkpoint(state_dict)
+        self.param_groups = groups
+        self.state = defaultdict(dict, state)
+        for hook in self._optimizer_load_state_dict_post_hooks.values():
+            hook(self)
+
+    def _checked_checkpoint(self, state_dict: dict[str, Any]):
+        name = type(self).__name__
+        if "state" not in state_dict or "param_groups" not in state_dict:
+            raise ValueError("state_dict must have 'state' and 'param_groups' (from Optimizer.state_dict())")
+        saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]
+        if not isinstance(saved_groups, (list, tuple)) or not isinstance(saved_state, dict):
+            raise ValueError("state_dict['param_groups'] must be a list and state_dict['state'] a dict")
+        origin = _foreign_origin(state_dict)
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(f"the checkpoint has {len(saved_groups)} parameter groups, this {name} has "
+                             f"{len(self.param_groups)}{origin}")
+        new_groups, by_id = [], {}
+        for gi, (current, saved) in enumerate(zip(self.param_groups, saved_groups)):
+            where = f"param group {gi} of the checkpoint"
+            if not isinstance(saved, dict) or not isinstance(saved.get("params"), (list, tuple)):
+                raise ValueError(f"{where} must be a dict with a 'params' list")
+            if any(k in saved for k in OPTIMIZER_LEVEL):
+                raise ValueError(f"{where} sets {', '.join(repr(k) for k in OPTIMIZER_LEVEL if k in saved)}: not a "
+                                 f"{name} checkpoint{origin}")
+            missing = [k for k in self.defaults if k not in saved]
+            if missing:
+                raise ValueError(f"{where} has no {', '.join(map(repr, missing))}: not a {name} checkpoint{origin}")
+            if len(saved["params"]) != len(current["params"]):
+                raise ValueError(f"{where} has {len(saved['params'])} parameters, this {name}'s group has "
+                                 f"{len(current['params'])}")
+            group = {k: v for k, v in saved.items() if k != "params"}
+            group["params"] = current["params"]
+            if "param_names" in current and "param_names" not in group:
+                group["param_names"] = current["param_names"]
+            self._check_group(group, where)
+            new_groups.append(group)
+            for pid, p in zip(saved["params"], current["params"]):
+                by_id[pid] = (p, group)
+        new_state = {}
+        for pid, saved in saved_state.items():
+            if pid not in by_id:
+                raise ValueError(f"the checkpoint has a state for unknown parameter id {pid!r}")
+            p, group = by_id[pid]
+            where = f"the state of parameter {pid!r} (shape {tuple(p.shape)}) in the checkpoint"
+            new_state[p] = self._checked_state(p, self.rule_for(p, group), saved, where, origin)
+        return new_groups, new_state
+
+    def _checked_state(self, p: torch.Tensor, rule: UpdateRule, saved: Any, where: str, origin: str) -> dict:
+        name = type(self).__name__
+        if not isinstance(saved, dict):
+            raise ValueError(f"{where} must be a dict, got {type(saved).__name__}")
+        if origin and any(k not in self.expected_state(p, rule) and k not in ("step", FORMAT_KEY) for k in map(str, saved)):
+            raise ValueError(f"{where} has keys {sorted(map(str, saved))} that a {name} ({rule.name} rule) does not "
+                             f"keep{origin}")
+        saved_quantized = any(str(k).endswith("_codes") for k in saved)
+        if saved_quantized or FORMAT_KEY in saved:
+            fingerprint = saved.get(FORMAT_KEY)
+            if self.format is None or fingerprint != self.format_fingerprint():
+                theirs = _describe_fingerprint(fingerprint)
+                raise ValueError(f"{where} was saved with states in format {theirs}; this {name} stores "
+                                 f"{self._describe_own(p)}: decoded in this format, every state would change. "
+                                 f"Load it into an optimizer with the state format (and blocksize) that saved it.")
+        elif self.quantized(p):
+            raise ValueError(f"{where} has fp32 states; this {name} stores this parameter's states in format "
+                             f"{self.format_name()!r} (min_8bit_size {self.min_8bit_size}){origin}")
+        expected = self.expected_state(p, rule)
+        unknown = sorted(set(map(str, saved)) - set(expected) - {"step", FORMAT_KEY})
+        if unknown:
+            raise ValueError(f"{where} has keys {unknown} that a {name} ({rule.name} rule) does not keep{origin}")
+        step = saved.get("step")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            got = f"a tensor ({step.dtype})" if torch.is_tensor(step) else repr(step)
+            raise ValueError(f"{where}: 'step' must be a Python int >= 0, got {got}{origin}")
+        out: dict[str, Any] = {"step": step}
+        for key, (shape, dtype) in expected.items():
+            value = saved.get(key)
+            if not torch.is_tensor(value):
+                raise ValueError(f"{where} has no {key!r} tensor (got {type(value).__name__}){origin}")
+            try:
+                check_plain_tensor(value, f"{where}: {key!r}")
+            except TypeError as exc:
+                raise ValueError(str(exc)) from None
+            if value.dtype != dtype or value.numel() != math.prod(shape):
+                raise ValueError(f"{where}: {key!r} should be {dtype}[{math.prod(shape)}], got "
+                                 f"{value.dtype}[{value.numel()}]{origin}")
+            if key.endswith("_codes"):
+                spec = next(s for s in rule.states if s.name + "_codes" == key)
+                if not self.moment(spec).codes_are_valid(value):
+                    raise ValueError(f"{where}: {key!r} has codes that decode to NaN (a corrupt checkpoint)")
+            elif not bool(torch.isfinite(value).all()):
+                raise ValueError(f"{where}: {key!r} has NaN or Inf values (a corrupt checkpoint)")
+            elif key.endswith("_absmax") and bool((value < 0).any()):
+                raise ValueError(f"{where}: {key!r} has negative scales (a corrupt checkpoint)")
+            out[key] = value.detach().to(p.device).reshape(shape).clone(memory_format=torch.contiguous_format)
+        return out
+
+    def _describe_own(self, p: torch.Tensor) -> str:
+        if not self.quantized(p):
+            return f"fp32 states for it (state format {self.format_name()!r}, min_8bit_size {self.min_8bit_size})"
+        return f"{self.format.name!r} (blocks of {self.format.m.blocksize})"
+
+
+def _is_dtensor(t: object) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch built without distributed
+        return False
+    return isinstance(t, DTensor)
+
+
+def _describe_fingerprint(fingerprint: Any) -> str:
+    """``'8bit' (blocks of 256)`` from a saved :data:`FORMAT_KEY` (or what is wrong with it)."""
+    if fingerprint is None:
+        return f"unknown (no {FORMAT_KEY!r})"
+    if not isinstance(fingerprint, str) or ":" not in fingerprint:
+        return f"unknown ({FORMAT_KEY!r} is {fingerprint!r})"
+    name, rest = fingerprint.split(":", 1)
+    blocks = [part[1:] for part in rest.split("/") if part.startswith("b") and part[1:].isdigit()]
+    return f"{name!r}" + (f" (blocks of {blocks[0]})" if blocks else "")
+
+
+def _foreign_origin(state_dict: dict[str, Any]) -> str:
+    """A hint naming the optimizer a foreign checkpoint probably comes from ('' if none)."""
+    groups = [g for g in state_dict.get("param_groups") or [] if isinstance(g, dict)]
+    keys = set().union(*(g.keys() for g in groups)) if groups else set()
+    states = [s for s in (state_dict.get("state") or {}).values() if isinstance(s, dict)]
+    state_keys = set().union(*(s.keys() for s in states)) if states else set()
+    if keys & {"blocksize", "min_8bit_size"}:
+        return " (it looks like an Adam8bit/AdamW8bit/LowBitAdam checkpoint: they keep blocksize in each param group)"
+    if keys & {"optim_bits", "percentile_clipping", "block_wise", "max_unorm", "is_paged"} or \
+            state_keys & {"state1", "qmap1", "absmax1", "__bnb_optimizer_quant_state__"}:
+        return " (it looks like a bitsandbytes optimizer's checkpoint: other state keys and layouts)"
+    if keys & {"foreach", "differentiable", "maximize", "capturable"}:
+        return " (it looks like a torch.optim checkpoint: fp32 states, no state format)"
+    return ""

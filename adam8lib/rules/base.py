@@ -1,0 +1,114 @@
+"""What an update rule is: the states it keeps, its hyper-parameters, and one fp32 step (issue 35).
+
+An optimizer of the family is an **update rule** (this module and its neighbours) x a **state format**
+per state (:mod:`adam8lib.formats`: 8-bit, 4-bit, FP8, or plain fp32) x a backend (here the reference
+step, :mod:`adam8lib.quantized_state`). The rule knows nothing about quantization: it is handed fp32
+copies of the parameter and the gradient and the fp32 values of its states, updates the states in
+place and returns the new fp32 parameter. The optimizer decodes the states before and encodes them
+after, so the same rule runs with fp32 states (``Lion``), 8-bit ones (``Lion8bit``) or 4-bit ones
+(``Lion4bit``).
+
+A :class:`StateSpec` names a state and says which of a state format's two moment formats stores it:
+``"m"`` (signed: the signed dynamic map in 8 bits) or ``"v"`` (never negative: the unsigned map).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping
+
+import torch
+
+__all__ = ["StateSpec", "UpdateRule", "check_number", "check_beta", "check_int"]
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """One state of a rule: its key in the optimizer's state, and the moment format that stores it
+    (``"m"``: the state format's signed one, ``"v"``: its one for values that are never negative)."""
+
+    name: str
+    stored_as: str = "m"
+
+    def __post_init__(self) -> None:
+        if self.stored_as not in ("m", "v"):
+            raise ValueError(f"StateSpec.stored_as must be 'm' or 'v', got {self.stored_as!r}")
+
+
+class UpdateRule:
+    """An optimizer's update in fp32, and nothing else.
+
+    Subclasses set :attr:`name`, :attr:`states` and :attr:`hyperparameters` (the param-group keys it
+    reads, with their defaults), and write :meth:`check` (raise ValueError/TypeError naming the bad
+    argument) and :meth:`update`. ``elementwise`` rules (every element's new values depend on that
+    element alone) get the optimizer's non-finite rule for free: an element whose new state is not
+    finite has its states reset to 0 and its parameter left unchanged. A rule that is not
+    elementwise (Muon's orthogonalization) must keep non-finite values out of its other elements itself.
+    """
+
+    name: ClassVar[str] = ""
+    states: ClassVar[tuple[StateSpec, ...]] = ()
+    hyperparameters: ClassVar[dict[str, Any]] = {}
+    elementwise: ClassVar[bool] = True
+
+    def check(self, group: Mapping[str, Any]) -> None:
+        """ValueError/TypeError naming the argument if a group's hyper-parameters are invalid."""
+        raise NotImplementedError
+
+    def update(self, p: torch.Tensor, g: torch.Tensor, states: dict[str, torch.Tensor], *, step: int,
+               group: Mapping[str, Any]) -> torch.Tensor:
+        """One step: ``p`` and ``g`` are fp32 tensors of the parameter's shape (``p`` a copy the rule
+        may change), ``states`` the fp32 values of :attr:`states` by name (updated in place);
+        ``step`` counts from 1. Returns the new fp32 parameter. ``g`` may be the gradient itself: never
+        change it in place."""
+        raise NotImplementedError
+
+    def update_unquantized(self, p: torch.Tensor, g: torch.Tensor, states: dict[str, torch.Tensor], *, step: int,
+                           group: Mapping[str, Any]) -> torch.Tensor:
+        """:meth:`update` for a parameter whose states are kept in fp32 (the same maths). A rule overrides
+        it only where its reference rounds that case differently: bitsandbytes' 32-bit CPU step orders
+        a few operations otherwise than its 8-bit one (Lion, RMSprop, Adagrad)."""
+        return self.update(p, g, states, step=step, group=group)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other)
+
+    def __hash__(self) -> int:
+        return hash(type(self))
+
+
+def check_number(value: Any, name: str, *, minimum: float = 0.0, strict: bool = False) -> None:
+    """A real number (not a bool) >= ``minimum`` (> with ``strict``), finite."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    if not math.isfinite(value) or (value <= minimum if strict else value < minimum):
+        raise ValueError(f"Invalid {name}: {value!r} (must be {'>' if strict else '>='} {minimum})")
+
+
+def check_beta(value: Any, name: str, *, allow_one: bool = False) -> None:
+    """A decay rate in [0, 1) (or [0, 1] with ``allow_one``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    if not (0.0 <= value <= 1.0 if allow_one else 0.0 <= value < 1.0):
+        raise ValueError(f"Invalid {name}: {value!r} (must be in [0, {'1]' if allow_one else '1)'})")
+
+
+def check_int(value: Any, name: str, *, minimum: int = 1, optional: bool = False) -> None:
+    """An int (not a bool) >= ``minimum``; ``None`` too with ``optional``."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int{' or None' if optional else ''}, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"Invalid {name}: {value!r} (must be >= {minimum})")
+
+
+def check_betas(betas: Any, count: int, name: str = "betas") -> None:
+    if not isinstance(betas, (tuple, list)) or len(betas) != count:
+        raise ValueError(f"{name} must be a tuple of {count} floats, got {betas!r}")
+    for i, beta in enumerate(betas):
+        check_beta(beta, f"beta parameter at index {i} of {name}")
