@@ -92,14 +92,14 @@ QUESTIONS: dict[str, Question] = {
     # 00 · tour
     "00.a": Question(8, rel_tol=0),
     "00.b": Question("c", choices="abcd"),
-    "00.c": Question(2.0, rel_tol=0.05, shown="≈ 2.03 (2 bytes of codes + 8/256 of fp32 scales)"),
+    "00.c": Question(2 + 8 / 256, rel_tol=0.02, shown="≈ 2.03 (2 bytes of codes + 8/256 of fp32 scales)"),
     # 01 · optimizer memory
     "01.a": Question(16 * DISTILBERT / MiB, rel_tol=0.005, shown="1003.8 MiB (16 bytes per parameter: 4 + 4 + 8)"),
     "01.b": Question(768 * 8, rel_tol=0, shown="6,144 bytes (fp32 m and v: below min_8bit_size, 768 is not quantized)"),
-    "01.c": Question(8 / (2 + 8 / 256), rel_tol=0.03, shown="≈ 3.9 (8 / 2.03)"),
+    "01.c": Question(8 / (2 + 8 / 256), rel_tol=0.01, shown="≈ 3.9 (8 / 2.03)"),
     # 02 · EMA
     "02.a": Question(0.1, rel_tol=1e-6),
-    "02.b": Question(0.1 / math.sqrt(0.001), rel_tol=0.01, shown="3.16 (0.1 / √0.001: too large, not too small)"),
+    "02.b": Question(0.1 / math.sqrt(0.001), rel_tol=0.02, shown="3.16 (0.1 / √0.001: too large, not too small)"),
     "02.c": Question(1000, rel_tol=0.01),
     # 03 · the Adam rule
     "03.a": Question(1.0, rel_tol=1e-3, shown="1 (the first step moves each weight by lr)"),
