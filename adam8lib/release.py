@@ -55,6 +55,9 @@ class GradientReleasedError(RuntimeError):
 #: The live handles; ``clip_grad_norm_`` is guarded while there is one.
 _LIVE: "weakref.WeakSet[ReleaseHandle]" = weakref.WeakSet()
 _ORIGINAL_CLIP = None
+#: Called with each parameter whose gradient is complete, before it is stepped and freed
+#: (:class:`adam8lib.memory_tracker.MemoryTracker` names the gradient there).
+_OBSERVERS: list = []
 
 
 class ReleaseHandle:
@@ -77,6 +80,8 @@ class ReleaseHandle:
 
     # ------------------------------------------------------------------ hooks
     def _on_grad(self, p: torch.Tensor) -> None:
+        for observe in list(_OBSERVERS):
+            observe(p)
         key = id(p)
         self._counts[key] += 1
         if self._counts[key] < self.accumulate:
