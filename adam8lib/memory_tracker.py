@@ -252,7 +252,7 @@ class MemoryTracker(TorchDispatchMode):
                 record.died = index = self._event(str(func)) if index is None else index
                 del self._live[key]
                 self._new(storage, key, record.category, index, record.name)
-            elif record is None and key not in inputs:  # a new storage (not a view of an input)
+            elif record is None and key not in inputs and storage.nbytes():  # a new storage, not a view
                 index = self._event(str(func)) if index is None else index
                 category = "activations" if self._phase == "forward" else "transient"
                 self._new(storage, key, category, index)
