@@ -219,3 +219,8 @@ def test_small_distilbert_rows_equal_their_bytes(row):
     else:
         assert state < 2.5 * n  # 8-bit codes (the small model has more fp32-state tensors)
     assert t.peak("backward", BILL).largest_gradient[0] == "distilbert.embeddings.word_embeddings.weight"
+
+
+def test_exported_from_the_package():
+    import adam8lib
+    assert adam8lib.MemoryTracker is MemoryTracker and adam8lib.track_step is track_step
