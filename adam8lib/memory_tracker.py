@@ -49,7 +49,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -112,11 +112,22 @@ class MemoryTracker(TorchDispatchMode):
     Args:
         model_or_params: an ``nn.Module`` (its parameters get their names) or parameters.
         optimizer: the optimizer whose state is counted (optional).
+        also: more tensors that exist before the tracker starts, by category, e.g.
+            ``{"parameters": corrections}`` for the corrections of compressed master weights.
     """
 
     def __init__(self, model_or_params: torch.nn.Module | Iterable[torch.Tensor],
-                 optimizer: torch.optim.Optimizer | None = None) -> None:
+                 optimizer: torch.optim.Optimizer | None = None,
+                 also: Mapping[str, Iterable[torch.Tensor]] | None = None) -> None:
         super().__init__()
+        also = dict(also or {})
+        for category, tensors in list(also.items()):
+            if category not in _CAT:
+                raise ValueError(f"unknown category {category!r} in also; the categories are {CATEGORIES}")
+            also[category] = list(tensors)
+            if not all(isinstance(t, torch.Tensor) for t in also[category]):
+                raise TypeError(f"also[{category!r}] must hold tensors")
+        self.also = also
         if isinstance(model_or_params, torch.nn.Module):
             named = list(model_or_params.named_parameters())
         elif isinstance(model_or_params, torch.Tensor):
@@ -160,9 +171,12 @@ class MemoryTracker(TorchDispatchMode):
                 self._hooks.append(p.register_hook(functools_partial(self._incoming_gradient, name, p)))
                 self._hooks.append(p.register_post_accumulate_grad_hook(
                     functools_partial(self._accumulated_gradient, name)))
+        for category, tensors in self.also.items():
+            for t in tensors:
+                self._see(t, category)
         self._see_optimizer_state()
         if self.optimizer is not None:
-            self._hooks.append(self.optimizer.register_step_post_hook(lambda *_: self._see_optimizer_state()))
+            self._hooks.append(self.optimizer.register_step_post_hook(lambda *_: self._after_step()))
         from . import release
         release._OBSERVERS.append(self._accumulated_gradient_of)
         return super().__enter__()
@@ -277,6 +291,18 @@ class MemoryTracker(TorchDispatchMode):
                 self._accumulated_gradient(name, p)
                 return
 
+    def _after_step(self) -> None:
+        """After each ``optimizer.step()``: its new states, the gradients it stepped with (one set by
+        hand), and a parameter's new storage (a step that swaps ``p.data``, as
+        :class:`adam8lib.master_weights.CompressedMasterWeights` does)."""
+        if not self._active:
+            return
+        for name, p in self.named_params:
+            self._see(p, "parameters", name)
+            if p.grad is not None:
+                self._see(p.grad, "gradients", name)
+        self._see_optimizer_state()
+
     def _see_optimizer_state(self) -> None:
         if self.optimizer is None or not self._active:
             return
@@ -371,16 +397,18 @@ def functools_partial(fn: Callable, *args: Any) -> Callable:
 
 
 def track_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-               compute_loss: Callable[[], torch.Tensor]) -> MemoryTracker:
+               compute_loss: Callable[[], torch.Tensor],
+               also: Mapping[str, Iterable[torch.Tensor]] | None = None) -> MemoryTracker:
     """Track one training step: phase "forward" (``loss = compute_loss()``), "backward"
     (``loss.backward()``) and, unless the optimizer's gradients are released (the step happened inside
-    backward), "step" (``optimizer.step(); optimizer.zero_grad()``). Returns the tracker."""
+    backward), "step" (``optimizer.step(); optimizer.zero_grad()``). ``also``: as for
+    :class:`MemoryTracker`. Returns the tracker."""
     from .release import _LIVE
 
     if not callable(compute_loss):
         raise TypeError("compute_loss must be a callable that returns the loss")
     released = any(h.optimizer is optimizer and not h.removed for h in list(_LIVE))
-    tracker = MemoryTracker(model, optimizer)
+    tracker = MemoryTracker(model, optimizer, also)
     with tracker:
         with tracker.phase("forward"):
             loss = compute_loss()

@@ -224,3 +224,27 @@ def test_small_distilbert_rows_equal_their_bytes(row):
 def test_exported_from_the_package():
     import adam8lib
     assert adam8lib.MemoryTracker is MemoryTracker and adam8lib.track_step is track_step
+
+
+def test_extra_tensors_and_a_step_that_gives_a_parameter_new_storage():
+    """``also`` counts tensors made before the tracker (a correction beside each weight); a step that
+    swaps ``p.data`` for a new tensor (as compressed master weights do) leaves the parameters' bytes
+    where they were, the new storage counted as the parameter, the old one freed."""
+    p = nn.Parameter(torch.zeros(1000))
+    correction = torch.zeros(1000, dtype=torch.int8)
+    opt = torch.optim.SGD([p], lr=0.1)
+
+    def swap(*_):
+        p.data = p.detach().clone()
+    opt.register_step_post_hook(swap)
+    with pytest.raises(ValueError, match="unknown category 'weights'"):
+        MemoryTracker([p], opt, also={"weights": [correction]})
+    t = MemoryTracker([p], opt, also={"parameters": [correction]})
+    with t:
+        p.grad = torch.ones(1000)
+        with t.phase("step"):
+            opt.step()
+    end = t.at_end_of("step")
+    assert end.bytes["parameters"] == 4000 + 1000 and end.bytes["transient"] == 0
+    assert end.bytes["gradients"] == 4000 and end.gradients == (("0", 4000),)  # set by hand, seen at the step
+    assert t.peak().bytes["parameters"] == 4000 + 4000 + 1000  # old and new storage, for one event
