@@ -281,3 +281,25 @@ def test_frozen_parameters_are_skipped():
 def test_exported_from_the_package():
     assert adam8lib.release_gradients is release_gradients
     assert adam8lib.GradientReleasedError is GradientReleasedError
+
+
+def test_two_param_groups_with_stochastic_rounding_keep_every_index():
+    """Decay and no-decay groups (make_param_groups): a parameter's stochastic-rounding index counts the
+    parameters of the groups before its own, as in the full step."""
+    from adam8lib import make_param_groups
+
+    results = []
+    for release in (False, True):
+        model = mlp(BF16)
+        opt = AdamW8bit(make_param_groups(model, weight_decay=0.1), lr=1e-2, stochastic_rounding=True, seed=11)
+        assert len(opt.param_groups) == 2 and all(len(g["params"]) > 1 for g in opt.param_groups)
+        handle = release_gradients(model, opt) if release else None
+        for x, y in batches(3):
+            loss_of(model, x, y, BF16).backward()
+            if not release:
+                opt.step()
+                opt.zero_grad()
+        if handle:
+            handle.remove()
+        results.append((model, opt))
+    assert_same(*results)
