@@ -248,3 +248,28 @@ def test_extra_tensors_and_a_step_that_gives_a_parameter_new_storage():
     assert end.bytes["parameters"] == 4000 + 1000 and end.bytes["transient"] == 0
     assert end.bytes["gradients"] == 4000 and end.gradients == (("0", 4000),)  # set by hand, seen at the step
     assert t.peak().bytes["parameters"] == 4000 + 4000 + 1000  # old and new storage, for one event
+
+
+def test_small_distilbert_24_bit_master_row():
+    """bf16 weights + int8 corrections (a 24-bit master, adam8lib.master_weights) + 4-bit states + gradient
+    release: 3 bytes of weights (corrections counted with them), no gradient, the measured state."""
+    from adam8lib.course.finetune import build_distilbert
+    from adam8lib.master_weights import CompressedMasterWeights
+
+    model = build_distilbert(small=True)
+    opt = LowBitAdam(model.parameters(), lr=1e-5, weight_decay=0.01, state_format="4bit")
+    masters = CompressedMasterWeights(model, opt, bits=8)
+    handle = release_gradients(model, opt)
+    batch = {"input_ids": torch.randint(0, 28996, (1, 8), generator=torch.Generator().manual_seed(0)),
+             "labels": torch.tensor([1])}
+    model(**batch).loss.backward()
+    t = track_step(model, opt, lambda: model(**batch).loss, also={"parameters": masters.corrections.values()})
+    handle.remove()
+    n = t.num_params
+    between = t.at_end_of("backward")
+    assert between.bytes["parameters"] == 3 * n == sum(masters.nbytes().values())
+    assert between.bytes["gradients"] == between.bytes["transient"] == 0
+    assert between.bytes["optimizer_state"] == compute_optimizer_size(opt.state.values())[0] * MiB
+    assert between.bytes_per_param(n) <= 4.1
+    # during one parameter's step its fp32 master is a transient copy
+    assert t.peak("backward", ["transient"]).bytes["transient"] >= 4 * 28_996 * 128
