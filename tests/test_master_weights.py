@@ -277,3 +277,25 @@ def test_wrapper_errors():
         mw.load_state_dict({"bits": 16, "corrections": []})
     with pytest.raises(ValueError, match="no compressed master"):
         mw.master(torch.zeros(3))
+
+
+def test_a_step_that_raises_leaves_fp32_parameters_until_restore():
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    mw = CompressedMasterWeights(model, opt, bits=16)
+    masters = [mw.master(p) for p in model.parameters()]
+    x, y = batches(1)[0]
+    nn.functional.cross_entropy(model(x.bfloat16()).float(), y).backward()
+
+    def closure():
+        raise RuntimeError("a failing closure")
+
+    with pytest.raises(RuntimeError, match="a failing closure"):
+        opt.step(closure)  # the pre-hook joined the masters; the post-hook never ran
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert all(np.array_equal(bits_of(p.detach()), bits_of(m)) for p, m in zip(model.parameters(), masters))
+    mw.restore()
+    assert all(p.dtype == torch.bfloat16 and p.grad.dtype == torch.bfloat16 for p in model.parameters())
+    assert all(np.array_equal(bits_of(mw.master(p)), bits_of(m)) for p, m in zip(model.parameters(), masters))
+    opt.step()  # and stepping works again
+    assert not np.array_equal(bits_of(mw.master(model[0].weight)), bits_of(masters[0]))
