@@ -299,3 +299,12 @@ def test_a_step_that_raises_leaves_fp32_parameters_until_restore():
     assert all(np.array_equal(bits_of(mw.master(p)), bits_of(m)) for p, m in zip(model.parameters(), masters))
     opt.step()  # and stepping works again
     assert not np.array_equal(bits_of(mw.master(model[0].weight)), bits_of(masters[0]))
+
+
+def test_exported_from_the_package():
+    import adam8lib
+    from adam8lib import master_weights
+
+    assert adam8lib.CompressedMasterWeights is master_weights.CompressedMasterWeights
+    assert adam8lib.split_master is split_master and adam8lib.join_master is join_master
+    assert {"CompressedMasterWeights", "split_master", "join_master"} <= set(adam8lib.__all__)
