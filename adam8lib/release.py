@@ -35,6 +35,12 @@ all its uses are summed.
 * Gradient accumulation: ``accumulate=k`` steps each parameter at its k-th backward and frees its
   gradient then, the same as ``k`` backward passes, one ``step()`` and ``zero_grad()``; between the
   micro-batches the gradients are kept (they are summed), so the memory saved is that of the last one.
+
+Two more things to know (not detected): one backward is one step -- two losses backpropagated one after
+the other, or ``backward(retain_graph=True)`` twice, step every parameter twice (sum the losses first,
+or use ``accumulate``); and fp16 loss scaling (``torch.amp.GradScaler``) does not fit: the hook steps
+with the *scaled* gradients, before ``scaler.unscale_`` or its inf check could run (``scaler.step`` is
+then refused, too late). bf16 needs no loss scaling.
 """
 
 from __future__ import annotations
