@@ -100,6 +100,20 @@ class Snapshot:
             raise ValueError(f"num_params must be a positive int, got {num_params!r}")
         return self.sum(categories) / num_params
 
+    def describe(self, num_params: int) -> str:
+        """The snapshot as lines a learner can print: MiB and bytes per parameter of each category,
+        the bill (parameters + gradients + optimizer state) and the largest live gradient."""
+        self.bytes_per_param(num_params)  # checks num_params
+        lines = [f"after event {self.event} ({self.label}, phase {self.phase}):"]
+        for c in CATEGORIES:
+            lines.append(f"  {c:<16} {self.bytes[c] / 2**20:10.2f} MiB  {self.bytes[c] / num_params:7.3f} B/param")
+        lines.append(f"  {'bill':<16} {self.sum() / 2**20:10.2f} MiB  {self.sum() / num_params:7.3f} B/param"
+                     f"  (parameters + gradients + optimizer_state)")
+        if self.gradients:
+            name, nbytes = self.gradients[0]
+            lines.append(f"  largest gradient: {name} ({nbytes / 2**20:.2f} MiB)")
+        return "\n".join(lines)
+
     @property
     def largest_gradient(self) -> tuple[str, int] | None:
         """``(parameter name, bytes)`` of the largest gradient alive at this event, or None."""

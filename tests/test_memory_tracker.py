@@ -273,3 +273,16 @@ def test_small_distilbert_24_bit_master_row():
     assert between.bytes_per_param(n) <= 4.1
     # during one parameter's step its fp32 master is a transient copy
     assert t.peak("backward", ["transient"]).bytes["transient"] >= 4 * 28_996 * 128
+
+
+def test_describe_prints_each_category_and_the_bill():
+    model, t = tracked_second_step()
+    n = sum(p.numel() for p in model.parameters())
+    text = t.at_end_of("backward").describe(n)
+    assert "(backward ends, phase backward)" in text
+    assert f"gradients              {4 * n / 2**20:.2f} MiB    4.000 B/param" in text
+    bill = (8 * n + state_bytes_by_hand()) / n
+    assert f"{bill:7.3f} B/param  (parameters + gradients + optimizer_state)" in text
+    assert "largest gradient: 0.weight (0.50 MiB)" in text
+    with pytest.raises(ValueError, match="num_params"):
+        t.peak().describe(-1)
