@@ -59,6 +59,8 @@ __all__ = ["split_master", "join_master", "master_rounding", "CompressedMasterWe
 #: The correction's dtype for each ``bits``.
 CORRECTION_DTYPES = {16: torch.int16, 8: torch.int8}
 _MASK32 = 0xFFFFFFFF
+#: Elements per chunk of split/join (their int64 temporaries: about 70 bytes per element, 18 MB per chunk).
+CHUNK = 1 << 18
 #: The largest finite fp32 magnitude whose 8 low bits are zero (a 24-bit master's largest).
 _MAX24 = 0x7F7FFF00
 
@@ -71,7 +73,7 @@ def _check_bits(bits: Any) -> int:
 
 def _pattern(x: torch.Tensor) -> torch.Tensor:
     """The fp32 bit patterns of ``x`` as non-negative int64."""
-    return x.contiguous().view(torch.int32).to(torch.int64) & _MASK32
+    return x.contiguous().view(torch.int32).to(torch.int64) & _MASK32  # a chunk: a slice of a flat tensor
 
 
 def _from_pattern(bits: torch.Tensor) -> torch.Tensor:
@@ -80,10 +82,9 @@ def _from_pattern(bits: torch.Tensor) -> torch.Tensor:
     return signed.to(torch.int32).view(torch.float32)
 
 
-def _bf16_from_upper(upper: torch.Tensor) -> torch.Tensor:
-    """bf16 values of int64 16-bit patterns in [0, 2**16)."""
-    signed = torch.where(upper >= 1 << 15, upper - (1 << 16), upper)
-    return signed.to(torch.int16).view(torch.bfloat16)
+def _int16_from_upper(upper: torch.Tensor) -> torch.Tensor:
+    """int64 16-bit patterns in [0, 2**16) as int16 (the bits of bf16 numbers)."""
+    return torch.where(upper >= 1 << 15, upper - (1 << 16), upper).to(torch.int16)
 
 
 def _round24(b: torch.Tensor, nan: torch.Tensor) -> torch.Tensor:
@@ -102,16 +103,37 @@ def master_rounding(x: torch.Tensor, bits: int = 16) -> torch.Tensor:
     return join_master(hi, lo)
 
 
-def split_master(x: torch.Tensor, bits: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+def split_master(x: torch.Tensor, bits: int = 16, *,
+                 out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(hi, lo)``: ``x`` (fp32) as a bf16 tensor and an int16 (``bits=16``) or int8 (``bits=8``)
-    correction of the same shape (see the module docstring)."""
+    correction of the same shape (see the module docstring). ``out``: a (bf16, correction) pair of
+    ``x``'s shape to write into. Works through :data:`CHUNK` elements at a time, so its temporaries
+    stay a few MB whatever the size of ``x``."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"split_master takes a tensor, got {type(x).__name__}")
     if x.dtype != torch.float32:
         raise TypeError(f"split_master takes an fp32 master, got {x.dtype}")
     bits = _check_bits(bits)
+    if out is None:
+        hi = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
+        lo = torch.empty(x.shape, dtype=CORRECTION_DTYPES[bits], device=x.device)
+    else:
+        hi, lo = out
+        _check_out(hi, torch.bfloat16, x, "out[0]")
+        _check_out(lo, CORRECTION_DTYPES[bits], x, "out[1]")
+    flat = x.reshape(-1)
+    hi_flat, lo_flat = hi.view(-1), lo.view(-1)
+    for start in range(0, flat.numel(), CHUNK):
+        h, c = _split_chunk(flat[start:start + CHUNK], bits)
+        hi_flat[start:start + CHUNK].view(torch.int16).copy_(h)
+        lo_flat[start:start + CHUNK].copy_(c)
+    return hi, lo
+
+
+def _split_chunk(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk of :func:`split_master`: (bf16 bit patterns as int16, the correction)."""
     b = _pattern(x)
-    nan = torch.isnan(x.contiguous())
+    nan = torch.isnan(x)
     shift = 32 - 16 - bits  # 0 for 16, 8 for 8: the bits dropped below the correction
     if bits == 8:
         b = _round24(b, nan)
@@ -123,11 +145,12 @@ def split_master(x: torch.Tensor, bits: int = 16) -> tuple[torch.Tensor, torch.T
     lo = kept - (hi << bits)
     low_bits = kept & ((1 << bits) - 1)
     lo = torch.where(nan, torch.where(low_bits >= 1 << (bits - 1), low_bits - (1 << bits), low_bits), lo)
-    return _bf16_from_upper(hi).view(x.shape), lo.to(CORRECTION_DTYPES[bits]).view(x.shape)
+    return _int16_from_upper(hi), lo.to(CORRECTION_DTYPES[bits])
 
 
-def join_master(hi: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
-    """The fp32 master of a bf16 tensor and its correction (int16: exact; int8: a 24-bit master)."""
+def join_master(hi: torch.Tensor, lo: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The fp32 master of a bf16 tensor and its correction (int16: exact; int8: a 24-bit master).
+    ``out``: an fp32 tensor of their shape to write into. Works :data:`CHUNK` elements at a time."""
     if not isinstance(hi, torch.Tensor) or not isinstance(lo, torch.Tensor):
         raise TypeError("join_master takes two tensors (the bf16 half and its correction)")
     if hi.dtype != torch.bfloat16:
@@ -137,13 +160,31 @@ def join_master(hi: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"the correction must be int16 (16 bits) or int8 (8 bits), got {lo.dtype}")
     if hi.shape != lo.shape:
         raise ValueError(f"the bf16 half has shape {tuple(hi.shape)}, the correction {tuple(lo.shape)}")
-    upper = hi.contiguous().view(torch.int16).to(torch.int64) & 0xFFFF
-    r = lo.contiguous().to(torch.int64)
+    if out is None:
+        out = torch.empty(hi.shape, dtype=torch.float32, device=hi.device)
+    else:
+        _check_out(out, torch.float32, hi, "out")
+    hi_flat, lo_flat, out_flat = hi.reshape(-1), lo.reshape(-1), out.view(-1)
+    for start in range(0, hi_flat.numel(), CHUNK):
+        out_flat[start:start + CHUNK].copy_(_join_chunk(hi_flat[start:start + CHUNK], lo_flat[start:start + CHUNK],
+                                                        bits))
+    return out
+
+
+def _join_chunk(hi: torch.Tensor, lo: torch.Tensor, bits: int) -> torch.Tensor:
+    upper = hi.view(torch.int16).to(torch.int64) & 0xFFFF
+    r = lo.to(torch.int64)
     shift = 32 - 16 - bits
     b = ((upper << bits) + r) << shift
     nan = torch.isnan(hi)
     b = torch.where(nan, (upper << 16) | ((r & ((1 << bits) - 1)) << shift), b)
-    return _from_pattern(b & _MASK32).view(hi.shape)
+    return _from_pattern(b & _MASK32)
+
+
+def _check_out(t: Any, dtype: torch.dtype, like: torch.Tensor, what: str) -> None:
+    if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.shape != like.shape or t.device != like.device \
+            or not t.is_contiguous():
+        raise ValueError(f"{what} must be a contiguous {dtype} tensor of shape {tuple(like.shape)} on {like.device}")
 
 
 class CompressedMasterWeights:
@@ -156,6 +197,10 @@ class CompressedMasterWeights:
     fp32 tensor, with an fp32 gradient, and after the step (a post-hook) splits it back. The optimizer
     must step fp32 parameters; one that rounds bf16 weights stochastically is refused (there is no bf16
     rounding left to do). If a step raises, its parameters stay fp32 until :meth:`restore`.
+
+    Memory during a step: each joined parameter is an fp32 tensor (4 bytes per element) with an fp32
+    gradient (4 more, for a bf16 gradient) until it is split again, plus one chunk's temporaries of the
+    split and the join. With gradient release that is one parameter at a time (the largest sets the peak).
 
     Checkpoints: ``state_dict()`` holds the corrections (with the model's bf16 state dict and the
     optimizer's, the whole master); ``load_state_dict`` puts them back.
@@ -220,8 +265,8 @@ class CompressedMasterWeights:
         """Split the parameters joined for a step back into bf16 + correction (after a step that raised)."""
         joined, self._joined = self._joined, []
         for p, grad in joined:
-            hi, lo = split_master(p.detach(), self.bits)
-            self.corrections[id(p)].copy_(lo)
+            hi = torch.empty(p.shape, dtype=torch.bfloat16, device=p.device)
+            split_master(p.detach(), self.bits, out=(hi, self.corrections[id(p)]))
             p.grad = None
             p.data = hi
             p.grad = grad

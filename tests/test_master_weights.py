@@ -308,3 +308,27 @@ def test_exported_from_the_package():
     assert adam8lib.CompressedMasterWeights is master_weights.CompressedMasterWeights
     assert adam8lib.split_master is split_master and adam8lib.join_master is join_master
     assert {"CompressedMasterWeights", "split_master", "join_master"} <= set(adam8lib.__all__)
+
+
+@pytest.mark.parametrize("bits", [16, 8])
+def test_split_and_join_work_in_chunks_their_temporaries_stay_small(bits):
+    """Measured with the MemoryTracker: splitting and joining 2**22 elements needs their outputs plus
+    about one chunk's int64 temporaries (a whole-tensor int64 version needed 58 bytes per element)."""
+    from adam8lib.master_weights import CHUNK
+    from adam8lib.memory_tracker import MemoryTracker
+
+    n = 1 << 22
+    x = torch.randn(n, generator=torch.Generator().manual_seed(0))
+    with MemoryTracker([]) as tracker:
+        hi, lo = split_master(x, bits)
+        back = join_master(hi, lo)
+    outputs = hi.nbytes + lo.nbytes + back.nbytes
+    assert outputs == (2 + bits // 8 + 4) * n
+    assert outputs < tracker.peak().total <= outputs + 80 * CHUNK < 20 * n
+    assert np.array_equal(bits_of(back), bits_of(master_rounding(x, bits)))
+    out = (torch.empty(n, dtype=torch.bfloat16), torch.empty(n, dtype=lo.dtype))
+    assert split_master(x, bits, out=out)[0] is out[0] and torch.equal(out[0], hi) and torch.equal(out[1], lo)
+    with pytest.raises(ValueError, match="out.1. must be a contiguous"):
+        split_master(x, bits, out=(out[0], torch.empty(n, dtype=torch.int32)))
+    with pytest.raises(ValueError, match="out must be a contiguous torch.float32"):
+        join_master(hi, lo, out=torch.empty(n - 1))
