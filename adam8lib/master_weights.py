@@ -12,7 +12,9 @@ So the master splits into
   model computes with, and
 * ``lo``, a correction: the signed difference between the master's bit pattern and ``hi``'s, shifted,
 
-and joins back as ``bits(master) = (bits(hi) << 16) + lo`` (integer arithmetic on the bit patterns).
+and joins back as ``bits(master) = (bits(hi) << 16) + lo`` (16-bit correction) or
+``((bits(hi) << 8) + lo) << 8`` (8-bit correction), integer arithmetic on the bit patterns. (With 8 bits
+the master that is split is the 24-bit one below, and ``hi`` is that master rounded to bf16.)
 
 =========  ============  ==============================================================================
 ``bits``   correction    what the join gives back
@@ -45,7 +47,8 @@ set (exact for quiet NaNs such as torch's; with ``bits=8`` also without its 8 lo
 join each bf16 parameter with its correction into fp32 right before ``optimizer.step()`` and split it
 right after, so the optimizer's own code is unchanged (and gradient release, which steps one parameter
 at a time, joins one parameter at a time). The fused steps of :mod:`adam8lib.optim` could do the join and
-the split in their kernels instead, with no fp32 copy at all; that integration is not done yet.
+the split in their kernels instead, with no fp32 copy at all; that integration is not done yet (it is
+for after the refactor of optim.py and the quantized-state core, issue 35, has landed).
 """
 
 from __future__ import annotations
