@@ -12,6 +12,9 @@ Modules, in the order the course builds them:
   ``Adagrad8bit``, ``SGD8bit``, ``Muon8bit``: update rules (:mod:`adam8lib.rules`) on one quantized-state
   core (:mod:`adam8lib.quantized_state`)
 * :mod:`adam8lib.memory` — estimated and measured optimizer memory (01, 09)
+* :mod:`adam8lib.release` — gradient release: each parameter stepped inside backward, its gradient freed
+* :mod:`adam8lib.memory_tracker` — measured live tensor bytes per category over a training step
+* :mod:`adam8lib.master_weights` — compressed master weights: bf16 + an int16 (exact) or int8 (24-bit) correction
 * :mod:`adam8lib.training` — weight-decay groups and DistilBERT for fine-tuning (10)
 * :mod:`adam8lib.distributed` — FSDP2 shards (DTensor), checkpoints that reshard (11)
 """
@@ -20,8 +23,11 @@ from .adam import adam_step
 from .ema import adam_moments, bias_correction, ema_update
 from .family import AdEMAMix, AdEMAMix8bit, Adagrad8bit, Lion, Lion4bit, Lion8bit, RMSprop8bit, SGD8bit
 from .memory import compute_optimizer_size, estimate_optimizer_memory
+from .master_weights import CompressedMasterWeights, join_master, split_master
+from .memory_tracker import MemoryTracker, track_step
 from .muon import Muon8bit
 from .optim import Adam4bit, Adam8bit, AdamFp8, AdamW4bit, AdamW8bit, AdamWFp8, LowBitAdam
+from .release import GradientReleasedError, ReleaseHandle, release_gradients
 from .quant import (
     absmax_dequantize,
     absmax_quantize,
@@ -63,4 +69,12 @@ __all__ = [
     "compute_optimizer_size",
     "decay_parameter_names",
     "make_param_groups",
+    "release_gradients",
+    "ReleaseHandle",
+    "GradientReleasedError",
+    "MemoryTracker",
+    "track_step",
+    "CompressedMasterWeights",
+    "split_master",
+    "join_master",
 ]

@@ -1,0 +1,270 @@
+"""Gradient release: the optimizer step fused into the backward pass (issue 37).
+
+An ordinary training step keeps a gradient for every parameter until ``optimizer.step()``: the whole
+model's gradients exist at once. With gradient release each parameter is stepped as soon as its gradient
+is complete, and its gradient is freed right away (torch's tutorial "How to save memory by fusing the
+optimizer step into the backward pass", with ``Tensor.register_post_accumulate_grad_hook``)::
+
+    handle = adam8lib.release_gradients(model, optimizer)
+    for batch in data:
+        loss_fn(model(batch)).backward()   # every parameter is stepped inside backward
+        scheduler.step()                   # (if any) as after optimizer.step()
+    handle.remove()                        # back to ordinary steps
+
+**The same step, bit for bit.** The hook of parameter ``p`` calls ``optimizer.step()`` with ``p`` the
+only parameter visible: its group's ``params`` is ``[p]`` and the other groups are hidden, then
+everything is restored. Every optimizer of this library, and torch's (single-tensor path), steps each
+parameter on its own with its group's hyper-parameters, so this is the ordinary step's arithmetic
+(tests/test_release.py checks every class, with schedulers and with a checkpoint resumed mid-run).
+One thing of the ordinary step depends on the other parameters: with ``stochastic_rounding=True``
+(:class:`~adam8lib.optim.LowBitAdam`) the random bits of a parameter are seeded by its *index*, its
+place among the parameters stepped together. The hook gives ``p`` the index it has in a full step
+where every parameter has a gradient, by placing empty placeholder tensors before it; a parameter that
+gets no gradient in some backward (unused in the forward) would shift the later indices of an ordinary
+step, not of this one.
+
+**Shared (tied) parameters** are one tensor: one hook, one step per backward, after the gradients of
+all its uses are summed.
+
+**What it cannot do, and what it does instead** (each refused with :class:`GradientReleasedError`):
+
+* ``optimizer.step()`` called by hand while released: the parameters were stepped already.
+* ``torch.nn.utils.clip_grad_norm_`` on released parameters: the global norm needs every gradient,
+  and each one is gone before the last is computed. Clip by value or per parameter in your own hook,
+  or compute the norm in one backward pass and step in a second one, or do not release gradients.
+* Gradient accumulation: ``accumulate=k`` steps each parameter at its k-th backward and frees its
+  gradient then, the same as ``k`` backward passes, one ``step()`` and ``zero_grad()``; between the
+  micro-batches the gradients are kept (they are summed), so the memory saved is that of the last one.
+
+Two more things to know (not detected): one backward is one step -- two losses backpropagated one after
+the other, or ``backward(retain_graph=True)`` twice, step every parameter twice (sum the losses first,
+or use ``accumulate``); and fp16 loss scaling (``torch.amp.GradScaler``) does not fit: the hook steps
+with the *scaled* gradients, before ``scaler.unscale_`` or its inf check could run (``scaler.step`` is
+then refused, too late). bf16 needs no loss scaling.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from typing import Iterable
+
+import torch
+
+__all__ = ["release_gradients", "ReleaseHandle", "GradientReleasedError"]
+
+
+class GradientReleasedError(RuntimeError):
+    """Something an ordinary training step does that gradient release cannot (see the module docstring)."""
+
+
+#: The live handles; ``clip_grad_norm_`` is guarded while there is one.
+_LIVE: "weakref.WeakSet[ReleaseHandle]" = weakref.WeakSet()
+_ORIGINAL_CLIP = None
+#: Called with each parameter whose gradient is complete, before it is stepped and freed
+#: (:class:`adam8lib.memory_tracker.MemoryTracker` names the gradient there).
+_OBSERVERS: list = []
+
+
+class ReleaseHandle:
+    """What :func:`release_gradients` returns: the hooks it registered. ``remove()`` takes them away."""
+
+    def __init__(self, params: list[torch.Tensor], optimizer: torch.optim.Optimizer, accumulate: int) -> None:
+        self.optimizer = optimizer
+        self.accumulate = accumulate
+        self.params = params
+        self._ids = {id(p) for p in params}
+        self._counts = {id(p): 0 for p in params}
+        self._stepping = False
+        self._placeholders: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+        self._index = self._stochastic_rounding_indices()
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
+        self._hooks.append(optimizer.register_step_pre_hook(self._refuse_manual_step))
+        self.removed = False
+        _LIVE.add(self)
+        _guard_clip_grad_norm()
+
+    # ------------------------------------------------------------------ hooks
+    def _on_grad(self, p: torch.Tensor) -> None:
+        for observe in list(_OBSERVERS):
+            observe(p)
+        key = id(p)
+        self._counts[key] += 1
+        if self._counts[key] < self.accumulate:
+            return  # keep summing: an accumulation micro-batch
+        self._counts[key] = 0
+        self._step_one(p)
+        p.grad = None
+
+    def _refuse_manual_step(self, optimizer, args, kwargs) -> None:
+        if not self._stepping:
+            raise GradientReleasedError(
+                f"{type(optimizer).__name__}.step() was called while its gradients are released: every parameter "
+                f"is stepped inside backward already (and its gradient freed). Drop the call, or call "
+                f"handle.remove() first to go back to ordinary steps.")
+
+    def _step_one(self, p: torch.Tensor) -> None:
+        """``optimizer.step()`` with only ``p`` visible (see the module docstring)."""
+        opt = self.optimizer
+        groups = opt.param_groups
+        group = next(g for g in groups if any(q is p for q in g["params"]))
+        visible = [p]
+        index = self._index.get(id(p), 0)
+        if index:
+            # stochastic rounding seeds by the place in the step: empty placeholders before p
+            visible = [self._placeholder(p)] * index + visible
+        saved = group["params"]
+        group["params"] = visible
+        opt.param_groups = [group]
+        self._stepping = True
+        try:
+            opt.step()
+        finally:
+            self._stepping = False
+            group["params"] = saved
+            opt.param_groups = groups
+            for holder in self._placeholders.values():
+                opt.state.pop(holder, None)
+
+    def _stochastic_rounding_indices(self) -> dict[int, int]:
+        """``{id(p): index}``: each parameter's place in a full step, where the optimizer seeds stochastic
+        rounding by it (LowBitAdam with ``stochastic_rounding=True``; else none)."""
+        if not getattr(self.optimizer, "stochastic_rounding", False):
+            return {}
+        order = [p for g in self.optimizer.param_groups for p in g["params"] if p.requires_grad]
+        return {id(p): i for i, p in enumerate(order)}
+
+    def _placeholder(self, p: torch.Tensor) -> torch.Tensor:
+        key = (p.device, p.dtype)
+        holder = self._placeholders.get(key)
+        if holder is None:
+            holder = self._placeholders[key] = torch.empty(0, dtype=p.dtype, device=p.device)
+            holder.grad = torch.empty(0, dtype=p.dtype, device=p.device)
+        return holder
+
+    # ------------------------------------------------------------------ removal
+    def remove(self) -> None:
+        """Remove every hook: back to ordinary ``backward(); step()``. Gradients summed by an unfinished
+        accumulation (``accumulate`` > 1) stay in ``.grad``. Removing twice does nothing."""
+        if self.removed:
+            return
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        self.removed = True
+        _LIVE.discard(self)
+        if not len(_LIVE):
+            _unguard_clip_grad_norm()
+
+    def releases(self, p: torch.Tensor) -> bool:
+        """Whether ``p``'s gradient is released by this (live) handle."""
+        return not self.removed and id(p) in self._ids
+
+    def __enter__(self) -> "ReleaseHandle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+    def __repr__(self) -> str:
+        state = "removed" if self.removed else "live"
+        return (f"ReleaseHandle({len(self.params)} parameters of {type(self.optimizer).__name__}, "
+                f"accumulate={self.accumulate}, {state})")
+
+
+def release_gradients(model_or_params: torch.nn.Module | Iterable[torch.Tensor], optimizer: torch.optim.Optimizer,
+                      *, accumulate: int = 1) -> ReleaseHandle:
+    """Step every parameter of ``model_or_params`` inside backward, as soon as its gradient is complete,
+    and free the gradient (see the module docstring). Returns a :class:`ReleaseHandle`.
+
+    Args:
+        model_or_params: an ``nn.Module`` or parameters; those with ``requires_grad=False`` are skipped.
+            Together they must be every trainable parameter of ``optimizer`` (a parameter left out
+            would wait for a ``step()`` that is refused).
+        optimizer: any ``torch.optim.Optimizer`` whose step updates each parameter on its own (every
+            optimizer of adam8lib; torch's Adam/AdamW/SGD...).
+        accumulate: step at every ``accumulate``-th backward (gradient accumulation), default 1.
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
+        raise ValueError(f"accumulate must be an int >= 1 (backward passes per step), got {accumulate!r}")
+    if isinstance(model_or_params, torch.nn.Module):
+        given = list(model_or_params.parameters())
+    elif isinstance(model_or_params, torch.Tensor):
+        given = [model_or_params]
+    else:
+        try:
+            given = list(model_or_params)
+        except TypeError:
+            raise TypeError(f"model_or_params must be an nn.Module or an iterable of parameters, got "
+                            f"{type(model_or_params).__name__}") from None
+    params, seen = [], set()
+    for p in given:
+        if not isinstance(p, torch.Tensor):
+            raise TypeError(f"model_or_params must hold tensors, got a {type(p).__name__}")
+        if p.requires_grad and id(p) not in seen:  # a tied parameter once
+            seen.add(id(p))
+            params.append(p)
+    if not params:
+        raise ValueError("no parameter that requires a gradient: nothing to release")
+    in_optimizer = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    outside = [tuple(p.shape) for p in params if id(p) not in in_optimizer]
+    if outside:
+        raise ValueError(f"{len(outside)} parameter(s) are not in the optimizer (shapes {outside[:3]}"
+                         f"{'...' if len(outside) > 3 else ''}): release only what the optimizer steps")
+    trainable = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+    left = [tuple(p.shape) for p in trainable if id(p) not in seen]
+    if left:
+        raise ValueError(f"{len(left)} trainable parameter(s) of the optimizer are not released (shapes {left[:3]}"
+                         f"{'...' if len(left) > 3 else ''}): their step() would be refused; release every "
+                         f"parameter of the optimizer, or give the others an optimizer of their own")
+    for p in params:
+        if not p.is_leaf:
+            raise ValueError(f"a parameter of shape {tuple(p.shape)} is not a leaf tensor: only leaves accumulate "
+                             f"gradients")
+        for handle in list(_LIVE):
+            if handle.releases(p):
+                raise ValueError(f"a parameter of shape {tuple(p.shape)} is released already by {handle!r}: "
+                                 f"remove that handle first")
+    return ReleaseHandle(params, optimizer, accumulate)
+
+
+# ---------------------------------------------------------------------- clip_grad_norm_ guard
+def _released(parameters) -> bool:
+    tensors = [parameters] if isinstance(parameters, torch.Tensor) else parameters
+    return any(handle.releases(p) for handle in list(_LIVE) for p in tensors if isinstance(p, torch.Tensor))
+
+
+def _guard_clip_grad_norm() -> None:
+    """While a handle lives, ``torch.nn.utils.clip_grad_norm_`` raises on released parameters (it would
+    see no gradient and silently clip nothing)."""
+    global _ORIGINAL_CLIP
+    if _ORIGINAL_CLIP is not None:
+        return
+    original = torch.nn.utils.clip_grad_norm_
+
+    @functools.wraps(original)
+    def clip_grad_norm_(parameters, *args, **kwargs):
+        if not isinstance(parameters, torch.Tensor):
+            parameters = list(parameters)  # a generator is read once: keep it for the real call
+        if _released(parameters):
+            raise GradientReleasedError(
+                "clip_grad_norm_ on parameters whose gradients are released: each gradient is freed when it is "
+                "complete, so the global norm is never known before a step. Clip by value or per parameter in "
+                "your own hook, compute the norm in a first backward pass and step in a second, or train "
+                "without gradient release.")
+        return original(parameters, *args, **kwargs)
+
+    _ORIGINAL_CLIP = original
+    torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
+    torch.nn.utils.clip_grad.clip_grad_norm_ = clip_grad_norm_
+
+
+def _unguard_clip_grad_norm() -> None:
+    global _ORIGINAL_CLIP
+    if _ORIGINAL_CLIP is None:
+        return
+    torch.nn.utils.clip_grad_norm_ = _ORIGINAL_CLIP
+    torch.nn.utils.clip_grad.clip_grad_norm_ = _ORIGINAL_CLIP
+    _ORIGINAL_CLIP = None

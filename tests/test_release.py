@@ -1,0 +1,305 @@
+"""Gradient release (adam8lib.release): each parameter stepped inside backward equals the ordinary step
+bit for bit, for every optimizer class, with schedulers and with a resumed checkpoint; its limits
+raise clear errors; accumulation, tied parameters and remove() work."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import adam8lib
+from adam8lib import (AdEMAMix8bit, Adam8bit, AdamW8bit, Adagrad8bit, LowBitAdam, Lion8bit, Lion4bit, Muon8bit,
+                      RMSprop8bit, SGD8bit)
+from adam8lib.release import GradientReleasedError, release_gradients
+
+BF16 = torch.bfloat16
+
+#: name -> (optimizer factory, parameter dtype); every class of the library and torch's AdamW.
+OPTIMIZERS = {
+    "Adam8bit": (lambda ps: Adam8bit(ps, lr=1e-2), torch.float32),
+    "AdamW8bit": (lambda ps: AdamW8bit(ps, lr=1e-2, weight_decay=0.1), torch.float32),
+    "AdamW8bit-torch-backend": (lambda ps: AdamW8bit(ps, lr=1e-2, backend="torch"), torch.float32),
+    "LowBitAdam-4bit": (lambda ps: LowBitAdam(ps, lr=1e-2, weight_decay=0.1, state_format="4bit"), torch.float32),
+    "LowBitAdam-fp8": (lambda ps: LowBitAdam(ps, lr=1e-2, weight_decay=0.1, state_format="fp8"), torch.float32),
+    "Lion8bit": (lambda ps: Lion8bit(ps, lr=1e-3, weight_decay=0.1), torch.float32),
+    "Lion4bit": (lambda ps: Lion4bit(ps, lr=1e-3), torch.float32),
+    "AdEMAMix8bit": (lambda ps: AdEMAMix8bit(ps, lr=1e-2, t_alpha=5, t_beta3=5), torch.float32),
+    "RMSprop8bit": (lambda ps: RMSprop8bit(ps, lr=1e-3), torch.float32),
+    "Adagrad8bit": (lambda ps: Adagrad8bit(ps, lr=1e-2), torch.float32),
+    "SGD8bit": (lambda ps: SGD8bit(ps, lr=1e-2), torch.float32),
+    "Muon8bit": (lambda ps: Muon8bit(ps, lr=2e-2), torch.float32),
+    "AdamW8bit-bf16-SR": (lambda ps: AdamW8bit(ps, lr=1e-2, stochastic_rounding=True, seed=3), BF16),
+    "AdamW4bit-bf16-SR": (lambda ps: LowBitAdam(ps, lr=1e-2, weight_decay=0.1, state_format="4bit",
+                                                stochastic_rounding=True, seed=5), BF16),
+    "AdamW8bit-bf16-no-SR": (lambda ps: AdamW8bit(ps, lr=1e-2), BF16),
+    "torch.AdamW": (lambda ps: torch.optim.AdamW(ps, lr=1e-2), torch.float32),
+}
+
+
+def mlp(dtype=torch.float32, seed=0):
+    """Two matrices with low-bit states (8192 elements each), a LayerNorm and a small head (fp32 states)."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(64, 128), nn.LayerNorm(128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(),
+                         nn.Linear(64, 4)).to(dtype)
+
+
+def batches(n, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return [(torch.randn(96, 64, generator=gen), torch.randint(0, 4, (96,), generator=gen)) for _ in range(n)]
+
+
+def loss_of(model, x, y, dtype):
+    return nn.functional.cross_entropy(model(x.to(dtype)).float(), y)
+
+
+def run(name, steps=4, release=False, scheduler=None, resume_at=None):
+    """Train ``steps`` steps; ordinary (backward, step, zero_grad) or released. Returns (model, optimizer)."""
+    make, dtype = OPTIMIZERS[name]
+    model = mlp(dtype)
+    opt = make(model.parameters())
+    sched = scheduler(opt) if scheduler else None
+    handle = release_gradients(model, opt) if release else None
+    for i, (x, y) in enumerate(batches(steps)):
+        if i == resume_at:  # a fresh model and optimizer from a checkpoint, then continue
+            ckpt = copy.deepcopy({"model": model.state_dict(), "opt": opt.state_dict(),
+                                  "sched": sched.state_dict() if sched else None})
+            if handle:
+                handle.remove()
+            model = mlp(dtype, seed=7)
+            model.load_state_dict(ckpt["model"])
+            opt = make(model.parameters())
+            opt.load_state_dict(ckpt["opt"])
+            if sched:
+                sched = scheduler(opt)
+                sched.load_state_dict(ckpt["sched"])
+            handle = release_gradients(model, opt) if release else None
+        loss_of(model, x, y, dtype).backward()
+        if not release:
+            opt.step()
+            opt.zero_grad()
+        else:
+            assert all(p.grad is None for p in model.parameters())  # every gradient freed in backward
+        if sched:
+            sched.step()
+    return model, opt
+
+
+def assert_same(a, b):
+    """Parameters and optimizer state dicts equal bit for bit."""
+    (ma, oa), (mb, ob) = a, b
+    for (name, pa), pb in zip(ma.named_parameters(), mb.parameters()):
+        assert torch.equal(pa, pb), f"parameter {name} differs"
+    sa, sb = oa.state_dict(), ob.state_dict()
+    assert sa["param_groups"] == sb["param_groups"]
+    assert sa["state"].keys() == sb["state"].keys() and len(sa["state"]) == len(list(ma.parameters()))
+    for pid in sa["state"]:
+        assert sa["state"][pid].keys() == sb["state"][pid].keys()
+        for key, va in sa["state"][pid].items():
+            vb = sb["state"][pid][key]
+            assert torch.equal(va, vb) if torch.is_tensor(va) else va == vb, f"state {pid}/{key} differs"
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_release_equals_the_ordinary_step_bit_for_bit(name):
+    ordinary = run(name, steps=4)
+    released = run(name, steps=4, release=True)
+    assert_same(ordinary, released)
+    # and training moved the weights (the comparison is not of two untouched models)
+    assert not torch.equal(ordinary[0][0].weight, mlp(OPTIMIZERS[name][1])[0].weight)
+
+
+@pytest.mark.parametrize("name", ["AdamW8bit", "LowBitAdam-4bit", "Lion8bit", "Muon8bit", "AdamW8bit-bf16-SR",
+                                  "torch.AdamW"])
+@pytest.mark.parametrize("kind", ["lambda", "onecycle"])
+def test_release_follows_a_scheduler(name, kind):
+    """scheduler.step() after backward sets the next step's lr (OneCycleLR also cycles betas/momentum)."""
+    if kind == "lambda":
+        def scheduler(opt):
+            return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + 3 * s))
+    else:
+        def scheduler(opt):
+            return torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-2, total_steps=6, pct_start=0.5,
+                                                       cycle_momentum="betas" in opt.defaults)
+    ordinary = run(name, steps=5, scheduler=scheduler)
+    released = run(name, steps=5, scheduler=scheduler, release=True)
+    assert_same(ordinary, released)
+    lrs = {g["lr"] for g in released[1].param_groups}
+    make, dtype = OPTIMIZERS[name]
+    assert lrs != {make(mlp(dtype).parameters()).defaults["lr"]}  # the schedule moved it
+
+
+@pytest.mark.parametrize("name", ["AdamW8bit", "LowBitAdam-4bit", "AdEMAMix8bit", "AdamW8bit-bf16-SR",
+                                  "AdamW4bit-bf16-SR", "torch.AdamW"])
+def test_resume_mid_training_equals_an_uninterrupted_run(name):
+    uninterrupted = run(name, steps=5, release=True)
+    assert_same(uninterrupted, run(name, steps=5, release=True, resume_at=2))
+    assert_same(uninterrupted, run(name, steps=5))  # and both equal the ordinary steps
+
+
+def test_stochastic_rounding_bits_depend_on_the_index_the_hook_reproduces():
+    """Without the placeholders (every parameter at index 0) the SR bits would differ: the test above
+    can fail. Here: two seeds differ, and the released run keeps the ordinary run's bits."""
+    a = run("AdamW8bit-bf16-SR", steps=2)
+    b = run("AdamW8bit-bf16-SR", steps=2, release=True)
+    assert_same(a, b)
+    from adam8lib.rounding import step_generator
+    g0 = torch.randint(0, 1 << 16, (8,), generator=step_generator(3, 1, 0))
+    g1 = torch.randint(0, 1 << 16, (8,), generator=step_generator(3, 1, 1))
+    assert not torch.equal(g0, g1)
+
+
+def test_accumulate_k_equals_k_backwards_then_one_step():
+    k, steps = 3, 2
+    data = batches(k * steps)
+    ref, ref_opt = mlp(), None
+    ref_opt = AdamW8bit(ref.parameters(), lr=1e-2)
+    for i, (x, y) in enumerate(data):
+        loss_of(ref, x, y, torch.float32).backward()
+        if (i + 1) % k == 0:
+            ref_opt.step()
+            ref_opt.zero_grad()
+    model = mlp()
+    opt = AdamW8bit(model.parameters(), lr=1e-2)
+    handle = release_gradients(model, opt, accumulate=k)
+    for i, (x, y) in enumerate(data):
+        loss_of(model, x, y, torch.float32).backward()
+        freed = all(p.grad is None for p in model.parameters())
+        assert freed == ((i + 1) % k == 0)  # kept between micro-batches, freed at the k-th
+    handle.remove()
+    assert_same((ref, ref_opt), (model, opt))
+    assert opt.state_dict()["state"][0]["step"] == steps
+
+
+def test_a_tied_parameter_is_stepped_once_per_backward():
+    torch.manual_seed(0)
+    emb = nn.Embedding(50, 96)  # 4800 elements: 8-bit states
+    head = nn.Linear(96, 50, bias=False)
+    head.weight = emb.weight  # tied
+
+    def make():
+        model = nn.ModuleDict({"emb": copy.deepcopy(emb)})
+        return model, AdamW8bit(model.parameters(), lr=1e-2)
+
+    tokens = torch.randint(0, 50, (4, 12), generator=torch.Generator().manual_seed(2))
+    results = []
+    for release in (False, True):
+        model, opt = make()
+        w = model["emb"].weight
+        handle = release_gradients([w, w], opt) if release else None  # given twice: one hook
+        for _ in range(3):
+            h = model["emb"](tokens)
+            logits = h @ w.t()  # the second use of the same tensor
+            nn.functional.cross_entropy(logits.reshape(-1, 50), tokens.reshape(-1)).backward()
+            if not release:
+                opt.step()
+                opt.zero_grad()
+        results.append((model, opt))
+        if handle:
+            assert len(handle.params) == 1
+    assert_same(*results)
+    assert results[1][1].state[results[1][0]["emb"].weight]["step"] == 3
+
+
+def test_calling_step_yourself_while_released_is_refused_and_remove_restores_it():
+    model = mlp()
+    opt = AdamW8bit(model.parameters(), lr=1e-2)
+    handle = release_gradients(model, opt)
+    x, y = batches(1)[0]
+    loss_of(model, x, y, torch.float32).backward()
+    with pytest.raises(GradientReleasedError, match=r"step\(\) was called while its gradients are released"):
+        opt.step()
+    assert "live" in repr(handle)
+    handle.remove()
+    handle.remove()  # twice: nothing
+    before = [p.detach().clone() for p in model.parameters()]
+    loss_of(model, x, y, torch.float32).backward()
+    assert all(p.grad is not None for p in model.parameters())  # no hook any more: gradients stay
+    opt.step()  # allowed again
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert "removed" in repr(handle)
+
+
+def test_clip_grad_norm_on_released_parameters_is_refused():
+    model = mlp()
+    opt = AdamW8bit(model.parameters(), lr=1e-2)
+    other = nn.Linear(3, 3)
+    other(torch.ones(1, 3)).sum().backward()
+    with release_gradients(model, opt):
+        x, y = batches(1)[0]
+        loss_of(model, x, y, torch.float32).backward()
+        with pytest.raises(GradientReleasedError, match="global norm"):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        with pytest.raises(GradientReleasedError, match="global norm"):
+            torch.nn.utils.clip_grad.clip_grad_norm_(list(model.parameters())[0], 1.0)
+        norm = torch.nn.utils.clip_grad_norm_((p for p in other.parameters()), 1e-3)  # not released: clips
+        assert norm > 1e-3 and torch.linalg.vector_norm(torch.cat([p.grad.reshape(-1) for p in
+                                                                    other.parameters()])) <= 1e-3 * 1.0001
+    model[0].weight.grad = torch.ones_like(model[0].weight)  # after remove (the with block): clipping works
+    total = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    assert total == pytest.approx(8192 ** 0.5, rel=1e-6)  # the ones of one 128 x 64 gradient
+
+
+def test_bad_arguments_raise_clear_errors():
+    model = mlp()
+    opt = AdamW8bit(model.parameters(), lr=1e-2)
+    with pytest.raises(TypeError, match="torch.optim.Optimizer"):
+        release_gradients(model, "adam")
+    with pytest.raises(ValueError, match="accumulate must be an int >= 1"):
+        release_gradients(model, opt, accumulate=0)
+    with pytest.raises(ValueError, match="accumulate must be an int >= 1"):
+        release_gradients(model, opt, accumulate=True)
+    with pytest.raises(TypeError, match="nn.Module or an iterable"):
+        release_gradients(3, opt)
+    with pytest.raises(ValueError, match="not in the optimizer"):
+        release_gradients(list(model.parameters()) + [nn.Parameter(torch.zeros(3))], opt)
+    with pytest.raises(ValueError, match="are not released"):
+        release_gradients(list(model.parameters())[:2], opt)
+    with pytest.raises(ValueError, match="nothing to release"):
+        release_gradients([torch.zeros(3)], opt)
+    handle = release_gradients(model, opt)
+    with pytest.raises(ValueError, match="released already"):
+        release_gradients(model, AdamW8bit(model.parameters()))
+    handle.remove()
+    release_gradients(model, opt).remove()  # after remove(), releasing again is fine
+
+
+def test_frozen_parameters_are_skipped():
+    model = mlp()
+    model[0].weight.requires_grad_(False)
+    opt = AdamW8bit([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    handle = release_gradients(model, opt)
+    assert len(handle.params) == len(list(model.parameters())) - 1
+    x, y = batches(1)[0]
+    loss_of(model, x, y, torch.float32).backward()
+    assert len(opt.state) == len(handle.params)
+    handle.remove()
+
+
+def test_exported_from_the_package():
+    assert adam8lib.release_gradients is release_gradients
+    assert adam8lib.GradientReleasedError is GradientReleasedError
+
+
+def test_two_param_groups_with_stochastic_rounding_keep_every_index():
+    """Decay and no-decay groups (make_param_groups): a parameter's stochastic-rounding index counts the
+    parameters of the groups before its own, as in the full step."""
+    from adam8lib import make_param_groups
+
+    results = []
+    for release in (False, True):
+        model = mlp(BF16)
+        opt = AdamW8bit(make_param_groups(model, weight_decay=0.1), lr=1e-2, stochastic_rounding=True, seed=11)
+        assert len(opt.param_groups) == 2 and all(len(g["params"]) > 1 for g in opt.param_groups)
+        handle = release_gradients(model, opt) if release else None
+        for x, y in batches(3):
+            loss_of(model, x, y, BF16).backward()
+            if not release:
+                opt.step()
+                opt.zero_grad()
+        if handle:
+            handle.remove()
+        results.append((model, opt))
+    assert_same(*results)
