@@ -85,7 +85,7 @@ SECTIONS: dict[str, str] = {
     # 13 · One state, many optimizers
     "lion8bit": "1 · Five rules, and the states they keep",
     "state_bytes": "6 · The memory table for DistilBERT",
-    "lion_flips": "3 · Lion forgives magnitude, not sign",
+    "lion_flips": "3 · Lion's momentum in 8 bits",
 }
 
 _HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.+?)\s*#*\s*$")
