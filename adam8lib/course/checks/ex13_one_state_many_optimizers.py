@@ -234,6 +234,12 @@ def _hyper(cls) -> dict[str, Any]:
     return {k: opt.param_groups[0].get(k) for k in DEFAULTS}
 
 
+def _as_learner(fn, cls):
+    """``fn`` under the learner's class name, so that :func:`call` reports a stub as theirs."""
+    fn.__name__ = fn.__qualname__ = cls.__name__
+    return fn
+
+
 def check_lion8bit(cls) -> None:
     """``cls``: a :class:`QuantizedStateOptimizer` subclass with a Lion rule; it must step as adam8lib's Lion8bit
     (parameters bit for bit, states up to the EMA's last bits) and, with bitsandbytes' rounding plugged in, as
@@ -254,7 +260,7 @@ def check_lion8bit(cls) -> None:
     if getattr(cls, "state_format", None) != "8bit":
         fail(f"{cls.__name__}.state_format is {getattr(cls, 'state_format', None)!r}, expected '8bit'.",
              hint="state_format = '8bit' on the class: the format is data, the rule knows nothing of it.")
-    hyper = call(_hyper, cls)
+    hyper = call(_as_learner(lambda: _hyper(cls), cls))
     if hyper != DEFAULTS:
         fail(f"{cls.__name__}'s defaults are {hyper}, expected {DEFAULTS} (Lion8bit's, bitsandbytes').",
              hint="__init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, **kwargs) passes "
@@ -273,7 +279,7 @@ def check_lion8bit(cls) -> None:
                   ">= 0, each beta in [0, 1).")
     for kwargs, label in ((dict(lr=1e-2, weight_decay=0.1), "lr=1e-2, weight_decay=0.1"),
                           (dict(lr=3e-3, betas=(0.8, 0.95)), "lr=3e-3, betas=(0.8, 0.95), no decay")):
-        ours, ours_opt = _run(lambda ps: call(cls, ps, **kwargs))
+        ours, ours_opt = call(_as_learner(lambda: _run(lambda ps: cls(ps, **kwargs)), cls))
         ref, ref_opt = _run(lambda ps: Lion8bit(ps, **kwargs))
         what = f"{cls.__name__}({label}) after {STEPS} steps"
         if not _params_equal(ours, ref):
