@@ -181,6 +181,41 @@ def test_lesson_12_m_coded_0_and_dynamic_map_vs_e4m3():
     assert a["12.d"] == "a" and sum(dyn[:2]) > sum(fp8[:2]) and sum(dyn[3:]) < sum(fp8[3:])
 
 
+def test_lesson_13_answers_agree_with_the_library():
+    """13.a: AdEMAMix8bit's three 8-bit states on a 768 x 768 matrix (measured); 13.d: one entry of a momentum
+    changes most of Muon's orthogonalized update; 13.e: Lion8bit's bytes per parameter for DistilBERT, from its
+    shapes with the small-tensor rule and one fp32 absmax per block of 256 (13.b and 13.c are measured by the
+    lesson's own run under nbval: its reveals assert them)."""
+    from collections import Counter
+
+    from adam8lib import AdEMAMix8bit, Lion8bit
+    from adam8lib.memory import materialize_state
+    from adam8lib.rules.muon import NS_COEFFICIENTS, NS_EPS, NS_STEPS, newton_schulz
+
+    a = {k: q.answer for k, q in QUESTIONS.items()}
+    w = torch.nn.Parameter(torch.zeros(768, 768))
+    state = materialize_state(AdEMAMix8bit([w])).state[w]
+    assert a["13.a"] == sum(t.numel() * t.element_size() for k, t in state.items() if k.endswith("_codes"))
+
+    torch.manual_seed(1)
+    momentum = torch.randn(256, 256)
+    nudged = momentum.clone()
+    nudged[3, 5] *= 1.01
+    ns = lambda x: newton_schulz(x, NS_COEFFICIENTS, NS_STEPS, NS_EPS)  # noqa: E731
+    assert a["13.d"] == "c" and (ns(momentum) != ns(nudged)).float().mean().item() > 0.5
+
+    shapes = Counter(distilbert_shapes())
+    n = sum(math.prod(s) * c for s, c in shapes.items())
+    assert n == 65_783_042
+    lion = sum(c * (math.prod(s) + 4 * num_blocks(math.prod(s), 256) if math.prod(s) >= 4096 else 4 * math.prod(s))
+               for s, c in shapes.items())
+    assert QUESTIONS["13.e"].is_right(lion / n) and not QUESTIONS["13.e"].is_right(1.0)
+    small = (768, 3072)  # a shape of the model, measured: codes + scales, as the count above
+    p = torch.nn.Parameter(torch.zeros(small))
+    st = materialize_state(Lion8bit([p])).state[p]
+    assert sum(t.numel() * t.element_size() for t in st.values() if torch.is_tensor(t)) == 768 * 3072 + 4 * 9216
+
+
 def test_reveal_checks_the_measurement_and_recalls_the_prediction(capsys):
     from adam8lib.course.checks import questions as q
 

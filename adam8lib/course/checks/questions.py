@@ -149,6 +149,13 @@ QUESTIONS: dict[str, Question] = {
     "12.c": Question(0.1, rel_tol=0.25, shown="≈ 0.1 learning rates per step (m restarts from 0 at every step)"),
     "12.d": Question("a", choices="abc", shown="(a) the 8-bit dynamic map: its median error of m is about half e4m3's"),
     "12.e": Question(1.0, rel_tol=0, shown="1.0 (every step is lost)"),
+    # 13 · one state, many optimizers
+    "13.a": Question(3 * 768 * 768, rel_tol=0, shown="1,769,472 (three states, one byte of code per element each)"),
+    "13.b": Question("b", choices="abc", shown="(b) far fewer: under 0.1 % of the entries"),
+    "13.c": Question("b", choices="abc", shown="(b) several times larger: the slow EMA keeps its rounding errors"),
+    "13.d": Question("c", choices="abc", shown="(c) most of the matrix: the orthogonalization mixes every entry"),
+    "13.e": Question(67_001_144 / DISTILBERT, rel_tol=0.01,
+                     shown="≈ 1.02 (67,001,144 bytes: 1 byte of code + 4/256 of scale per element)"),
 }
 
 

@@ -82,6 +82,10 @@ SECTIONS: dict[str, str] = {
     "zero_point_victims": "3 · The zero-point problem",
     "rank1_scale": "4 · Rank-1 normalization",
     "stochastic_round": "6 · bf16 weights and stochastic rounding",
+    # 13 · One state, many optimizers
+    "lion8bit": "1 · Five rules, and the states they keep",
+    "state_bytes": "6 · The memory table for DistilBERT",
+    "lion_flips": "3 · Lion's momentum in 8 bits",
 }
 
 _HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.+?)\s*#*\s*$")

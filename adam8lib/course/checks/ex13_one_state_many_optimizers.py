@@ -1,0 +1,494 @@
+"""Checks for workbook 13 · one state, many optimizers: Lion8bit written on the library's core (an update rule
+on :class:`~adam8lib.quantized_state.QuantizedStateOptimizer`), the bytes of one state in each format, and the
+entries of Lion's update that quantizing m flips."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ...family import Lion8bit
+from ...formats import FORMATS
+from ...quantized_state import QuantizedStateOptimizer
+from ...rules import LionRule
+from ...rules.base import StateSpec, UpdateRule
+from ._common import assert_equal, call, fail, passed, require_callable
+
+__all__ = ["check_lion8bit", "check_state_bytes", "check_lion_flips"]
+
+
+# ---------------------------------------------------------------------------- 13.1
+STEPS = 10
+DEFAULTS = {"lr": 1e-4, "betas": (0.9, 0.99), "weight_decay": 0.0}
+
+
+def _params(dtype=torch.float32) -> list[torch.nn.Parameter]:
+    """A matrix of 70 x 61 = 4,270 elements (8-bit states, not a whole number of blocks), a vector of 4,100
+    (8-bit states, a short last block) and a bias of 61 (under min_8bit_size: fp32 states)."""
+    gen = torch.Generator().manual_seed(3)
+    return [torch.nn.Parameter(torch.randn(70, 61, generator=gen).to(dtype)),
+            torch.nn.Parameter(torch.randn(4100, generator=gen).to(dtype)),
+            torch.nn.Parameter(torch.randn(61, generator=gen).to(dtype))]
+
+
+def _grads(steps: int = STEPS) -> list[list[torch.Tensor]]:
+    """Normal gradients; every third step spread over seven decades (tiny states, where codes are coarse)."""
+    gen = torch.Generator().manual_seed(7)
+    out = []
+    for t in range(steps):
+        step = []
+        for shape in ((70, 61), (4100,), (61,)):
+            g = torch.randn(shape, generator=gen)
+            if t % 3 == 2:
+                g = g * 10.0 ** (-7 * torch.rand(shape, generator=gen))
+            step.append(g)
+        out.append(step)
+    return out
+
+
+def with_bnb_rounding(cls):
+    """``cls`` whose states are requantized by bitsandbytes' CPU quantizer (tests/test_family_bnb.py's plug)."""
+
+    class BnbRounding(cls):
+        def quantize(self, spec, x, fmt, shape):
+            return torch.ops.bitsandbytes.quantize_blockwise(x.contiguous(), fmt.qmap(), fmt.blocksize)
+
+    BnbRounding.__name__ = cls.__name__ + "BnbRounding"
+    return BnbRounding
+
+
+def _run(make, steps: int = STEPS, dtype=torch.float32):
+    params = _params(dtype)
+    opt = make(params)
+    for grads in _grads(steps):
+        for p, g in zip(params, grads):
+            p.grad = g.to(dtype)
+        opt.step()
+    return params, opt
+
+
+def _states(opt, params) -> list[dict[str, torch.Tensor]]:
+    """Each parameter's state tensors under the names m / m_codes / m_absmax, whatever the rule calls its state."""
+    out = []
+    for p in params:
+        name = opt.rule.states[0].name
+        st = opt.state[p]
+        renamed = {}
+        for suffix in ("", "_codes", "_absmax"):
+            if torch.is_tensor(st.get(name + suffix)):
+                renamed["m" + suffix] = st[name + suffix]
+        out.append(renamed)
+    return out
+
+
+def _bnb_states(opt, params) -> list[dict[str, torch.Tensor]]:
+    out = []
+    for p in params:
+        st = opt.state[p]
+        if "absmax1" in st:
+            out.append({"m_codes": st["state1"].reshape(-1), "m_absmax": st["absmax1"].reshape(-1)})
+        else:
+            out.append({"m": st["state1"]})
+    return out
+
+
+def _variant_rule(**mistake: bool) -> type[UpdateRule]:
+    """Lion with one plausible mistake switched on (for naming the learner's)."""
+
+    class Variant(UpdateRule):
+        name = "lion-variant"
+        states = (StateSpec("exp_avg", "v" if mistake.get("unsigned") else "m"),)
+        hyperparameters = dict(DEFAULTS)
+
+        def check(self, group):
+            LionRule().check(group)
+
+        def update(self, p, g, states, *, step, group):
+            m = states["exp_avg"]
+            beta1, beta2 = group["betas"]
+            lr, wd = group["lr"], group["weight_decay"]
+            if mistake.get("coupled"):
+                g = g + wd * p
+            elif not mistake.get("decay_after") and not mistake.get("no_decay"):
+                p.mul_(1.0 - (wd if mistake.get("decay_without_lr") else lr * wd))
+            if mistake.get("ema_first"):
+                m.mul_(beta2).add_(g, alpha=1.0 - beta2)
+            b = beta2 if mistake.get("beta2_in_sign") else beta1
+            if mistake.get("minus_g"):
+                inner = m.mul(b) - g.mul(1.0 - b)
+            elif mistake.get("swapped"):
+                inner = m.mul(1.0 - b) + g.mul(b)
+            else:
+                inner = m.mul(b) + g.mul(1.0 - b)
+            step_dir = inner if mistake.get("no_sign") else torch.sign(inner)
+            p.add_(step_dir, alpha=lr if mistake.get("ascent") else -lr)
+            if mistake.get("decay_after"):
+                p.mul_(1.0 - lr * wd)
+            if not mistake.get("ema_first") and not mistake.get("no_state_update"):
+                b_state = beta1 if mistake.get("beta1_in_state") else beta2
+                m.mul_(b_state).add_(g, alpha=1.0 - b_state)
+            return p
+
+    return Variant
+
+
+def _variant_class(**mistake: bool):
+    rule = _variant_rule(**mistake)()
+
+    class VariantLion(QuantizedStateOptimizer):
+        state_format = "8bit"
+
+        def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, **kwargs):
+            super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay), **kwargs)
+
+    VariantLion.rule = rule
+    return VariantLion
+
+
+#: (mistake switches, hint): the usual ways to get Lion wrong, each named.
+LION_MISTAKES = [
+    ({"minus_g"}, "the sign of the interpolation is wrong: Lion's direction is sign(beta1 * m + (1 - beta1) * g), "
+                  "a PLUS between the two terms (you subtract the gradient's share)."),
+    ({"swapped"}, "the interpolation weights are swapped: beta1 multiplies the momentum m and (1 - beta1) the "
+                  "gradient, sign(beta1 * m + (1 - beta1) * g)."),
+    ({"beta2_in_sign"}, "you interpolate with beta2: the update's direction uses beta1, sign(beta1 * m + "
+                        "(1 - beta1) * g); beta2 is the state's own rate."),
+    ({"beta1_in_state"}, "your state is updated with beta1: Lion's momentum m <- beta2 * m + (1 - beta2) * g uses "
+                         "beta2 (0.99), beta1 is only for the update's direction."),
+    ({"ema_first"}, "you update m before taking the sign: Lion takes sign(beta1 * m + (1 - beta1) * g) with the OLD "
+                    "m, and only then m <- beta2 * m + (1 - beta2) * g."),
+    ({"coupled"}, "your weight decay is coupled (added to the gradient): Lion decays the weight itself, decoupled, "
+                  "p <- p * (1 - lr * weight_decay), and the gradient stays as it is."),
+    ({"decay_without_lr"}, "your decay is p * (1 - weight_decay): since bitsandbytes 0.50.0 (and in the paper) it "
+                           "is scaled by the learning rate, p * (1 - lr * weight_decay)."),
+    ({"decay_after"}, "the decay order: decay the weight FIRST, p <- p * (1 - lr * weight_decay), then subtract "
+                      "lr * sign(...); decaying after the step also shrinks the step."),
+    ({"no_decay"}, "your optimizer does not decay the weights: with weight_decay > 0, p <- p * (1 - lr * "
+                   "weight_decay) before the step."),
+    ({"ascent"}, "your step climbs the loss: subtract, p <- p - lr * sign(...)."),
+    ({"no_sign"}, "your step is the interpolation itself: Lion steps by its SIGN, every entry by exactly lr, "
+                  "p <- p - lr * sign(beta1 * m + (1 - beta1) * g)."),
+    ({"no_state_update"}, "your momentum never changes: the optimizer keeps only what you write INTO the tensor "
+                          "states[name] (in place: m.mul_(beta2).add_(g, alpha=1 - beta2)); m = beta2 * m + ... makes a "
+                          "new tensor that nobody keeps."),
+    ({"unsigned"}, "your state is declared stored_as='v', the map for numbers that are never negative: Lion's "
+                   "momentum has both signs, so it takes the signed map, StateSpec(name, 'm')."),
+]
+
+
+def _params_equal(a, b) -> bool:
+    return all(torch.equal(x.detach(), y.detach()) for x, y in zip(a, b))
+
+
+def _states_track(got: list[dict], want: list[dict]) -> str | None:
+    """None when the learner's states are the reference's up to the last bits of the EMA's rounding (fp32
+    states within 1e-6, absmax within 1e-5, codes off by at most one in under 1 % of the entries), else why not."""
+    for k, (g, w) in enumerate(zip(got, want)):
+        if set(g) != set(w):
+            return f"tensor {k}: state entries {sorted(g)}, expected {sorted(w)}"
+        for key in w:
+            a, b = g[key], w[key]
+            if a.shape != b.shape:
+                return f"tensor {k}: {key} of shape {tuple(a.shape)}, expected {tuple(b.shape)}"
+            if key.endswith("_codes"):
+                diff = (a.long() - b.long()).abs()
+                if int(diff.max()) > 1 or float((diff > 0).double().mean()) > 0.01:
+                    return f"tensor {k}: {int((diff > 0).sum())} of {diff.numel()} codes differ"
+            elif not torch.allclose(a.float(), b.float(), rtol=1e-5 if key.endswith("_absmax") else 1e-6,
+                                    atol=1e-6 * float(b.float().abs().max()) + 1e-30):
+                return f"tensor {k}: {key} differs by up to {float((a.float() - b.float()).abs().max()):.3g}"
+    return None
+
+
+def _probe(make, kwargs) -> list[torch.Tensor]:
+    """The parameter after each of three steps of ``make``'s optimizer on one tensor of 4,096 entries (8-bit state)."""
+    gen = torch.Generator().manual_seed(5)
+    p = torch.nn.Parameter(torch.randn(4096, generator=gen))
+    opt = make([p], **kwargs)
+    out = []
+    for _ in range(3):
+        p.grad = torch.randn(4096, generator=gen)
+        opt.step()
+        out.append(p.detach().clone())
+    return out
+
+
+def _name_lion_mistake(cls, kwargs) -> str | None:
+    """The hint of the listed mistake whose three-step trajectory the learner's class follows (to rounding)."""
+    try:
+        ours = _probe(cls, kwargs)
+    except Exception:  # noqa: BLE001 - the probe only names the mistake
+        return None
+    for switches, hint in LION_MISTAKES:
+        theirs = _probe(_variant_class(**dict.fromkeys(switches, True)), kwargs)
+        if all(torch.allclose(a, b, rtol=1e-6, atol=1e-9) for a, b in zip(ours, theirs)):
+            return hint
+    return None
+
+
+def _hyper(cls) -> dict[str, Any]:
+    p = torch.nn.Parameter(torch.zeros(3))
+    opt = cls([p])
+    return {k: opt.param_groups[0].get(k) for k in DEFAULTS}
+
+
+def _as_learner(fn, cls):
+    """``fn`` under the learner's class name, so that :func:`call` reports a stub as theirs."""
+    fn.__name__ = fn.__qualname__ = cls.__name__
+    return fn
+
+
+def check_lion8bit(cls) -> None:
+    """``cls``: a :class:`QuantizedStateOptimizer` subclass with a Lion rule; it must step as adam8lib's Lion8bit
+    (parameters bit for bit, states up to the EMA's last bits) and, with bitsandbytes' rounding plugged in, as
+    ``bitsandbytes.optim.Lion8bit``."""
+    require_callable(cls, "your optimizer class")
+    if not (isinstance(cls, type) and issubclass(cls, QuantizedStateOptimizer)):
+        fail(f"got {getattr(cls, '__name__', type(cls).__name__)}, not a subclass of QuantizedStateOptimizer.",
+             hint="build on the library's core: class Lion8bitFromScratch(QuantizedStateOptimizer) with a class "
+                  "attribute rule = YourLionRule() and state_format = '8bit'.")
+    rule = getattr(cls, "rule", None)
+    if not isinstance(rule, UpdateRule):
+        fail(f"{cls.__name__}.rule is {rule!r}, not an UpdateRule instance.",
+             hint="set rule = LionRuleFromScratch() (an instance of your UpdateRule subclass) on the class.")
+    specs = tuple(getattr(rule, "states", ()))
+    if len(specs) != 1 or not all(isinstance(s, StateSpec) for s in specs):
+        fail(f"your rule declares the states {specs!r}; Lion keeps exactly one.",
+             hint="states = (StateSpec('exp_avg', 'm'),): one momentum, stored on the signed map.")
+    if getattr(cls, "state_format", None) != "8bit":
+        fail(f"{cls.__name__}.state_format is {getattr(cls, 'state_format', None)!r}, expected '8bit'.",
+             hint="state_format = '8bit' on the class: the format is data, the rule knows nothing of it.")
+    hyper = call(_as_learner(lambda: _hyper(cls), cls))
+    if hyper != DEFAULTS:
+        fail(f"{cls.__name__}'s defaults are {hyper}, expected {DEFAULTS} (Lion8bit's, bitsandbytes').",
+             hint="__init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, **kwargs) passes "
+                  "dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay) to super().__init__.")
+    for bad, what in ((dict(lr=-1e-3), "lr=-1e-3"), (dict(betas=(0.9, 1.5)), "betas=(0.9, 1.5)"),
+                      (dict(weight_decay=-0.1), "weight_decay=-0.1")):
+        try:
+            cls([torch.nn.Parameter(torch.zeros(3))], **bad)
+        except (ValueError, TypeError):
+            continue
+        except Exception as exc:  # noqa: BLE001 - reported to the learner
+            fail(f"{cls.__name__}(params, {what}) raised {type(exc).__name__}: {exc}",
+                 hint="the rule's check(group) raises ValueError (or TypeError) naming the argument, nothing else.")
+        fail(f"{cls.__name__}(params, {what}) was accepted.",
+             hint="the rule's check(group) must refuse it with a ValueError naming the argument: lr and weight_decay "
+                  ">= 0, each beta in [0, 1).")
+    for kwargs, label in ((dict(lr=1e-2, weight_decay=0.1), "lr=1e-2, weight_decay=0.1"),
+                          (dict(lr=3e-3, betas=(0.8, 0.95)), "lr=3e-3, betas=(0.8, 0.95), no decay")):
+        ours, ours_opt = call(_as_learner(lambda: _run(lambda ps: cls(ps, **kwargs)), cls))
+        ref, ref_opt = _run(lambda ps: Lion8bit(ps, **kwargs))
+        what = f"{cls.__name__}({label}) after {STEPS} steps"
+        if not _params_equal(ours, ref):
+            named = _name_lion_mistake(cls, kwargs)
+            if named is None:
+                worst = max(float((a.detach() - b.detach()).abs().max()) for a, b in zip(ours, ref))
+                named = (f"your parameters differ from Lion8bit's by up to {worst:.3g} (lr = {kwargs['lr']:g}): "
+                         "p <- p * (1 - lr * wd); p <- p - lr * sign(beta1 * m + (1 - beta1) * g); "
+                         "m <- beta2 * m + (1 - beta2) * g, in that order, every step.")
+            fail(f"{what}: the parameters are not Lion8bit's.", hint=named)
+        why = _states_track(_states(ours_opt, ours), _states(ref_opt, ref))
+        if why:
+            fail(f"{what}: the parameters are right but the state is not Lion8bit's ({why}).",
+                 hint="the update is right; check what you write back into the state: m <- beta2 * m + (1 - beta2) "
+                      "* g, IN PLACE in the tensor you are given (states[name].mul_(...).add_(...)), after the "
+                      "update.")
+    _check_against_bnb(cls)
+    passed("Exercise 13.1 · Lion8bit on the core")
+
+
+def _check_against_bnb(cls) -> None:
+    try:
+        import bitsandbytes as bnb  # noqa: F401 - imported quietly by the course's setup
+    except Exception:  # noqa: BLE001 - bitsandbytes is optional on some machines
+        return
+    kwargs = dict(lr=1e-2, betas=(0.9, 0.99), weight_decay=0.1)
+    ours, ours_opt = _run(lambda ps: with_bnb_rounding(cls)(ps, **kwargs))
+    theirs, theirs_opt = _run(lambda ps: bnb.optim.Lion8bit(ps, **kwargs))
+    if not _params_equal(ours, theirs):
+        worst = max(float((a.detach() - b.detach()).abs().max()) for a, b in zip(ours, theirs))
+        fail(f"with bitsandbytes' rounding plugged in, {cls.__name__}'s parameters differ from "
+             f"bitsandbytes.optim.Lion8bit's by up to {worst:.3g}.",
+             hint="adam8lib's Lion8bit matched above, so look at what differs with another quantizer: does your "
+                  "class override quantize, decode or step? Keep to rule + state_format + __init__.")
+    why = _states_track(_states(ours_opt, ours), _bnb_states(theirs_opt, theirs))
+    if why:
+        fail(f"with bitsandbytes' rounding plugged in, the state is not bitsandbytes' ({why}).",
+             hint="keep the state's name and layout to the core's: one StateSpec, stored as 'm'.")
+
+
+# ---------------------------------------------------------------------------- 13.2
+class _OneState(QuantizedStateOptimizer):
+    """A bare optimizer with one state, to read the layout the core creates (``expected_state``)."""
+
+    state_format = "8bit"
+
+    def __init__(self, params, rule, **kwargs):
+        self.rule = rule
+        super().__init__(params, {}, **kwargs)
+
+
+def _one_state_rule(stored_as: str) -> UpdateRule:
+    class One(UpdateRule):
+        name = "one-state"
+        states = (StateSpec("s", stored_as),)
+
+        def check(self, group):
+            pass
+
+    return One()
+
+
+def reference_state_bytes(shape: tuple[int, ...], stored_as: str, state_format: str) -> int:
+    """Bytes of one state of a tensor of ``shape``, as the core lays it out (min_8bit_size 4,096)."""
+    p = torch.nn.Parameter(torch.empty(shape, device="meta"))
+    rule = _one_state_rule(stored_as)
+    opt = _OneState([p], rule, state_format=state_format)
+    return sum(math.prod(s) * torch.empty((), dtype=d).element_size()
+               for s, d in opt.expected_state(p, rule).values())
+
+
+STATE_BYTES_CASES = [
+    ((768, 3072), "m"), ((768, 3072), "v"), ((4100,), "m"), ((4100,), "v"), ((70, 61), "v"), ((61,), "m"),
+    ((4095,), "m"), ((4096,), "v"), ((2, 768), "m"), ((28996, 768), "v"), ((4097,), "m"), ((63, 65), "v"),
+]
+
+
+def _state_bytes_variants(shape, stored_as, fmt) -> list[tuple[str, int]]:
+    n = math.prod(shape)
+    blocks = lambda b: math.ceil(n / b)  # noqa: E731
+    codes4 = math.ceil(n / 2)
+    rank1 = len(shape) >= 2 and stored_as == "v"
+    scales4 = sum(shape) if rank1 else blocks(128)
+    out = []
+    if n < 4096:
+        quantized = {"8bit": n + 4 * blocks(256), "fp8": n + 4 * blocks(256), "4bit": codes4 + 4 * scales4}
+        if fmt in quantized:
+            out.append(("a tensor under 4,096 elements keeps its state in fp32 (4 bytes per element) in every format: "
+                        "min_8bit_size.", quantized[fmt]))
+    else:
+        out += [("fp32 keeps 4 bytes per element, not one.", n) if fmt == "fp32" else
+                ("you forgot the scales: one fp32 absmax (4 bytes) per block.", codes4 if fmt == "4bit" else n)]
+        if fmt in ("8bit", "fp8"):
+            out += [("the last block is short but still has its absmax: round the number of blocks UP, "
+                     "ceil(n / 256).", n + 4 * (n // 256)),
+                    ("an absmax is an fp32 number: 4 bytes per block, not 1.", n + blocks(256)),
+                    ("an FP8 (e4m3) code is one byte, like an 8-bit code.", 2 * n + 4 * blocks(256))]
+        if fmt == "4bit":
+            out += [("4-bit codes are two per byte: ceil(n / 2) bytes of codes.", n + 4 * scales4),
+                    ("the 4-bit format's blocks are 128 elements, not 256.", codes4 + 4 * (sum(shape) if rank1
+                                                                                            else blocks(256))),
+                    ("a matrix's 'v' state has rank-1 scales in 4 bits: one per row and one per column "
+                     "(rows + columns fp32 numbers), not one per block.", codes4 + 4 * blocks(128)),
+                    ("rank-1 scales are for the 'v' state of a matrix only; 'm' and vectors have one absmax per "
+                     "block of 128.", codes4 + 4 * (sum(shape) if len(shape) >= 2 else n)),
+                    ("two codes per byte: an odd count rounds UP, ceil(n / 2).", n // 2 + 4 * scales4)]
+    return out
+
+
+def check_state_bytes(state_bytes) -> None:
+    """``state_bytes(shape, stored_as, state_format) -> int``: bytes of one state (codes + scales, or fp32)."""
+    require_callable(state_bytes, "state_bytes")
+    for fmt in ("fp32", "8bit", "fp8", "4bit"):
+        for shape, stored_as in STATE_BYTES_CASES:
+            want = reference_state_bytes(shape, stored_as, fmt)
+            got = call(state_bytes, shape, stored_as, fmt)
+            what = f"state_bytes({shape}, {stored_as!r}, {fmt!r})"
+            if isinstance(got, torch.Tensor) and got.numel() == 1:
+                got = got.item()
+            if isinstance(got, float) and got.is_integer():
+                got = int(got)
+            if isinstance(got, bool) or not isinstance(got, int):
+                fail(f"{what} returned {got!r} ({type(got).__name__}), expected an int.",
+                     hint="bytes are a whole number: use integer arithmetic (math.ceil(n / 256) or -(-n // 256)).")
+            if got == want:
+                continue
+            hint = next((h for h, v in _state_bytes_variants(shape, stored_as, fmt) if v == got and v != want), None)
+            if hint is None:
+                hint = ("codes: n bytes in 8-bit and FP8, ceil(n / 2) in 4-bit; scales: 4 bytes each, one per block "
+                        "(256; 4-bit: 128), or rows + columns for a matrix's 'v' in 4-bit; under 4,096 elements "
+                        "4 * n in fp32.")
+            assert_equal(got, want, what=what, hint=hint)
+    passed("Exercise 13.2 · The bytes of one state")
+
+
+# ---------------------------------------------------------------------------- 13.3
+def reference_lion_flips(m: torch.Tensor, g: torch.Tensor, beta1: float, state_format: str) -> torch.Tensor:
+    fmt = FORMATS[state_format].m
+    shape = tuple(m.shape)
+    stored = fmt.dequantize(*fmt.quantize(m.reshape(-1).float(), shape), shape).view(shape)
+    return torch.sign(beta1 * stored + (1 - beta1) * g) != torch.sign(beta1 * m + (1 - beta1) * g)
+
+
+def _stored(m, state_format, moment="m"):
+    fmt = getattr(FORMATS[state_format], moment)
+    shape = tuple(m.shape)
+    return fmt.dequantize(*fmt.quantize(m.reshape(-1).float(), shape), shape).view(shape)
+
+
+def _flip_cases():
+    gen = torch.Generator().manual_seed(13)
+    g = torch.randn(64, 256, generator=gen)
+    m = 0.1 * torch.randn(64, 256, generator=gen) * torch.logspace(-4, 0, 256)[torch.randperm(256, generator=gen)]
+    close = -(1 - 0.9) / 0.9 * g * (1 + 0.02 * torch.randn(64, 256, generator=gen))  # interpolations near 0
+    mixed = torch.where(torch.rand(64, 256, generator=gen) < 0.5, m, close)
+    zeros = m.clone()
+    zeros[:, ::4] = 0.0
+    return [("m over four decades, 8-bit", m, g, 0.9, "8bit"),
+            ("m often close to cancelling the gradient, 8-bit", mixed, g, 0.9, "8bit"),
+            ("the same, 4-bit", mixed, g, 0.9, "4bit"),
+            ("the same, FP8, beta1 = 0.95", mixed, g, 0.95, "fp8"),
+            ("a quarter of m exactly 0, 4-bit", zeros, g, 0.9, "4bit")]
+
+
+def check_lion_flips(lion_flips) -> None:
+    """``lion_flips(m, g, beta1, state_format) -> bool mask``: the entries of Lion's update that change when m is
+    stored in ``state_format`` (coded and decoded by the format's m) instead of fp32."""
+    require_callable(lion_flips, "lion_flips")
+    first_miss = None
+    for label, m, g, beta1, fmt in _flip_cases():
+        want = reference_lion_flips(m, g, beta1, fmt)
+        got = call(lion_flips, m.clone(), g.clone(), beta1, fmt)
+        what = f"lion_flips({label})"
+        if not isinstance(got, torch.Tensor):
+            fail(f"{what} returned {type(got).__name__}, expected a bool tensor shaped like m.",
+                 hint="return the mask itself (True where the update changes), not a count or a share.")
+        if got.shape != want.shape:
+            fail(f"{what} has shape {tuple(got.shape)}, expected {tuple(want.shape)}.",
+                 hint="return the mask itself (True where the update changes), not a count or a share."
+                 if got.numel() == 1 else "one True/False per entry of m, in m's shape.")
+        if got.dtype != torch.bool:
+            fail(f"{what} has dtype {got.dtype}, expected torch.bool.",
+                 hint="compare the two signs with != : that gives a bool tensor.")
+        if torch.equal(got, want):
+            continue
+        stored = _stored(m, fmt)
+        exact = torch.sign(beta1 * m + (1 - beta1) * g)
+        variants = [
+            ("you compared the signs of m alone: Lion's update is the sign of the INTERPOLATION beta1 * m + (1 - beta1) "
+             "* g, so compare that, once with the stored m and once with fp32 m.",
+             torch.sign(stored) != torch.sign(m)),
+            ("you flagged every entry whose stored m differs from m: most of those errors change the size of m but not "
+             "the sign of the interpolation, and Lion's update sees only the sign.", stored != m),
+            ("you stored m with the format's 'v' moment (for numbers that are never negative): m is signed, use "
+             "FORMATS[state_format].m.", torch.sign(beta1 * _stored(m, fmt, "v") + (1 - beta1) * g) != exact),
+            ("the weights are swapped: beta1 multiplies m, (1 - beta1) multiplies g.",
+             torch.sign((1 - beta1) * stored + beta1 * g) != torch.sign((1 - beta1) * m + beta1 * g)),
+            ("the mask is inverted: True where the update CHANGES.", ~want),
+            ("you quantized the gradient too: only the state is stored in the format; g arrives in fp32 every step.",
+             torch.sign(beta1 * stored + (1 - beta1) * _stored(g, fmt)) != exact),
+        ]
+        matching = [h for h, v in variants if torch.equal(got, v)]
+        if len(matching) == 1:  # this case tells the listed mistakes apart: name it now
+            assert_equal(got, want, what=what, hint=matching[0])
+        first_miss = first_miss or (got, want, what, matching)
+    if first_miss is not None:
+        got, want, what, matching = first_miss
+        hint = matching[0] if matching else (
+            "code and decode m with FORMATS[state_format].m (quantize, then dequantize, in m's shape), then "
+            "compare sign(beta1 * stored + (1 - beta1) * g) with sign(beta1 * m + (1 - beta1) * g).")
+        assert_equal(got, want, what=what, hint=hint)
+    passed("Exercise 13.3 · The signs Lion loses")

@@ -1,0 +1,391 @@
+"""Workbook 13 · one state, many optimizers: what learners plausibly write instead of the solution."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from adam8lib.course import checks
+from adam8lib.formats import FORMATS
+from adam8lib.quantized_state import QuantizedStateOptimizer
+from adam8lib.rules.base import StateSpec, UpdateRule, check_beta, check_number
+from tests.workbooks.wrong_answers import Right, Wrong
+
+
+# ---------------------------------------------------------------------------------- 13.1
+def lion_class(update, *, stored_as="m", check=None, defaults=(1e-4, (0.9, 0.99), 0.0)):
+    """A learner's Lion8bit: the workbook's class around a rule whose ``update`` is ``update(p, g, m, group)``."""
+
+    def default_check(self, group):
+        check_number(group["lr"], "lr")
+        check_number(group["weight_decay"], "weight_decay")
+        for i, beta in enumerate(group["betas"]):
+            check_beta(beta, f"betas[{i}]")
+
+    rule_cls = type("LearnerLionRule", (UpdateRule,), {
+        "name": "lion", "states": (StateSpec("exp_avg", stored_as),),
+        "hyperparameters": {"lr": 1e-4, "betas": (0.9, 0.99), "weight_decay": 0.0},
+        "check": check or default_check,
+        "update": lambda self, p, g, states, *, step, group: update(p, g, states["exp_avg"], group),
+    })
+    lr0, betas0, wd0 = defaults
+
+    class LearnerLion8bit(QuantizedStateOptimizer):
+        rule = rule_cls()
+        state_format = "8bit"
+
+        def __init__(self, params, lr=lr0, betas=betas0, weight_decay=wd0, **kwargs):
+            super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay), **kwargs)
+
+    return LearnerLion8bit
+
+
+def _hyper(group):
+    beta1, beta2 = group["betas"]
+    return beta1, beta2, group["lr"], group["weight_decay"]
+
+
+def lion_right(p, g, m, group):
+    beta1, beta2, lr, wd = _hyper(group)
+    p.mul_(1 - lr * wd)
+    p.add_(torch.sign(beta1 * m + (1 - beta1) * g), alpha=-lr)
+    m.mul_(beta2).add_(g, alpha=1 - beta2)
+    return p
+
+
+def lion_minus_gradient(p, g, m, group):
+    beta1, beta2, lr, wd = _hyper(group)
+    p.mul_(1 - lr * wd)
+    p.sub_(lr * torch.sign(beta1 * m - (1 - beta1) * g))
+    m.mul_(beta2).add_(g, alpha=1 - beta2)
+    return p
+
+
+def lion_beta2_in_the_sign(p, g, m, group):
+    beta1, beta2, lr, wd = _hyper(group)
+    p.mul_(1 - lr * wd)
+    p.sub_(lr * torch.sign(beta2 * m + (1 - beta2) * g))
+    m.mul_(beta2).add_(g, alpha=1 - beta2)
+    return p
+
+
+def lion_state_with_beta1(p, g, m, group):
+    beta1, beta2, lr, wd = _hyper(group)
+    p.mul_(1 - lr * wd)
+    p.sub_(lr * torch.sign(beta1 * m + (1 - beta1) * g))
+    m.mul_(beta1).add_(g, alpha=1 - beta1)
+    return p
+
+
+def lion_state_updated_first(p, g, m, group):
+    beta1, beta2, lr, wd = _hyper(group)
+    m.mul_(beta2).add_(g, alpha=1 - beta2)
+    p.mul_(1 - lr * wd)
+    p.sub_(lr * torch.sign(beta1 * m + (1 - beta1) * g))
+    return p
+
+
+def lion_coupled_decay(p, g, m, group):
+    beta1, beta2, lr, wd = _hyper(group)
+    g = g + wd * p
+    p.sub_(lr * torch.sign(beta1 * m + (1 - beta1) * g))
+    m.mul_(beta2).add_(g, alpha=1 - beta2)
+    return p
+
+
+def lion_decay_without_lr(p, g, m, group):
+    beta1, beta2, lr, wd = _hyper(group)
+    p.mul_(1 - wd)
+    p.sub_(lr * torch.sign(beta1 * m + (1 - beta1) * g))
+    m.mul_(beta2).add_(g, alpha=1 - beta2)
+    return p
+
+
+def lion_decay_after_the_step(p, g, m, group):
+    beta1, beta2, lr, wd = _hyper(group)
+    p.sub_(lr * torch.sign(beta1 * m + (1 - beta1) * g))
+    p.mul_(1 - lr * wd)
+    m.mul_(beta2).add_(g, alpha=1 - beta2)
+    return p
+
+
+def lion_without_sign(p, g, m, group):
+    beta1, beta2, lr, wd = _hyper(group)
+    p.mul_(1 - lr * wd)
+    p.sub_(lr * (beta1 * m + (1 - beta1) * g))
+    m.mul_(beta2).add_(g, alpha=1 - beta2)
+    return p
+
+
+def lion_state_not_in_place(p, g, m, group):
+    beta1, beta2, lr, wd = _hyper(group)
+    p.mul_(1 - lr * wd)
+    p.sub_(lr * torch.sign(beta1 * m + (1 - beta1) * g))
+    m = beta2 * m + (1 - beta2) * g  # a new tensor: the optimizer's state never sees it
+    return p
+
+
+def lion_written_with_lerp(p, g, m, group):
+    beta1, beta2, lr, wd = _hyper(group)
+    if wd:
+        p.mul_(1 - lr * wd)
+    p.sub_(lr * torch.lerp(g, m, beta1).sign())
+    m.lerp_(g, 1 - beta2)
+    return p
+
+
+def lion_written_out(p, g, m, group):
+    beta1, beta2, lr, wd = _hyper(group)
+    direction = torch.where(beta1 * m + (1 - beta1) * g > 0, 1.0, 0.0) - torch.where(
+        beta1 * m + (1 - beta1) * g < 0, 1.0, 0.0)
+    new_p = p * (1 - lr * wd) - lr * direction
+    m.copy_(beta2 * m + (1 - beta2) * g)
+    return new_p
+
+
+def check_accepting_anything(self, group):
+    pass
+
+
+_CASE_131 = "13.1"
+WRONG = [
+    Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_minus_gradient),
+          mistake="sign(beta1 * m - (1 - beta1) * g)", hint="a PLUS between the two terms", names_mistake=True),
+    Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_beta2_in_the_sign),
+          mistake="the update interpolates with beta2", hint="you interpolate with beta2", names_mistake=True),
+    Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_state_with_beta1),
+          mistake="the state is updated with beta1", hint="your state is updated with beta1", names_mistake=True),
+    Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_state_updated_first),
+          mistake="m updated before the sign is taken", hint="you update m before taking the sign",
+          names_mistake=True),
+    Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_coupled_decay),
+          mistake="weight decay added to the gradient (coupled)", hint="your weight decay is coupled",
+          names_mistake=True),
+    Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_decay_without_lr),
+          mistake="p *= 1 - weight_decay (bitsandbytes < 0.50's 8-bit decay)", hint="your decay is p * (1 - weight_decay)",
+          names_mistake=True),
+    Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_decay_after_the_step),
+          mistake="decay after the step", hint="the decay order: decay the weight FIRST", names_mistake=True),
+    Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_without_sign),
+          mistake="steps by the interpolation, no sign", hint="your step is the interpolation itself",
+          names_mistake=True),
+    Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_right, stored_as="v"),
+          mistake="the momentum declared stored_as='v' (unsigned map)", hint="your state is declared stored_as='v'",
+          names_mistake=True),
+    Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_state_not_in_place),
+          mistake="m rebound to a new tensor instead of updated in place",
+          hint="your momentum never changes", names_mistake=True),
+    Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_right, check=check_accepting_anything),
+          mistake="check(group) accepts a negative learning rate", hint="lr=-1e-3) was accepted", names_mistake=True),
+    Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_right, defaults=(1e-3, (0.9, 0.999), 0.0)),
+          mistake="Adam's defaults (lr 1e-3, betas (0.9, 0.999))", hint="Lion8bit's, bitsandbytes'", names_mistake=False),
+]
+RIGHT = [
+    Right(_CASE_131, checks.check_lion8bit, lion_class(lion_right), how="the workbook's solution, via a factory"),
+    Right(_CASE_131, checks.check_lion8bit, lion_class(lion_written_with_lerp),
+          how="torch.lerp for the interpolation and the EMA, decay skipped when weight_decay is 0"),
+    Right(_CASE_131, checks.check_lion8bit, lion_class(lion_written_out),
+          how="the sign written with torch.where, a new parameter tensor returned, m.copy_ of the EMA"),
+]
+
+
+# ---------------------------------------------------------------------------------- 13.2
+def bytes_right(shape, stored_as, state_format):
+    n = math.prod(shape)
+    if state_format == "fp32" or n < 4096:
+        return 4 * n
+    if state_format == "4bit":
+        scales = sum(shape) if (stored_as == "v" and len(shape) == 2) else -(-n // 128)
+        return -(-n // 2) + 4 * scales
+    return n + 4 * -(-n // 256)
+
+
+def bytes_without_min_size(shape, stored_as, state_format):
+    n = math.prod(shape)
+    if state_format == "fp32":
+        return 4 * n
+    if state_format == "4bit":
+        scales = sum(shape) if (stored_as == "v" and len(shape) == 2) else -(-n // 128)
+        return -(-n // 2) + 4 * scales
+    return n + 4 * -(-n // 256)
+
+
+def bytes_without_scales(shape, stored_as, state_format):
+    n = math.prod(shape)
+    if state_format == "fp32" or n < 4096:
+        return 4 * n
+    return -(-n // 2) if state_format == "4bit" else n
+
+
+def bytes_blocks_rounded_down(shape, stored_as, state_format):
+    n = math.prod(shape)
+    if state_format == "fp32" or n < 4096:
+        return 4 * n
+    if state_format == "4bit":
+        scales = sum(shape) if (stored_as == "v" and len(shape) == 2) else -(-n // 128)
+        return -(-n // 2) + 4 * scales
+    return n + 4 * (n // 256)
+
+
+def bytes_four_bit_one_code_per_byte(shape, stored_as, state_format):
+    n = math.prod(shape)
+    if state_format == "fp32" or n < 4096:
+        return 4 * n
+    if state_format == "4bit":
+        scales = sum(shape) if (stored_as == "v" and len(shape) == 2) else -(-n // 128)
+        return n + 4 * scales
+    return n + 4 * -(-n // 256)
+
+
+def bytes_no_rank1(shape, stored_as, state_format):
+    n = math.prod(shape)
+    if state_format == "fp32" or n < 4096:
+        return 4 * n
+    if state_format == "4bit":
+        return -(-n // 2) + 4 * -(-n // 128)
+    return n + 4 * -(-n // 256)
+
+
+def bytes_absmax_one_byte(shape, stored_as, state_format):
+    n = math.prod(shape)
+    if state_format == "fp32" or n < 4096:
+        return 4 * n
+    if state_format == "4bit":
+        scales = sum(shape) if (stored_as == "v" and len(shape) == 2) else -(-n // 128)
+        return -(-n // 2) + 4 * scales
+    return n + -(-n // 256)
+
+
+def bytes_fp8_two_bytes(shape, stored_as, state_format):
+    n = math.prod(shape)
+    if state_format == "fp32" or n < 4096:
+        return 4 * n
+    if state_format == "4bit":
+        scales = sum(shape) if (stored_as == "v" and len(shape) == 2) else -(-n // 128)
+        return -(-n // 2) + 4 * scales
+    return (2 if state_format == "fp8" else 1) * n + 4 * -(-n // 256)
+
+
+def bytes_float_division(shape, stored_as, state_format):
+    n = math.prod(shape)
+    if state_format == "fp32" or n < 4096:
+        return 4 * n
+    if state_format == "4bit":
+        scales = sum(shape) if (stored_as == "v" and len(shape) == 2) else n / 128
+        return n / 2 + 4 * scales
+    return n + 4 * n / 256
+
+
+def bytes_with_numpy(shape, stored_as, state_format):
+    import numpy as np
+
+    n = int(np.prod(shape))
+    if state_format == "fp32" or n < 4096:
+        return 4 * n
+    codes = (n + 1) // 2 if state_format == "4bit" else n
+    if state_format == "4bit" and stored_as == "v" and len(shape) == 2:
+        return codes + 4 * (shape[0] + shape[1])
+    block = 128 if state_format == "4bit" else 256
+    return codes + 4 * int(np.ceil(n / block))
+
+
+_CASE_132 = "13.2"
+WRONG += [
+    Wrong(_CASE_132, checks.check_state_bytes, bytes_without_min_size, mistake="small tensors quantized too",
+          hint="keeps its state in fp32 (4 bytes per element) in every format: min_8bit_size", names_mistake=True),
+    Wrong(_CASE_132, checks.check_state_bytes, bytes_without_scales, mistake="codes only, no absmax",
+          hint="you forgot the scales", names_mistake=True),
+    Wrong(_CASE_132, checks.check_state_bytes, bytes_blocks_rounded_down, mistake="n // 256 blocks",
+          hint="round the number of blocks UP", names_mistake=True),
+    Wrong(_CASE_132, checks.check_state_bytes, bytes_four_bit_one_code_per_byte, mistake="4-bit: a byte per code",
+          hint="4-bit codes are two per byte", names_mistake=True),
+    Wrong(_CASE_132, checks.check_state_bytes, bytes_no_rank1, mistake="4-bit v of a matrix with block scales",
+          hint="a matrix's 'v' state has rank-1 scales in 4 bits", names_mistake=True),
+    Wrong(_CASE_132, checks.check_state_bytes, bytes_absmax_one_byte, mistake="an absmax counted as one byte",
+          hint="an absmax is an fp32 number: 4 bytes per block", names_mistake=True),
+    Wrong(_CASE_132, checks.check_state_bytes, bytes_fp8_two_bytes, mistake="FP8 codes counted as 2 bytes",
+          hint="an FP8 (e4m3) code is one byte", names_mistake=True),
+    Wrong(_CASE_132, checks.check_state_bytes, bytes_float_division, mistake="float division, no rounding",
+          hint="bytes are a whole number", names_mistake=True),
+]
+RIGHT += [
+    Right(_CASE_132, checks.check_state_bytes, bytes_right, how="ceil written as -(-n // k)"),
+    Right(_CASE_132, checks.check_state_bytes, bytes_with_numpy, how="numpy's prod and ceil, (n + 1) // 2"),
+]
+
+
+# ---------------------------------------------------------------------------------- 13.3
+def _stored(m, state_format, moment="m"):
+    fmt = getattr(FORMATS[state_format], moment)
+    shape = tuple(m.shape)
+    return fmt.dequantize(*fmt.quantize(m.reshape(-1), shape), shape).view(shape)
+
+
+def flips_right(m, g, beta1, state_format):
+    fmt = FORMATS[state_format].m
+    codes, scales = fmt.quantize(m.flatten(), m.shape)
+    stored = fmt.dequantize(codes, scales, m.shape).reshape(m.shape)
+    return (beta1 * stored + (1 - beta1) * g).sign().ne((beta1 * m + (1 - beta1) * g).sign())
+
+
+def flips_sign_of_m(m, g, beta1, state_format):
+    return torch.sign(_stored(m, state_format)) != torch.sign(m)
+
+
+def flips_any_change(m, g, beta1, state_format):
+    return _stored(m, state_format) != m
+
+
+def flips_v_moment(m, g, beta1, state_format):
+    stored = _stored(m, state_format, "v")
+    return torch.sign(beta1 * stored + (1 - beta1) * g) != torch.sign(beta1 * m + (1 - beta1) * g)
+
+
+def flips_swapped_weights(m, g, beta1, state_format):
+    stored = _stored(m, state_format)
+    return torch.sign((1 - beta1) * stored + beta1 * g) != torch.sign((1 - beta1) * m + beta1 * g)
+
+
+def flips_inverted(m, g, beta1, state_format):
+    stored = _stored(m, state_format)
+    return torch.sign(beta1 * stored + (1 - beta1) * g) == torch.sign(beta1 * m + (1 - beta1) * g)
+
+
+def flips_gradient_quantized(m, g, beta1, state_format):
+    stored, g_stored = _stored(m, state_format), _stored(g, state_format)
+    return torch.sign(beta1 * stored + (1 - beta1) * g_stored) != torch.sign(beta1 * m + (1 - beta1) * g)
+
+
+def flips_share(m, g, beta1, state_format):
+    stored = _stored(m, state_format)
+    return (torch.sign(beta1 * stored + (1 - beta1) * g) != torch.sign(beta1 * m + (1 - beta1) * g)).float().mean()
+
+
+def flips_as_integers(m, g, beta1, state_format):
+    stored = _stored(m, state_format)
+    return (torch.sign(beta1 * stored + (1 - beta1) * g) - torch.sign(beta1 * m + (1 - beta1) * g)).abs()
+
+
+_CASE_133 = "13.3"
+WRONG += [
+    Wrong(_CASE_133, checks.check_lion_flips, flips_sign_of_m, mistake="compares sign(m) only",
+          hint="you compared the signs of m alone", names_mistake=True),
+    Wrong(_CASE_133, checks.check_lion_flips, flips_any_change, mistake="flags every changed m",
+          hint="you flagged every entry whose stored m differs from m", names_mistake=True),
+    Wrong(_CASE_133, checks.check_lion_flips, flips_v_moment, mistake="m stored with the 'v' moment format",
+          hint="you stored m with the format's 'v' moment", names_mistake=True),
+    Wrong(_CASE_133, checks.check_lion_flips, flips_swapped_weights, mistake="beta1 on g, 1 - beta1 on m",
+          hint="the weights are swapped", names_mistake=True),
+    Wrong(_CASE_133, checks.check_lion_flips, flips_inverted, mistake="== instead of !=",
+          hint="the mask is inverted", names_mistake=True),
+    Wrong(_CASE_133, checks.check_lion_flips, flips_gradient_quantized, mistake="the gradient quantized too",
+          hint="you quantized the gradient too", names_mistake=True),
+    Wrong(_CASE_133, checks.check_lion_flips, flips_share, mistake="returns the share, not the mask",
+          hint="return the mask itself", names_mistake=True),
+    Wrong(_CASE_133, checks.check_lion_flips, flips_as_integers, mistake="|difference of signs| (0, 1 or 2) as floats",
+          hint="compare the two signs with != : that gives a bool tensor", names_mistake=False),
+]
+RIGHT += [
+    Right(_CASE_133, checks.check_lion_flips, flips_right, how="flatten/reshape, Tensor.ne, the shape as torch.Size"),
+]
