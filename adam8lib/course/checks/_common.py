@@ -16,8 +16,10 @@ success prints exactly one line (stored as the check cell's output and compared 
 
 Helpers
 -------
-``call(fn, *args, **kwargs)``
-    Call the learner's function. The stub's own ``raise NotImplementedError(...)`` becomes an
+``call(fn, *args, may_change=(), **kwargs)``
+    Call the learner's function. Its tensor / array arguments must come back unchanged (bitwise, same
+    shape and dtype) unless ``may_change`` lists them (indices or parameter names; ``ALL_ARGS`` for a
+    kernel that writes into its pointers): "your function modified its argument `m` in place". The stub's own ``raise NotImplementedError(...)`` becomes an
     AssertionError "<name> is not implemented yet"; a ``NotImplementedError`` raised by torch
     (an operation that has no kernel for these dtypes, e.g. ``<<`` on a float tensor) and any
     other exception become an AssertionError that names the function, the exception and the
@@ -57,6 +59,7 @@ __all__ = [
     "passed",
     "fail",
     "call",
+    "ALL_ARGS",
     "is_stub",
     "torch_not_implemented_hint",
     "require_callable",
@@ -177,11 +180,119 @@ def torch_not_implemented_hint(exc: BaseException) -> str:
             "stub: your code ran.")
 
 
-def call(fn: Callable, *args: Any, **kwargs: Any) -> Any:
-    """Call the learner's ``fn``; turn its exceptions into AssertionErrors that say what happened."""
-    require_callable(fn)
+#: ``may_change`` value for a function whose contract is to write into every argument (a Triton kernel)
+ALL_ARGS = "all"
+
+
+def _tensors_in(value: Any, path: str, depth: int = 0):
+    """(path, tensor-or-array) pairs in ``value``: itself, or inside a list/tuple/dict (two levels deep)."""
+    torch = sys.modules.get("torch")
+    np = sys.modules.get("numpy")
+    if torch is not None and isinstance(value, torch.Tensor):
+        yield path, value
+    elif np is not None and isinstance(value, np.ndarray):
+        yield path, value
+    elif depth < 2 and isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _tensors_in(item, f"{path}[{i}]", depth + 1)
+    elif depth < 2 and isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _tensors_in(item, f"{path}[{key!r}]", depth + 1)
+
+
+def _param_names(fn: Callable, n_args: int) -> list[str]:
+    """The names of ``fn``'s first ``n_args`` positional parameters (``arg0``, ... where unknown)."""
+    import inspect
+
     try:
-        return fn(*args, **kwargs)
+        params = [p.name for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    return [params[i] if i < len(params) else f"argument {i + 1}" for i in range(n_args)]
+
+
+def _snapshot(fn: Callable, args: tuple, kwargs: dict, may_change: Any) -> list:
+    """Copies of the tensors and arrays ``fn`` receives and must give back unchanged."""
+    if may_change == ALL_ARGS:
+        return []
+    keep = set(may_change or ())
+    names = _param_names(fn, len(args))
+    taken = []
+    for i, (name, arg) in enumerate(zip(names, args)):
+        if i in keep or name in keep:
+            continue
+        taken.extend(_tensors_in(arg, name))
+    for key, arg in kwargs.items():
+        if key not in keep:
+            taken.extend(_tensors_in(arg, key))
+    copies = []
+    for path, value in taken:
+        try:
+            if hasattr(value, "detach"):
+                copies.append((path, value, value.detach().clone(), tuple(value.shape), value.dtype))
+            else:
+                copies.append((path, value, value.copy(), tuple(value.shape), value.dtype))
+        except Exception:  # noqa: BLE001 - an argument we cannot copy is simply not watched
+            continue
+    return copies
+
+
+_SAME_SIZE_INT = {8: "int64", 4: "int32", 2: "int16", 1: "uint8"}
+
+
+def _bitwise_same(before: Any, now: Any) -> bool:
+    """Same bits (a NaN stays the same NaN, -0.0 is not 0.0)."""
+    if hasattr(now, "detach"):
+        import torch
+
+        now = now.detach()
+        if now.device != before.device or now.dtype != before.dtype:
+            return False
+        if now.dtype.is_floating_point:
+            as_int = getattr(torch, _SAME_SIZE_INT[now.element_size()])
+            try:
+                return bool(torch.equal(now.contiguous().view(as_int), before.contiguous().view(as_int)))
+            except RuntimeError:
+                pass
+        return bool(torch.equal(now, before))
+    import numpy as np
+
+    if now.dtype.kind == "f":
+        return bool(np.array_equal(np.ascontiguousarray(now).view(f"u{now.itemsize}"),
+                                   np.ascontiguousarray(before).view(f"u{before.itemsize}")))
+    return bool(np.array_equal(now, before))
+
+
+def _require_unchanged(fn: Callable, copies: list) -> None:
+    """Fail when the learner's function changed one of its inputs (values, shape or dtype)."""
+    for path, value, before, shape, dtype in copies:
+        changed = None
+        if tuple(value.shape) != shape:
+            changed = f"its shape changed from {shape} to {tuple(value.shape)}"
+        elif value.dtype != dtype:
+            changed = f"its dtype changed from {dtype} to {value.dtype}"
+        elif not _bitwise_same(before, value):
+            n = int((value != before).sum()) if value.shape == before.shape else value.size
+            changed = f"{n} of its values changed"
+        if changed:
+            fail(f"{_name(fn)} changed its input `{path}` in place: {changed} after the call.",
+                 hint=f"your function modified its argument `{path}` in place (an in-place method such as "
+                      "add_/mul_/div_/abs_/clamp_, an `x[...] = ...` assignment or `+=` on it, or a view of it that "
+                      "you then changed): the caller still needs its input as it was. Work on a new tensor "
+                      "(an out-of-place operation, or a .clone() first) and return that.")
+
+
+def call(fn: Callable, *args: Any, may_change: Any = (), **kwargs: Any) -> Any:
+    """Call the learner's ``fn``; turn its exceptions into AssertionErrors that say what happened.
+
+    The tensors and NumPy arrays among the arguments (also inside lists, tuples and dicts) must come back
+    unchanged, bit for bit, with the same shape and dtype; ``may_change`` names those the exercise's
+    contract updates in place (positional indices or parameter names, or ``ALL_ARGS``)."""
+    require_callable(fn)
+    copies = _snapshot(fn, args, kwargs, may_change)
+    try:
+        result = fn(*args, **kwargs)
     except NotImplementedError as exc:
         if is_stub(exc):
             raise AssertionError(
@@ -196,6 +307,8 @@ def call(fn: Callable, *args: Any, **kwargs: Any) -> Any:
     except Exception as exc:
         inputs = ", ".join([_short(a) for a in args] + [f"{k}={_short(v)}" for k, v in kwargs.items()])
         raise AssertionError(f"{_name(fn)}({inputs}) raised {type(exc).__name__}: {exc}") from exc
+    _require_unchanged(fn, copies)
+    return result
 
 
 def _to_tensor(value: Any):

@@ -13,7 +13,7 @@ import os
 import torch
 
 from ...quant import dequantize_blockwise, dynamic_map, nearest_code, num_blocks, quantize_blockwise
-from ._common import assert_close, call, fail, is_stub, passed, require_callable
+from ._common import ALL_ARGS, assert_close, call, fail, is_stub, passed, require_callable
 from ._properties import describe
 from ._variants import diagnose
 
@@ -40,7 +40,7 @@ def _device_for(kernel) -> torch.device:
 def _launch(kernel, grid, *args, **kwargs) -> None:
     """Launch the learner's kernel; a stub's NotImplementedError (wrapped by the interpreter) is named."""
     try:
-        call(kernel[grid], *args, **kwargs)
+        call(kernel[grid], *args, may_change=ALL_ARGS, **kwargs)  # a kernel writes into its pointers
     except AssertionError as exc:
         text = str(exc)  # the interpreter wraps the stub's raise: its message names the exercise
         if "NotImplementedError" in text and ("Exercise 08." in text or isinstance(exc.__cause__, NotImplementedError)
