@@ -65,6 +65,8 @@ __all__ = [
     "require_callable",
     "assert_close",
     "assert_equal",
+    "require_tensor",
+    "require_type",
 ]
 
 SUCCESS_MARK = "✔"
@@ -326,6 +328,69 @@ def _to_tensor(value: Any):
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, numbers.Number) and not isinstance(value, bool)
+
+
+def _kind_of(value: Any) -> str:
+    """A learner-facing name for what ``value`` is."""
+    torch = sys.modules.get("torch")
+    np = sys.modules.get("numpy")
+    if value is None:
+        return "None"
+    if isinstance(value, bool):
+        return "a bool"
+    if torch is not None and isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    if np is not None and isinstance(value, np.ndarray):
+        return f"a NumPy array ({value.dtype}, shape {value.shape})"
+    if np is not None and isinstance(value, np.generic):
+        return f"a NumPy scalar ({type(value).__name__})"
+    if isinstance(value, numbers.Number):
+        return f"a Python {type(value).__name__}"
+    return f"a {type(value).__name__}"
+
+
+def require_tensor(value: Any, what: str, *, dtype: Any = None, ndim: int | None = None,
+                   shape: tuple | None = None) -> Any:
+    """Fail unless ``value`` is a torch tensor (of ``dtype``, with ``ndim`` dimensions / ``shape``)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(value, torch.Tensor):
+        kind = _kind_of(value)
+        if _is_number(value) or (sys.modules.get("numpy") is not None
+                                 and isinstance(value, sys.modules["numpy"].generic)):
+            why = ("you turned the tensor into a plain number (`.item()`, `float(...)` or `int(...)`): "
+                   "keep it a tensor, as the statement asks (a 0-d tensor holds one number).")
+        elif isinstance(value, (list, tuple)):
+            why = "you returned a Python list/tuple of values: return one torch tensor."
+        elif value is None:
+            why = "you returned None: end the function with a `return` of the tensor."
+        else:
+            why = f"you returned {kind}: the statement asks for a torch tensor."
+        fail(f"{what} is {kind}, expected a torch tensor.", hint=why)
+    if dtype is not None and value.dtype != dtype:
+        fail(f"{what} has dtype {value.dtype}, expected {dtype}.",
+             hint=f"your {what.split(':')[-1].strip()} is {value.dtype}: the statement asks for {dtype}.")
+    if ndim is not None and value.dim() != ndim:
+        extra = (" — a 0-d tensor (shape ()), not one with a length-1 dimension (keepdim / reshape(1) / [x])"
+                 if ndim == 0 and value.numel() == 1 else "")
+        fail(f"{what} has shape {tuple(value.shape)}, expected {ndim} dimension(s).",
+             hint=f"the dimensions of your result are off: it should have {ndim}{extra}.")
+    if shape is not None and tuple(value.shape) != tuple(shape):
+        fail(f"{what} has shape {tuple(value.shape)}, expected {tuple(shape)}.",
+             hint=f"the shape of your result is off: {tuple(value.shape)} instead of {tuple(shape)}.")
+    return value
+
+
+def require_type(value: Any, expected: type | tuple, what: str) -> Any:
+    """Fail unless ``value`` is an instance of ``expected`` (e.g. a tuple, not a list)."""
+    if isinstance(value, expected):
+        return value
+    names = " or ".join(t.__name__ for t in (expected if isinstance(expected, tuple) else (expected,)))
+    kind = _kind_of(value)
+    swap = ""
+    if isinstance(value, list) and tuple in (expected if isinstance(expected, tuple) else (expected,)):
+        swap = " A list and a tuple print alike but are different types (`(a, b)` is a tuple, `[a, b]` a list)."
+    fail(f"{what} is {kind}, expected a {names}.",
+         hint=f"the type of your result is off: you returned {kind} where the statement asks for a {names}.{swap}")
 
 
 def assert_close(
