@@ -63,6 +63,7 @@ __all__ = [
     "is_stub",
     "torch_not_implemented_hint",
     "require_callable",
+    "exception_hint",
     "assert_close",
     "assert_equal",
     "require_tensor",
@@ -285,6 +286,39 @@ def _require_unchanged(fn: Callable, copies: list) -> None:
                       "(an out-of-place operation, or a .clone() first) and return that.")
 
 
+def _non_contiguous(args: tuple, kwargs: dict) -> list[str]:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return []
+    found = []
+    for i, value in enumerate(list(args) + list(kwargs.values())):
+        if isinstance(value, torch.Tensor) and not value.is_contiguous():
+            found.append(f"shape {tuple(value.shape)}, strides {value.stride()}")
+    return found
+
+
+def exception_hint(exc: BaseException, args: tuple = (), kwargs: dict | None = None) -> str:
+    """A hint naming the learner's mistake behind a common torch error, or ''."""
+    text = str(exc)
+    strided = _non_contiguous(args, kwargs or {})
+    if "view size is not compatible" in text or ("view" in text and "contiguous" in text):
+        where = f" (this call passed a non-contiguous tensor: {strided[0]})" if strided else ""
+        return ("`.view` needs memory laid out contiguously, and a transposed or sliced tensor is not" + where +
+                ": your function only works on contiguous inputs. `.reshape` (or `.contiguous()` first) "
+                "handles every layout.")
+    if isinstance(exc, (IndexError,)) or "out of bounds" in text or "out of range" in text:
+        return ("an index ran past the end of a tensor: check the sizes your code assumes (a ragged last block, "
+                "a length that is not a multiple of the block, a first or last element).")
+    if "must match the size of tensor" in text or ("shape" in text and "invalid" in text):
+        return ("two tensors your code combines have shapes that do not broadcast: check which axis you reduced "
+                "(keepdim), and that your code works for every input shape, not only the example's.")
+    if "expected scalar type" in text or "can't be cast to the desired output type" in text \
+            or "dtype" in text.lower() and "expected" in text.lower():
+        return ("two tensors in one operation have different dtypes: decide the dtype each result must have "
+                "(the statement says) and convert explicitly.")
+    return ""
+
+
 def call(fn: Callable, *args: Any, may_change: Any = (), **kwargs: Any) -> Any:
     """Call the learner's ``fn``; turn its exceptions into AssertionErrors that say what happened.
 
@@ -308,7 +342,9 @@ def call(fn: Callable, *args: Any, may_change: Any = (), **kwargs: Any) -> Any:
         raise
     except Exception as exc:
         inputs = ", ".join([_short(a) for a in args] + [f"{k}={_short(v)}" for k, v in kwargs.items()])
-        raise AssertionError(f"{_name(fn)}({inputs}) raised {type(exc).__name__}: {exc}") from exc
+        hint = exception_hint(exc, args, kwargs)
+        raise AssertionError(f"{_name(fn)}({inputs}) raised {type(exc).__name__}: {exc}"
+                             + (f"\nHint: {hint}" if hint else "")) from exc
     _require_unchanged(fn, copies)
     return result
 

@@ -26,6 +26,7 @@ def _cases():
         ("randn(1000) with one outlier of 50", outlier),
         ("a tensor whose largest magnitude is negative", neg),
         ("a (4, 33) matrix", torch.randn(4, 33, generator=gen)),
+        ("a transposed (33, 4) matrix (not contiguous)", torch.randn(4, 33, generator=gen).t()),
         ("all zeros", torch.zeros(10)),
         ("one element", torch.tensor([-0.25])),
         ("bfloat16 input", torch.randn(64, generator=gen).to(torch.bfloat16)),
