@@ -424,7 +424,7 @@ def require_type(value: Any, expected: type | tuple, what: str) -> Any:
     kind = _kind_of(value)
     swap = ""
     if isinstance(value, list) and tuple in (expected if isinstance(expected, tuple) else (expected,)):
-        swap = " A list and a tuple print alike but are different types (`(a, b)` is a tuple, `[a, b]` a list)."
+        swap = " `[a, b]` is a list and `(a, b)` a tuple: different types, and a caller may depend on which."
     fail(f"{what} is {kind}, expected a {names}.",
          hint=f"the type of your result is off: you returned {kind} where the statement asks for a {names}.{swap}")
 
