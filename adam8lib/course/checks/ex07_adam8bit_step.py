@@ -182,7 +182,8 @@ def _cases():
          dict(base, blocksize=128, weight_decay=0.1), {}, 2),
         ("tiny negative gradients next to a large one", 512, torch.float32, dict(base, blocksize=128),
          {1: tiny, 2: tiny}, 2),
-        ("NaN and Inf gradient elements", 512, torch.float32, dict(base, blocksize=128), {2: nan}, 2),
+        ("NaN and Inf gradient elements, weight_decay=0.1", 512, torch.float32,
+         dict(base, blocksize=128, weight_decay=0.1), {2: nan}, 2),
     ]
 
 
@@ -228,6 +229,13 @@ def check_adam8bit_step(adam8bit_step_fn) -> None:
                             "function; write into the parameter with p.copy_(...) (or p[:] = ...).")
                 else:
                     hint = _OLD_MOMENTS  # p moves on step 2: the update used m and v from before the EMA
+            elif not bool(finite.all()) and not bool(nan_p.any()) and bool(
+                    (~torch.isclose(mine["p"].float(), ref["p"].float(), rtol=1e-5, atol=1e-7) & finite).sum() == 0):
+                zeroed = bool((mine["p"].float()[~finite] == 0).all())
+                hint = ("only the elements where the gradient is NaN or Inf are wrong" +
+                        (" (you set them to 0)" if zeroed else "") +
+                        ": there the parameter must stay exactly as it was this step — no Adam update and no "
+                        "weight decay either (apply the finite-mask to the whole new value of p, decay included).")
             elif bool(nan_p.any()) and bool((~finite | ~nan_p).all()):
                 hint = ("NaN handling is missing: where the gradient is NaN or Inf, reset m and v to 0 and leave the parameter "
                         "unchanged (torch.isfinite(g) gives the mask).")

@@ -28,7 +28,8 @@ def _requantize_with(x, qmap, blocksize, absmax):
 
 def make_step(name, *, sign_m=True, sign_v=True, bias=True, step_offset=0, sqrt_c2=True, eps_inside=False,
               l2=False, decay_lr=True, old_absmax=False, swap_maps=False, v_signed_map=False, nan_rule=True,
-              square=True, sign=1.0, update_with="new", param_dtype_math=False):
+              square=True, sign=1.0, update_with="new", param_dtype_math=False,
+              nan_decays=False):
     """The solution's step with one slip, as a learner would write it."""
 
     @torch.no_grad()
@@ -61,7 +62,8 @@ def make_step(name, *, sign_m=True, sign_v=True, bias=True, step_offset=0, sqrt_
         mu, vu = (m_before, v_before) if update_with == "old" else (m, v)
         denom = (vu / c2**2 + eps).sqrt() if eps_inside else vu.sqrt() / c2 + eps
         new = new - (sign * lr / c1 * mu / denom).to(new.dtype)
-        p.copy_(torch.where(finite, new, param) if nan_rule else new)
+        kept = param * (1 - lr * weight_decay) if nan_decays else param  # nan_decays: the skipped element still decays
+        p.copy_(torch.where(finite, new, kept) if nan_rule else new)
         if update_with == "stored":
             return
         if old_absmax:
@@ -179,6 +181,8 @@ WRONG_STEP = [
           "updated from the 8-bit m and v", "you updated p from the requantized (8-bit) m and v", True),
     Wrong("07.1", STEP, make_step("bf16_arithmetic", param_dtype_math=True), "a 16-bit p updated in its own dtype "
           "(decay and update rounded to 16 bits), not in fp32", "arithmetic: every intermediate result", True),
+    Wrong("07.1", STEP, make_step("nan_still_decays", nan_decays=True), "a non-finite-gradient element still "
+          "decays", "no Adam update and no weight decay either", True),
     Wrong("07.1", STEP, rebinds_p, "p = ... rebinds the name, p never changes", "`p = ...` only rebinds", True),
     Wrong("07.1", STEP, returns_new_tensors, "returns new tensors instead of writing in place", "nothing changed",
           True),
