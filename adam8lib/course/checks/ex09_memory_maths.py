@@ -141,6 +141,8 @@ def _tensors_of(model, how: str):
     included), 'named_all' (every name of a tied tensor: named_parameters(remove_duplicate=False))."""
     if how == "state_dict":
         return list(model.state_dict().values())
+    if how == "model_blocks":
+        return list(model.parameters())
     if how == "named_all":
         return [p for _, p in model.named_parameters(remove_duplicate=False)]
     return list(model.parameters())
@@ -159,6 +161,9 @@ def _budget_variant(model, kind, bs, min_size, *, grads=True, itemsize=None, gra
             opt += 2 * n + (8 * (-(-n // bs)) if absmax else 0)
         else:
             opt += 2 * n * (p.element_size() if state_itemsize else 4)
+    if how == "model_blocks" and kind == "adam8bit":  # blocks counted over all 8-bit tensors together
+        big = [p.numel() for p in params if not small_rule or (p.numel() > min_size if strict else p.numel() >= min_size)]
+        opt += 8 * (-(-sum(big) // bs)) - sum(8 * (-(-n // bs)) for n in big)
     out = {"weights": w, "gradients": g, "optimizer": opt, "total": w + opt + (g if total_grads else 0)}
     return out if unit == 1 else {k: v / unit for k, v in out.items()}
 
@@ -178,7 +183,9 @@ def check_training_memory(training_memory) -> None:
              ("a 64x64 layer (its weight has exactly min_8bit_size elements)", torch.nn.Linear(64, 64), "adam8bit",
               256, 4096),
              ("a tiny LM with tied embedding/output weights and a BatchNorm (buffers)", _TiedLM(), "adam8bit", 256,
-              4096)]
+              4096),
+             ("two layers whose weights (7,000 and 6,300 elements) are not multiples of the blocksize",
+              torch.nn.Sequential(torch.nn.Linear(100, 70), torch.nn.Linear(70, 90)), "adam8bit", 256, 4096)]
     for label, model, kind, bs, min_size in cases:
         want = _budget_variant(model, kind, bs, min_size)
         got = call(training_memory, model, kind, blocksize=bs, min_8bit_size=min_size)
@@ -219,6 +226,10 @@ def check_training_memory(training_memory) -> None:
                           "which are not trained: no gradient, no optimizer state) and a tied tensor once per name: "
                           "count the parameters, each tensor once (model.parameters() does both).",
                           lambda: _budget_variant(model, kind, bs, min_size, how="state_dict")),
+                         ("you counted the blocks over the whole model (all 8-bit elements together): blocks "
+                          "belong to ONE tensor each, so every 8-bit tensor has its own ceil(numel / blocksize) "
+                          "blocks, its own partial last block included.",
+                          lambda: _budget_variant(model, kind, bs, min_size, how="model_blocks")),
                          ("you counted the tied weight twice: the output layer and the embedding share ONE tensor "
                           "(one set of bytes, one gradient, one optimizer state); count each parameter tensor once, "
                           "as model.parameters() lists it.",

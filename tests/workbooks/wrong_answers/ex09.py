@@ -63,6 +63,16 @@ def make_budget(name, *, grads=True, weight_size=None, grad_size=None, small_rul
     return training_memory
 
 
+def budget_model_blocks(model, optimizer="adamw", blocksize=256, min_8bit_size=4096):
+    """Blocks counted over all the 8-bit elements of the model together, not per tensor."""
+    params = list(model.parameters())
+    w = sum(p.numel() * p.element_size() for p in params)
+    big = [p.numel() for p in params if optimizer == "adam8bit" and p.numel() >= min_8bit_size]
+    small = [p.numel() for p in params if not (optimizer == "adam8bit" and p.numel() >= min_8bit_size)]
+    s = 2 * sum(big) + 8 * (-(-sum(big) // blocksize)) + 8 * sum(small)
+    return {"weights": w, "gradients": w, "optimizer": s, "total": 2 * w + s}
+
+
 def budget_from_state_spec(model, optimizer="adamw", blocksize=256, min_8bit_size=4096):
     """Right: weights counted once and doubled for gradients, the state with a generator and integer maths."""
     params = list(model.parameters())
@@ -205,6 +215,8 @@ WRONG = [
           "parameter's dtype", "Adam's fp32 states take 8 bytes per parameter whatever", True),
     Wrong("09.2", BUDGET, make_budget("total_without_gradients", total_without_grads=True), "total leaves out the "
           "gradients", "the total is weights + gradients + optimizer", True),
+    Wrong("09.2", BUDGET, budget_model_blocks, "blocks counted over the whole model, not per tensor",
+          "you counted the blocks over the whole model", True),
     Wrong("09.2", BUDGET, make_budget("state_dict", tensors="state_dict"), "iterates model.state_dict(): buffers and "
           "tied weights counted", "you counted the model's buffers", True),
     Wrong("09.2", BUDGET, make_budget("tied_twice", tensors="named_all"), "a tied weight counted once per name",
