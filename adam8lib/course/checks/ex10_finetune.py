@@ -639,6 +639,7 @@ def check_accelerate_epoch(train_epoch: Callable) -> None:
                  "batches",
                  "clip with accelerator.clip_grad_norm_(model.parameters(), max_grad_norm), not torch's: under fp16 "
                  "accelerate's version unscales the gradients first, torch's would clip the scaled ones.")
+        _require_no_own_autocast(train_epoch, loader)
         passed("Exercise 10.4 · The accelerate training loop")
         return
     for hint, flags in [
@@ -658,6 +659,31 @@ def check_accelerate_epoch(train_epoch: Callable) -> None:
             fail("train_epoch's losses or final parameters differ from the reference loop", hint)
     fail(f"train_epoch's losses {[round(v, 4) for v in got]} differ from the reference {[round(v, 4) for v in want_losses]}",
          "per batch: forward -> accelerator.backward -> clip -> optimizer.step -> scheduler.step -> zero_grad.")
+
+
+def _require_no_own_autocast(train_epoch: Callable, loader) -> None:
+    """One more epoch with an fp32 accelerator (mixed_precision="no"): its prepared forward enters no autocast,
+    so autocast is on inside the model only when the learner's loop opened a block of its own."""
+    from ..finetune import fresh_accelerator
+
+    with _quiet():
+        accelerator = fresh_accelerator(cpu=True, mixed_precision="no")
+    model, opt, sched = _epoch_setup()
+    model = accelerator.prepare_model(model)
+    seen: list[bool] = []
+    hook = model.register_forward_pre_hook(
+        lambda module, args: seen.append(torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")))
+    try:
+        torch.manual_seed(1)
+        call(train_epoch, accelerator, model, opt, loader, sched, max_grad_norm=0.5)
+    finally:
+        hook.remove()
+    if any(seen):
+        fail(f"with an accelerator configured for fp32 (mixed_precision='no'), {sum(seen)} of train_epoch's "
+             "forwards ran under autocast anyway",
+             "you opened an autocast block of your own (torch.autocast around the forward): it overrides what the "
+             "accelerator was configured with, so an fp32 run still computes in bf16. The prepared model's "
+             "forward already applies the accelerator's mixed precision: no autocast in the loop.")
 
 
 def _matches_list(a, b):

@@ -451,7 +451,8 @@ def make_epoch(*, train=True, acc_backward=True, clip="accelerator", sched="batc
                 optimizer.zero_grad()
             whole = accelerator.autocast() if autocast == "all" else contextlib.nullcontext()
             with whole:
-                with accelerator.autocast() if autocast == "forward" else contextlib.nullcontext():
+                own = torch.autocast("cpu", dtype=torch.bfloat16) if autocast == "torch" else contextlib.nullcontext()
+                with own, accelerator.autocast() if autocast == "forward" else contextlib.nullcontext():
                     loss = model(**batch).loss
                 if zero == "before-backward":
                     optimizer.zero_grad()
@@ -657,6 +658,8 @@ WRONG = [
           "the learning rate never moves", True),
     Wrong("10.4", C.check_accelerate_epoch, make_epoch(autocast="all"), "backward inside accelerator.autocast()",
           "accelerator.backward(loss) ran inside the autocast block", True),
+    Wrong("10.4", C.check_accelerate_epoch, make_epoch(autocast="torch"), "its own torch.autocast(bf16) around the "
+          "forward", "you opened an autocast block of your own", True),
     Wrong("10.4", C.check_accelerate_epoch, make_epoch(result="mean"), "returns the mean loss",
           "not their mean or sum", True),
     Wrong("10.4", C.check_accelerate_epoch, make_epoch(result="tensors"), "appends loss tensors",
