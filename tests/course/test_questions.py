@@ -14,7 +14,7 @@ from adam8lib import AdamW8bit
 from adam8lib.course.checks.questions import QUESTIONS, Question, ask, verdict
 from adam8lib.course.checks.ex09_memory_maths import _ShapesModel, distilbert_shapes
 from adam8lib.memory import MB, estimate_optimizer_memory
-from adam8lib.quant import dynamic_map, num_blocks
+from adam8lib.quant import absmax_quantize, dynamic_map, num_blocks
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -70,6 +70,12 @@ def test_numeric_answers_agree_with_the_library():
     assert math.isclose(a["02.a"], m1) and math.isclose(a["02.b"], (m1 / math.sqrt(v1)) / (m1_hat / math.sqrt(v1_hat)))
     levels = torch.round(torch.tensor([0.001]) / (1.27 / 127)) * (1.27 / 127)
     assert math.isclose(a["04.a"], 1.27 / 127) and float(levels) == a["04.b"]
+    # 04.d: the threshold below which int8 stores 0 sits log10(254) decades under the absmax
+    x = torch.tensor([3.0, 3.0 / 254 * 0.999, 3.0 / 254 * 1.001])
+    q, scale = absmax_quantize(x)
+    assert q.tolist()[1:] == [0, 1] and math.isclose(math.log10(float(scale) / (x[1] / 0.999)), a["04.d"], rel_tol=1e-4)
+    m_kept = torch.tensor([1e-5])
+    assert math.isclose(float(m_kept / (torch.tensor(0.0).sqrt() + 1e-8)) / 1e-5, a["04.e"], rel_tol=1e-6)
 
 
 def test_every_lesson_asks_three_to_five_questions_that_exist():

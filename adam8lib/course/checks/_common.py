@@ -16,8 +16,10 @@ success prints exactly one line (stored as the check cell's output and compared 
 
 Helpers
 -------
-``call(fn, *args, **kwargs)``
-    Call the learner's function. The stub's own ``raise NotImplementedError(...)`` becomes an
+``call(fn, *args, may_change=(), **kwargs)``
+    Call the learner's function. Its tensor / array arguments must come back unchanged (bitwise, same
+    shape and dtype) unless ``may_change`` lists them (indices or parameter names; ``ALL_ARGS`` for a
+    kernel that writes into its pointers): "your function modified its argument `m` in place". The stub's own ``raise NotImplementedError(...)`` becomes an
     AssertionError "<name> is not implemented yet"; a ``NotImplementedError`` raised by torch
     (an operation that has no kernel for these dtypes, e.g. ``<<`` on a float tensor) and any
     other exception become an AssertionError that names the function, the exception and the
@@ -57,11 +59,15 @@ __all__ = [
     "passed",
     "fail",
     "call",
+    "ALL_ARGS",
     "is_stub",
     "torch_not_implemented_hint",
     "require_callable",
+    "exception_hint",
     "assert_close",
     "assert_equal",
+    "require_tensor",
+    "require_type",
 ]
 
 SUCCESS_MARK = "✔"
@@ -177,11 +183,152 @@ def torch_not_implemented_hint(exc: BaseException) -> str:
             "stub: your code ran.")
 
 
-def call(fn: Callable, *args: Any, **kwargs: Any) -> Any:
-    """Call the learner's ``fn``; turn its exceptions into AssertionErrors that say what happened."""
-    require_callable(fn)
+#: ``may_change`` value for a function whose contract is to write into every argument (a Triton kernel)
+ALL_ARGS = "all"
+
+
+def _tensors_in(value: Any, path: str, depth: int = 0):
+    """(path, tensor-or-array) pairs in ``value``: itself, or inside a list/tuple/dict (two levels deep)."""
+    torch = sys.modules.get("torch")
+    np = sys.modules.get("numpy")
+    if torch is not None and isinstance(value, torch.Tensor):
+        yield path, value
+    elif np is not None and isinstance(value, np.ndarray):
+        yield path, value
+    elif depth < 2 and isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _tensors_in(item, f"{path}[{i}]", depth + 1)
+    elif depth < 2 and isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _tensors_in(item, f"{path}[{key!r}]", depth + 1)
+
+
+def _param_names(fn: Callable, n_args: int) -> list[str]:
+    """The names of ``fn``'s first ``n_args`` positional parameters (``arg0``, ... where unknown)."""
+    import inspect
+
     try:
-        return fn(*args, **kwargs)
+        params = [p.name for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    return [params[i] if i < len(params) else f"argument {i + 1}" for i in range(n_args)]
+
+
+def _snapshot(fn: Callable, args: tuple, kwargs: dict, may_change: Any) -> list:
+    """Copies of the tensors and arrays ``fn`` receives and must give back unchanged."""
+    if may_change == ALL_ARGS:
+        return []
+    keep = set(may_change or ())
+    names = _param_names(fn, len(args))
+    taken = []
+    for i, (name, arg) in enumerate(zip(names, args)):
+        if i in keep or name in keep:
+            continue
+        taken.extend(_tensors_in(arg, name))
+    for key, arg in kwargs.items():
+        if key not in keep:
+            taken.extend(_tensors_in(arg, key))
+    copies = []
+    for path, value in taken:
+        try:
+            if hasattr(value, "detach"):
+                copies.append((path, value, value.detach().clone(), tuple(value.shape), value.dtype))
+            else:
+                copies.append((path, value, value.copy(), tuple(value.shape), value.dtype))
+        except Exception:  # noqa: BLE001 - an argument we cannot copy is simply not watched
+            continue
+    return copies
+
+
+_SAME_SIZE_INT = {8: "int64", 4: "int32", 2: "int16", 1: "uint8"}
+
+
+def _bitwise_same(before: Any, now: Any) -> bool:
+    """Same bits (a NaN stays the same NaN, -0.0 is not 0.0)."""
+    if hasattr(now, "detach"):
+        import torch
+
+        now = now.detach()
+        if now.device != before.device or now.dtype != before.dtype:
+            return False
+        if now.dtype.is_floating_point:
+            as_int = getattr(torch, _SAME_SIZE_INT[now.element_size()])
+            try:
+                return bool(torch.equal(now.contiguous().view(as_int), before.contiguous().view(as_int)))
+            except RuntimeError:
+                pass
+        return bool(torch.equal(now, before))
+    import numpy as np
+
+    if now.dtype.kind == "f":
+        return bool(np.array_equal(np.ascontiguousarray(now).view(f"u{now.itemsize}"),
+                                   np.ascontiguousarray(before).view(f"u{before.itemsize}")))
+    return bool(np.array_equal(now, before))
+
+
+def _require_unchanged(fn: Callable, copies: list) -> None:
+    """Fail when the learner's function changed one of its inputs (values, shape or dtype)."""
+    for path, value, before, shape, dtype in copies:
+        changed = None
+        if tuple(value.shape) != shape:
+            changed = f"its shape changed from {shape} to {tuple(value.shape)}"
+        elif value.dtype != dtype:
+            changed = f"its dtype changed from {dtype} to {value.dtype}"
+        elif not _bitwise_same(before, value):
+            n = int((value != before).sum()) if value.shape == before.shape else value.size
+            changed = f"{n} of its values changed"
+        if changed:
+            fail(f"{_name(fn)} changed its input `{path}` in place: {changed} after the call.",
+                 hint=f"your function modified its argument `{path}` in place (an in-place method such as "
+                      "add_/mul_/div_/abs_/clamp_, an `x[...] = ...` assignment or `+=` on it, or a view of it that "
+                      "you then changed): the caller still needs its input as it was. Work on a new tensor "
+                      "(an out-of-place operation, or a .clone() first) and return that.")
+
+
+def _non_contiguous(args: tuple, kwargs: dict) -> list[str]:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return []
+    found = []
+    for i, value in enumerate(list(args) + list(kwargs.values())):
+        if isinstance(value, torch.Tensor) and not value.is_contiguous():
+            found.append(f"shape {tuple(value.shape)}, strides {value.stride()}")
+    return found
+
+
+def exception_hint(exc: BaseException, args: tuple = (), kwargs: dict | None = None) -> str:
+    """A hint naming the learner's mistake behind a common torch error, or ''."""
+    text = str(exc)
+    strided = _non_contiguous(args, kwargs or {})
+    if "view size is not compatible" in text or ("view" in text and "contiguous" in text):
+        where = f" (this call passed a non-contiguous tensor: {strided[0]})" if strided else ""
+        return ("`.view` needs memory laid out contiguously, and a transposed or sliced tensor is not" + where +
+                ": your function only works on contiguous inputs. `.reshape` (or `.contiguous()` first) "
+                "handles every layout.")
+    if isinstance(exc, (IndexError,)) or "out of bounds" in text or "out of range" in text:
+        return ("an index ran past the end of a tensor: check the sizes your code assumes (a ragged last block, "
+                "a length that is not a multiple of the block, a first or last element).")
+    if "must match the size of tensor" in text or ("shape" in text and "invalid" in text):
+        return ("two tensors your code combines have shapes that do not broadcast: check which axis you reduced "
+                "(keepdim), and that your code works for every input shape, not only the example's.")
+    if "expected scalar type" in text or "can't be cast to the desired output type" in text \
+            or "dtype" in text.lower() and "expected" in text.lower():
+        return ("two tensors in one operation have different dtypes: decide the dtype each result must have "
+                "(the statement says) and convert explicitly.")
+    return ""
+
+
+def call(fn: Callable, *args: Any, may_change: Any = (), **kwargs: Any) -> Any:
+    """Call the learner's ``fn``; turn its exceptions into AssertionErrors that say what happened.
+
+    The tensors and NumPy arrays among the arguments (also inside lists, tuples and dicts) must come back
+    unchanged, bit for bit, with the same shape and dtype; ``may_change`` names those the exercise's
+    contract updates in place (positional indices or parameter names, or ``ALL_ARGS``)."""
+    require_callable(fn)
+    copies = _snapshot(fn, args, kwargs, may_change)
+    try:
+        result = fn(*args, **kwargs)
     except NotImplementedError as exc:
         if is_stub(exc):
             raise AssertionError(
@@ -195,7 +342,11 @@ def call(fn: Callable, *args: Any, **kwargs: Any) -> Any:
         raise
     except Exception as exc:
         inputs = ", ".join([_short(a) for a in args] + [f"{k}={_short(v)}" for k, v in kwargs.items()])
-        raise AssertionError(f"{_name(fn)}({inputs}) raised {type(exc).__name__}: {exc}") from exc
+        hint = exception_hint(exc, args, kwargs)
+        raise AssertionError(f"{_name(fn)}({inputs}) raised {type(exc).__name__}: {exc}"
+                             + (f"\nHint: {hint}" if hint else "")) from exc
+    _require_unchanged(fn, copies)
+    return result
 
 
 def _to_tensor(value: Any):
@@ -213,6 +364,69 @@ def _to_tensor(value: Any):
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, numbers.Number) and not isinstance(value, bool)
+
+
+def _kind_of(value: Any) -> str:
+    """A learner-facing name for what ``value`` is."""
+    torch = sys.modules.get("torch")
+    np = sys.modules.get("numpy")
+    if value is None:
+        return "None"
+    if isinstance(value, bool):
+        return "a bool"
+    if torch is not None and isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    if np is not None and isinstance(value, np.ndarray):
+        return f"a NumPy array ({value.dtype}, shape {value.shape})"
+    if np is not None and isinstance(value, np.generic):
+        return f"a NumPy scalar ({type(value).__name__})"
+    if isinstance(value, numbers.Number):
+        return f"a Python {type(value).__name__}"
+    return f"a {type(value).__name__}"
+
+
+def require_tensor(value: Any, what: str, *, dtype: Any = None, ndim: int | None = None,
+                   shape: tuple | None = None) -> Any:
+    """Fail unless ``value`` is a torch tensor (of ``dtype``, with ``ndim`` dimensions / ``shape``)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(value, torch.Tensor):
+        kind = _kind_of(value)
+        if _is_number(value) or (sys.modules.get("numpy") is not None
+                                 and isinstance(value, sys.modules["numpy"].generic)):
+            why = ("you turned the tensor into a plain number (`.item()`, `float(...)` or `int(...)`): "
+                   "keep it a tensor, as the statement asks (a 0-d tensor holds one number).")
+        elif isinstance(value, (list, tuple)):
+            why = "you returned a Python list/tuple of values: return one torch tensor."
+        elif value is None:
+            why = "you returned None: end the function with a `return` of the tensor."
+        else:
+            why = f"you returned {kind}: the statement asks for a torch tensor."
+        fail(f"{what} is {kind}, expected a torch tensor.", hint=why)
+    if dtype is not None and value.dtype != dtype:
+        fail(f"{what} has dtype {value.dtype}, expected {dtype}.",
+             hint=f"your {what.split(':')[-1].strip()} is {value.dtype}: the statement asks for {dtype}.")
+    if ndim is not None and value.dim() != ndim:
+        extra = (" — a 0-d tensor (shape ()), not one with a length-1 dimension (keepdim / reshape(1) / [x])"
+                 if ndim == 0 and value.numel() == 1 else "")
+        fail(f"{what} has shape {tuple(value.shape)}, expected {ndim} dimension(s).",
+             hint=f"the dimensions of your result are off: it should have {ndim}{extra}.")
+    if shape is not None and tuple(value.shape) != tuple(shape):
+        fail(f"{what} has shape {tuple(value.shape)}, expected {tuple(shape)}.",
+             hint=f"the shape of your result is off: {tuple(value.shape)} instead of {tuple(shape)}.")
+    return value
+
+
+def require_type(value: Any, expected: type | tuple, what: str) -> Any:
+    """Fail unless ``value`` is an instance of ``expected`` (e.g. a tuple, not a list)."""
+    if isinstance(value, expected):
+        return value
+    names = " or ".join(t.__name__ for t in (expected if isinstance(expected, tuple) else (expected,)))
+    kind = _kind_of(value)
+    swap = ""
+    if isinstance(value, list) and tuple in (expected if isinstance(expected, tuple) else (expected,)):
+        swap = " `[a, b]` is a list and `(a, b)` a tuple: different types, and a caller may depend on which."
+    fail(f"{what} is {kind}, expected a {names}.",
+         hint=f"the type of your result is off: you returned {kind} where the statement asks for a {names}.{swap}")
 
 
 def assert_close(

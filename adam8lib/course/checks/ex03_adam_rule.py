@@ -73,7 +73,8 @@ def _run(step_fn, decoupled: bool, title: str, variants_for) -> None:
             st = opt.state[ref_p]
             want = (ref_p.detach().clone(), st["exp_avg"].clone(), st["exp_avg_sq"].clone())
             p_l, m_l, v_l = p0.clone(), m0.clone(), v0.clone()
-            call(step_fn, p_l, g.clone(), m_l, v_l, step=t, lr=lr, betas=betas, eps=eps, weight_decay=wd)
+            call(step_fn, p_l, g.clone(), m_l, v_l, step=t, lr=lr, betas=betas, eps=eps, weight_decay=wd,
+                 may_change=(0, 2, 3))  # p, m, v are updated in place; g must stay as it was
             kind = "AdamW" if decoupled else "Adam"
             what = (f"{kind} step {t} (lr={lr}, betas={betas}, eps={eps}, weight_decay={wd}), compared with "
                     f"torch.optim.{torch_cls.__name__}: (p, m, v)")

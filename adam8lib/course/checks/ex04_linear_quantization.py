@@ -6,7 +6,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ...quant import absmax_dequantize, absmax_quantize
-from ._common import assert_close, call, fail, passed, require_callable
+from ._common import assert_close, call, fail, passed, require_callable, require_tensor
 from ._shapes import call_any_shape
 from ._properties import describe
 from ._variants import expect_close
@@ -26,6 +26,7 @@ def _cases():
         ("randn(1000) with one outlier of 50", outlier),
         ("a tensor whose largest magnitude is negative", neg),
         ("a (4, 33) matrix", torch.randn(4, 33, generator=gen)),
+        ("a transposed (33, 4) matrix (not contiguous)", torch.randn(4, 33, generator=gen).t()),
         ("all zeros", torch.zeros(10)),
         ("one element", torch.tensor([-0.25])),
         ("bfloat16 input", torch.randn(64, generator=gen).to(torch.bfloat16)),
@@ -149,8 +150,16 @@ def check_absmax_quantize(absmax_quantize_fn) -> None:
                 hint = f"q: {found}. The rule: {hint}" if found else hint
             assert_close(q, want_q, what=f"{what}: q", hint=hint, rtol=0, atol=1)
             fail(f"{what}: q differs from the reference in more than 1% of the codes.", hint)
-        if not isinstance(a, torch.Tensor):
-            a = torch.tensor(float(a))
+        require_tensor(a, f"{what}: absmax")
+        if a.dim() != 0:
+            require_tensor(a, f"{what}: absmax", ndim=0)
+        if not bool((x != 0).any()):
+            if not bool((a == 0).all()) or not bool((q == 0).all()):
+                fail(f"{what}: absmax = {float(a.reshape(-1)[0]):.3g}, q has {int((q != 0).sum())} non-zero codes; "
+                     "expected absmax = 0 and q = 0 for an all-zero x.",
+                     hint="for an all-zero x the statement asks for absmax = 0 exactly (and q = 0): you replaced it "
+                          "(a clamp, a tiny epsilon or a max with a small number), which a caller then stores as the "
+                          "scale. Keep the true absmax and guard only the division.")
         expect_close(a.float().reshape(()) if a.numel() == 1 else a, want_a, what=f"{what}: absmax",
                      default="absmax = x.abs().max(): ONE number for the whole tensor.",
                      variants=[("you took max(x), not max(|x|): a NEGATIVE value can be the largest in magnitude.",

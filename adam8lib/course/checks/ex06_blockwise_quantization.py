@@ -24,6 +24,8 @@ def _cases():
         ("exactly one block of 256", torch.randn(256, generator=gen), smap, 256),
         ("5 values, blocksize 256 (one short block)", torch.randn(5, generator=gen), smap, 256),
         ("a (3, 100) matrix, blocksize 64", torch.randn(3, 100, generator=gen), smap, 64),
+        ("a transposed (100, 3) matrix (not contiguous), blocksize 64", torch.randn(3, 100, generator=gen).t(),
+         smap, 64),
         ("768 values whose middle block is all zeros", zero_mid, smap, 256),
         ("1024 small values and one outlier", outlier, smap, 256),
         ("5000 values, blocksize 2048", torch.randn(5000, generator=gen), smap, 2048),

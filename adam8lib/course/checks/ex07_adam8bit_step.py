@@ -152,6 +152,20 @@ def _step_property(pre, mine, ref, g, qmap1, qmap2, bs, pdtype) -> str | None:
     return found
 
 
+def _require_rounded_once(got: torch.Tensor, want: torch.Tensor, pdtype, what: str) -> None:
+    """A 16-bit parameter must be updated in fp32 and rounded ONCE: bitwise equal but for rare ties."""
+    differ = got.view(-1) != want.view(-1)
+    n = int(differ.sum())
+    if n > max(2, got.numel() // 100):
+        ulps = (got.view(-1).float() - want.view(-1).float()).abs()[differ]
+        fail(f"{what}: p differs from the reference in {n} of {got.numel()} {pdtype} values (by up to "
+             f"{float(ulps.max()):.3g}), more than rounding ties explain.",
+             hint=f"your {pdtype} parameter was updated in {pdtype} arithmetic: every intermediate result "
+                  "(the decay product, the update, the subtraction) was rounded to 16 bits. The statement asks for "
+                  "the update in fp32: compute the new value from the parameter converted to fp32 and round to "
+                  f"{pdtype} once, when you write it back.")
+
+
 def _cases():
     gen = torch.Generator().manual_seed(7)
     tiny = torch.full((512,), -1e-9)
@@ -164,9 +178,12 @@ def _cases():
         ("4096 parameters, weight_decay=0.1, betas (0.8, 0.99)", 4096, torch.float32,
          dict(base, blocksize=256, weight_decay=0.1, beta1=0.8, beta2=0.99, eps=1e-6), {}, 2),
         ("777 bf16 parameters, blocksize 64", 777, torch.bfloat16, dict(base, blocksize=64), {}, 2),
+        ("999 fp16 parameters, weight_decay=0.1, blocksize 128", 999, torch.float16,
+         dict(base, blocksize=128, weight_decay=0.1), {}, 2),
         ("tiny negative gradients next to a large one", 512, torch.float32, dict(base, blocksize=128),
          {1: tiny, 2: tiny}, 2),
-        ("NaN and Inf gradient elements", 512, torch.float32, dict(base, blocksize=128), {2: nan}, 2),
+        ("NaN and Inf gradient elements, weight_decay=0.1", 512, torch.float32,
+         dict(base, blocksize=128, weight_decay=0.1), {2: nan}, 2),
     ]
 
 
@@ -185,7 +202,7 @@ def check_adam8bit_step(adam8bit_step_fn) -> None:
                           qmap1, qmap2, **kw)
             mine = {k: v.clone() for k, v in pre.items()}
             call(adam8bit_step_fn, mine["p"], g.clone(), mine["state1"], mine["state2"], mine["absmax1"],
-                 mine["absmax2"], qmap1.clone(), qmap2.clone(), **kw)
+                 mine["absmax2"], qmap1.clone(), qmap2.clone(), **kw, may_change=(0, 2, 3, 4, 5))
             what = f"after step {t} on {label}"
             for key in _FIELDS:
                 if mine[key].dtype != pre[key].dtype or mine[key].shape != pre[key].shape:
@@ -193,6 +210,8 @@ def check_adam8bit_step(adam8bit_step_fn) -> None:
                          hint="update p, state1, state2, absmax1 and absmax2 IN PLACE (p.copy_(...), state1[:] = ...):"
                               " their dtypes and shapes stay as they are.")
             bad = _close(mine, ref, pdtype)
+            if bad is None and pdtype != torch.float32:
+                _require_rounded_once(mine["p"], ref["p"], pdtype, what)
             if bad is None:
                 continue
             finite = torch.isfinite(g.float())
@@ -203,12 +222,20 @@ def check_adam8bit_step(adam8bit_step_fn) -> None:
                 # p stuck: rebinding `p = ...`, or an update from the moments before the EMA (0 on step 1)?
                 probe = {k: v.clone() for k, v in mine.items()}
                 call(adam8bit_step_fn, probe["p"], g.clone(), probe["state1"], probe["state2"], probe["absmax1"],
-                     probe["absmax2"], qmap1.clone(), qmap2.clone(), **dict(kw, step=t + 1))
+                     probe["absmax2"], qmap1.clone(), qmap2.clone(), **dict(kw, step=t + 1),
+                     may_change=(0, 2, 3, 4, 5))
                 if torch.equal(probe["p"], mine["p"]):
                     hint = ("p did not change although the states did: `p = ...` only rebinds the name inside your "
                             "function; write into the parameter with p.copy_(...) (or p[:] = ...).")
                 else:
                     hint = _OLD_MOMENTS  # p moves on step 2: the update used m and v from before the EMA
+            elif not bool(finite.all()) and not bool(nan_p.any()) and bool(
+                    (~torch.isclose(mine["p"].float(), ref["p"].float(), rtol=1e-5, atol=1e-7) & finite).sum() == 0):
+                zeroed = bool((mine["p"].float()[~finite] == 0).all())
+                hint = ("only the elements where the gradient is NaN or Inf are wrong" +
+                        (" (you set them to 0)" if zeroed else "") +
+                        ": there the parameter must stay exactly as it was this step — no Adam update and no "
+                        "weight decay either (apply the finite-mask to the whole new value of p, decay included).")
             elif bool(nan_p.any()) and bool((~finite | ~nan_p).all()):
                 hint = ("NaN handling is missing: where the gradient is NaN or Inf, reset m and v to 0 and leave the parameter "
                         "unchanged (torch.isfinite(g) gives the mask).")
@@ -256,7 +283,7 @@ def _optimizer_params(seed: int = 0) -> list[torch.nn.Parameter]:
 
 def _groups(params, **overrides):
     first = dict(params=params[:2], lr=1e-2, weight_decay=0.1)
-    second = dict(params=params[2:], lr=5e-3, betas=(0.8, 0.99), weight_decay=0.0)
+    second = dict(params=params[2:], lr=5e-3, betas=(0.8, 0.99), weight_decay=0.05)
     return [{**first, **overrides}, {**second, **overrides}] if overrides else [first, second]
 
 
@@ -342,13 +369,15 @@ class _StepRuleAdam8bit(torch.optim.Optimizer):
                     st.update(_fresh_state(n, 256) if n >= 4096 else
                               dict(exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p)))
                 self.count += 1
-                t = {"always_one": 1, "per_call": calls}.get(self.rule, self.count)
+                st["n"] = st.get("n", 0) + 1
+                t = {"always_one": 1, "per_call": calls, "l2_small": st["n"]}.get(self.rule, self.count)
                 kw = dict(step=t, lr=group["lr"], eps=group["eps"], weight_decay=group["weight_decay"])
                 if "state1" in st:
                     adam8bit_step(p.view(-1), p.grad.view(-1), st["state1"], st["state2"], st["absmax1"],
                                   st["absmax2"], *self.maps, beta1=b1, beta2=b2, blocksize=256, **kw)
                 else:
-                    adam_step(p, p.grad, st["exp_avg"], st["exp_avg_sq"], betas=(b1, b2), **kw)
+                    adam_step(p, p.grad, st["exp_avg"], st["exp_avg_sq"], betas=(b1, b2),
+                              decoupled=self.rule != "l2_small", **kw)
 
 
 def _crash_hint(text: str) -> str | None:
@@ -434,6 +463,9 @@ def check_adam8bit_optimizer(optimizer_class) -> None:
             ("you count calls of step() (one counter for the optimizer), not updates of each parameter: a parameter "
              "whose first gradient comes at step 2 then starts its bias correction at 2. Keep the count in "
              "self.state[p]['step'], 1 on that parameter's own first update.", "per_call"),
+            ("the small tensors (fp32 states) got L2 weight decay, added to the gradient (Adam's coupled rule, "
+             "`decoupled=False`), while the 8-bit path decays the weights directly: both paths must use AdamW's "
+             "DECOUPLED decay, p *= 1 - lr * weight_decay.", "l2_small"),
         ]:
             alt = _optimizer_params()
             _run(lambda ps, rule=rule: _StepRuleAdam8bit(_groups(ps), rule), 3, alt)
@@ -505,6 +537,19 @@ def check_stable_embedding(stable_embedding_class) -> None:
              "scale and shift", "you built the LayerNorm without its affine parameters (elementwise_affine=False or "
              "bias=False): the stable embedding's LayerNorm learns a per-feature scale and shift, the nn.LayerNorm "
              "default.")
+    frozen = [name for name, prm in module.named_parameters() if not prm.requires_grad]
+    if frozen:
+        fail(f"StableEmbedding: {', '.join(frozen)} has requires_grad=False",
+             "you froze part of the layer (requires_grad=False, or requires_grad_(False)): an optimizer never "
+             "updates a frozen parameter, but the paper's layer trains its table AND its LayerNorm's scale and "
+             "shift. Leave every parameter trainable.")
+    listed = {id(prm) for prm in module.parameters()}
+    missing = [name for name, prm in (("embedding.weight", emb.weight), ("norm.weight", norm.weight),
+                                       ("norm.bias", norm.bias)) if id(prm) not in listed]
+    if missing:
+        fail(f"StableEmbedding.parameters() does not list {', '.join(missing)}",
+             "a parameter the module does not register (kept in a plain list/dict, or a tensor that is not an "
+             "nn.Parameter) is invisible to module.parameters(), so no optimizer trains it.")
     x = torch.tensor([[1, 5, 999], [0, 0, 42]])
     out = call(module, x)
     want = torch.nn.functional.layer_norm(w[x], (64,), norm.weight.detach(), norm.bias.detach(), norm.eps)

@@ -13,7 +13,7 @@ import os
 import torch
 
 from ...quant import dequantize_blockwise, dynamic_map, nearest_code, num_blocks, quantize_blockwise
-from ._common import assert_close, call, fail, is_stub, passed, require_callable
+from ._common import ALL_ARGS, assert_close, call, fail, is_stub, passed, require_callable
 from ._properties import describe
 from ._variants import diagnose
 
@@ -40,7 +40,7 @@ def _device_for(kernel) -> torch.device:
 def _launch(kernel, grid, *args, **kwargs) -> None:
     """Launch the learner's kernel; a stub's NotImplementedError (wrapped by the interpreter) is named."""
     try:
-        call(kernel[grid], *args, **kwargs)
+        call(kernel[grid], *args, may_change=ALL_ARGS, **kwargs)  # a kernel writes into its pointers
     except AssertionError as exc:
         text = str(exc)  # the interpreter wraps the stub's raise: its message names the exercise
         if "NotImplementedError" in text and ("Exercise 08." in text or isinstance(exc.__cause__, NotImplementedError)
@@ -77,11 +77,13 @@ def check_absmax_kernel(absmax_kernel) -> None:
     gen = torch.Generator().manual_seed(8)
     for n, bs in _SIZES:
         x = torch.randn(n, generator=gen)
+        nb = num_blocks(n, bs)
+        if n % bs:
+            x[(nb - 1) * bs:] *= 0.01  # a ragged tail of small values: a fill value of the masked lanes would win
         x[n // 3] = -7.5  # a negative value with the largest magnitude of its block
         if n >= 2 * bs:
             x[bs: 2 * bs] = 0.0  # an all-zero block
         want = quantize_blockwise(x, None, bs)[1]
-        nb = num_blocks(n, bs)
         _, x_view = _padded(x.to(device), 1e6)  # reading past n would see 1e6
         # room for a per-lane store at absmax_ptr + offs (up to nb * bs): caught here instead of corrupting memory
         out_buf, out = _padded(torch.zeros(nb, device=device), -1.0, pad=max(_PAD, nb * bs + bs))
@@ -99,6 +101,9 @@ def check_absmax_kernel(absmax_kernel) -> None:
             ("the last block read past the end of x (the values there are 1e6 here): mask the load with "
              "mask=offs < n (strictly less) and other=0.0 — the last block is ragged.",
              lambda: torch.cat([want[:-1], torch.tensor([1e6])])),
+            ("the last block's absmax is 1.0: your masked lanes are filled with other=1.0, and that fill takes "
+             "part in the max. The lanes past n must not count: other=0.0 (no magnitude is below 0).",
+             lambda: torch.cat([want[:-1], want[-1:].clamp(min=1.0)]) if n % bs else None),
             ("you took the max of x itself (tl.max(x), or tl.abs after the max): absmax is the largest MAGNITUDE, "
              "tl.max(tl.abs(x), axis=0) — abs first (here a block's biggest magnitude is -7.5).",
              lambda: blocks.amax(dim=1)),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 
 import torch
@@ -104,13 +106,51 @@ def check_state_megabytes(state_megabytes) -> None:
                          ("kind='adamw' keeps fp32 m and v: 8 bytes per parameter, no codes and no absmax.",
                           lambda: (2 * n + 8 * blocks) / MB),
                      ])
+    for bad in ("adam", "sgd", "Adam8bit"):
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                got = state_megabytes(1000, bad, blocksize=256)
+        except ValueError:
+            continue
+        except Exception as exc:  # noqa: BLE001 - the wrong kind of error
+            fail(f"state_megabytes(1000, {bad!r}) raised {type(exc).__name__}: {exc}",
+                 hint=f"an unknown kind should raise ValueError, not {type(exc).__name__}: `raise ValueError(...)` "
+                      "naming the kind.")
+        fail(f"state_megabytes(1000, {bad!r}) returned {got!r}; expected a ValueError for an unknown kind.",
+             hint="your function treats an unknown kind as one of the two it knows (a silent fallback, e.g. an "
+                  "`else:` branch that computes adam8bit's bytes): a typo then prints a plausible wrong number. "
+                  "Check the kind and raise ValueError for anything else.")
     passed("Exercise 09.1 · The seed numbers")
 
 
 # ---------------------------------------------------------------------------- 09.2
+class _TiedLM(torch.nn.Module):
+    """A tiny language model whose output layer shares the embedding table (tied weights), with a
+    BatchNorm whose running statistics are buffers, not parameters."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(5000, 16)
+        self.norm = torch.nn.BatchNorm1d(16)
+        self.head = torch.nn.Linear(16, 5000, bias=False)
+        self.head.weight = self.embed.weight  # one tensor, two names
+
+
+def _tensors_of(model, how: str):
+    """Tensors as a learner might enumerate them: 'params' (right), 'state_dict' (buffers and tied names
+    included), 'named_all' (every name of a tied tensor: named_parameters(remove_duplicate=False))."""
+    if how == "state_dict":
+        return list(model.state_dict().values())
+    if how == "model_blocks":
+        return list(model.parameters())
+    if how == "named_all":
+        return [p for _, p in model.named_parameters(remove_duplicate=False)]
+    return list(model.parameters())
+
+
 def _budget_variant(model, kind, bs, min_size, *, grads=True, itemsize=None, grad_itemsize=None, small_rule=True,
-                    strict=False, absmax=True, state_itemsize=False, total_grads=True, unit=1):
-    params = list(model.parameters())
+                    strict=False, absmax=True, state_itemsize=False, total_grads=True, unit=1, how="params"):
+    params = _tensors_of(model, how)
     w = sum(p.numel() * (itemsize or p.element_size()) for p in params)
     g = sum(p.numel() * (grad_itemsize or itemsize or p.element_size()) for p in params) if grads else 0
     opt = 0
@@ -121,6 +161,9 @@ def _budget_variant(model, kind, bs, min_size, *, grads=True, itemsize=None, gra
             opt += 2 * n + (8 * (-(-n // bs)) if absmax else 0)
         else:
             opt += 2 * n * (p.element_size() if state_itemsize else 4)
+    if how == "model_blocks" and kind == "adam8bit":  # blocks counted over all 8-bit tensors together
+        big = [p.numel() for p in params if not small_rule or (p.numel() > min_size if strict else p.numel() >= min_size)]
+        opt += 8 * (-(-sum(big) // bs)) - sum(8 * (-(-n // bs)) for n in big)
     out = {"weights": w, "gradients": g, "optimizer": opt, "total": w + opt + (g if total_grads else 0)}
     return out if unit == 1 else {k: v / unit for k, v in out.items()}
 
@@ -138,7 +181,11 @@ def check_training_memory(training_memory) -> None:
              ("a small MLP, blocksize 64, min_8bit_size 0", mlp, "adam8bit", 64, 0),
              ("a small MLP in fp16", torch.nn.Linear(100, 64).to(torch.float16), "adam8bit", 256, 4096),
              ("a 64x64 layer (its weight has exactly min_8bit_size elements)", torch.nn.Linear(64, 64), "adam8bit",
-              256, 4096)]
+              256, 4096),
+             ("a tiny LM with tied embedding/output weights and a BatchNorm (buffers)", _TiedLM(), "adam8bit", 256,
+              4096),
+             ("two layers whose weights (7,000 and 6,300 elements) are not multiples of the blocksize",
+              torch.nn.Sequential(torch.nn.Linear(100, 70), torch.nn.Linear(70, 90)), "adam8bit", 256, 4096)]
     for label, model, kind, bs, min_size in cases:
         want = _budget_variant(model, kind, bs, min_size)
         got = call(training_memory, model, kind, blocksize=bs, min_8bit_size=min_size)
@@ -175,6 +222,18 @@ def check_training_memory(training_memory) -> None:
                           lambda: _budget_variant(model, kind, bs, min_size, total_grads=False)),
                          ("return BYTES as ints, not MiB: the caller divides by 2**20 when it prints.",
                           lambda: _budget_variant(model, kind, bs, min_size, unit=MB)),
+                         ("you counted the model's buffers (state_dict() also holds BatchNorm's running statistics, "
+                          "which are not trained: no gradient, no optimizer state) and a tied tensor once per name: "
+                          "count the parameters, each tensor once (model.parameters() does both).",
+                          lambda: _budget_variant(model, kind, bs, min_size, how="state_dict")),
+                         ("you counted the blocks over the whole model (all 8-bit elements together): blocks "
+                          "belong to ONE tensor each, so every 8-bit tensor has its own ceil(numel / blocksize) "
+                          "blocks, its own partial last block included.",
+                          lambda: _budget_variant(model, kind, bs, min_size, how="model_blocks")),
+                         ("you counted the tied weight twice: the output layer and the embedding share ONE tensor "
+                          "(one set of bytes, one gradient, one optimizer state); count each parameter tensor once, "
+                          "as model.parameters() lists it.",
+                          lambda: _budget_variant(model, kind, bs, min_size, how="named_all")),
                      ])
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in got.values()):
             fail(f"{what}: the values should be ints (bytes).", hint="count bytes with integer arithmetic")

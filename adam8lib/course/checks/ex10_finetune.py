@@ -43,6 +43,17 @@ class LayerScale(nn.Module):
         return self.gamma * x
 
 
+class NormalizedGate(nn.Module):
+    """A gate whose class name STARTS with "Norm" but is no norm layer: its weight decays."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(dim, dim) * 0.1)
+
+    def forward(self, x):
+        return torch.sigmoid(x @ self.weight) * x
+
+
 class _Block(nn.Module):
     def __init__(self, dim: int) -> None:
         super().__init__()
@@ -63,6 +74,8 @@ class _CustomNet(nn.Module):
         if rms and hasattr(nn, "RMSNorm"):
             self.post = nn.RMSNorm(dim)
         self.denormalizer = nn.Linear(dim, dim)  # "norm" in the name, still a Linear: its weight decays
+        self.bias_proj = nn.Linear(dim, dim)  # "bias" in the module's name: its weight decays, its bias does not
+        self.gate = NormalizedGate(dim)  # "Norm" in the class name, but not at its end: decays
         self.temperature = nn.Parameter(torch.ones(1))  # a parameter of the model itself: decays
         self.bias = nn.Parameter(torch.zeros(dim))  # ...and one named bias: no decay
 
@@ -88,7 +101,7 @@ def _models() -> list[tuple[str, nn.Module]]:
     return [
         ("DistilBERT (small)", distilbert),
         ("a custom model (LayerNorm named 'ln', an RMSNorm-like 'ScaleNorm', a Linear named 'denormalizer', "
-         "a 1-D LayerScale gain)",
+         "a Linear named 'bias_proj', a 'NormalizedGate', a 1-D LayerScale gain)",
          _CustomNet()),
         ("nn.Sequential(Linear, LayerNorm, Linear without bias)",
          nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 2, bias=False))),
@@ -167,7 +180,16 @@ def check_decay_parameter_names(get_decay_parameter_names: Callable) -> None:
             fail(f"{what}: {extra[0]!r} should NOT decay.", hint="only weights outside norm layers decay")
         if missing:
             name = missing[0]
-            if "norm" in name.lower():
+            owner_cls = type(_owner(model, name)).__name__
+            if "bias" in name and name.rsplit(".", 1)[-1] != "bias":
+                hint = (f"{name!r} is a weight: only its module's NAME contains 'bias'. You tested for 'bias' "
+                        "anywhere in the dotted name (a substring); the rule is about the LAST part of the name "
+                        "being exactly 'bias'")
+            elif "norm" in owner_cls.lower() and not owner_cls.lower().endswith("norm"):
+                hint = (f"{name!r} belongs to a {owner_cls}: its class name contains 'Norm' but does not END in "
+                        "it, so it is no norm layer and its weight decays. Test the END of the class name, not "
+                        "whether 'Norm' appears somewhere in it")
+            elif "norm" in name.lower():
                 hint = (f"{name!r} has 'norm' in its name but is a {type(_owner(model, name)).__name__}'s "
                         "weight: decide by the module's type, not by a substring of the name")
             elif "." not in name:
@@ -617,6 +639,7 @@ def check_accelerate_epoch(train_epoch: Callable) -> None:
                  "batches",
                  "clip with accelerator.clip_grad_norm_(model.parameters(), max_grad_norm), not torch's: under fp16 "
                  "accelerate's version unscales the gradients first, torch's would clip the scaled ones.")
+        _require_no_own_autocast(train_epoch, loader)
         passed("Exercise 10.4 · The accelerate training loop")
         return
     for hint, flags in [
@@ -636,6 +659,31 @@ def check_accelerate_epoch(train_epoch: Callable) -> None:
             fail("train_epoch's losses or final parameters differ from the reference loop", hint)
     fail(f"train_epoch's losses {[round(v, 4) for v in got]} differ from the reference {[round(v, 4) for v in want_losses]}",
          "per batch: forward -> accelerator.backward -> clip -> optimizer.step -> scheduler.step -> zero_grad.")
+
+
+def _require_no_own_autocast(train_epoch: Callable, loader) -> None:
+    """One more epoch with an fp32 accelerator (mixed_precision="no"): its prepared forward enters no autocast,
+    so autocast is on inside the model only when the learner's loop opened a block of its own."""
+    from ..finetune import fresh_accelerator
+
+    with _quiet():
+        accelerator = fresh_accelerator(cpu=True, mixed_precision="no")
+    model, opt, sched = _epoch_setup()
+    model = accelerator.prepare_model(model)
+    seen: list[bool] = []
+    hook = model.register_forward_pre_hook(
+        lambda module, args: seen.append(torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")))
+    try:
+        torch.manual_seed(1)
+        call(train_epoch, accelerator, model, opt, loader, sched, max_grad_norm=0.5)
+    finally:
+        hook.remove()
+    if any(seen):
+        fail(f"with an accelerator configured for fp32 (mixed_precision='no'), {sum(seen)} of train_epoch's "
+             "forwards ran under autocast anyway",
+             "you opened an autocast block of your own (torch.autocast around the forward): it overrides what the "
+             "accelerator was configured with, so an fp32 run still computes in bf16. The prepared model's "
+             "forward already applies the accelerator's mixed precision: no autocast in the loop.")
 
 
 def _matches_list(a, b):

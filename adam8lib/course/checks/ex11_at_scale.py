@@ -6,7 +6,7 @@ import math
 
 from ...distributed import shard_ranges
 from ..at_scale import estimate
-from ._common import call, fail, passed, require_callable
+from ._common import require_type, call, fail, passed, require_callable
 from ._properties import case_pattern
 from ._variants import expect_close, matches
 
@@ -191,8 +191,14 @@ def check_shard_range(shard_range) -> None:
         for r in range(w):
             want = shard_ranges(shape, w)[r]
             got = call(shard_range, shape, w, r)
-            if isinstance(got, list):
-                got = tuple(got)
+            what = f"shard_range({shape}, world_size={w}, rank={r})"
+            require_type(got, tuple, what)
+            if len(got) == 2 and not all(isinstance(v, int) and not isinstance(v, bool) for v in got):
+                kinds = ", ".join(type(v).__name__ for v in got)
+                fail(f"{what} returned ({kinds}); expected two ints.",
+                     hint="your positions are not Python ints (a float from `/` or math.ceil on floats, or a "
+                          "0-d tensor): flat positions index a tensor, so compute them with integer arithmetic "
+                          "(`//`, -(-a // b) for the ceiling) and return ints.")
             expect_close(got, want, what=f"shard_range({shape}, world_size={w}, rank={r})", rtol=0, atol=0,
                          context=pattern,
                          default="rank r holds rows [r*c, (r+1)*c) of dim 0, c = ceil(rows / world_size), clipped to "

@@ -370,9 +370,10 @@ def check_stochastic_round(stochastic_round) -> None:
     n = 100_000
     cases = [("1 + a quarter of a bf16 step (2^-9)", 1.0 + 2.0**-9, 0.25),
              ("1000.7", 1000.7, None), ("-3.14159", -3.14159, None), ("1e-20", 1e-20, None),
-             ("0.1", 0.1, None)]
+             ("0.1", 0.1, None), ("a (250, 400) matrix of 0.7", 0.7, None)]
     for label, value, p_up in cases:
-        x = torch.full((n,), value, dtype=torch.float32)
+        shape = (250, 400) if "matrix" in label else (n,)
+        x = torch.full(shape, value, dtype=torch.float32)
         got = call(stochastic_round, x.clone(), torch.Generator().manual_seed(41))
         what = f"stochastic_round({n:,} copies of {label})"
         if not isinstance(got, torch.Tensor) or got.dtype != torch.bfloat16:
@@ -382,6 +383,8 @@ def check_stochastic_round(stochastic_round) -> None:
         if got.shape != x.shape:
             fail(f"{what} has shape {tuple(got.shape)}, expected {tuple(x.shape)}.",
                  hint="one rounded value per element of x, in x's shape.")
+        got = got.reshape(-1)
+        x = x.reshape(-1)
         low, high = _bf16_neighbours(x[:1])
         values = set(got.float().unique().tolist())
         if not values <= {float(low), float(high)}:
@@ -421,6 +424,17 @@ def check_stochastic_round(stochastic_round) -> None:
     if not torch.equal(got.float(), exact.bfloat16().float()):
         fail(f"stochastic_round({exact.tolist()}) gave {got.float().tolist()}: numbers that bf16 holds exactly must "
              "not move.", hint="a number whose low 16 bits are 0 has only itself as neighbour: it must stay.")
+    # an exact number moves only if the noise can reach 2**16: one draw in 65,537 for an inclusive bound, so
+    # 2**20 copies see it about 16 times (and miss it with probability e^-16)
+    many = exact[[0, 1, 4]].repeat(2**20 // 3 + 1)[: 2**20]
+    got = call(stochastic_round, many.clone(), torch.Generator().manual_seed(44))
+    moved = int((got.float() != many).sum()) if isinstance(got, torch.Tensor) and got.shape == many.shape else -1
+    if moved:
+        fail(f"stochastic_round of {many.numel():,} numbers that bf16 holds exactly moved {moved} of them "
+             "(one step up or down).",
+             hint="your random numbers reach a full bf16 step (2**16 itself: an inclusive upper bound, or a range "
+                  "that starts at 1), so an exact number sometimes moves: the noise must take the 2**16 values "
+                  "0 … 2**16 - 1, and 0 must be possible.")
     again = call(stochastic_round, torch.full((1000,), 1.3), torch.Generator().manual_seed(7))
     twice = call(stochastic_round, torch.full((1000,), 1.3), torch.Generator().manual_seed(7))
     if not torch.equal(again, twice):

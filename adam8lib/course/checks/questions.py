@@ -109,6 +109,8 @@ QUESTIONS: dict[str, Question] = {
     "04.a": Question(0.01, rel_tol=1e-6),
     "04.b": Question(0.0, rel_tol=0, shown="0.0"),
     "04.c": Question("c", choices="abc"),
+    "04.d": Question(math.log10(254), rel_tol=0.02, shown="≈ 2.4 (log10 254: absmax / (Δ/2) = 254)"),
+    "04.e": Question(1e8, rel_tol=0.01, shown="10^8 (1 / eps: the denominator is sqrt(0) + 1e-8)"),
     # 05 · dynamic map
     "05.a": Question(127, rel_tol=0),
     "05.b": Question(5.5e-7, rel_tol=1e-3),

@@ -46,6 +46,11 @@ def moments_in_place(m, v, g, beta1, beta2):
     return m, v
 
 
+def moments_squaring_g_in_place(m, v, g, beta1, beta2):
+    m_new = beta1 * m + (1 - beta1) * g
+    return m_new, beta2 * v + (1 - beta2) * g.mul_(g)  # the caller's gradient is squared too
+
+
 def moments_with_lerp(m, v, g, beta1, beta2):
     return torch.lerp(m, g, 1 - beta1), torch.lerp(v, g.square(), 1 - beta2)
 
@@ -111,6 +116,8 @@ WRONG = [
           "your result is torch.float64 but the inputs are torch.float32", True),
     Wrong("02.1", _C1, moments(order="none"), "no return statement", "you returned None", True),
     Wrong("02.1", _C1, moments_by_index, "a loop over range(len(m))", "your function failed on a 0-d tensor", True),
+    Wrong("02.1", _C1, moments_squaring_g_in_place, "squares the caller's g in place (g.mul_(g))",
+          "modified its argument `g` in place", True),
     # 02.2
     Wrong("02.2", _C2, corrected("none"), "no bias correction", "you returned m and v uncorrected", True),
     Wrong("02.2", _C2, corrected("m_only"), "only m corrected", "you corrected m only", True),
@@ -124,12 +131,13 @@ WRONG = [
     Wrong("02.2", _C2, corrected("times_step"), "1 - beta * step", "you wrote 1 - beta * step", True),
     Wrong("02.2", _C2, corrected("swapped"), "returns (v_hat, m_hat)", "you returned (v_hat, m_hat)", True),
     Wrong("02.2", _C2, corrected("none_returned"), "no return statement", "you returned None", True),
+    Wrong("02.2", _C2, corrected_in_place, "divides the caller's m and v in place (the stored moments become "
+          "bias-corrected)", "modified its argument `m` in place", True),
 ]
 
 RIGHT = [
     Right("02.1", _C1, moments_in_place, how="in place with mul_/add_/addcmul_, returning the same tensors"),
     Right("02.1", _C1, moments_with_lerp, how="torch.lerp towards g and g.square()"),
     Right("02.1", _C1, moments_through_numpy, how="NumPy round trip in the input's dtype, m + (1-b)(g-m)"),
-    Right("02.2", _C2, corrected_in_place, how="div_ in place on the given tensors"),
     Right("02.2", _C2, corrected_with_math, how="1 - beta**t as -expm1(t log beta)"),
 ]

@@ -31,6 +31,27 @@ def quantize(*, scale=127.0, rounding="round", signed_max=False, guard=True, dty
     return absmax_quantize
 
 
+def _clamped_absmax(x):
+    x = x.float()
+    absmax = x.abs().max().clamp(min=1e-8)
+    return torch.round(127 * x / absmax).to(torch.int8), absmax
+
+
+def _absmax_as_float(x):
+    x = x.float()
+    absmax = x.abs().max().item()
+    if absmax == 0:
+        return torch.zeros_like(x, dtype=torch.int8), absmax
+    return torch.round(127 * x / absmax).to(torch.int8), absmax
+
+
+def _absmax_keepdim(x):
+    x = x.float()
+    absmax = x.abs().amax(dim=tuple(range(x.dim())), keepdim=True)
+    q = torch.where(absmax > 0, torch.round(127 * x / absmax.clamp(min=1e-30)), torch.zeros_like(x))
+    return q.to(torch.int8), absmax
+
+
 def quantize_by_loop(x):
     x = x.float()
     absmax = x.abs().max()
@@ -105,6 +126,12 @@ WRONG = [
     Wrong("04.1", _Q, quantize(swap=True), "returns (absmax, q)", "you returned (absmax, q)", True),
     Wrong("04.1", _Q, quantize_by_loop, "a Python loop over the elements (1-D only)",
           "your function failed on a tensor of shape (4, 33)", True),
+    Wrong("04.1", _Q, _clamped_absmax, "absmax clamped to 1e-8 (an all-zero x returns 1e-8, not 0)",
+          "you replaced it (a clamp, a tiny epsilon", True),
+    Wrong("04.1", _Q, _absmax_as_float, "absmax returned as a Python float (.item())",
+          "you turned the tensor into a plain number", True),
+    Wrong("04.1", _Q, _absmax_keepdim, "absmax of shape (1, 1) (amax with keepdim) for a matrix",
+          "not one with a length-1 dimension", True),
     # not recognised: the check can only restate the rule
     Wrong("04.1", _Q, quantize(mean=True), "scale from the mean magnitude (codes overflow int8)",
           "absmax = max(|x|) over the WHOLE tensor", False),

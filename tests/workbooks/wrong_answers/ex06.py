@@ -279,3 +279,38 @@ WRONG += [
           "the partial last block of 232) is wrong", True),
     Wrong("06.2", DQ, dequantize_neighbour, "code[codes - 1]", "NEIGHBOURING map entry", True),
 ]
+
+
+def quantize_with_view(x, code, blocksize=256):
+    """.view(-1) instead of .reshape(-1): fails on a transposed (non-contiguous) x."""
+    flat = x.view(-1).float()
+    n = flat.numel()
+    n_blocks = -(-n // blocksize)
+    padded = torch.zeros(n_blocks * blocksize)
+    padded[:n] = flat
+    blocks = padded.view(n_blocks, blocksize)
+    absmax = blocks.abs().amax(dim=1)
+    scale = torch.where(absmax > 0, absmax, torch.ones_like(absmax))
+    codes = nearest_code((blocks / scale[:, None]).reshape(-1)[:n], code)
+    return codes.view(x.shape), absmax
+
+
+def quantize_column_major(x, code, blocksize=256):
+    """flattens a transposed x in memory order (x.t().reshape) instead of row-major: codes land on the wrong elements."""
+    flat = (x.t().reshape(-1) if x.dim() == 2 and not x.is_contiguous() else x.reshape(-1)).float()
+    n = flat.numel()
+    n_blocks = -(-n // blocksize)
+    padded = torch.zeros(n_blocks * blocksize)
+    padded[:n] = flat
+    blocks = padded.view(n_blocks, blocksize)
+    absmax = blocks.abs().amax(dim=1)
+    scale = torch.where(absmax > 0, absmax, torch.ones_like(absmax))
+    codes = nearest_code((blocks / scale[:, None]).reshape(-1)[:n], code)
+    return codes.view(x.shape), absmax
+
+
+WRONG += [
+    Wrong("06.1", Q, quantize_with_view, "x.view(-1) on a non-contiguous (transposed) x", "`.view` needs memory", True),
+    Wrong("06.1", Q, quantize_column_major, "a transposed x flattened in memory (column) order",
+          "transposed", False),
+]

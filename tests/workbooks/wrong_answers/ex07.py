@@ -28,7 +28,8 @@ def _requantize_with(x, qmap, blocksize, absmax):
 
 def make_step(name, *, sign_m=True, sign_v=True, bias=True, step_offset=0, sqrt_c2=True, eps_inside=False,
               l2=False, decay_lr=True, old_absmax=False, swap_maps=False, v_signed_map=False, nan_rule=True,
-              square=True, sign=1.0, update_with="new"):
+              square=True, sign=1.0, update_with="new", param_dtype_math=False,
+              nan_decays=False):
     """The solution's step with one slip, as a learner would write it."""
 
     @torch.no_grad()
@@ -40,6 +41,8 @@ def make_step(name, *, sign_m=True, sign_v=True, bias=True, step_offset=0, sqrt_
         m_before, v_before = m, v
         grad = g.float()
         param = p.float()
+        if param_dtype_math:  # the update done in p's own (16-bit) dtype
+            param = p.clone()
         if l2:
             grad = grad + weight_decay * param  # Adam's L2 decay, through the gradient
         finite = torch.isfinite(grad)
@@ -58,8 +61,9 @@ def make_step(name, *, sign_m=True, sign_v=True, bias=True, step_offset=0, sqrt_
             v = dequantize_blocks(state2, absmax2, map_v, blocksize)
         mu, vu = (m_before, v_before) if update_with == "old" else (m, v)
         denom = (vu / c2**2 + eps).sqrt() if eps_inside else vu.sqrt() / c2 + eps
-        new = new - sign * lr / c1 * mu / denom
-        p.copy_(torch.where(finite, new, param) if nan_rule else new)
+        new = new - (sign * lr / c1 * mu / denom).to(new.dtype)
+        kept = param * (1 - lr * weight_decay) if nan_decays else param  # nan_decays: the skipped element still decays
+        p.copy_(torch.where(finite, new, kept) if nan_rule else new)
         if update_with == "stored":
             return
         if old_absmax:
@@ -175,6 +179,10 @@ WRONG_STEP = [
           "before the EMA", "m and v from BEFORE this step's EMA", True),
     Wrong("07.1", STEP, make_step("update_after_requantize", update_with="stored"), "states requantized first, p "
           "updated from the 8-bit m and v", "you updated p from the requantized (8-bit) m and v", True),
+    Wrong("07.1", STEP, make_step("bf16_arithmetic", param_dtype_math=True), "a 16-bit p updated in its own dtype "
+          "(decay and update rounded to 16 bits), not in fp32", "arithmetic: every intermediate result", True),
+    Wrong("07.1", STEP, make_step("nan_still_decays", nan_decays=True), "a non-finite-gradient element still "
+          "decays", "no Adam update and no weight decay either", True),
     Wrong("07.1", STEP, rebinds_p, "p = ... rebinds the name, p never changes", "`p = ...` only rebinds", True),
     Wrong("07.1", STEP, returns_new_tensors, "returns new tensors instead of writing in place", "nothing changed",
           True),
@@ -188,7 +196,7 @@ RIGHT_STEP = [
 # ------------------------------------------------------------------ 07.2 · the optimizer class
 def make_optimizer(name, *, strict=False, quantize_all=False, defaults_only=False, no_decay=False, step_rule="state",
                    own_attributes=False, skip_none=True, flat_grad=True, eager_state=False, count="numel",
-                   blocks_rule="ceil"):
+                   blocks_rule="ceil", small_l2=False):
     """The solution's MyAdam8bit with one slip. step_rule: "state" (right), "always_one", "after" (increased
     after the update, so the first update runs with step 0), "global" (one counter for all parameters),
     "per_call" (one counter increased per call of step()). blocks_rule "floor": n // blocksize absmax entries."""
@@ -256,7 +264,8 @@ def make_optimizer(name, *, strict=False, quantize_all=False, defaults_only=Fals
                                        state["state2"], state["absmax1"], state["absmax2"], self.qmap1, self.qmap2,
                                        beta1=beta1, beta2=beta2, blocksize=group["blocksize"], **common)
                     else:
-                        adam_step(p, p.grad, state["exp_avg"], state["exp_avg_sq"], betas=(beta1, beta2), **common)
+                        adam_step(p, p.grad, state["exp_avg"], state["exp_avg_sq"], betas=(beta1, beta2),
+                                  decoupled=not small_l2, **common)
                     if step_rule == "after":
                         state["step"] += 1
 
@@ -313,6 +322,8 @@ class Adam8bitInlineFp32(torch.optim.Optimizer):
 
 
 WRONG_OPTIMIZER = [
+    Wrong("07.2", OPT, make_optimizer("small_l2", small_l2=True), "L2 (coupled) decay for the fp32-state tensors "
+          "(adam_step(..., decoupled=False))", "both paths must use AdamW's DECOUPLED decay", True),
     Wrong("07.2", OPT, make_optimizer("strict_threshold", strict=True), "n > min_8bit_size (4096 stays fp32)",
           "min_8bit_size is inclusive", True),
     Wrong("07.2", OPT, make_optimizer("all_8bit", quantize_all=True), "small tensors not kept in fp32",
@@ -350,7 +361,7 @@ RIGHT_OPTIMIZER = [
 
 # ------------------------------------------------------------------ 07.3 · the stable embedding
 def make_embedding(name, *, init="xavier_uniform", norm="layer", override="embedding", swap_args=False,
-                   norm_dim="embedding_dim", affine=True):
+                   norm_dim="embedding_dim", affine=True, freeze=None):
     """The solution's StableEmbedding with one slip."""
     import bitsandbytes as bnb
 
@@ -365,6 +376,8 @@ def make_embedding(name, *, init="xavier_uniform", norm="layer", override="embed
                 nn.init.xavier_normal_(self.embedding.weight)
             self.norm = nn.LayerNorm(embedding_dim if norm_dim == "embedding_dim" else num_embeddings,
                                      elementwise_affine=affine)
+            if freeze is not None:  # e.g. "norm": the LayerNorm kept fixed
+                getattr(self, freeze).requires_grad_(False)
             target = {"embedding": self.embedding, "self": self, "norm": self.norm}.get(override)
             if target is not None:
                 bnb.optim.GlobalOptimManager.get_instance().register_module_override(target, "weight",
@@ -431,6 +444,10 @@ class StableEmbeddingByHand(nn.Module):
 
 
 WRONG_EMBEDDING = [
+    Wrong("07.3", EMB, make_embedding("frozen_norm", freeze="norm"), "the LayerNorm frozen (requires_grad False)",
+          "you froze part of the layer", True),
+    Wrong("07.3", EMB, make_embedding("frozen_table", freeze="embedding"), "the table frozen (requires_grad False)",
+          "you froze part of the layer", True),
     Wrong("07.3", EMB, make_embedding("default_init", init="default"), "nn.Embedding's N(0, 1) init kept",
           "still has nn.Embedding's default init", True),
     Wrong("07.3", EMB, make_embedding("xavier_normal", init="xavier_normal"), "xavier_normal_ instead of uniform",

@@ -30,6 +30,14 @@ def absmax_no_mask(x_ptr, absmax_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def absmax_other_one(x_ptr, absmax_ptr, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=1.0)  # the fill value takes part in the max
+    tl.store(absmax_ptr + pid, tl.max(tl.abs(x), axis=0))
+
+
+@triton.jit
 def absmax_mask_le(x_ptr, absmax_ptr, n, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
@@ -387,6 +395,7 @@ def ema_two_passes_in_registers(codes_ptr, absmax_ptr, g_ptr, qmap_ptr, n, beta,
 
 WRONG = [
     Wrong("08.1", ABSMAX, absmax_no_mask, "load without a mask", "read past the end of x", True),
+    Wrong("08.1", ABSMAX, absmax_other_one, "masked lanes filled with other=1.0", "filled with other=1.0", True),
     Wrong("08.1", ABSMAX, absmax_mask_le, "mask offs <= n (one element too many)", "read past the end of x", True),
     Wrong("08.1", ABSMAX, absmax_signed, "tl.max(x) without tl.abs", "you took the max of x itself", True),
     Wrong("08.1", ABSMAX, absmax_abs_after_max, "tl.abs(tl.max(x)): abs after the max", "or tl.abs after the max", True),

@@ -31,17 +31,21 @@ def make_megabytes(name, *, unit=2**20, code_bytes=2, adamw_bytes=8, absmax_byte
 
 def megabytes_with_math_ceil(num_params, kind="adam8bit", blocksize=256):
     """Right: math.ceil, per-state bytes summed, 1024 * 1024."""
-    per_state = {"adamw": 4 * num_params,
-                 "adam8bit": num_params + 4 * math.ceil(num_params / blocksize)}[kind]
+    per_kind = {"adamw": lambda: 4 * num_params, "adam8bit": lambda: num_params + 4 * math.ceil(num_params / blocksize)}
+    if kind not in per_kind:
+        raise ValueError(f"kind must be one of {sorted(per_kind)}, got {kind!r}")
+    per_state = per_kind[kind]()
     return 2 * per_state / (1024 * 1024)
 
 
 # ------------------------------------------------------------------ 09.2 · the training budget
 def make_budget(name, *, grads=True, weight_size=None, grad_size=None, small_rule=True, strict=False, absmax=True,
-                state_in_param_dtype=False, total_without_grads=False, unit=1):
+                state_in_param_dtype=False, total_without_grads=False, unit=1, tensors="parameters"):
     def training_memory(model, optimizer="adamw", blocksize=256, min_8bit_size=4096):
         w = g = s = 0
-        for p in model.parameters():
+        listed = {"parameters": lambda: model.parameters(), "state_dict": lambda: model.state_dict().values(),
+                  "named_all": lambda: (p for _, p in model.named_parameters(remove_duplicate=False))}[tensors]()
+        for p in listed:
             n = p.numel()
             w += n * (weight_size or p.element_size())
             g += n * (grad_size or p.element_size()) if grads else 0
@@ -57,6 +61,16 @@ def make_budget(name, *, grads=True, weight_size=None, grad_size=None, small_rul
 
     training_memory.__name__ = name
     return training_memory
+
+
+def budget_model_blocks(model, optimizer="adamw", blocksize=256, min_8bit_size=4096):
+    """Blocks counted over all the 8-bit elements of the model together, not per tensor."""
+    params = list(model.parameters())
+    w = sum(p.numel() * p.element_size() for p in params)
+    big = [p.numel() for p in params if optimizer == "adam8bit" and p.numel() >= min_8bit_size]
+    small = [p.numel() for p in params if not (optimizer == "adam8bit" and p.numel() >= min_8bit_size)]
+    s = 2 * sum(big) + 8 * (-(-sum(big) // blocksize)) + 8 * sum(small)
+    return {"weights": w, "gradients": w, "optimizer": s, "total": 2 * w + s}
 
 
 def budget_from_state_spec(model, optimizer="adamw", blocksize=256, min_8bit_size=4096):
@@ -164,6 +178,8 @@ def seed_by_module_walk(model, args):
 
 
 WRONG = [
+    Wrong("09.1", MB, make_megabytes("silent_fallback"), "no ValueError: any kind but 'adamw' counted as adam8bit",
+          "your function treats an unknown kind as one of the two it knows", True),
     Wrong("09.1", MB, make_megabytes("decimal_megabytes", unit=1e6), "MB = 10**6 bytes instead of MiB",
           "divide by 2**20, not 10**6", True),
     Wrong("09.1", MB, make_megabytes("gibibytes", unit=2**30), "divided by 2**30 (GiB)", "you divided by 2**30",
@@ -199,6 +215,12 @@ WRONG = [
           "parameter's dtype", "Adam's fp32 states take 8 bytes per parameter whatever", True),
     Wrong("09.2", BUDGET, make_budget("total_without_gradients", total_without_grads=True), "total leaves out the "
           "gradients", "the total is weights + gradients + optimizer", True),
+    Wrong("09.2", BUDGET, budget_model_blocks, "blocks counted over the whole model, not per tensor",
+          "you counted the blocks over the whole model", True),
+    Wrong("09.2", BUDGET, make_budget("state_dict", tensors="state_dict"), "iterates model.state_dict(): buffers and "
+          "tied weights counted", "you counted the model's buffers", True),
+    Wrong("09.2", BUDGET, make_budget("tied_twice", tensors="named_all"), "a tied weight counted once per name",
+          "you counted the tied weight twice", True),
     Wrong("09.2", BUDGET, make_budget("mebibytes", unit=2**20), "MiB floats instead of bytes",
           "return BYTES as ints", True),
     Wrong("09.3", ELEMENTS, elements_without_step,

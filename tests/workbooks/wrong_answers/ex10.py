@@ -54,6 +54,25 @@ def layernorm_isinstance_only(model):
     return names
 
 
+def bias_substring(model):  # 'bias' anywhere in the dotted name: a module called bias_proj loses its weight
+    names = []
+    for module_name, module in model.named_modules():
+        for name, _ in module.named_parameters(recurse=False):
+            full = f"{module_name}.{name}" if module_name else name
+            if not _is_norm(module) and "bias" not in full:
+                names.append(full)
+    return names
+
+
+def norm_anywhere_in_class(model):  # "Norm" anywhere in the class name (NormalizedGate is no norm layer)
+    names = []
+    for module_name, module in model.named_modules():
+        for name, _ in module.named_parameters(recurse=False):
+            if "norm" not in type(module).__name__.lower() and name != "bias":
+                names.append(f"{module_name}.{name}" if module_name else name)
+    return names
+
+
 def norm_substring(model):  # norm types, and to be safe any name containing "norm": drops "denormalizer" too
     names = []
     for module_name, module in model.named_modules():
@@ -432,7 +451,8 @@ def make_epoch(*, train=True, acc_backward=True, clip="accelerator", sched="batc
                 optimizer.zero_grad()
             whole = accelerator.autocast() if autocast == "all" else contextlib.nullcontext()
             with whole:
-                with accelerator.autocast() if autocast == "forward" else contextlib.nullcontext():
+                own = torch.autocast("cpu", dtype=torch.bfloat16) if autocast == "torch" else contextlib.nullcontext()
+                with own, accelerator.autocast() if autocast == "forward" else contextlib.nullcontext():
                     loss = model(**batch).loss
                 if zero == "before-backward":
                     optimizer.zero_grad()
@@ -525,6 +545,10 @@ def amp_zero_first(model, batch, optimizer, scaler, max_norm):
 C = checks
 WRONG = [
     # 10.1 · weight-decay parameter names
+    Wrong("10.1", C.check_decay_parameter_names, bias_substring, "'bias' as a substring of the dotted name",
+          "You tested for 'bias' anywhere in the dotted name", True),
+    Wrong("10.1", C.check_decay_parameter_names, norm_anywhere_in_class, "'Norm' anywhere in the class name",
+          "contains 'Norm' but does not END in it", True),
     Wrong("10.1", C.check_decay_parameter_names, decay_with_biases, "biases decay too",
           "biases never get weight decay", True),
     Wrong("10.1", C.check_decay_parameter_names, no_decay_names, "returned the names that must NOT decay",
@@ -634,6 +658,8 @@ WRONG = [
           "the learning rate never moves", True),
     Wrong("10.4", C.check_accelerate_epoch, make_epoch(autocast="all"), "backward inside accelerator.autocast()",
           "accelerator.backward(loss) ran inside the autocast block", True),
+    Wrong("10.4", C.check_accelerate_epoch, make_epoch(autocast="torch"), "its own torch.autocast(bf16) around the "
+          "forward", "you opened an autocast block of your own", True),
     Wrong("10.4", C.check_accelerate_epoch, make_epoch(result="mean"), "returns the mean loss",
           "not their mean or sum", True),
     Wrong("10.4", C.check_accelerate_epoch, make_epoch(result="tensors"), "appends loss tensors",

@@ -113,7 +113,7 @@ def range_with_torch_chunk(shape, world_size, rank):
     row = math.prod(shape[1:])
     start = sum(len(c) for c in chunks[:rank])
     size = len(chunks[rank]) if rank < len(chunks) else 0
-    return [start * row, (start + size) * row]
+    return tuple([start * row, (start + size) * row])
 
 
 def range_with_numpy_strides(shape, world_size, rank):
@@ -195,6 +195,11 @@ WRONG = [
     Wrong("11.1", C.check_per_rank_bytes, make_bytes(unit=2**20), "MiB instead of bytes",
           "return bytes, not MiB", True),
     # 11.2 · FSDP2 shards
+    Wrong("11.2", C.check_shard_range, lambda shape, w, r: list(range_with_torch_chunk(shape, w, r)),
+          "returns a list [start, stop], not a tuple", "you returned a list where the statement asks for a tuple",
+          True),
+    Wrong("11.2", C.check_shard_range, lambda shape, w, r: tuple(float(v) for v in range_with_torch_chunk(shape, w, r)),
+          "float positions (true division)", "your positions are not Python ints", True),
     Wrong("11.2", C.check_shard_range, range_by_elements, "chunks of the flat elements, not rows",
           "FSDP2 splits dim 0 (whole rows)", True),
     Wrong("11.2", C.check_shard_range, range_floor_last_takes_rest, "rows // world_size, remainder on the last rank",
@@ -240,7 +245,7 @@ WRONG = [
 
 RIGHT = [
     Right("11.1", C.check_per_rank_bytes, bytes_with_a_table, "a table of what each strategy shards, (k + b - 1) // b"),
-    Right("11.2", C.check_shard_range, range_with_torch_chunk, "torch.arange(rows).chunk, a list"),
+    Right("11.2", C.check_shard_range, range_with_torch_chunk, "torch.arange(rows).chunk, tuple() of a list"),
     Right("11.2", C.check_shard_range, range_with_numpy_strides, "(rows + w - 1) // w, np.prod"),
     Right("11.3", C.check_local_state_bytes, local_bytes_per_state, "per state: 1 byte + 4 per block, times two"),
 ]

@@ -242,6 +242,20 @@ def make_round(*, rule="noise", span=1 << 16, global_rng=False, dtype=torch.bflo
     return stochastic_round
 
 
+def round_noise_inclusive(x, generator):
+    """randint's high bound taken as inclusive: the noise can be 2**16, so an exact number may move up."""
+    bits = x.contiguous().view(torch.int32)
+    noise = torch.randint(0, (1 << 16) + 1, x.shape, generator=generator, dtype=torch.int32)
+    return ((bits + noise) & ~0xFFFF).view(torch.float32).to(torch.bfloat16)
+
+
+def round_noise_flat(x, generator):
+    """noise drawn as a flat vector of x.numel() and added to the flat bits: the result comes back flat."""
+    bits = x.contiguous().view(-1).view(torch.int32)
+    noise = torch.randint(0, 1 << 16, (x.numel(),), generator=generator, dtype=torch.int32)
+    return ((bits + noise) & ~0xFFFF).view(torch.float32).to(torch.bfloat16)
+
+
 def round_by_comparing_rand(x, generator):
     bits = x.view(torch.int32)
     low = (bits & -65536).view(torch.float32)
@@ -310,6 +324,10 @@ WRONG = [
     # 12.4 · stochastic rounding
     Wrong("12.4", C.check_stochastic_round, make_round(rule="nearest"), "round to nearest",
           "that is round-to-nearest", True),
+    Wrong("12.4", C.check_stochastic_round, round_noise_inclusive, "noise range 0 … 2**16 inclusive",
+          "an inclusive upper bound", True),
+    Wrong("12.4", C.check_stochastic_round, round_noise_flat, "a flat result for a matrix input",
+          "in x's shape", True),
     Wrong("12.4", C.check_stochastic_round, make_round(rule="truncate"), "truncation", "you truncate", True),
     Wrong("12.4", C.check_stochastic_round, make_round(rule="always-up"), "always the upper neighbour",
           "you always round away from zero", True),
