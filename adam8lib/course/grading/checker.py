@@ -13,7 +13,9 @@ learner's functions: calling one sends the check's inputs to the learner process
 plain data it answers (:mod:`~adam8lib.course.grading.plain`; a tensor argument changed in place is
 copied back into the check's tensor). The learner process cannot see this one: under bubblewrap it
 is in another PID namespace, and in any mode it has only its two pipes and the guard's alarm pipe
-(whose ``end <token>`` line this process writes, once the learner process has ended).
+(on which the learner process writes the ``end <token>`` line once every result is sent; this
+process is also made non-dumpable, so without a sandbox the learner cannot ptrace it or open its
+``/proc`` memory and file descriptors).
 
 A learner function that hangs past the check's time limit, or a learner process that dies, ends
 that check (timeout / failed) and the learner process is started afresh for the next check.
@@ -132,14 +134,16 @@ class Learner:
             pass
         self.proc = None
 
-    def end(self) -> None:
-        if self.proc is not None:
-            try:
-                plain.send(self.req, ("end",))
-                self.proc.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-            self.stop()
+    def end(self, token: str) -> None:
+        """Have the learner process write the guard's end marker and exit. One that is not running
+        (it died or was stopped in the last check) is started again for it, so that a learner who
+        closed the alarm pipe cannot hide that by ending their process."""
+        try:
+            self.request(("end", token))
+            self.proc.wait(timeout=10)
+        except (LearnerGone, OSError, subprocess.TimeoutExpired, AttributeError):
+            pass
+        self.stop()
 
     def call(self, fn: "LearnerFunction", args: tuple, kwargs: dict):
         import torch
@@ -217,6 +221,12 @@ def main(argv: list[str] | None = None) -> None:
     job = json.loads(sys.stdin.read())
     channel = os.fdopen(fd, "w", encoding="utf-8")
     token = job.pop("token", "")
+    try:  # no process of this user (the learner's, without a sandbox) may ptrace this one or read its memory
+        import ctypes
+
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    except (OSError, AttributeError):
+        pass
     real_stdout, real_stderr = sys.stdout, sys.stderr
 
     def send(**message) -> None:
@@ -295,8 +305,7 @@ def main(argv: list[str] | None = None) -> None:
             elif text != spec["expected_output"]:
                 status, detail = "failed", f"the check printed {_first_line(text)!r}, not its success line"
         send(kind="result", exercise=exercise, status=status, detail=detail, **({"error": error} if error else {}))
-    learner.end()
-    os.write(alarm_fd, f"end {token}\n".encode())
+    learner.end(token)
     send(kind="done")
     channel.close()
     os._exit(0)

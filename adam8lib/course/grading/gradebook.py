@@ -333,6 +333,8 @@ class Grader:
     #: the workbooks of :data:`~adam8lib.course.grading.checker.SPLIT` graded by a check process
     #: talking to a sandboxed learner process (False: every workbook in one guarded process)
     split: bool = True
+    #: extra arguments of the learner process (tests: ``("--no-guard",)``)
+    learner_flags: tuple = ()
 
     def __post_init__(self):
         if self.references not in REFERENCE_POLICIES:
@@ -405,7 +407,7 @@ class Grader:
             if self.split and name in SPLIT:
                 # the checks in a check process of their own, the learner's code in a sandboxed learner process
                 argv = [*python, "adam8lib.course.grading.learner", "--requests", "{requests}", "--replies",
-                        "{replies}", "--alarm-fd", "{alarm}"]  # fmt: skip
+                        "{replies}", "--alarm-fd", "{alarm}", *self.learner_flags]  # fmt: skip
                 job["learner_cmd"], _, workdir = sandbox.wrap(argv, scratch=scratch, hide=[*self.hide, self.scratch_root],
                                                               mode=self.mode, memory_mb=self.memory_mb, file_mb=256)  # fmt: skip
                 job["learner_cwd"] = str(scratch) if self.mode == "none" else None

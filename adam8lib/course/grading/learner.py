@@ -18,7 +18,13 @@ replies on ``W``, in plain data only (:mod:`adam8lib.course.grading.plain`):
   into its own tensors, so in-place updates are seen), or the exception's type names, message and
   whether it is the workbook stub's ``raise NotImplementedError``;
 * ``("begin" | "finish", exercise)`` — look for tampering around one exercise's check;
-* ``("end",)`` — exit (``os._exit``: no learner ``atexit`` hook runs).
+* ``("end", token)`` — write the guard's end marker (``end <token>``) on the alarm pipe and exit
+  (``os._exit``: no learner ``atexit`` hook runs). The check process sends it after every result
+  has gone to the gradebook; a learner who closed the alarm pipe loses that line, and the
+  gradebook marks the workbook tampered.
+
+``--no-guard`` (tests only; the gradebook never passes it) runs without the guard, to show what the
+split alone keeps out of reach.
 
 What the learner's code can reach here is its own process: the checks' code and the course
 package (readable in any case), never the check process's expected values, comparisons or token.
@@ -59,11 +65,34 @@ def _raised(exc: BaseException) -> tuple:
     return ("raise", names, text, _stub(exc))
 
 
+class _Unguarded:
+    """``--no-guard``: what the guard's handle does, without hooks (tests of the split alone)."""
+
+    def __init__(self, alarm_fd: int):
+        self.fd = alarm_fd
+
+    def alarm(self, text: str) -> None:
+        os.write(self.fd, f"alarm {text}\n".encode())
+
+    def ref(self, exercise: str, text: str) -> None:
+        os.write(self.fd, f"ref {exercise} {text}\n".encode())
+
+    def end(self, token: str) -> None:
+        os.write(self.fd, f"end {token}\n".encode())
+
+    def profile(self, exercise) -> None:
+        pass
+
+    def modes(self) -> list:
+        return []
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     req = int(argv[argv.index("--requests") + 1])
     rep = int(argv[argv.index("--replies") + 1])
     alarm_fd = int(argv[argv.index("--alarm-fd") + 1])
+    guarded = "--no-guard" not in argv
     job = json.loads(sys.stdin.read())
     real_stdout, real_stderr = sys.stdout, sys.stderr
     receive, send = plain.receive, plain.send
@@ -82,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
             pass
     origins = {name: info["origin"] for name, info in modules.items()}
     forbidden, allowed = course_references(origins, job.get("library_imports", []), job.get("implementations", []))
-    guard = install(alarm_fd, roots=trusted_roots(modules), forbidden=forbidden, allowed=allowed)
+    guard = install(alarm_fd, roots=trusted_roots(modules), forbidden=forbidden, allowed=allowed) if guarded else _Unguarded(alarm_fd)
     learner_code = _learner_code(trusted_roots(modules))
     watched = sorted({*WATCHED, *origins, *(n for n in sys.modules if n == "adam8lib" or n.startswith("adam8lib."))})
     snapshot = Snapshot(watched)
@@ -123,6 +152,8 @@ def main(argv: list[str] | None = None) -> None:
             os._exit(0)
         op = request[0]
         if op == "end":
+            guard.end(str(request[1]))
+            send(rep, ("ok",))
             os._exit(0)
         if op in ("begin", "finish"):
             changed = tampering()

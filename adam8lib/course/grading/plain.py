@@ -82,6 +82,8 @@ def encode(value, *, args: list | None = None, depth: int = 0):
         return ("G", _tensor_bytes(value.get_state()), str(value.device))
     if type(value) in (list, tuple):
         return ("l" if type(value) is list else "t", [encode(v, args=args, depth=depth + 1) for v in value])
+    if type(value) in (set, frozenset):
+        return ("s" if type(value) is set else "f", [encode(v, depth=depth + 1) for v in value])
     if type(value) is dict:
         return ("d", [(encode(k, depth=depth + 1), encode(v, args=args, depth=depth + 1)) for k, v in value.items()])
     np = __import__("sys").modules.get("numpy")
@@ -119,6 +121,9 @@ def decode(tree, *, args: list | None = None):
     if tag in ("l", "t"):
         items = [decode(v, args=args) for v in tree[1]]
         return items if tag == "l" else tuple(items)
+    if tag in ("s", "f"):
+        items = [decode(v) for v in tree[1]]
+        return set(items) if tag == "s" else frozenset(items)
     if tag == "d":
         return {decode(k): decode(v, args=args) for k, v in tree[1]}
     if tag == "a":
