@@ -101,9 +101,12 @@ class Learner:
         try:
             return plain.receive(self.rep)
         except (EOFError, OSError) as exc:
+            code = self.proc.poll() if self.proc is not None else None
             self.stop()
-            code = self.proc.returncode if self.proc is not None else None
             raise LearnerGone(f"the learner's process ended ({code}): {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - bytes that are not a message: out of step for good
+            self.stop()
+            raise LearnerGone(f"the learner's process sent something that is not plain data ({type(exc).__name__})") from None
 
     def request(self, message):
         if self.proc is None:

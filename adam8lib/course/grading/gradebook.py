@@ -623,6 +623,7 @@ def grade_class(
     on_start=None,
     references: str = "zero",
     split: bool = True,
+    learner_flags: tuple = (),
 ) -> list[LearnerGrade]:
     """Grade every learner folder of ``submissions`` (sorted by name); rows go to ``out`` as they finish.
 
@@ -644,7 +645,7 @@ def grade_class(
     hide = [submissions, *([Path(out).parent] if out is not None else []), *([Path(reports)] if reports else [])]
     grader = Grader(manifest, cell_timeout=cell_timeout, learner_timeout=learner_timeout, sandbox=sandbox,
                     memory_mb=memory_mb, max_output=max_output, hide=hide, reports=reports, references=references,
-                    split=split)  # fmt: skip
+                    split=split, learner_flags=tuple(learner_flags))  # fmt: skip
     if on_start is not None:
         on_start(grader)
     writer = GradebookWriter(out, manifest) if out is not None else None

@@ -2,7 +2,7 @@
 
 The check process (:mod:`adam8lib.course.grading.checker`) and the sandboxed learner process
 (:mod:`adam8lib.course.grading.learner`) exchange only *plain data*: ``None``, booleans, integers,
-floats, complex numbers, strings, bytes, lists, tuples and dicts of them, torch tensors (any dtype,
+floats, complex numbers, strings, bytes, lists, tuples, sets and dicts of them, torch tensors (any dtype,
 as their bytes), ``torch.Size`` / ``torch.dtype`` / ``torch.device`` / ``torch.Generator`` (its
 state), NumPy arrays and NumPy scalars. :func:`encode` turns such a value into a tree of tagged
 tuples of builtins, and :func:`dumps` pickles that tree; :func:`loads` unpickles with an
