@@ -102,3 +102,9 @@ def test_messages_travel_whole_through_a_pipe():
         os.close(r)
         if w is not None:
             os.close(w)
+
+
+def test_a_dicts_views_cross_as_lists():
+    d = {"a": torch.ones(2), "b": 3}
+    assert roundtrip(d.keys()) == ["a", "b"] and roundtrip(d.items())[1] == ("b", 3)
+    assert torch.equal(roundtrip(d.values())[0], torch.ones(2))

@@ -40,11 +40,11 @@ __all__ = ["main", "LearnerFunction", "Learner", "SPLIT"]
 #: Workbooks graded with the check process / learner process split: their checks hand the learner's
 #: functions plain data only. The others (07: the learner's optimizer and module classes are
 #: instantiated and stepped by the checks; 08: Triton kernels launched on tensors the check owns;
+#: 09: the checks hand the learner's functions models (``nn.Module`` objects the checks build);
 #: 10: the learner's training code drives a model, an optimizer and a Trainer) still run in one
 #: guarded process (:mod:`~adam8lib.course.grading.runner`).
 SPLIT = ("01_optimizer_memory.ipynb", "02_ema.ipynb", "03_adam_rule.ipynb", "04_linear_quantization.ipynb",
-         "05_dynamic_map.ipynb", "06_blockwise_quantization.ipynb", "09_memory_maths.ipynb", "11_at_scale.ipynb",
-         "12_beyond_8_bits.ipynb")  # fmt: skip
+         "05_dynamic_map.ipynb", "06_blockwise_quantization.ipynb", "11_at_scale.ipynb", "12_beyond_8_bits.ipynb")
 
 _STUB_FILE = "<the learner's exercise cell>"
 _EXCEPTIONS = {c.__name__: c for c in (ValueError, TypeError, IndexError, KeyError, RuntimeError, AssertionError,
@@ -78,7 +78,7 @@ class Learner:
         cmd = [names.get(part, part) for part in self.job["learner_cmd"]]
         try:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, pass_fds=(req_r, rep_w, self.alarm_fd),
-                                         cwd=self.job.get("learner_cwd"))  # fmt: skip
+                                         cwd=self.job.get("learner_cwd"), env=self.job.get("learner_env"))  # fmt: skip
         finally:
             os.close(req_r)
             os.close(rep_w)

@@ -411,7 +411,9 @@ class Grader:
                 job["learner_cmd"], _, workdir = sandbox.wrap(argv, scratch=scratch, hide=[*self.hide, self.scratch_root],
                                                               mode=self.mode, memory_mb=self.memory_mb, file_mb=256)  # fmt: skip
                 job["learner_cwd"] = str(scratch) if self.mode == "none" else None
+                job["learner_env"] = self._env(workdir)
                 cmd, cwd = [*python, "adam8lib.course.grading.checker", "--result-fd", "{fd}", "--alarm-fd", "{alarm}"], scratch
+                workdir = scratch  # the check process's HOME and TMPDIR: outside the sandbox
             else:
                 argv = [*python, "adam8lib.course.grading.runner", "--result-fd", "{fd}", "--alarm-fd", "{alarm}"]
                 cmd, _, workdir = sandbox.wrap(argv, scratch=scratch, hide=[*self.hide, self.scratch_root],

@@ -4,7 +4,7 @@ The check process (:mod:`adam8lib.course.grading.checker`) and the sandboxed lea
 (:mod:`adam8lib.course.grading.learner`) exchange only *plain data*: ``None``, booleans, integers,
 floats, complex numbers, strings, bytes, lists, tuples, sets and dicts of them, torch tensors (any dtype,
 as their bytes), ``torch.Size`` / ``torch.dtype`` / ``torch.device`` / ``torch.Generator`` (its
-state), NumPy arrays and NumPy scalars. :func:`encode` turns such a value into a tree of tagged
+state), NumPy arrays and NumPy scalars (a dict's ``keys()`` / ``values()`` / ``items()`` cross as a list). :func:`encode` turns such a value into a tree of tagged
 tuples of builtins, and :func:`dumps` pickles that tree; :func:`loads` unpickles with an
 unpickler that refuses every global (``find_class``), so bytes from the learner can build
 nothing but builtin containers, numbers, strings and bytes, which :func:`decode` turns back into
@@ -80,6 +80,8 @@ def encode(value, *, args: list | None = None, depth: int = 0):
         return ("V", str(value))
     if isinstance(value, torch.Generator):
         return ("G", _tensor_bytes(value.get_state()), str(value.device))
+    if type(value) in (type({}.keys()), type({}.values()), type({}.items())):  # a dict's view: its items, as a list
+        value = list(value)
     if type(value) in (list, tuple):
         return ("l" if type(value) is list else "t", [encode(v, args=args, depth=depth + 1) for v in value])
     if type(value) in (set, frozenset):
