@@ -3,7 +3,7 @@
     python -m adam8lib.course.grading.gradebook SUBMISSIONS [--out grades/gradebook.csv]
         [--manifest exercises/.manifest.json] [--cell-timeout 120] [--learner-timeout 3600]
         [--jobs 1] [--sandbox bwrap|none] [--memory-limit 8192] [--max-output 65536]
-        [--references zero|note] [--lessons notebooks]
+        [--references zero|note] [--lessons notebooks] [--one-process]
 
 ``SUBMISSIONS`` holds one folder per learner with their ``NN_topic.ipynb`` workbooks (at any
 depth; a file is matched to a workbook by name, else by its ``NN_`` prefix).
@@ -23,6 +23,13 @@ learner (``--learner-timeout``), and the guard it installs (:mod:`adam8lib.cours
 reports on a second pipe: any alarm makes the workbook ``tampered``, a course reference used makes
 that exercise ``reference`` (0 points; ``--references note``: a note only). Points come from the gradebook's own copy of the manifest: a
 learner can never score more than a workbook's maximum.
+
+For the workbooks of :data:`~adam8lib.course.grading.checker.SPLIT` the child is instead a *check
+process* (:mod:`adam8lib.course.grading.checker`, not sandboxed: it runs course code only) that
+holds the checks, their expected values, comparisons and the token, and starts the sandboxed
+*learner process* (:mod:`adam8lib.course.grading.learner`, with the guard) that runs the exercise
+cells and the learner's functions on the inputs it is sent, returning plain data
+(:mod:`adam8lib.course.grading.plain`). ``--one-process`` grades every workbook with the runner.
 
 **Output.** One CSV row per learner — ``learner``, the points of every exercise (columns named
 by exercise id, in course order), ``total``, ``notes`` — appended to ``--out`` as soon as that
