@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from pathlib import Path
 
 import nbformat
@@ -41,29 +42,32 @@ needs_bwrap = pytest.mark.skipif(sandbox.available() is not None, reason=f"no sa
 
 #: everything the learner process holds, searched: the heap, this thread's stack, every thread's stack,
 #: and (without a sandbox) the check process's /proc files. Reported in the cell's exception (a note).
+TOKEN = "5ec7e7a11ce0b0b0cafe0ddba11f00d5"  # the gradebook's token in these tests (secrets.token_hex patched)
 SEARCH = WRONG + '''
-import gc, os, re, sys
-def _search():
-    token = re.compile(r"^[0-9a-f]{32}$")
-    wanted = {"expected_output", "token", "resolved", "send", "want", "checks", "manifest"}
+import gc, os, sys
+def _search(token, lines):
+    wanted = {"expected_output", "resolved", "learner_cmd", "want"}  # the runner's and the checks' names
+    secrets = {token, *lines}
     hits, objects, frames = set(), gc.get_objects(), 0
     for o in objects:
+        if o is lines or o is secrets:
+            continue
         if isinstance(o, dict):
-            keys = {k for k in o if isinstance(k, str)}
-            hits |= {f"key {k}" for k in keys & {"expected_output", "token", "learner_cmd"}}
-            values = o.values()
-        elif isinstance(o, (list, tuple)):
-            values = o
+            hits |= {f"key {k}" for k in o if isinstance(k, str) and k in {"expected_output", "learner_cmd"}}
+            values = list(o.values())
+        elif isinstance(o, (list, tuple, set, frozenset)):
+            values = list(o)
         else:
             continue
-        for v in values:
-            if isinstance(v, str) and (token.match(v) or v.endswith(": all checks passed")):
-                hits.add("a token or success line")
+        hits |= {"the token" if v == token else "a success line" for v in values if isinstance(v, str) and v in secrets}
     stacks = [sys._getframe()] + list(sys._current_frames().values())
     for f in stacks:
         while f is not None:
             frames += 1
-            hits |= {f"local {k}" for k in set(f.f_locals) & wanted}
+            if f.f_code.co_name != "_search":
+                local = dict(f.f_locals)
+                hits |= {f"local {k}" for k in set(local) & wanted}
+                hits |= {"the token in a frame" for v in local.values() if isinstance(v, str) and v in secrets}
             f = f.f_back
     parent = os.getppid()
     try:
@@ -76,14 +80,28 @@ def _search():
         proc = "visible:"
         for what in ("mem", "environ", "fd"):
             try:
-                os.listdir(f"/proc/{parent}/fd") if what == "fd" else open(f"/proc/{parent}/{what}", "rb").read(1)
-                proc += f" {what} READ"
+                if what == "fd":
+                    os.listdir(f"/proc/{parent}/fd")
+                else:
+                    open(f"/proc/{parent}/{what}", "rb").close()
+                proc += f" {what} OPEN"
             except OSError:
                 proc += f" {what} refused"
     return len(objects), frames, sorted(hits), proc
-_n, _frames, _hits, _proc = _search()
+_n, _frames, _hits, _proc = _search(TOKEN, LINES)
 raise RuntimeError(f"searched {_n} objects, {_frames} frames; found {_hits or 'nothing'}; check process {_proc}")
 '''
+
+
+def _search_cells() -> dict:
+    manifest = Manifest.load(REPO / "exercises" / MANIFEST_NAME)
+    lines = [s.expected_output.strip() for s in manifest.notebooks[WORKBOOK]] + [s.expected_output for s in manifest.notebooks[WORKBOOK]]
+    # the learner knows the success lines (the lessons print them) but must build them at run time:
+    # a literal in the cell would be found in the cell's own code constants
+    hidden = [line[::-1] for line in lines]
+    cell = SEARCH.replace("_search(TOKEN, LINES)", f"_search({TOKEN[::-1]!r}[::-1], [l[::-1] for l in {hidden!r}])")
+    return {"pack_nibbles": cell, "zero_point_victims": "", "rank1_scale": "", "stochastic_round": ""}
+
 
 # the hostile test's cheats that also write the right answers, rebuilt on wrong ones, so that
 # reaching nothing shows as 0 points
@@ -114,7 +132,7 @@ for fd in range(3, 64):  # every inherited descriptor: the result channel is not
 
 UNGUARDED = {
     "honest": SOLVED,
-    "search": {"pack_nibbles": SEARCH, "zero_point_victims": "", "rank1_scale": "", "stochastic_round": ""},
+    "search": _search_cells(),
     "c2_getframe": _want("getframe"), "c2_traceback": _want("traceback"), "c2_generator": _want("generator"),
     "c2_gc": C2_GC, "c2_runner": C2_RUNNER_WRONG, "c3_sender": C3_SENDER_WRONG,
     "c4_mode": C4_MODE, "c4_subclass": C4_SUBCLASS, "c4_patch": C4_PATCH,
@@ -129,8 +147,10 @@ def _grade(root: Path, learners: dict, mode: str, flags=("--no-guard",)) -> dict
     manifest = Manifest.load(REPO / "exercises" / MANIFEST_NAME)
     only = Manifest({WORKBOOK: manifest.notebooks[WORKBOOK]}, extras={WORKBOOK: manifest.extras.get(WORKBOOK, {})})
     out = root / "grades" / "gradebook.csv"
-    gradebook.grade_class(root / "sub", only, cell_timeout=60, jobs=2, reports=root / "grades" / "reports", out=out,
-                          sandbox=mode, progress=False, learner_flags=flags)  # fmt: skip
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gradebook.secrets, "token_hex", lambda n=16: TOKEN)
+        gradebook.grade_class(root / "sub", only, cell_timeout=60, jobs=2, reports=root / "grades" / "reports", out=out,
+                              sandbox=mode, progress=False, learner_flags=flags)  # fmt: skip
     rows = {r["learner"]: r for r in csv.DictReader(out.open(encoding="utf-8"))}
     for name, row in rows.items():
         row["report"] = json.loads((root / "grades" / "reports" / f"{name}.json").read_text())
@@ -186,7 +206,8 @@ def test_cheats_on_the_checks_or_the_result_channel_score_zero_without_the_guard
     row = unguarded[learner]
     assert int(row["total"]) == 0, (row["notes"], row["report"]["statuses"])
     statuses = row["report"]["statuses"]
-    assert all(statuses[e]["status"] == "failed" for e in EXERCISES), statuses
+    # failed on their own (wrong answers), not tampered: no detection runs without the guard
+    assert all(statuses[e]["status"] == "failed" for e in EXERCISES) and "tampered" not in row["notes"], statuses
 
 
 @needs_bwrap
@@ -198,10 +219,15 @@ def test_what_the_split_alone_does_not_stop_the_course_references(unguarded):
 
 
 def test_without_a_sandbox_the_check_process_refuses_its_memory_and_descriptors(tmp_path):
-    """``--sandbox none``: the learner process sees the check process (same user) but the check
-    process is non-dumpable: its memory, environment and descriptors cannot be read."""
+    """``--sandbox none``: the learner process sees the check process (same user) and finds nothing
+    in its own memory; the check process is non-dumpable, so to a grader that is not root its
+    memory, environment and descriptors are refused (root, with CAP_SYS_PTRACE, opens them: the
+    README says so — grade as an ordinary user, or in the sandbox)."""
     rows = _grade(tmp_path, {"honest": SOLVED, "search": UNGUARDED["search"]}, "none")
     assert [rows["honest"][e] for e in EXERCISES] == ["1"] * 4 and rows["honest"]["notes"] == "", rows["honest"]
     note = rows["search"]["notes"]
-    assert int(rows["search"]["total"]) == 0 and "found nothing" in note, note
-    assert "check process visible: mem refused environ refused fd refused" in note, note
+    assert int(rows["search"]["total"]) == 0 and "found nothing; check process visible:" in note, note
+    if os.geteuid() != 0:
+        assert "check process visible: mem refused environ refused fd refused" in note, note
+    else:
+        assert "check process visible: mem OPEN environ OPEN fd OPEN" in note, note

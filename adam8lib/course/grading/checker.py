@@ -72,6 +72,11 @@ class Learner:
         self.job, self.alarm_fd, self.proc, self.notes, self.generation = job, alarm_fd, None, [], 0
 
     def start(self) -> None:
+        self.launch()
+        self.ready()
+
+    def launch(self) -> None:
+        """Start the learner process and give it its job (it runs the exercise cells at once)."""
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         names = {"{requests}": str(req_r), "{replies}": str(rep_w), "{alarm}": str(self.alarm_fd)}
@@ -92,6 +97,9 @@ class Learner:
             self.proc.stdin.close()
         except OSError:
             pass
+
+    def ready(self) -> None:
+        """Wait for the learner process to have run the exercise cells."""
         ready = self._receive()
         if ready[0] != "ready":
             raise LearnerGone("the learner process did not start")
@@ -172,10 +180,10 @@ class Learner:
             _, names, text, stub = reply
             if stub:
                 _raise_stub(str(text))
-            kind = next((_EXCEPTIONS[n] for n in names if n in _EXCEPTIONS), None)
+            kind = next((_EXCEPTIONS[n] for n in names[1:] if n in _EXCEPTIONS), None)
             if kind is None:
                 raise RuntimeError(f"{names[0] if names else 'an exception'}: {text}")
-            raise kind(str(text))
+            raise kind(str(text) if names[0] == kind.__name__ else f"{names[0]}: {text}")
         raise LearnerGone("the learner process answered something that is not a reply")
 
 
@@ -212,7 +220,7 @@ def _argument(learner: Learner, expression: ast.expr, exercise: str):
     if reply[0] == "callable":
         return LearnerFunction(learner, int(reply[1]), str(reply[2]), bool(reply[3]), exercise)
     if reply[0] == "raise":
-        kind = next((_EXCEPTIONS[n] for n in reply[1] if n in _EXCEPTIONS), RuntimeError)
+        kind = next((_EXCEPTIONS[n] for n in reply[1][1:] if n in _EXCEPTIONS), RuntimeError)
         raise kind(str(reply[2]))
     return Foreign(str(reply[1]))
 
@@ -239,6 +247,11 @@ def main(argv: list[str] | None = None) -> None:
     cell_timeout = float(job.get("cell_timeout", 120))
     cap = int(job.get("max_output", 65536))
     modules: dict = job.get("modules", {})
+    learner = Learner(job, alarm_fd)
+    if job.get("early_start"):
+        # in the sandbox (read-only files) the learner process may start while this one imports
+        # the checks: nothing it does can change what is imported here
+        learner.launch()
     if job.get("course_setup"):
         from adam8lib.course import setup
 
@@ -266,9 +279,10 @@ def main(argv: list[str] | None = None) -> None:
         send(kind="done")
         os._exit(0)
 
-    learner = Learner(job, alarm_fd)
     try:
-        learner.start()
+        if learner.proc is None:
+            learner.launch()
+        learner.ready()
     except LearnerGone as exc:
         send(kind="note", text=f"the learner process could not run the exercise cells: {exc}")
     for text in learner.notes:

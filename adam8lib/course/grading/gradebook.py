@@ -419,6 +419,7 @@ class Grader:
                                                               mode=self.mode, memory_mb=self.memory_mb, file_mb=256)  # fmt: skip
                 job["learner_cwd"] = str(scratch) if self.mode == "none" else None
                 job["learner_env"] = self._env(workdir)
+                job["early_start"] = self.mode == "bwrap"  # read-only files: no need to wait for the checks' import
                 cmd, cwd = [*python, "adam8lib.course.grading.checker", "--result-fd", "{fd}", "--alarm-fd", "{alarm}"], scratch
                 workdir = scratch  # the check process's HOME and TMPDIR: outside the sandbox
             else:

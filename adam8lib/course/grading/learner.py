@@ -23,8 +23,8 @@ replies on ``W``, in plain data only (:mod:`adam8lib.course.grading.plain`):
   has gone to the gradebook; a learner who closed the alarm pipe loses that line, and the
   gradebook marks the workbook tampered.
 
-``--no-guard`` (tests only; the gradebook never passes it) runs without the guard, to show what the
-split alone keeps out of reach.
+``--no-guard`` (tests only; the gradebook never passes it) runs without the guard and without the
+snapshot and reference checks, to show what the split alone keeps out of reach.
 
 What the learner's code can reach here is its own process: the checks' code and the course
 package (readable in any case), never the check process's expected values, comparisons or token.
@@ -57,7 +57,7 @@ def _stub(exc: BaseException) -> bool:
 
 
 def _raised(exc: BaseException) -> tuple:
-    names = [c.__name__ for c in type(exc).__mro__ if c.__module__ == "builtins"]
+    names = [type(exc).__name__] + [c.__name__ for c in type(exc).__mro__ if c.__module__ == "builtins"]
     try:
         text = str(exc)[:4000]
     except Exception:  # noqa: BLE001 - a learner's __str__ may raise
@@ -118,6 +118,8 @@ def main(argv: list[str] | None = None) -> None:
     threads = set(threading.enumerate())
 
     def tampering() -> list[str]:
+        if not guarded:
+            return []
         bad = snapshot.changes() + [f"thread {t.name}" for t in threading.enumerate() if t not in threads and t.is_alive()]
         if sys.gettrace() is not None or sys.getprofile() is not None:
             bad.append("sys.settrace/setprofile hook")
@@ -169,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
             except BaseException as exc:  # noqa: BLE001 - a missing name: the check process raises it
                 send(rep, _raised(exc))
                 continue
-            for name in references(value, forbidden, learner_code):
+            for name in references(value, forbidden, learner_code) if guarded else ():
                 guard.ref(exercise, f"the learner's {getattr(value, '__name__', type(value).__name__)} is, wraps "
                                     f"or names the course reference {name}")
             try:
