@@ -108,3 +108,23 @@ def test_a_dicts_views_cross_as_lists():
     d = {"a": torch.ones(2), "b": 3}
     assert roundtrip(d.keys()) == ["a", "b"] and roundtrip(d.items())[1] == ("b", 3)
     assert torch.equal(roundtrip(d.values())[0], torch.ones(2))
+
+
+def test_both_sides_find_the_same_argument_tensors():
+    """The check process and the learner process must agree on which tensors a call may change."""
+    states = {"p": {"exp_avg": torch.zeros(2), "step": torch.ones(())}}
+    args = [states.values(), (torch.ones(1), [3, {"k": torch.zeros(3)}])]
+    sent = plain.decode(plain.loads(plain.dumps(plain.encode(args))))
+    mine, theirs = plain.tensors(args), plain.tensors(sent)
+    assert len(mine) == len(theirs) == 4
+    assert all(torch.equal(a, b) for a, b in zip(mine, theirs))
+
+
+def test_a_tensor_met_twice_stays_one_tensor():
+    """bitsandbytes-style states share one qmap tensor: counted once by id, so it must stay shared."""
+    qmap = torch.linspace(-1, 1, 256)
+    states = [{"qmap1": qmap, "m": torch.zeros(4)}, {"qmap1": qmap, "m": torch.zeros(4)}]
+    back = roundtrip(states)
+    assert back[0]["qmap1"] is back[1]["qmap1"] and back[0]["m"] is not back[1]["m"]
+    with pytest.raises(plain.NotPlainData, match="not sent before"):
+        plain.decode(("l", [("r", 0)]))

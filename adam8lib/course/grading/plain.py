@@ -55,8 +55,10 @@ def _tensor_bytes(t) -> bytes:
     return flat.view(_torch().uint8).numpy().tobytes()
 
 
-def encode(value, *, args: list | None = None, depth: int = 0):
-    """``value`` as a tree of tagged tuples of builtins; ``args`` (the call's tensors) are sent as references."""
+def encode(value, *, args: list | None = None, depth: int = 0, memo: dict | None = None):
+    """``value`` as a tree of tagged tuples of builtins; ``args`` (the call's tensors) are sent as
+    references, and a tensor met twice as a reference to its first time (shared tensors stay shared)."""
+    memo = {} if memo is None else memo
     if depth > _DEPTH:
         raise NotPlainData("nested more than 64 levels deep")
     if value is None or type(value) in (bool, int, float, str, bytes):
@@ -69,6 +71,9 @@ def encode(value, *, args: list | None = None, depth: int = 0):
             for i, a in enumerate(args):
                 if a is value:
                     return ("a", i)
+        if id(value) in memo:
+            return ("r", memo[id(value)][0])
+        memo[id(value)] = (len(memo), value)  # the value kept alive: its id stays unique
         plain = value.as_subclass(torch.Tensor) if type(value) is not torch.Tensor else value
         return ("T", str(plain.dtype).replace("torch.", ""), list(plain.shape), _tensor_bytes(plain),
                 bool(plain.requires_grad), str(plain.device))
@@ -83,11 +88,12 @@ def encode(value, *, args: list | None = None, depth: int = 0):
     if type(value) in (type({}.keys()), type({}.values()), type({}.items())):  # a dict's view: its items, as a list
         value = list(value)
     if type(value) in (list, tuple):
-        return ("l" if type(value) is list else "t", [encode(v, args=args, depth=depth + 1) for v in value])
+        return ("l" if type(value) is list else "t", [encode(v, args=args, depth=depth + 1, memo=memo) for v in value])
     if type(value) in (set, frozenset):
-        return ("s" if type(value) is set else "f", [encode(v, depth=depth + 1) for v in value])
+        return ("s" if type(value) is set else "f", [encode(v, depth=depth + 1, memo=memo) for v in value])
     if type(value) is dict:
-        return ("d", [(encode(k, depth=depth + 1), encode(v, args=args, depth=depth + 1)) for k, v in value.items()])
+        return ("d", [(encode(k, depth=depth + 1, memo=memo), encode(v, args=args, depth=depth + 1, memo=memo))
+                      for k, v in value.items()])
     np = __import__("sys").modules.get("numpy")
     if np is not None:
         if type(value) is np.ndarray:
@@ -111,8 +117,9 @@ def _dtype(name: str):
     return dtype
 
 
-def decode(tree, *, args: list | None = None):
+def decode(tree, *, args: list | None = None, memo: list | None = None):
     """The value :func:`encode` encoded (``args``: the call's tensors, for references)."""
+    memo = [] if memo is None else memo
     if type(tree) is not tuple or not tree or type(tree[0]) is not str:
         raise NotPlainData("malformed plain data")
     tag = tree[0]
@@ -121,17 +128,21 @@ def decode(tree, *, args: list | None = None):
     if tag == "c":
         return complex(tree[1], tree[2])
     if tag in ("l", "t"):
-        items = [decode(v, args=args) for v in tree[1]]
+        items = [decode(v, args=args, memo=memo) for v in tree[1]]
         return items if tag == "l" else tuple(items)
     if tag in ("s", "f"):
-        items = [decode(v) for v in tree[1]]
+        items = [decode(v, memo=memo) for v in tree[1]]
         return set(items) if tag == "s" else frozenset(items)
     if tag == "d":
-        return {decode(k): decode(v, args=args) for k, v in tree[1]}
+        return {decode(k, memo=memo): decode(v, args=args, memo=memo) for k, v in tree[1]}
     if tag == "a":
         if args is None or not 0 <= int(tree[1]) < len(args):
             raise NotPlainData("a reference to an argument that does not exist")
         return args[int(tree[1])]
+    if tag == "r":
+        if not 0 <= int(tree[1]) < len(memo):
+            raise NotPlainData("a reference to a tensor not sent before")
+        return memo[int(tree[1])]
     torch = _torch()
     if tag == "T":
         _, name, shape, data, grad, device = tree
@@ -146,7 +157,9 @@ def decode(tree, *, args: list | None = None):
                 t = t.to(device)
             except (RuntimeError, AssertionError):
                 pass
-        return t.requires_grad_(True) if grad and (t.is_floating_point() or t.is_complex()) else t
+        t = t.requires_grad_(True) if grad and (t.is_floating_point() or t.is_complex()) else t
+        memo.append(t)
+        return t
     if tag == "S":
         return torch.Size([int(n) for n in tree[1]])
     if tag == "D":
@@ -214,7 +227,7 @@ def tensors(value, found: list | None = None, depth: int = 0) -> list:
         return found
     if isinstance(value, torch.Tensor):
         found.append(value)
-    elif type(value) in (list, tuple):
+    elif type(value) in (list, tuple, type({}.keys()), type({}.values()), type({}.items())):  # as encode walks them
         for v in value:
             tensors(v, found, depth + 1)
     elif type(value) is dict:
