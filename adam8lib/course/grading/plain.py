@@ -74,7 +74,14 @@ def encode(value, *, args: list | None = None, depth: int = 0, memo: dict | None
         if id(value) in memo:
             return ("r", memo[id(value)][0])
         memo[id(value)] = (len(memo), value)  # the value kept alive: its id stays unique
-        plain = value.as_subclass(torch.Tensor) if type(value) is not torch.Tensor else value
+        plain = value
+        if type(value) is not torch.Tensor:
+            # a subclass's own __torch_function__ runs here, in the learner process (where the
+            # guard reports it), and what crosses is a plain tensor of its data
+            plain = value.detach()
+            if not isinstance(plain, torch.Tensor):
+                raise NotPlainData(f"a {type(value).__qualname__} whose detach() is not a tensor")
+            plain = plain.as_subclass(torch.Tensor)
         return ("T", str(plain.dtype).replace("torch.", ""), list(plain.shape), _tensor_bytes(plain),
                 bool(plain.requires_grad), str(plain.device))
     if isinstance(value, torch.Size):
