@@ -231,3 +231,29 @@ def test_without_a_sandbox_the_check_process_refuses_its_memory_and_descriptors(
         assert "check process visible: mem refused environ refused fd refused" in note, note
     else:
         assert "check process visible: mem OPEN environ OPEN fd OPEN" in note, note
+
+
+HANG_AND_DIE = {"pack_nibbles": ALL_SOLVED.replace("def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:\n",
+                                                   "def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:\n    while True:\n        pass\n")
+                .replace("def rank1_scale(x: torch.Tensor) -> torch.Tensor:\n",
+                         "def rank1_scale(x: torch.Tensor) -> torch.Tensor:\n    import os\n    os._exit(3)\n"),
+                "zero_point_victims": "", "rank1_scale": "", "stochastic_round": ""}  # fmt: skip
+
+
+@needs_bwrap
+def test_a_function_that_hangs_or_ends_its_process_costs_only_its_own_check(tmp_path):
+    """The check process stops a learner process stuck past the time limit, or finds it gone, and
+    starts a fresh one for the next check: the other exercises keep their points."""
+    assert HANG_AND_DIE["pack_nibbles"].count("while True") == 1 and "os._exit(3)" in HANG_AND_DIE["pack_nibbles"]
+    for learner, cells in {"flaky": HANG_AND_DIE}.items():
+        (tmp_path / "sub" / learner).mkdir(parents=True)
+        nbformat.write(learner_notebook(cells), str(tmp_path / "sub" / learner / WORKBOOK))
+    manifest = Manifest.load(REPO / "exercises" / MANIFEST_NAME)
+    only = Manifest({WORKBOOK: manifest.notebooks[WORKBOOK]}, extras={WORKBOOK: manifest.extras.get(WORKBOOK, {})})
+    [grade] = gradebook.grade_class(tmp_path / "sub", only, cell_timeout=15, reports=tmp_path / "reports",
+                                    sandbox="bwrap", progress=False)  # fmt: skip
+    statuses = json.loads((tmp_path / "reports" / "flaky.json").read_text())["statuses"]
+    assert statuses["pack_nibbles"]["status"] == "timeout", statuses
+    assert statuses["rank1_scale"]["status"] == "failed" and "learner's process ended" in statuses["rank1_scale"]["detail"], statuses
+    assert statuses["zero_point_victims"]["status"] == statuses["stochastic_round"]["status"] == "passed", statuses
+    assert grade.total == 2 and not any("tampered" in n for n in grade.notes), grade.notes

@@ -295,6 +295,8 @@ def main(argv: list[str] | None = None) -> None:
         out = _Capped(max(cap, 2 * len(spec["expected_output"])))
         status, detail, error = "passed", "", ""
         try:
+            if learner.proc is None:  # stopped or gone in an earlier check: a fresh one, outside this check's time
+                learner.start()
             _alarm(cell_timeout)
             learner.request(("begin", exercise))
             args = [_argument(learner, a, exercise) for a in call.args]
