@@ -42,7 +42,7 @@ import threading
 from . import plain
 from .guard import install, references
 from .runner import (WATCHED, GradingTimeout, Snapshot, _alarm, _Capped, _disarm, _first_line, _split_check,
-                     course_references, expression_args, trusted_roots, _learner_code)  # fmt: skip
+                     course_references, trusted_roots, _learner_code)  # fmt: skip
 
 __all__ = ["main"]
 
