@@ -3,7 +3,7 @@
     python -m adam8lib.course.grading.gradebook SUBMISSIONS [--out grades/gradebook.csv]
         [--manifest exercises/.manifest.json] [--cell-timeout 120] [--learner-timeout 3600]
         [--jobs 1] [--sandbox bwrap|none] [--memory-limit 8192] [--max-output 65536]
-        [--references zero|note] [--lessons notebooks]
+        [--references zero|note] [--lessons notebooks] [--one-process]
 
 ``SUBMISSIONS`` holds one folder per learner with their ``NN_topic.ipynb`` workbooks (at any
 depth; a file is matched to a workbook by name, else by its ``NN_`` prefix).
@@ -23,6 +23,13 @@ learner (``--learner-timeout``), and the guard it installs (:mod:`adam8lib.cours
 reports on a second pipe: any alarm makes the workbook ``tampered``, a course reference used makes
 that exercise ``reference`` (0 points; ``--references note``: a note only). Points come from the gradebook's own copy of the manifest: a
 learner can never score more than a workbook's maximum.
+
+For the workbooks of :data:`~adam8lib.course.grading.checker.SPLIT` the child is instead a *check
+process* (:mod:`adam8lib.course.grading.checker`, not sandboxed: it runs course code only) that
+holds the checks, their expected values, comparisons and the token, and starts the sandboxed
+*learner process* (:mod:`adam8lib.course.grading.learner`, with the guard) that runs the exercise
+cells and the learner's functions on the inputs it is sent, returning plain data
+(:mod:`adam8lib.course.grading.plain`). ``--one-process`` grades every workbook with the runner.
 
 **Output.** One CSV row per learner — ``learner``, the points of every exercise (columns named
 by exercise id, in course order), ``total``, ``notes`` — appended to ``--out`` as soon as that
@@ -73,6 +80,7 @@ from .conventions import (
     is_solution_cell,
     source_hash,
 )
+from .checker import SPLIT
 from .feedback import write_pages
 
 __all__ = ["LearnerGrade", "Grader", "find_workbooks", "grade_learner", "grade_class", "write_gradebook", "main"]
@@ -329,6 +337,11 @@ class Grader:
     hide: list = field(default_factory=list)
     reports: Path | None = None
     references: str = "zero"
+    #: the workbooks of :data:`~adam8lib.course.grading.checker.SPLIT` graded by a check process
+    #: talking to a sandboxed learner process (False: every workbook in one guarded process)
+    split: bool = True
+    #: extra arguments of the learner process (tests: ``("--no-guard",)``)
+    learner_flags: tuple = ()
 
     def __post_init__(self):
         if self.references not in REFERENCE_POLICIES:
@@ -397,16 +410,30 @@ class Grader:
         }
         scratch = Path(tempfile.mkdtemp(prefix="learner-", dir=self.scratch_root))
         try:
-            argv = [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else []), "-m",
-                    "adam8lib.course.grading.runner", "--result-fd", "{fd}", "--alarm-fd", "{alarm}"]  # fmt: skip
-            cmd, _, workdir = sandbox.wrap(argv, scratch=scratch, hide=[*self.hide, self.scratch_root],
-                                           mode=self.mode, memory_mb=self.memory_mb, file_mb=256)  # fmt: skip
+            python = [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else []), "-m"]
+            if self.split and name in SPLIT:
+                # the checks in a check process of their own, the learner's code in a sandboxed learner process
+                argv = [*python, "adam8lib.course.grading.learner", "--requests", "{requests}", "--replies",
+                        "{replies}", "--alarm-fd", "{alarm}", *self.learner_flags]  # fmt: skip
+                job["learner_cmd"], _, workdir = sandbox.wrap(argv, scratch=scratch, hide=[*self.hide, self.scratch_root],
+                                                              mode=self.mode, memory_mb=self.memory_mb, file_mb=256)  # fmt: skip
+                job["learner_cwd"] = str(scratch) if self.mode == "none" else None
+                job["learner_env"] = self._env(workdir)
+                job["early_start"] = self.mode == "bwrap"  # read-only files: no need to wait for the checks' import
+                cmd, cwd = [*python, "adam8lib.course.grading.checker", "--result-fd", "{fd}", "--alarm-fd", "{alarm}"], scratch
+                workdir = scratch  # the check process's HOME and TMPDIR: outside the sandbox
+            else:
+                argv = [*python, "adam8lib.course.grading.runner", "--result-fd", "{fd}", "--alarm-fd", "{alarm}"]
+                cmd, _, workdir = sandbox.wrap(argv, scratch=scratch, hide=[*self.hide, self.scratch_root],
+                                               mode=self.mode, memory_mb=self.memory_mb, file_mb=256)  # fmt: skip
+                cwd = scratch if self.mode == "none" else None
             env = self._env(workdir)
-            messages, text, rc, timed_out, alarm_text = _converse(cmd, env, scratch if self.mode == "none" else None,
-                                                      json.dumps(job).encode(), deadline, self.active, self.lock)  # fmt: skip
+            messages, text, rc, timed_out, alarm_text = _converse(cmd, env, cwd, json.dumps(job).encode(), deadline,
+                                                                  self.active, self.lock)  # fmt: skip
         finally:
             _remove(scratch)
-        log.append(f"===== {name} (sandbox: {self.mode}) =====\n{text}")
+        split = "checks in a process of their own" if self.split and name in SPLIT else "one guarded process"
+        log.append(f"===== {name} (sandbox: {self.mode}; {split}) =====\n{text}")
         results: dict[str, tuple[str, str, str]] = {}
         if messages is None:
             notes.append(f"{name}: the result channel carried something that is not a result; scores 0")
@@ -605,6 +632,8 @@ def grade_class(
     max_output: int = 65536,
     on_start=None,
     references: str = "zero",
+    split: bool = True,
+    learner_flags: tuple = (),
 ) -> list[LearnerGrade]:
     """Grade every learner folder of ``submissions`` (sorted by name); rows go to ``out`` as they finish.
 
@@ -625,7 +654,8 @@ def grade_class(
     # invisible to learners: the submissions, the gradebook's folder and the reports
     hide = [submissions, *([Path(out).parent] if out is not None else []), *([Path(reports)] if reports else [])]
     grader = Grader(manifest, cell_timeout=cell_timeout, learner_timeout=learner_timeout, sandbox=sandbox,
-                    memory_mb=memory_mb, max_output=max_output, hide=hide, reports=reports, references=references)  # fmt: skip
+                    memory_mb=memory_mb, max_output=max_output, hide=hide, reports=reports, references=references,
+                    split=split, learner_flags=tuple(learner_flags))  # fmt: skip
     if on_start is not None:
         on_start(grader)
     writer = GradebookWriter(out, manifest) if out is not None else None
@@ -697,6 +727,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--references", choices=REFERENCE_POLICIES, default="zero",
                         help="an exercise whose code is, wraps or calls a course reference (the checks' own "
                              "implementations): zero (default) scores 0 with a note; note only notes it")
+    parser.add_argument("--one-process", action="store_true",
+                        help="grade every workbook in one guarded process, the learner's code beside the checks "
+                             "(the older way; default: the split workbooks' checks in a process of their own)")
     parser.add_argument("--memory-limit", type=int, default=8192, help="address-space cap per child, MiB (default 8192)")
     parser.add_argument("--max-output", type=int, default=65536, help="characters of a check's output kept (default 65536)")
     parser.add_argument("--lessons", type=Path, default=None,
@@ -726,7 +759,7 @@ def main(argv: list[str] | None = None) -> int:
             args.submissions, manifest, cell_timeout=args.cell_timeout, learner_timeout=args.learner_timeout,
             jobs=args.jobs, reports=args.out.parent / "reports", out=args.out, sandbox=args.sandbox,
             memory_mb=args.memory_limit, max_output=args.max_output, on_start=lambda g: holder.update(grader=g),
-            references=args.references,
+            references=args.references, split=not args.one_process,
         )  # fmt: skip
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)

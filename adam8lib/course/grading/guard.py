@@ -1,7 +1,9 @@
 """What a grading child (:mod:`adam8lib.course.grading.runner`) installs before any learner code runs.
 
-The learner's exercise cells and the checks share one process, so the guard keeps what decides a
-grade (the checks' locals — the expected values —, the runner's result sender and its token, the
+In the workbooks graded by a check process of their own (:mod:`adam8lib.course.grading.checker`)
+the guard runs in the learner process, a second line of defence: there it reports course
+references used and tampering. In the others the learner's exercise cells and the checks share
+one process, so the guard keeps what decides a grade (the checks' locals — the expected values —, the runner's result sender and its token, the
 guard's own state) out of the learner's reach, and reports what it sees on a pipe of its own, the
 *alarm channel*, that only the gradebook reads (written at once, it cannot be taken back):
 

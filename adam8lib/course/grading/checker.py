@@ -1,0 +1,334 @@
+"""The check process: what decides a score, in a process the learner's code cannot reach.
+
+    python -P -m adam8lib.course.grading.checker --result-fd N --alarm-fd A  < job.json
+
+For the workbooks in :data:`SPLIT` the gradebook starts this process instead of
+:mod:`~adam8lib.course.grading.runner`. It holds everything a grade depends on — the checks (imported,
+located and hashed before any learner code exists), the inputs they make, their expected values,
+their comparisons, the captured success line and the result channel's token — and never runs a
+line of the learner's code. It starts one **learner process** (:mod:`~adam8lib.course.grading.learner`,
+in the sandbox: the command comes from the gradebook, already wrapped) that runs the learner's
+exercise cells, then calls each check with *proxies* (:class:`LearnerFunction`) in place of the
+learner's functions: calling one sends the check's inputs to the learner process and returns the
+plain data it answers (:mod:`~adam8lib.course.grading.plain`; a tensor argument changed in place is
+copied back into the check's tensor). The learner process cannot see this one: under bubblewrap it
+is in another PID namespace, and in any mode it has only its two pipes and the guard's alarm pipe
+(on which the learner process writes the ``end <token>`` line once every result is sent; this
+process is also made non-dumpable, so without a sandbox the learner cannot ptrace it or open its
+``/proc`` memory and file descriptors).
+
+A learner function that hangs past the check's time limit, or a learner process that dies, ends
+that check (timeout / failed) and the learner process is started afresh for the next check.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import json
+import linecache
+import os
+import signal
+import subprocess
+import sys
+
+from . import plain
+from .runner import GradingTimeout, _alarm, _Capped, _disarm, _first_line, _message, _split_check, file_digest
+
+__all__ = ["main", "LearnerFunction", "Learner", "SPLIT"]
+
+#: Workbooks graded with the check process / learner process split: their checks hand the learner's
+#: functions plain data only. The others (07: the learner's optimizer and module classes are
+#: instantiated and stepped by the checks; 08: Triton kernels launched on tensors the check owns;
+#: 09: the checks hand the learner's functions models (``nn.Module`` objects the checks build);
+#: 10: the learner's training code drives a model, an optimizer and a Trainer) still run in one
+#: guarded process (:mod:`~adam8lib.course.grading.runner`).
+SPLIT = ("01_optimizer_memory.ipynb", "02_ema.ipynb", "03_adam_rule.ipynb", "04_linear_quantization.ipynb",
+         "05_dynamic_map.ipynb", "06_blockwise_quantization.ipynb", "11_at_scale.ipynb", "12_beyond_8_bits.ipynb")
+
+_STUB_FILE = "<the learner's exercise cell>"
+_EXCEPTIONS = {c.__name__: c for c in (ValueError, TypeError, IndexError, KeyError, RuntimeError, AssertionError,
+                                       ZeroDivisionError, OverflowError, AttributeError, NameError, LookupError,
+                                       ArithmeticError, NotImplementedError, RecursionError, MemoryError,
+                                       UnboundLocalError, FloatingPointError)}  # fmt: skip
+
+
+class LearnerGone(RuntimeError):
+    """The learner process ended (or was stopped) while a check was talking to it."""
+
+
+def _raise_stub(message: str):
+    # a NotImplementedError raised on a "raise NotImplementedError" line of non-library code: what
+    # the checks' is_stub recognises as the workbook stub (decided in the learner process)
+    line = "raise NotImplementedError(__message__)"
+    linecache.cache[_STUB_FILE] = (len(line) + 1, None, [line + "\n"], _STUB_FILE)
+    exec(compile(line, _STUB_FILE, "exec"), {"__message__": message, "__builtins__": builtins})
+
+
+class Learner:
+    """The check process's handle on the learner process (start, requests, restart, end)."""
+
+    def __init__(self, job: dict, alarm_fd: int):
+        self.job, self.alarm_fd, self.proc, self.notes, self.generation = job, alarm_fd, None, [], 0
+
+    def start(self) -> None:
+        self.launch()
+        self.ready()
+
+    def launch(self) -> None:
+        """Start the learner process and give it its job (it runs the exercise cells at once)."""
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        names = {"{requests}": str(req_r), "{replies}": str(rep_w), "{alarm}": str(self.alarm_fd)}
+        cmd = [names.get(part, part) for part in self.job["learner_cmd"]]
+        try:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, pass_fds=(req_r, rep_w, self.alarm_fd),
+                                         cwd=self.job.get("learner_cwd"), env=self.job.get("learner_env"))  # fmt: skip
+        finally:
+            os.close(req_r)
+            os.close(rep_w)
+        self.req, self.rep = req_w, rep_r
+        self.generation += 1
+        job = {k: v for k, v in self.job.items() if k in ("notebook", "cells", "modules", "cell_timeout", "max_output",
+                                                          "course_setup", "library_imports", "implementations")}
+        job["checks"] = [{"exercise": c["exercise"], "source": c["source"]} for c in self.job["checks"]]
+        try:
+            self.proc.stdin.write(json.dumps(job).encode())
+            self.proc.stdin.close()
+        except OSError:
+            pass
+
+    def ready(self) -> None:
+        """Wait for the learner process to have run the exercise cells."""
+        ready = self._receive()
+        if ready[0] != "ready":
+            raise LearnerGone("the learner process did not start")
+        self.notes = [str(n)[:300] for n in ready[1]][:50]
+
+    def _receive(self):
+        try:
+            return plain.receive(self.rep)
+        except (EOFError, OSError) as exc:
+            code = self.proc.poll() if self.proc is not None else None
+            self.stop()
+            raise LearnerGone(f"the learner's process ended ({code}): {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - bytes that are not a message: out of step for good
+            self.stop()
+            raise LearnerGone(f"the learner's process sent something that is not plain data ({type(exc).__name__})") from None
+
+    def request(self, message):
+        if self.proc is None:
+            self.start()
+        try:
+            plain.send(self.req, message)
+            reply = self._receive()
+        except BaseException:
+            self.stop()  # a timeout or a broken pipe mid-exchange: this process is out of step
+            raise
+        if type(reply) is not tuple or not reply or type(reply[0]) is not str:
+            self.stop()
+            raise LearnerGone("the learner process answered something that is not a reply")
+        return reply
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        for fd in (self.req, self.rep):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        try:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        self.proc = None
+
+    def end(self, token: str) -> None:
+        """Have the learner process write the guard's end marker and exit. One that is not running
+        (it died or was stopped in the last check) is started again for it, so that a learner who
+        closed the alarm pipe cannot hide that by ending their process."""
+        try:
+            self.request(("end", token))
+            self.proc.wait(timeout=10)
+        except (LearnerGone, OSError, subprocess.TimeoutExpired, AttributeError):
+            pass
+        self.stop()
+
+    def call(self, fn: "LearnerFunction", args: tuple, kwargs: dict):
+        import torch
+
+        local = plain.tensors([list(args), kwargs])
+        message = ("call", fn._handle, plain.encode(list(args)), plain.encode(dict(kwargs)), fn._exercise)
+        if fn._generation != self.generation or self.proc is None:
+            raise LearnerGone(f"{fn.__name__}: the learner's process was restarted after a timeout or a crash")
+        reply = self.request(message)
+        if reply[0] == "ok":
+            after = [plain.decode(t) for t in reply[2]]
+            if len(after) != len(local):
+                raise plain.NotPlainData("the learner process changed the number of arguments")
+            with torch.no_grad():
+                for mine, theirs in zip(local, after):
+                    if mine.shape == theirs.shape and mine.dtype == theirs.dtype:
+                        if not torch.equal(mine, theirs.to(mine.device)):
+                            mine.copy_(theirs)
+                    else:
+                        mine.data = theirs
+            return plain.decode(reply[1], args=local)
+        if reply[0] == "raise":
+            _, names, text, stub = reply
+            if stub:
+                _raise_stub(str(text))
+            kind = next((_EXCEPTIONS[n] for n in names[1:] if n in _EXCEPTIONS), None)
+            if kind is None:
+                raise RuntimeError(f"{names[0] if names else 'an exception'}: {text}")
+            raise kind(str(text) if names[0] == kind.__name__ else f"{names[0]}: {text}")
+        raise LearnerGone("the learner process answered something that is not a reply")
+
+
+class LearnerFunction:
+    """Stands for a learner's function (or class) in a check: calling it calls it in the learner process."""
+
+    def __init__(self, learner: Learner, handle: int, name: str, is_class: bool, exercise: str):
+        self._learner, self._handle, self._exercise = learner, handle, exercise
+        self._generation, self._is_class = learner.generation, is_class
+        self.__name__ = self.__qualname__ = str(name)
+        self.__doc__ = None
+
+    def __call__(self, *args, **kwargs):
+        return self._learner.call(self, args, kwargs)
+
+    def __repr__(self) -> str:
+        return f"<the learner's {self.__name__}>"
+
+
+class Foreign:
+    """Stands for a learner value that is neither plain data nor callable (a check rejects it by its type)."""
+
+    def __init__(self, type_name: str):
+        self.type_name = type_name
+
+    def __repr__(self) -> str:
+        return f"<a {self.type_name} of the learner's>"
+
+
+def _argument(learner: Learner, expression: ast.expr, exercise: str):
+    reply = learner.request(("get", ast.unparse(expression), exercise))
+    if reply[0] == "plain":
+        return plain.decode(reply[1])
+    if reply[0] == "callable":
+        return LearnerFunction(learner, int(reply[1]), str(reply[2]), bool(reply[3]), exercise)
+    if reply[0] == "raise":
+        kind = next((_EXCEPTIONS[n] for n in reply[1][1:] if n in _EXCEPTIONS), RuntimeError)
+        raise kind(str(reply[2]))
+    return Foreign(str(reply[1]))
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    fd = int(argv[argv.index("--result-fd") + 1])
+    alarm_fd = int(argv[argv.index("--alarm-fd") + 1])
+    job = json.loads(sys.stdin.read())
+    channel = os.fdopen(fd, "w", encoding="utf-8")
+    token = job.pop("token", "")
+    try:  # no process of this user (the learner's, without a sandbox) may ptrace this one or read its memory
+        import ctypes
+
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    except (OSError, AttributeError):
+        pass
+    real_stdout, real_stderr = sys.stdout, sys.stderr
+
+    def send(**message) -> None:
+        channel.write(json.dumps({**message, "token": token}) + "\n")
+        channel.flush()
+
+    cell_timeout = float(job.get("cell_timeout", 120))
+    cap = int(job.get("max_output", 65536))
+    modules: dict = job.get("modules", {})
+    learner = Learner(job, alarm_fd)
+    if job.get("early_start"):
+        # in the sandbox (read-only files) the learner process may start while this one imports
+        # the checks: nothing it does can change what is imported here
+        learner.launch()
+    if job.get("course_setup"):
+        from adam8lib.course import setup
+
+        setup(verbose=False)
+    resolved = {}
+    for spec in job["checks"]:
+        name = f"check_{spec['exercise']}"
+        try:
+            imports, call = _split_check(spec["source"], name)
+            namespace: dict = {"__builtins__": builtins}
+            exec(compile(ast.Module(body=imports, type_ignores=[]), f"<check {name}>", "exec"), namespace)
+            resolved[spec["exercise"]] = (namespace[name], call)
+        except Exception as exc:  # a course error, reported as such
+            send(kind="result", exercise=spec["exercise"], status="error",
+                 detail=f"the check could not be loaded: {type(exc).__name__}: {exc}")  # fmt: skip
+    bad = []
+    for name, info in modules.items():
+        loaded = getattr(sys.modules.get(name), "__file__", None)
+        if loaded is None or os.path.realpath(loaded) != os.path.realpath(info["origin"]):
+            bad.append(f"{name} loaded from {loaded}, expected {info['origin']}")
+        bad += [f"{path} changed" for path, digest in info["files"].items() if file_digest(path) != digest]
+    if bad:
+        for exercise in resolved:
+            send(kind="result", exercise=exercise, status="error", detail="the checks are not the course's: " + "; ".join(bad)[:300])
+        send(kind="done")
+        os._exit(0)
+
+    try:
+        if learner.proc is None:
+            learner.launch()
+        learner.ready()
+    except LearnerGone as exc:
+        send(kind="note", text=f"the learner process could not run the exercise cells: {exc}")
+    for text in learner.notes:
+        send(kind="note", text=text)
+    for spec in job["checks"]:
+        exercise = spec["exercise"]
+        if exercise not in resolved:
+            continue
+        function, call = resolved[exercise]
+        out = _Capped(max(cap, 2 * len(spec["expected_output"])))
+        status, detail, error = "passed", "", ""
+        try:
+            if learner.proc is None:  # stopped or gone in an earlier check: a fresh one, outside this check's time
+                learner.start()
+            _alarm(cell_timeout)
+            learner.request(("begin", exercise))
+            args = [_argument(learner, a, exercise) for a in call.args]
+            kwargs = {k.arg: _argument(learner, k.value, exercise) for k in call.keywords}
+            sys.stdout = sys.stderr = out
+            try:
+                function(*args, **kwargs)
+            finally:
+                sys.stdout, sys.stderr = real_stdout, real_stderr
+            learner.request(("finish", exercise))
+            _disarm()
+        except GradingTimeout:
+            _disarm()
+            learner.stop()
+            status, detail = "timeout", f"Timeout of {cell_timeout:g} s exceeded in the check of {exercise}"
+        except BaseException as exc:  # noqa: BLE001
+            _disarm()
+            status, detail = "failed", f"{type(exc).__name__}: {_first_line(exc)}"
+            error = _message(f"{type(exc).__name__}: {exc}")
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        if status == "passed":
+            text = out.getvalue()
+            if out.total > out.kept:
+                status, detail = "failed", f"the check printed {out.total} characters (kept {out.kept}), not its success line"
+            elif text != spec["expected_output"]:
+                status, detail = "failed", f"the check printed {_first_line(text)!r}, not its success line"
+        send(kind="result", exercise=exercise, status=status, detail=detail, **({"error": error} if error else {}))
+    learner.end(token)
+    send(kind="done")
+    channel.close()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
