@@ -164,6 +164,10 @@ class Learner:
         if fn._generation != self.generation or self.proc is None:
             raise LearnerGone(f"{fn.__name__}: the learner's process was restarted after a timeout or a crash")
         reply = self.request(message)
+        if reply[0] in ("ok", "raise") and len(reply) in (4, 5) and type(reply[-1]) is str:
+            printed, reply = reply[-1], reply[:-1]
+            if printed:
+                sys.stdout.write(printed)
         if reply[0] == "ok":
             after = [plain.decode(t) for t in reply[2]]
             if len(after) != len(local):

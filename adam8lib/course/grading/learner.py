@@ -192,7 +192,8 @@ def main(argv: list[str] | None = None) -> None:
             fn = handles.get(handle)
             args, kwargs = plain.decode(args), plain.decode(kwargs)
             inputs = plain.tensors([args, kwargs])
-            sys.stdout = sys.stderr = _Capped(cap)
+            printed = _Capped(cap)
+            sys.stdout = sys.stderr = printed
             guard.profile(exercise)
             try:
                 result = fn(*args, **kwargs)
@@ -202,7 +203,9 @@ def main(argv: list[str] | None = None) -> None:
             finally:
                 guard.profile(None)
                 sys.stdout, sys.stderr = real_stdout, real_stderr
-            send(rep, reply)
+            # what the learner's function printed goes to the check's output, as in the learner's own notebook
+            # (where a print inside a checked function lands in the check cell's output)
+            send(rep, reply + (printed.getvalue(),))
             continue
         send(rep, ("raise", ["ValueError"], f"unknown request {op!r}", False))
 
