@@ -33,7 +33,8 @@ import subprocess
 import sys
 
 from . import plain
-from .runner import GradingTimeout, _alarm, _Capped, _disarm, _first_line, _message, _split_check, file_digest
+from .runner import (GradingTimeout, _alarm, _Capped, _disarm, _first_line, _message, _split_check, file_digest,
+                     output_verdict)
 
 __all__ = ["main", "LearnerFunction", "Learner", "SPLIT"]
 
@@ -322,11 +323,7 @@ def main(argv: list[str] | None = None) -> None:
             error = _message(f"{type(exc).__name__}: {exc}")
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
         if status == "passed":
-            text = out.getvalue()
-            if out.total > out.kept:
-                status, detail = "failed", f"the check printed {out.total} characters (kept {out.kept}), not its success line"
-            elif text != spec["expected_output"]:
-                status, detail = "failed", f"the check printed {_first_line(text)!r}, not its success line"
+            status, detail = output_verdict(out, spec["expected_output"]) or (status, detail)
         send(kind="result", exercise=exercise, status=status, detail=detail, **({"error": error} if error else {}))
     learner.end(token)
     send(kind="done")

@@ -41,8 +41,8 @@ import threading
 
 from . import plain
 from .guard import install, references
-from .runner import (WATCHED, GradingTimeout, Snapshot, _alarm, _Capped, _disarm, _first_line, _split_check,
-                     course_references, trusted_roots, _learner_code)  # fmt: skip
+from .runner import (WATCHED, Snapshot, _Capped, _split_check, course_references, trusted_roots, _learner_code,
+                     run_exercise_cells)  # fmt: skip
 
 __all__ = ["main"]
 
@@ -126,24 +126,8 @@ def main(argv: list[str] | None = None) -> None:
         return bad + guard.modes()
 
     namespace = {"__name__": "__main__", "__builtins__": builtins}
-    sink = _Capped(cap)
-    notes = []
-    for cell in job["cells"]:
-        sys.stdout = sys.stderr = sink
-        try:
-            _alarm(cell_timeout)
-            exec(compile(cell["source"], f"<{job['notebook']} cell {cell['index']}>", "exec"), namespace)
-            _disarm()
-        except GradingTimeout:
-            _disarm()
-            notes.append(f"cell {cell['index']} (exercise cell) ran past {cell_timeout:g} s and was stopped")
-        except BaseException as exc:  # noqa: BLE001 - a learner's cell may raise anything
-            _disarm()
-            notes.append(f"cell {cell['index']} (exercise cell) raised {type(exc).__name__}: {_first_line(exc)}")
-        finally:
-            sys.stdout, sys.stderr = real_stdout, real_stderr
-        for found in guard.modes():
-            guard.alarm(f"after exercise cell {cell['index']}: {found}")
+    notes: list[str] = []
+    run_exercise_cells(job, namespace, _Capped(cap), cell_timeout, notes.append, guard)
     send(rep, ("ready", notes))
 
     handles: dict[int, object] = {}

@@ -184,6 +184,40 @@ def _message(text: str, lines: int = 12, width: int = 300) -> str:
     return "\n".join(ln if len(ln) <= width else ln[: width - 3] + "..." for ln in kept)
 
 
+def run_exercise_cells(job: dict, namespace: dict, sink: "_Capped", cell_timeout: float, note, guard) -> None:
+    """Execute the learner's exercise cells in ``namespace`` (output into ``sink``), each under ``cell_timeout``;
+    ``note(text)`` gets what went wrong in a cell, and a guard (if any) raises its alarm for a torch mode a cell
+    left pushed."""
+    real_stdout, real_stderr = sys.stdout, sys.stderr
+    for cell in job["cells"]:
+        sys.stdout = sys.stderr = sink
+        try:
+            _alarm(cell_timeout)
+            exec(compile(cell["source"], f"<{job['notebook']} cell {cell['index']}>", "exec"), namespace)
+            _disarm()
+        except GradingTimeout:
+            _disarm()
+            note(f"cell {cell['index']} (exercise cell) ran past {cell_timeout:g} s and was stopped")
+        except BaseException as exc:  # noqa: BLE001 - a learner's cell may raise anything
+            _disarm()
+            note(f"cell {cell['index']} (exercise cell) raised {type(exc).__name__}: {_first_line(exc)}")
+        finally:
+            sys.stdout, sys.stderr = real_stdout, real_stderr
+        if guard is not None:
+            for found in guard.modes():
+                guard.alarm(f"after exercise cell {cell['index']}: {found}")
+
+
+def output_verdict(out: "_Capped", expected: str) -> tuple[str, str] | None:
+    """``("failed", why)`` when a check that raised nothing printed more or other than its success line."""
+    if out.total > out.kept:
+        return "failed", f"the check printed {out.total} characters (kept {out.kept}), not its success line"
+    text = out.getvalue()
+    if text != expected:
+        return "failed", f"the check printed {_first_line(text)!r}, not its success line"
+    return None
+
+
 def _split_check(source: str, check: str) -> tuple[list[ast.stmt], ast.Call]:
     """The import statements of a manifest check cell and its ``check_x(...)`` call."""
     tree = ast.parse(source)
@@ -361,24 +395,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # 2. the learner's exercise cells
     namespace = {"__name__": "__main__", "__builtins__": builtins}
-    sink = _Capped(cap)
-    for cell in job["cells"]:
-        sys.stdout = sys.stderr = sink
-        try:
-            _alarm(cell_timeout)
-            exec(compile(cell["source"], f"<{job['notebook']} cell {cell['index']}>", "exec"), namespace)
-            _disarm()
-        except GradingTimeout:
-            _disarm()
-            send(kind="note", text=f"cell {cell['index']} (exercise cell) ran past {cell_timeout:g} s and was stopped")
-        except BaseException as exc:  # noqa: BLE001 - a learner's cell may raise anything
-            _disarm()
-            send(kind="note", text=f"cell {cell['index']} (exercise cell) raised {type(exc).__name__}: {_first_line(exc)}")
-        finally:
-            sys.stdout, sys.stderr = real_stdout, real_stderr
-        if guard is not None:
-            for found in guard.modes():
-                guard.alarm(f"after exercise cell {cell['index']}: {found}")
+    run_exercise_cells(job, namespace, _Capped(cap), cell_timeout, lambda text: send(kind="note", text=text), guard)
 
     # 3. the checks
     for spec in checks:
@@ -425,11 +442,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.stdout, sys.stderr = real_stdout, real_stderr
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
         if status == "passed":
-            text = out.getvalue()
-            if out.total > out.kept:
-                status, detail = "failed", f"the check printed {out.total} characters (kept {out.kept}), not its success line"
-            elif text != spec["expected_output"]:
-                status, detail = "failed", f"the check printed {_first_line(text)!r}, not its success line"
+            status, detail = output_verdict(out, spec["expected_output"]) or (status, detail)
         changed = snapshot.changes() + files_changed() + hooks_changed() + (guard.modes() if guard else [])
         if changed:
             status, detail, error = "tampered", "learner code changed the checks or what they rely on: " + ", ".join(changed[:5]), ""
