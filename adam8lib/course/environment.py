@@ -116,6 +116,70 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+class _OnFirstImport:
+    """A ``sys.meta_path`` finder that wraps the first import of one module.
+
+    ``quiet``: the module's code runs with stderr muted; ``after(module)`` runs once it is loaded.
+    bitsandbytes prints one-off "no GPU" / "kernels" messages while it imports; importing it eagerly
+    in :func:`setup` to mute them cost every notebook (and every grading process) the seconds it
+    takes (it pulls in torch's compiler stack). So its first import, wherever it happens, is muted,
+    and lessons that never use it never pay. The same for ``torch._inductor.config``, which
+    ``torch.use_deterministic_algorithms`` would import only to set one flag.
+    """
+
+    def __init__(self, name: str, quiet: bool = False, after=None):
+        self.name, self.quiet, self.after = name, quiet, after
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        import importlib.util
+
+        sys.meta_path.remove(self)  # once: out of the way of this and every later import
+        spec = importlib.util.find_spec(fullname)  # the real module, found by the other finders
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            run, quiet, after = spec.loader.exec_module, self.quiet, self.after
+
+            def exec_module(module):
+                import contextlib
+                import io
+
+                with contextlib.redirect_stderr(io.StringIO()) if quiet else contextlib.nullcontext():
+                    run(module)
+                if after is not None:
+                    after(module)
+
+            spec.loader.exec_module = exec_module
+        return spec
+
+
+def _on_first_import(name: str, quiet: bool = False, after=None) -> None:
+    """Run ``after(module)`` now if ``name`` is imported, else at its first import (see :class:`_OnFirstImport`)."""
+    if name in sys.modules:
+        if after is not None:
+            after(sys.modules[name])
+        return
+    for finder in list(sys.meta_path):  # setup() again: one finder per module
+        if isinstance(finder, _OnFirstImport) and finder.name == name:
+            sys.meta_path.remove(finder)
+    sys.meta_path.insert(0, _OnFirstImport(name, quiet, after))
+
+
+def _deterministic() -> None:
+    """``torch.use_deterministic_algorithms(True, warn_only=True)`` without importing the compiler stack.
+
+    torch's function sets the dispatcher's flag and ``torch._inductor.config.deterministic``; it imports
+    the second (about a second) to do so. Here the flag is set now and inductor's when it is imported.
+    """
+    import torch
+
+    if "torch._inductor.config" in sys.modules:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        return
+    torch._C._set_deterministic_algorithms(True, warn_only=True)
+    _on_first_import("torch._inductor.config", after=lambda config: setattr(config, "deterministic", True))
+
+
 def _quiet_bitsandbytes() -> None:
     warnings.filterwarnings("ignore", module="bitsandbytes")
     warnings.filterwarnings("ignore", message=".*bitsandbytes.*")
@@ -123,15 +187,8 @@ def _quiet_bitsandbytes() -> None:
     # torch pytree deprecation notes it triggers, whenever transformers imports it
     for name in ("bitsandbytes", "bitsandbytes.cextension", "bitsandbytes.backends", "torchao", "torch.utils._pytree"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    # importing now, with stderr muted, swallows the one-off "no GPU" / "kernels" messages
-    import contextlib
-    import io
-
-    with contextlib.redirect_stderr(io.StringIO()):
-        try:
-            import bitsandbytes  # noqa: F401
-        except ImportError:
-            pass
+    # its import-time messages: muted when (and if) a cell first imports it (see _QuietImport)
+    _on_first_import("bitsandbytes", quiet=True)
 
 
 def setup(seed: int = 0, verbose: bool = True) -> Environment:
@@ -151,7 +208,7 @@ def setup(seed: int = 0, verbose: bool = True) -> Environment:
     except ImportError:
         pass
     if not _has_cuda():
-        torch.use_deterministic_algorithms(True, warn_only=True)
+        _deterministic()
     env = Environment(
         device="cuda" if _has_cuda() else "cpu",
         gpu_name=torch.cuda.get_device_name(0) if _has_cuda() else None,
