@@ -246,6 +246,9 @@ struct Tensor {
 
 struct Call {
   CodeTable table[kMaxStates];
+#if ADAM8_AVX512
+  const BytePlanes* planes[kMaxStates];  // each map as byte planes (codes8.h), for the VBMI decode
+#endif
   int64_t blocksize;
   H h;
   Sqrt sqrt_of;    // torch's sqrt (inline root where cpu.py found one that matches)
@@ -260,13 +263,14 @@ struct Buffers {
   alignas(64) int32_t reset[kMaxBlocksize];
 };
 
-// pass A on lanes of width L::kWidth from element i of the tile (tile-relative pointers)
+// pass A on lanes of width L::kWidth from element i of the tile (tile-relative pointers), the map
+// values q[] of the old codes given
 template <class R, class L, bool F, typename P, typename G>
-inline void lanes_moments(const P* p, const G* g, uint8_t* const* codes, const float* old, int64_t i, const Call& c,
-                          Buffers& b) {
+inline void lanes_moments_of(const P* p, const G* g, const typename L::V* q, const float* old, int64_t i,
+                             const Call& c, Buffers& b) {
   using V = typename L::V;
   V s[kMaxStates];
-  for (int k = 0; k < R::kStates; ++k) s[k] = L::mul(L::decode(c.table[k], codes[k] + i), L::set(old[k]));
+  for (int k = 0; k < R::kStates; ++k) s[k] = L::mul(q[k], L::set(old[k]));
   V aux = L::set(0.0f);
   R::template moments<L, F>(L::load(g + i), L::load(p + i), s, aux, c.h);
   typename L::M bad = L::non_finite(s[0]);
@@ -275,6 +279,31 @@ inline void lanes_moments(const P* p, const G* g, uint8_t* const* codes, const f
   L::storef(b.aux + i, aux);
   L::store_mask(b.reset + i, bad);
 }
+
+// pass A on lanes from element i, decoding the old codes with the lanes' gather (or a load)
+template <class R, class L, bool F, typename P, typename G>
+inline void lanes_moments(const P* p, const G* g, uint8_t* const* codes, const float* old, int64_t i, const Call& c,
+                          Buffers& b) {
+  typename L::V q[kMaxStates];
+  for (int k = 0; k < R::kStates; ++k) q[k] = L::decode(c.table[k], codes[k] + i);
+  lanes_moments_of<R, L, F>(p, g, q, old, i, c, b);
+}
+
+#if ADAM8_AVX512 && defined(__AVX512VBMI__)
+// pass A on 64 elements from i: the codes decoded with byte shuffles instead of gathers (codes8.h's
+// dequantize64: the same map values), then the 16-lane steps
+template <class R, bool F, typename P, typename G>
+inline void moments64(const P* p, const G* g, uint8_t* const* codes, const float* old, int64_t i, const Call& c,
+                      Buffers& b, __m512i order) {
+  __m512 q[kMaxStates][4];
+  for (int k = 0; k < R::kStates; ++k) dequantize64(*c.planes[k], codes[k] + i, order, q[k]);
+  for (int j = 0; j < 4; ++j) {
+    __m512 qj[kMaxStates];
+    for (int k = 0; k < R::kStates; ++k) qj[k] = q[k][j];
+    lanes_moments_of<R, Lane16, F>(p, g, qj, old, i + 16 * j, c, b);
+  }
+}
+#endif
 
 // pass C's parameter update on lanes from element i of the tile
 template <class R, class L, bool F, typename P, typename G>
@@ -340,11 +369,19 @@ void rule_tile(const Tensor& t, const Call& c, int64_t start, int64_t len, Buffe
   const int64_t bs = c.blocksize, first_block = start / bs;
   const int simd = c.simd;
   // A: decode, moments, the non-finite rule
+#if ADAM8_AVX512 && defined(__AVX512VBMI__)
+  const __m512i order = interleave_order();
+#endif
   for (int64_t lo = 0; lo < len; lo += bs) {
+    int64_t from = lo;
     const int64_t hi = std::min(len, lo + bs);
     float old[kMaxStates];
     for (int k = 0; k < R::kStates; ++k) old[k] = t.absmax[k][first_block + lo / bs];
-    over(lo, hi, simd,
+#if ADAM8_AVX512 && defined(__AVX512VBMI__)
+    if (simd >= kAvx512)
+      for (; from + 64 <= hi; from += 64) moments64<R, F>(p, g, codes, old, from, c, b, order);
+#endif
+    over(from, hi, simd,
         [&](int64_t i) { lanes_moments<R, Lane1, F>(p, g, codes, old, i, c, b); },
 #if ADAM8_AVX2
         [&](int64_t i) { lanes_moments<R, Lane8, F>(p, g, codes, old, i, c, b); },

@@ -164,10 +164,18 @@ extern "C" int rule_step_cpu(int rule, void* p, const void* g, int p_dtype, int 
   if (n == 0) return 0;
   rules::Tensor t{p, g, {}, {}, n};
   rules::Call c{};
+#if ADAM8_AVX512
+  std::vector<BytePlanes> planes;
+  planes.reserve(static_cast<size_t>(n_states));
+#endif
   for (int k = 0; k < n_states; ++k) {
     t.codes[k] = codes[k];
     t.absmax[k] = absmax[k];
     c.table[k] = CodeTable{qmaps[k], steps[k], nan_codes[k]};
+#if ADAM8_AVX512
+    planes.emplace_back(qmaps[k]);
+    c.planes[k] = &planes.back();
+#endif
   }
   for (int k = 0; k < n_hyper; ++k) c.h.v[k] = hyper[k];
   c.blocksize = blocksize;
