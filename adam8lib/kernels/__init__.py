@@ -1,4 +1,14 @@
-"""One dispatch point for the 8-bit Adam step: pick a backend, check its arguments, call it.
+"""The backends, the one registry of fused steps, and the 8-bit Adam step's dispatch point.
+
+Fused steps of every rule and state format are in one registry, keyed by what a step can do
+(:mod:`.registry`: ``register_step``, ``find_step(rule, fmt, backend, device)``): today's 8-bit Adam
+backends and the FP8/4-bit Adam kernels (as rule ``"adamw"``), and the rule templates of the family
+(:mod:`.cpu_rules`, :mod:`.triton_rules`). ``register_adam_step``/``adam_step`` register and look up the
+format kernels written with the older Adam signature; ``register_lowbit_step``/``lowbit_step`` are
+their former names, kept until :mod:`adam8lib.optim` calls ``find_step``.
+
+The 8-bit Adam step itself (lessons 07 and 08) keeps its dispatch point: pick a backend, check its
+arguments, call it.
 
 Every backend is a function with the signature of :func:`reference.adam8bit_step`
 (flat contiguous tensors, in-place update; the argument contract is

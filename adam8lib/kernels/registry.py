@@ -3,7 +3,7 @@
 A fused step is a kernel that does what :class:`adam8lib.quantized_state.QuantizedStateOptimizer`'s
 reference step does for one rule (:mod:`adam8lib.rules`) and the state formats it accepts
 (:mod:`adam8lib.formats`), on the devices its backend supports, bit for bit on the CPU. The calling
-convention (``/work/notes/35-interface.md`` has the long form)::
+convention::
 
     fn(p, g, states, *, rule, fmt, shape, step, group) -> None        # in place
 
@@ -24,6 +24,11 @@ pointer and raises TypeError/ValueError before it changes anything.
 A step says which formats it accepts with ``formats``: a tuple of format names, or a predicate on
 the :class:`~adam8lib.formats.StateFormat` (e.g. "blockwise, one byte per code"), so a user-made
 format with the same layout finds the same kernel.
+
+``many(items, *, rule, fmt, shapes, steps, group)`` (optional at registration) steps several tensors of
+one group in one call, each as ``fn`` would. Registered today: the 8-bit Adam backends and the FP8 and
+4-bit Adam kernels as ``"adamw"`` (:func:`adam8lib.kernels.register_adam_step`), and the rule templates
+of Lion, AdEMAMix, RMSprop and Adagrad (:mod:`.cpu_rules`, :mod:`.triton_rules`).
 """
 
 from __future__ import annotations

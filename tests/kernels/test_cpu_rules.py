@@ -31,14 +31,14 @@ PARAMS = [((4097,), torch.float32, torch.float32), ((24, 256), torch.float32, to
           ((4500,), torch.bfloat16, torch.bfloat16), ((4300,), torch.float16, torch.float16)]
 
 
-def _params(seed=0):
+def _params(specs=PARAMS, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    return [torch.nn.Parameter((torch.randn(shape, generator=gen) * 0.1).to(dtype)) for shape, dtype, _ in PARAMS]
+    return [torch.nn.Parameter((torch.randn(shape, generator=gen) * 0.1).to(dtype)) for shape, dtype, _ in specs]
 
 
-def _grads(step, gen):
+def _grads(step, gen, specs=PARAMS):
     out = []
-    for (shape, _, dtype) in PARAMS:
+    for (shape, _, dtype) in specs:
         decades = 10.0 ** torch.randint(-4, 2, shape, generator=gen).float()
         g = torch.randn(shape, generator=gen) * decades
         flat = g.view(-1)
@@ -88,11 +88,11 @@ def _assert_same(ref_opt, got_opt, ref_params, got_params, what):
                                            f"{diff[:4].tolist()}: {value[diff[:4]].tolist()} vs {sb[key][diff[:4]].tolist()}")
 
 
-def _run(name, simd, monkeypatch, *, steps=8, state_format=None, blocksize=None, threads=1):
+def _run(name, simd, monkeypatch, *, steps=8, state_format=None, blocksize=None, threads=1, specs=PARAMS):
     cls, hyper = CLASSES[name]
     monkeypatch.setattr(cpu_rules, "SIMD", simd)
     options = {k: v for k, v in (("state_format", state_format), ("blocksize", blocksize)) if v is not None}
-    ref_params, got_params = _params(), _params()
+    ref_params, got_params = _params(specs), _params(specs)
     ref = cls(ref_params, **hyper, **options)
     got = cls(got_params, **hyper, **options)
     calls = []
@@ -102,14 +102,14 @@ def _run(name, simd, monkeypatch, *, steps=8, state_format=None, blocksize=None,
     torch.set_num_threads(threads)
     try:
         for t in range(1, steps + 1):
-            for p_ref, p_got, g in zip(ref_params, got_params, _grads(t, gen)):
+            for p_ref, p_got, g in zip(ref_params, got_params, _grads(t, gen, specs)):
                 p_ref.grad, p_got.grad = g.clone(), g.clone()
             ref.step()
             got.step()
             _assert_same(ref, got, ref_params, got_params, f"{name}, simd {simd}, step {t}")
     finally:
         torch.set_num_threads(old_threads)
-    assert len(calls) == steps * len(PARAMS)  # every step of every parameter ran the kernel: no silent fallback
+    assert len(calls) == steps * len(specs)  # every step of every parameter ran the kernel: no silent fallback
     return ref, got
 
 
@@ -127,12 +127,7 @@ def test_fp8_states_and_another_block_size(name, monkeypatch):
 
 def test_two_threads_large_tensor(monkeypatch):
     """Above 2^15 elements the kernel splits tiles over threads: the same bits as the reference."""
-    global PARAMS
-    saved, PARAMS = PARAMS, [((33000,), torch.float32, torch.float32)]
-    try:
-        _run("ademamix", SIMD_LEVELS[-1], monkeypatch, steps=2, threads=2)
-    finally:
-        PARAMS = saved
+    _run("ademamix", SIMD_LEVELS[-1], monkeypatch, steps=2, threads=2, specs=[((33000,), torch.float32, torch.float32)])
 
 
 def test_rmsprop_with_negative_decoded_state_takes_torchs_sqrt(monkeypatch):
