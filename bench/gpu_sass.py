@@ -111,8 +111,9 @@ def compile_rank1_max(arch: int, dtype: str, *, hyper: dict | None = None):
     """Compile ``_rank1_max_kernel`` (pass 1 of the ``"4bit"`` step of a matrix: the new v's row and
     column maxima) for ``sm_<arch>`` with the tile ``rank1_tile`` picks for a large matrix."""
     from adam8lib.kernels import triton as kt
+    from adam8lib.kernels import triton_4bit
 
-    tile_r, tile_c = kt.rank1_tile(8192, 8192, kt.TILE_ELEMENTS)
+    tile_r, tile_c = triton_4bit.rank1_tile(8192, 8192, kt.TILE_ELEMENTS)
     types = {"g_ptr": "*" + dtype, "state1_ptr": "*u8", "state2_ptr": "*u8", "maxima_ptr": "*i32",
              "n_rows": "i32", "n_cols": "i32", "d0": "i32", "d1": "i32", "d2": "i32"}
     return _compile(arch, "_rank1_max_kernel", types, {"TILE_R": tile_r, "TILE_C": tile_c}, hyper, blocksize=128)

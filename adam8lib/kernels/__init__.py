@@ -52,7 +52,8 @@ import torch
 
 from . import reference
 from .contract import check_each, check_step_args, checked_for_backend
-from .registry import FusedStep, backends_for, find_step, register_step, registered_steps
+from . import registry
+from .registry import FusedStep, register_step
 
 __all__ = [
     "register_backend",
@@ -85,8 +86,13 @@ class Backend:
 
 
 _BACKENDS: dict[str, Backend] = {}
-#: Modules that register optional backends when imported (backend name -> module).
-_OPTIONAL_MODULES = {"triton": "adam8lib.kernels.triton", "cpu": "adam8lib.kernels.cpu"}
+#: Modules that register optional backends and their fused steps when imported (backend name -> modules,
+#: the backend's own first).
+_OPTIONAL_MODULES = {
+    "triton": ("adam8lib.kernels.triton", "adam8lib.kernels.triton_fp8", "adam8lib.kernels.triton_4bit",
+               "adam8lib.kernels.triton_rules"),
+    "cpu": ("adam8lib.kernels.cpu",),
+}
 #: Why an optional backend is missing: backend name -> "ExceptionType: message".
 _IMPORT_ERRORS: dict[str, str] = {}
 _loaded_optional = False
@@ -127,9 +133,10 @@ def _load_optional() -> None:
     if _loaded_optional:
         return
     _loaded_optional = True
-    for name, module in _OPTIONAL_MODULES.items():
+    for name, modules in _OPTIONAL_MODULES.items():
         try:
-            importlib.import_module(module)
+            for module in (modules,) if isinstance(modules, str) else modules:
+                importlib.import_module(module)
         except Exception as exc:  # ImportError, or a broken toolchain failing at import: recorded, not fatal
             _IMPORT_ERRORS[name] = f"{type(exc).__name__}: {exc}"
 
@@ -236,6 +243,41 @@ def adam8bit_step_many(tensors, qmap1: torch.Tensor, qmap2: torch.Tensor, *, ste
 # ---------------------------------------------------------------------------------------
 # Today's entry points over the one registry (:mod:`.registry`), until the optimizers call find_step
 # ---------------------------------------------------------------------------------------
+def registered_steps() -> list[FusedStep]:
+    """Every registered fused step (:mod:`.registry`), the optional backends' modules imported first."""
+    _load_optional()
+    return registry.steps()
+
+
+def backends_for(rule, fmt) -> tuple[str, ...]:
+    """The backends with a fused step of ``rule`` for ``fmt``, in registration order (no device check)."""
+    return tuple(dict.fromkeys(s.backend for s in registry.matching(registered_steps(), rule, fmt)))
+
+
+def find_step(rule, fmt, backend: str, device: torch.device | str) -> FusedStep | None:
+    """The fused step of ``rule`` (an UpdateRule or its name) for the state format ``fmt`` (a
+    StateFormat, a name, or None for fp32 states) on ``backend`` that runs on ``device``, or None.
+
+    ``backend="auto"``: the first of :data:`AUTO_ORDER` with such a step that runs on ``device``
+    (never the Triton interpreter for CPU tensors); ``"torch"``: None (the reference step). None
+    means "run the reference step". A named backend that cannot run on ``device`` raises ValueError
+    saying why (:func:`get_backend`); one with no step for this rule and format gives None."""
+    device = torch.device(device)
+    found = registry.matching(registered_steps(), rule, fmt)
+    if backend == "auto":
+        for candidate in AUTO_ORDER:
+            if candidate == "triton" and device.type != "cuda":
+                continue
+            for s in found:
+                if s.backend == candidate and s.supports(device):
+                    return s
+        return None
+    if backend == "torch":
+        return None
+    get_backend(backend, device)  # ValueError naming why, if it cannot run here
+    return next((s for s in found if s.backend == backend and s.supports(device)), None)
+
+
 def _is_adam8bit_layout(fmt) -> bool:
     """What the 8-bit Adam backends store: 256-entry maps, one scale per block (one block size), signs kept."""
     return all(m.coding == "map" and m.bits == 8 and not m.rank1 and m.keep_sign for m in (fmt.m, fmt.v)) \

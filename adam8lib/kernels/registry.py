@@ -21,6 +21,9 @@ every state reset to 0 and keeps its parameter). The caller has checked groups, 
 states (a step that raises changes nothing); the step still checks every tensor it reads through a
 pointer and raises TypeError/ValueError before it changes anything.
 
+Finding a step for a device (``find_step``, ``registered_steps``, ``backends_for``) is
+:mod:`adam8lib.kernels`'s: it knows the backends and their order.
+
 A step says which formats it accepts with ``formats``: a tuple of format names, or a predicate on
 the :class:`~adam8lib.formats.StateFormat` (e.g. "blockwise, one byte per code"), so a user-made
 format with the same layout finds the same kernel.
@@ -38,7 +41,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-__all__ = ["FusedStep", "register_step", "find_step", "registered_steps", "backends_for", "FP32_FORMAT"]
+__all__ = ["FusedStep", "register_step", "steps", "matching", "FP32_FORMAT"]
 
 #: The format name of plain fp32 states (what ``find_step`` takes for ``fmt=None``).
 FP32_FORMAT = "fp32"
@@ -112,41 +115,13 @@ def register_step(rule: str, backend: str, fn: Callable[..., None], *,
     return entry
 
 
-def registered_steps() -> list[FusedStep]:
-    """Every registered step (the optional backends' modules are imported first)."""
-    from . import _load_optional
-
-    _load_optional()
+def steps() -> list[FusedStep]:
+    """Every step registered so far (:func:`adam8lib.kernels.registered_steps` imports the optional
+    backends' modules first, so that their steps are in)."""
     return list(_STEPS)
 
 
-def backends_for(rule: Any, fmt: Any) -> tuple[str, ...]:
-    """The backends with a fused step of ``rule`` for ``fmt``, in registration order (no device check)."""
+def matching(steps_: list[FusedStep], rule: Any, fmt: Any) -> list[FusedStep]:
+    """The steps of ``steps_`` for ``rule`` (a name or an UpdateRule) that accept ``fmt``."""
     name = _rule_name(rule)
-    return tuple(dict.fromkeys(s.backend for s in registered_steps() if s.rule == name and s.accepts(fmt)))
-
-
-def find_step(rule: Any, fmt: Any, backend: str, device: torch.device | str) -> FusedStep | None:
-    """The fused step of ``rule`` for ``fmt`` on ``backend`` that runs on ``device``, or None.
-
-    ``backend="auto"``: the first of :data:`adam8lib.kernels.AUTO_ORDER` with such a step that runs
-    on ``device`` (never the Triton interpreter for CPU tensors); None means "run the reference
-    step". A named backend that cannot run on ``device`` raises ValueError saying why
-    (:func:`adam8lib.kernels.get_backend`); one with no step for this rule and format gives None."""
-    from . import AUTO_ORDER, get_backend
-
-    name = _rule_name(rule)
-    device = torch.device(device)
-    steps = [s for s in registered_steps() if s.rule == name and s.accepts(fmt)]
-    if backend == "auto":
-        for candidate in AUTO_ORDER:
-            if candidate == "triton" and device.type != "cuda":
-                continue
-            for s in steps:
-                if s.backend == candidate and s.supports(device):
-                    return s
-        return None
-    if backend == "torch":
-        return None  # the reference step
-    get_backend(backend, device)  # ValueError naming why, if it cannot run here
-    return next((s for s in steps if s.backend == backend and s.supports(device)), None)
+    return [s for s in steps_ if s.rule == name and s.accepts(fmt)]

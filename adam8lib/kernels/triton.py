@@ -783,8 +783,6 @@ tile, moments, store_param, quantize_tile, to_dtype = _tile, _moments, _store_pa
 step_tile, adam8bit_kernel = _step_tile, _adam8bit_kernel
 launch, launch_one, check_runnable, check_step_tensors = _launch, _launch_one, _check_runnable, _check_step_tensors
 PARAM_DTYPES = _PARAM_DTYPES
-
-from .triton_fp8 import fp8_step_triton, fp8_table  # noqa: E402,F401 (the "fp8" format; re-exported)
-from .triton_4bit import adam4bit_step_triton, rank1_tile  # noqa: E402,F401 (the 4-bit formats; re-exported)
-from . import triton_rules  # noqa: E402,F401 (the family's elementwise rules)
+# (The modules that build on these import this one, never the other way round: adam8lib.kernels
+# imports them after it, and their steps register themselves.)
 
