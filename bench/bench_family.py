@@ -1,10 +1,10 @@
 """Side-by-side CPU benchmark of the 8-bit family's fused steps (issue 35; writes the "CPU: the 8-bit
 family" section of bench/README.md).
 
-    python bench/bench_family.py            # full run: 1,048,576 parameters, DistilBERT's state bytes
+    python bench/bench_family.py            # full run: 16,777,216 parameters, DistilBERT's state bytes
     python bench/bench_family.py --quick    # smoke run: tiny sizes, prints the tables, writes nothing
 
-**Step time.** One fp32 parameter tensor of N elements with a fixed random gradient, 2 threads. For
+**Step time.** One fp32 parameter tensor of N elements with a fixed random gradient, 2 threads (``--threads``). For
 each rule, three optimizers on copies of the same parameter, stepped round-robin (one step of each in
 turn, after two warm-up steps): adam8lib's 8-bit class running its fused C++ step (the rule template,
 ``adam8lib/kernels/cpu_rules.py``), bitsandbytes 0.50.2's class of the same name on the CPU, and the
@@ -48,7 +48,7 @@ from stats import median_and_ci  # noqa: E402
 
 START, END = "<!-- bench_family:start -->", "<!-- bench_family:end -->"
 THREADS = 2
-N = 1 << 20
+N = 1 << 24
 MiB = 2**20
 
 
@@ -198,7 +198,7 @@ def bytes_table(rows, count: int, small: bool = False) -> str:
     return "\n".join(lines)
 
 
-def machine() -> str:
+def machine(threads: int) -> str:
     model = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -210,7 +210,7 @@ def machine() -> str:
     simd = {0: "scalar", 1: "AVX2", 2: "AVX-512"}.get(cpu.simd_level(), "?")
     bnb = _bnb().__version__
     load = f"{os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "?"
-    return (f"{model}, {os.cpu_count()} cores, {THREADS} threads, kernel loops {simd}, torch sqrt "
+    return (f"{model}, {os.cpu_count()} cores, {threads} thread{'s' if threads > 1 else ''}, kernel loops {simd}, torch sqrt "
             f"{cpu.torch_sqrt()[1]}; torch {torch.__version__}, bitsandbytes {bnb}, Python {platform.python_version()}; "
             f"{date.today().isoformat()} {time.strftime('%H:%M', time.gmtime())} UTC, load average {load}")
 
@@ -220,16 +220,20 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, few rounds; print only")
     parser.add_argument("--no-write", action="store_true", help="print the tables, do not touch bench/README.md")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds per rule (default 11; quick 3)")
+    parser.add_argument("--threads", type=int, default=THREADS,
+                        help=f"torch and kernel threads (default {THREADS}; 1 on a machine shared with other jobs)")
     args = parser.parse_args(argv)
-    torch.set_num_threads(THREADS)
+    threads = args.threads
+    torch.set_num_threads(threads)
     start = time.perf_counter()
     n = 1 << 16 if args.quick else N
     rounds = args.rounds or (3 if args.quick else 11)
     races = race(n, rounds)
     rows, count = distilbert_bytes(small=args.quick)
     section = "\n".join([
-        f"Made by `python bench/bench_family.py` ({time.perf_counter() - start:.0f} s). Machine: {machine()}.", "",
-        f"**One step of {n:,} fp32 parameters** ({rounds} rounds, round-robin; median step time; ratios per round):", "",
+        f"Made by `python bench/bench_family.py` ({time.perf_counter() - start:.0f} s). Machine: {machine(threads)}.", "",
+        f"**One step of {n:,} fp32 parameters** ({rounds} rounds, round-robin; median step time; ratios per round, "
+        "median and its 95 % interval):", "",
         race_table(races), "",
         "**State bytes per parameter** (allocated states after one step, all parameters):", "",
         bytes_table(rows, count, small=args.quick),
