@@ -69,7 +69,7 @@ in :mod:`adam8lib.kernels.registry`: ``"fp8"`` is the same tile with e4m3 bytes 
 elementwise rules (Lion, AdEMAMix, RMSprop, Adagrad), :mod:`adam8lib.kernels.triton_rules`. The
 codings other than the 256-entry maps' are in :mod:`adam8lib.kernels.triton_codes`.
 
-The 4-bit formats (``"4bit"``, ``"4bit-naive"``; :func:`adam4bit_step_triton`). Both moments are
+The 4-bit formats (``"4bit"``, ``"4bit-naive"``; :mod:`.triton_4bit`). Both moments are
 4-bit codes, two per byte, element ``2i`` in the high nibble: a program loads its tile's
 ``BLOCKSIZE / 2`` bytes per block and ``tl.interleave``s the high and low nibbles back into the
 ``[ROWS, BLOCKSIZE]`` element order (:func:`_unpack_tile`); encoding reshapes the codes to pairs and
