@@ -299,7 +299,7 @@ def _adam8bit_as_fused(step: Callable[..., None]) -> Callable[..., None]:
     return fused
 
 
-def _lowbit_as_fused(step: Callable[..., None]) -> Callable[..., None]:
+def _adam_format_step_as_fused(step: Callable[..., None]) -> Callable[..., None]:
     """A state format's Adam step of the old signature (:func:`register_adam_step`) in the registry's."""
     def fused(p, g, states, *, rule, fmt, shape, step: int, group) -> None:
         (c1, a1), (c2, a2) = states
@@ -325,7 +325,7 @@ def register_adam_step(format_name: str, backend: str, step: Callable[..., None]
         entry = _BACKENDS.get(backend)
         return entry is not None and entry.supports(device)
 
-    register_step("adamw", backend, _lowbit_as_fused(step), formats=(format_name,), supports=supports, legacy=step)
+    register_step("adamw", backend, _adam_format_step_as_fused(step), formats=(format_name,), supports=supports, legacy=step)
 
 
 def adam_step(format_name: str, backend: str) -> Callable[..., None] | None:

@@ -108,7 +108,7 @@ extern "C" int adam8bit_step_cpu(void* p, const void* g, int p_dtype, int g_dtyp
              : -1;
 }
 
-// One step of a 4-bit format, exact (bit-identical to LowBitAdam's reference step), in place.
+// One step of a 4-bit format, exact (bit-identical to the reference step of its format), in place.
 // rows, cols: v's rank-1 shape (rows = 0: v blockwise, like m). The other arguments as
 // adam8bit_step_cpu's. Returns 0, or -1 for an unsupported dtype, blocksize or shape.
 extern "C" int adam4bit_step_cpu(void* p, const void* g, int p_dtype, int g_dtype, uint8_t* state1, uint8_t* state2,
