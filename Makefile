@@ -28,7 +28,7 @@ help:
 	@echo "make outputs    - re-execute lessons and solutions on the CPU and store their outputs"
 	@echo "make exercises  - regenerate exercises/ (the learners' workbooks) from solutions/"
 	@echo "make grade      - grade a class: SUBMISSIONS=folder -> grades/gradebook.csv (in bubblewrap; SANDBOX=none without)"
-	@echo "make bench      - side-by-side CPU benchmarks: the 8-bit step, then 4-bit/FP8 next to torchao (bench/README.md)"
+	@echo "make bench      - side-by-side CPU benchmarks: the 8-bit step, 4-bit/FP8 next to torchao, the 8-bit family next to bitsandbytes (bench/README.md)"
 	@echo "make clean      - remove .venv and test caches"
 
 # ---- starting a server the same way for everyone ----
@@ -80,7 +80,7 @@ unit: setup
 # graded as a class under it: compared outputs must hold and correct work must score full marks.
 SECOND = $(PY) -m adam8lib.course.second_machine
 test-second-machine: setup
-	$(SECOND) $(PYTEST) $(XDIST) $(NBVAL) $(NOTEBOOKS) tests/kernels/test_cpu.py tests/kernels/test_cpu_lowbit.py
+	$(SECOND) $(PYTEST) $(XDIST) $(NBVAL) $(NOTEBOOKS) tests/kernels/test_cpu.py tests/kernels/test_cpu_formats.py tests/kernels/test_cpu_rules.py
 	$(SECOND) $(MAKE) --no-print-directory grade-solutions
 
 # The course's own solutions as one learner's submission, graded like a class: every point or exit 3.
@@ -155,4 +155,5 @@ bench: setup
 	$(PY) -m pip install -q -c constraints.txt -e ".[bench]"
 	$(PY) bench/bench_step.py
 	$(PY) bench/bench_formats.py
+	$(PY) bench/bench_family.py
 

@@ -6,7 +6,7 @@ next to torchao's (writes the "CPU: state formats" section of bench/README.md).
 
 Rows: fused torch AdamW (the fp32 anchor), adam8lib ``AdamW8bit`` (cpu kernel), adam8lib
 ``AdamW4bit`` and ``AdamWFp8`` with their default backend (the cpu kernel,
-:mod:`adam8lib.kernels.cpu_lowbit`) and with ``backend="torch"`` (the reference step: decode,
+:mod:`adam8lib.kernels.cpu_formats`) and with ``backend="torch"`` (the reference step: decode,
 fp32 rule, encode, in plain PyTorch; bit for bit the same result), torchao ``AdamW4bit`` and ``AdamWFp8`` (torch.compile'd steps), and
 bitsandbytes ``Adam8bit``. Each shape (matrices, where 4-bit ``v`` takes rank-1 scales in two passes,
 and a vector, blocks of 128): one fp32 parameter with a fixed gradient shared by all rows,

@@ -5,6 +5,7 @@
     python bench/gpu_sass.py --search        # the same for the old binary-search kernel (for comparison)
     python bench/gpu_sass.py --variants      # sm_90 also for the other specializations (Adam, int64, ...)
     python bench/gpu_sass.py --lowbit4       # sm_90 also for the 4-bit formats' kernels
+    python bench/gpu_sass.py --rules         # sm_90 also for the family's rule template
 
 Triton compiles ahead of time for any target (``triton.compile`` with a ``GPUTarget``; its
 bundled ``ptxas`` makes the cubin and ``cuobjdump`` disassembles it), so this runs on a CPU.
@@ -110,16 +111,30 @@ def compile_rank1_max(arch: int, dtype: str, *, hyper: dict | None = None):
     """Compile ``_rank1_max_kernel`` (pass 1 of the ``"4bit"`` step of a matrix: the new v's row and
     column maxima) for ``sm_<arch>`` with the tile ``rank1_tile`` picks for a large matrix."""
     from adam8lib.kernels import triton as kt
+    from adam8lib.kernels import triton_4bit
 
-    tile_r, tile_c = kt.rank1_tile(8192, 8192, kt.TILE_ELEMENTS)
+    tile_r, tile_c = triton_4bit.rank1_tile(8192, 8192, kt.TILE_ELEMENTS)
     types = {"g_ptr": "*" + dtype, "state1_ptr": "*u8", "state2_ptr": "*u8", "maxima_ptr": "*i32",
              "n_rows": "i32", "n_cols": "i32", "d0": "i32", "d1": "i32", "d2": "i32"}
     return _compile(arch, "_rank1_max_kernel", types, {"TILE_R": tile_r, "TILE_C": tile_c}, hyper, blocksize=128)
 
 
+def compile_rule_step(arch: int, dtype: str, rule: str):
+    """Compile the family's Triton template (``triton_rules._rule_kernel``) for ``sm_<arch>`` for ``rule``
+    (``"lion"``, ``"ademamix"``, ``"rmsprop"``, ``"adagrad"``) on 8-bit map states, as
+    ``rule_step_triton`` launches it."""
+    from adam8lib.kernels.rule_args import RULES
+
+    types = {"p_ptr": "*" + dtype, "g_ptr": "*" + dtype, "n": "i32", "n_blocks": "i32",
+             **{f"c{k}_ptr": "*u8" for k in range(3)}, **{f"t{k}_ptr": "*i32" for k in range(3)}}
+    states = 3 if rule == "ademamix" else 1
+    return _compile(arch, "_rule_kernel", types, {"RULE": RULES[rule], "STATES": states, "USE_TABLE": True,
+                                                  "FP8": False, "INT64": False}, None, aligned=("n",))
+
+
 def _compile(arch: int, kernel: str, types: dict, constexprs: dict, hyper: dict | None, *, tile: int | None = None,
              num_warps: int | None = None, aligned: tuple = (), blocksize: int = BLOCKSIZE):
-    """Compile ``adam8lib.kernels.triton.<kernel>`` for ``sm_<arch>``: arguments typed by
+    """Compile ``adam8lib.kernels.triton.<kernel>`` (or ``triton_4bit``'s) for ``sm_<arch>``: arguments typed by
     ``types`` (else ``*fp32`` for a ``*_ptr``, ``fp32`` for a scalar), the launch's BLOCKSIZE,
     ROWS and step flags for ``hyper`` plus ``constexprs`` (those the kernel takes); every pointer
     and the ``aligned`` arguments are declared divisible by 16, as Triton specializes them at a
@@ -131,9 +146,11 @@ def _compile(arch: int, kernel: str, types: dict, constexprs: dict, hyper: dict 
     from triton.compiler import ASTSource
 
     from adam8lib.kernels import triton as kt
+    from adam8lib.kernels import triton_4bit, triton_rules
 
     rows, num_warps = kt.launch_config(blocksize, tile=tile or kt.TILE_ELEMENTS, num_warps=num_warps)
-    fn = getattr(kt, kernel)
+    home = triton_4bit if "4bit" in kernel or "rank1" in kernel else triton_rules if "rule" in kernel else kt
+    fn = getattr(home, kernel)  # (the module that holds the kernel)
     constexprs = {"BLOCKSIZE": blocksize, "ROWS": rows, **step_flags(tile=rows * blocksize, **(hyper or BENCH)),
                   **constexprs}
     constexprs = {name: value for name, value in constexprs.items() if name in fn.arg_names}
@@ -227,6 +244,8 @@ def main(argv=None) -> int:
                         help="also compile the step's other specializations (sm_90, table path)")
     parser.add_argument("--lowbit4", action="store_true",
                         help="also compile the 4-bit formats' kernels (sm_90: blockwise step, rank-1 pass 1 and 2)")
+    parser.add_argument("--rules", action="store_true",
+                        help="also compile the family's rule template (sm_90: Lion, AdEMAMix, RMSprop, Adagrad; 8-bit)")
     parser.add_argument("--targets", type=int, nargs="+", default=list(TARGETS))
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES))
     args = parser.parse_args(argv)
@@ -247,6 +266,12 @@ def main(argv=None) -> int:
                                     ("4-bit step, rank-1 v: pass 2", lambda: compile_4bit_step(90, dtype, rank1=True))):
                 kernel, per_thread = compile_()
                 rows.append({"arch": "sm_90", "dtype": dtype, "use_table": False, "nearest": "16 compares", "variant": label,
+                             **analyse(kernel, per_thread)})
+    if args.rules:
+        for dtype in args.dtypes:
+            for rule in ("lion", "ademamix", "rmsprop", "adagrad"):
+                kernel, per_thread = compile_rule_step(90, dtype, rule)
+                rows.append({"arch": "sm_90", "dtype": dtype, "use_table": True, "variant": f"{rule} (rule template)",
                              **analyse(kernel, per_thread)})
     print(render(rows))
     if args.json:

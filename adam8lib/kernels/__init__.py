@@ -1,4 +1,14 @@
-"""One dispatch point for the 8-bit Adam step: pick a backend, check its arguments, call it.
+"""The backends, the one registry of fused steps, and the 8-bit Adam step's dispatch point.
+
+Fused steps of every rule and state format are in one registry, keyed by what a step can do
+(:mod:`.registry`: ``register_step``, ``find_step(rule, fmt, backend, device)``): today's 8-bit Adam
+backends and the FP8/4-bit Adam kernels (as rule ``"adamw"``), and the rule templates of the family
+(:mod:`.cpu_rules`, :mod:`.triton_rules`). ``register_adam_step``/``adam_step`` register and look up the
+format kernels written with the older Adam signature; ``register_lowbit_step``/``lowbit_step`` are
+their former names, kept until :mod:`adam8lib.optim` calls ``find_step``.
+
+The 8-bit Adam step itself (lessons 07 and 08) keeps its dispatch point: pick a backend, check its
+arguments, call it.
 
 Every backend is a function with the signature of :func:`reference.adam8bit_step`
 (flat contiguous tensors, in-place update; the argument contract is
@@ -42,6 +52,8 @@ import torch
 
 from . import reference
 from .contract import check_each, check_step_args, checked_for_backend
+from . import registry
+from .registry import FusedStep, register_step
 
 __all__ = [
     "register_backend",
@@ -52,8 +64,15 @@ __all__ = [
     "adam8bit_step_many",
     "run_eagerly",
     "AUTO_ORDER",
+    "register_adam_step",
+    "adam_step",
     "register_lowbit_step",
     "lowbit_step",
+    "register_step",
+    "find_step",
+    "registered_steps",
+    "backends_for",
+    "FusedStep",
 ]
 
 
@@ -67,8 +86,13 @@ class Backend:
 
 
 _BACKENDS: dict[str, Backend] = {}
-#: Modules that register optional backends when imported (backend name -> module).
-_OPTIONAL_MODULES = {"triton": "adam8lib.kernels.triton", "cpu": "adam8lib.kernels.cpu"}
+#: Modules that register optional backends and their fused steps when imported (backend name -> modules,
+#: the backend's own first).
+_OPTIONAL_MODULES = {
+    "triton": ("adam8lib.kernels.triton", "adam8lib.kernels.triton_fp8", "adam8lib.kernels.triton_4bit",
+               "adam8lib.kernels.triton_rules"),
+    "cpu": ("adam8lib.kernels.cpu",),
+}
 #: Why an optional backend is missing: backend name -> "ExceptionType: message".
 _IMPORT_ERRORS: dict[str, str] = {}
 _loaded_optional = False
@@ -96,6 +120,9 @@ def register_backend(name: str, step: Callable[..., None], supports: Callable[[t
     tensors in one call (:func:`adam8bit_step_many`); without it they are stepped one by one."""
     _BACKENDS[name] = Backend(name, step, supports, step_many)
     _IMPORT_ERRORS.pop(name, None)
+    if name != "torch":  # the reference is no fused step: the core's own reference step runs instead
+        register_step("adamw", name, _adam8bit_as_fused(step), formats=_is_adam8bit_layout, supports=supports,
+                      legacy=step)
 
 
 register_backend("torch", reference.adam8bit_step, lambda device: True)
@@ -106,9 +133,10 @@ def _load_optional() -> None:
     if _loaded_optional:
         return
     _loaded_optional = True
-    for name, module in _OPTIONAL_MODULES.items():
+    for name, modules in _OPTIONAL_MODULES.items():
         try:
-            importlib.import_module(module)
+            for module in (modules,) if isinstance(modules, str) else modules:
+                importlib.import_module(module)
         except Exception as exc:  # ImportError, or a broken toolchain failing at import: recorded, not fatal
             _IMPORT_ERRORS[name] = f"{type(exc).__name__}: {exc}"
 
@@ -213,29 +241,106 @@ def adam8bit_step_many(tensors, qmap1: torch.Tensor, qmap2: torch.Tensor, *, ste
 
 
 # ---------------------------------------------------------------------------------------
-# Fused steps of the other state formats (lesson 12)
+# Today's entry points over the one registry (:mod:`.registry`), until the optimizers call find_step
 # ---------------------------------------------------------------------------------------
-#: (state format name, backend name) -> fused step of that format (see :func:`register_lowbit_step`)
-_LOWBIT_STEPS: dict[tuple[str, str], Callable[..., None]] = {}
+def registered_steps() -> list[FusedStep]:
+    """Every registered fused step (:mod:`.registry`), the optional backends' modules imported first."""
+    _load_optional()
+    return registry.steps()
 
 
-def register_lowbit_step(format_name: str, backend: str, step: Callable[..., None]) -> None:
-    """Make ``step`` the fused step of the state format ``format_name`` on ``backend``.
+def backends_for(rule, fmt) -> tuple[str, ...]:
+    """The backends with a fused step of ``rule`` for ``fmt``, in registration order (no device check)."""
+    return tuple(dict.fromkeys(s.backend for s in registry.matching(registered_steps(), rule, fmt)))
+
+
+def find_step(rule, fmt, backend: str, device: torch.device | str) -> FusedStep | None:
+    """The fused step of ``rule`` (an UpdateRule or its name) for the state format ``fmt`` (a
+    StateFormat, a name, or None for fp32 states) on ``backend`` that runs on ``device``, or None.
+
+    ``backend="auto"``: the first of :data:`AUTO_ORDER` with such a step that runs on ``device``
+    (never the Triton interpreter for CPU tensors); ``"torch"``: None (the reference step). None
+    means "run the reference step". A named backend that cannot run on ``device`` raises ValueError
+    saying why (:func:`get_backend`); one with no step for this rule and format gives None."""
+    device = torch.device(device)
+    found = registry.matching(registered_steps(), rule, fmt)
+    if backend == "auto":
+        for candidate in AUTO_ORDER:
+            if candidate == "triton" and device.type != "cuda":
+                continue
+            for s in found:
+                if s.backend == candidate and s.supports(device):
+                    return s
+        return None
+    if backend == "torch":
+        return None
+    get_backend(backend, device)  # ValueError naming why, if it cannot run here
+    return next((s for s in found if s.backend == backend and s.supports(device)), None)
+
+
+def _is_adam8bit_layout(fmt) -> bool:
+    """What the 8-bit Adam backends store: 256-entry maps, one scale per block (one block size), signs kept."""
+    return all(m.coding == "map" and m.bits == 8 and not m.rank1 and m.keep_sign for m in (fmt.m, fmt.v)) \
+        and fmt.m.blocksize == fmt.v.blocksize
+
+
+def _adam8bit_as_fused(step: Callable[..., None]) -> Callable[..., None]:
+    """An 8-bit Adam backend's ``step`` in the registry's calling convention."""
+    def fused(p, g, states, *, rule, fmt, shape, step: int, group) -> None:
+        (c1, a1), (c2, a2) = states
+        beta1, beta2 = group["betas"]
+        qmap1, qmap2 = fmt.m.qmap().to(p.device), fmt.v.qmap().to(p.device)
+        check_step_args(p, g, c1, c2, a1, a2, qmap1, qmap2, blocksize=fmt.m.blocksize, step=step)
+        with checked_for_backend([(p, g, c1, c2, a1, a2, qmap1, qmap2)], fmt.m.blocksize):
+            step_fn(p, g, c1, c2, a1, a2, qmap1, qmap2, step=step, lr=group["lr"], beta1=beta1, beta2=beta2,
+                    eps=group["eps"], weight_decay=group["weight_decay"], blocksize=fmt.m.blocksize)
+    step_fn = step
+    fused.__doc__ = f"{getattr(step, '__qualname__', step)} in the fused-step convention (:mod:`adam8lib.kernels.registry`)."
+    return fused
+
+
+def _adam_format_step_as_fused(step: Callable[..., None]) -> Callable[..., None]:
+    """A state format's Adam step of the old signature (:func:`register_adam_step`) in the registry's."""
+    def fused(p, g, states, *, rule, fmt, shape, step: int, group) -> None:
+        (c1, a1), (c2, a2) = states
+        beta1, beta2 = group["betas"]
+        step_fn(p, g, {"state1": c1, "state2": c2, "absmax1": a1, "absmax2": a2}, fmt, shape=shape, step=step,
+                lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"])
+    step_fn = step
+    return fused
+
+
+def register_adam_step(format_name: str, backend: str, step: Callable[..., None]) -> None:
+    """Register a state format's fused Adam step written with the signature below (what the FP8 and
+    4-bit kernels have): ``register_step("adamw", backend, ..., formats=(format_name,), legacy=step)``.
 
     ``step(p, g, state, fmt, *, shape, step, lr, beta1, beta2, eps, weight_decay)``: ``p`` and
     ``g`` flat contiguous tensors of one parameter, ``state`` its dict (``state1``/``state2`` codes,
     ``absmax1``/``absmax2`` scales, :meth:`adam8lib.formats.StateFormat.state_spec`), ``fmt`` the
     :class:`~adam8lib.formats.StateFormat` (with the group's block size), ``shape`` the parameter's
     shape (rank-1 scales need it). In place, with the states and parameter that the reference step
-    (:meth:`adam8lib.optim.LowBitAdam._step_lowbit`) gives, bit for bit. The backend's ``supports``
+    (:func:`adam8lib.kernels.reference.format_reference_step`) gives, bit for bit. The backend's ``supports``
     (:func:`register_backend`) says on which devices it runs."""
-    _LOWBIT_STEPS[(format_name, backend)] = step
+    def supports(device: torch.device) -> bool:  # the backend's (it may register after its steps)
+        entry = _BACKENDS.get(backend)
+        return entry is not None and entry.supports(device)
+
+    register_step("adamw", backend, _adam_format_step_as_fused(step), formats=(format_name,), supports=supports, legacy=step)
 
 
-def lowbit_step(format_name: str, backend: str) -> Callable[..., None] | None:
-    """The fused step registered for ``format_name`` on ``backend`` (None if there is none)."""
-    _load_optional()
-    return _LOWBIT_STEPS.get((format_name, backend))
+def adam_step(format_name: str, backend: str) -> Callable[..., None] | None:
+    """The fused Adam step of ``format_name`` on ``backend``, with :func:`register_adam_step`'s
+    signature (None if there is none)."""
+    for entry in registered_steps():
+        if entry.rule == "adamw" and entry.backend == backend and not callable(entry.formats) \
+                and format_name in entry.formats and entry.legacy is not None:
+            return entry.legacy
+    return None
+
+
+#: Today's names, kept until adam8lib.optim calls :func:`find_step` (then removed: issue 35).
+register_lowbit_step = register_adam_step
+lowbit_step = adam_step
 
 
 _TENSOR_ARGS = ("p", "g", "state1", "state2", "absmax1", "absmax2", "qmap1", "qmap2")

@@ -169,7 +169,7 @@ def encode_table(decode: torch.Tensor, encode: Callable[[torch.Tensor], torch.Te
 def _cached_table(qmap_bytes: bytes, spec: bytes, encode: Callable[[torch.Tensor], torch.Tensor]) -> CodeTable:
     """The table of ``encode`` from disk (``cache_root()/tables``, keyed by the decode values and
     ``spec``), or built (a second or two) and saved. (Its callers keep the tables they use in memory:
-    :func:`_cached_code_table`, :func:`adam8lib.kernels.cpu_lowbit.moment_table`.)"""
+    :func:`_cached_code_table`, :func:`adam8lib.kernels.cpu_formats.moment_table`.)"""
     qmap = torch.frombuffer(bytearray(qmap_bytes), dtype=torch.float32)
     path = cache_root() / "tables" / f"{hashlib.sha256(qmap_bytes + spec).hexdigest()[:24]}.pt"
     try:

@@ -76,20 +76,24 @@ def adam_update_fp32(
                             weight_decay=weight_decay)
 
 
-def lowbit_reference_step(p: torch.Tensor, g: torch.Tensor, state: dict, fmt, *, shape: tuple[int, ...],
+def format_reference_step(p: torch.Tensor, g: torch.Tensor, state: dict, fmt, *, shape: tuple[int, ...],
                           step: int, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
                           reduce_maxima=None) -> None:
-    """The reference step of any low-bit state format (``fmt``, :class:`adam8lib.formats.StateFormat`):
+    """The reference Adam step of any state format (``fmt``, :class:`adam8lib.formats.StateFormat`):
     decode ``m`` and ``v`` to fp32, :func:`adam_update_fp32`, encode them again. ``p`` (any shape
     holding the ``prod(shape)`` elements of a tensor of ``shape``) is updated in place, ``state``'s
     codes and scales too; ``reduce_maxima``: the rank-1 scales of a shard
     (:meth:`adam8lib.formats.MomentFormat.quantize`). The spec every fused step of those formats
-    matches (:func:`adam8lib.kernels.register_lowbit_step`); fp32 temporaries the size of the tensor."""
+    matches (:func:`adam8lib.kernels.register_adam_step`); fp32 temporaries the size of the tensor."""
     m, v = fmt.decode(state, shape)
     new = adam_update_fp32(p.reshape(-1).float(), g.reshape(-1).float(), m, v, step=step, lr=lr, beta1=beta1,
                            beta2=beta2, eps=eps, weight_decay=weight_decay)
     p.copy_(new.view(p.shape))
     fmt.encode_(state, m, v, shape, reduce_maxima)
+
+
+#: Today's name (adam8lib.optim imports it), kept until the optimizers run on the one core (issue 35).
+lowbit_reference_step = format_reference_step
 
 
 def probe_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from adam8lib import kernels
-from adam8lib.kernels import cpu, reference
+from adam8lib.kernels import cpu, cpu_build, reference
 from adam8lib.optim import Adam8bit, AdamW8bit
 from adam8lib.quant import dynamic_map, linear_map, nearest_code, num_blocks
 
@@ -615,7 +615,7 @@ def test_the_dispatcher_steps_many_tensors_with_any_backend(monkeypatch):
             calls.append(name)
             return getattr(self.lib, name)
 
-    monkeypatch.setattr(cpu, "_extension", Counting(cpu.load_extension()))
+    monkeypatch.setattr(cpu_build, "_extension", Counting(cpu.load_extension()))
     got, steps = _many_problem(3)
     ref = [tuple(t.clone() for t in item) for item in got]
     kernels.adam8bit_step_many(got, QMAP1, QMAP2, steps=steps, backend="cpu", **hyper)

@@ -35,7 +35,8 @@ from torch import nn  # noqa: E402
 from adam8lib import AdamW4bit  # noqa: E402
 from adam8lib.formats import FORMATS  # noqa: E402
 from adam8lib.kernels import triton as kt  # noqa: E402
-from adam8lib.optim import LOWBIT_KERNELS, LowBitAdam  # noqa: E402
+from adam8lib.kernels import triton_4bit  # noqa: E402
+from adam8lib.optim import LowBitAdam  # noqa: E402
 from adam8lib.quant import nearest_code  # noqa: E402
 
 FORMAT_NAMES = ("4bit", "4bit-naive")
@@ -95,7 +96,7 @@ def _reference_and_kernel(name, shape, dtype, device, steps=4, tile=None, **hp):
         g = _gradient(shape, step, device).to(dtype)
         p.grad = g
         opt.step()
-        kt.adam4bit_step_triton(mine, g.reshape(-1), states, fmt, shape=shape, step=step, beta1=0.9, beta2=0.999,
+        triton_4bit.adam4bit_step_triton(mine, g.reshape(-1), states, fmt, shape=shape, step=step, beta1=0.9, beta2=0.999,
                                 eps=1e-8, tile=tile, **hp)
         yield step, p.detach().reshape(-1), mine, opt.state[p], states
 
@@ -159,7 +160,7 @@ def test_fused_4bit_step_other_blocksize(device):
     for step in range(1, 3):
         p.grad = _gradient(shape, step, device)
         opt.step()
-        kt.adam4bit_step_triton(mine, p.grad.reshape(-1), states, fmt, shape=shape, step=step, lr=1e-2, beta1=0.9,
+        triton_4bit.adam4bit_step_triton(mine, p.grad.reshape(-1), states, fmt, shape=shape, step=step, lr=1e-2, beta1=0.9,
                                 beta2=0.999, eps=1e-8, weight_decay=0.0)
         if device.type == "cpu":
             assert all(torch.equal(states[k], opt.state[p][k]) for k in KEYS)
@@ -192,12 +193,12 @@ def test_the_4bit_formats_list_and_register_a_triton_step():
     from adam8lib import kernels
 
     for name in FORMAT_NAMES:
-        assert "triton" in LOWBIT_KERNELS[name]
-        assert kernels.lowbit_step(name, "triton") is not None
+        assert "triton" in kernels.backends_for("adamw", FORMATS[name])
+        assert kernels.adam_step(name, "triton") is not None
     w = [torch.nn.Parameter(torch.zeros(8))]
     assert AdamW4bit(w, backend="triton").backend == "triton"
     with pytest.raises(ValueError, match="4-bit map formats"):
-        kt.adam4bit_step_triton(torch.zeros(4), torch.zeros(4), FORMATS["fp8"].new_state((4,), "cpu"), FORMATS["fp8"],
+        triton_4bit.adam4bit_step_triton(torch.zeros(4), torch.zeros(4), FORMATS["fp8"].new_state((4,), "cpu"), FORMATS["fp8"],
                                 shape=(4,), step=1, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0)
 
 

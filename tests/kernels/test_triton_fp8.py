@@ -23,6 +23,7 @@ from torch import nn  # noqa: E402
 
 from adam8lib import AdamW4bit, AdamWFp8  # noqa: E402
 from adam8lib.kernels import triton as kt  # noqa: E402
+from adam8lib.kernels import triton_fp8  # noqa: E402
 from adam8lib.optim import LowBitAdam  # noqa: E402
 
 
@@ -90,7 +91,7 @@ def _reference_and_kernel(n, dtype, device, steps=5, **hp):
         ref = opt.state[p]
         if states is None:
             states = {k: torch.zeros_like(ref[k]) for k in KEYS}  # a fresh fp8 state is all zero bytes
-        kt.fp8_step_triton(mine, g.to(dtype), *(states[k] for k in KEYS), step=step, beta1=0.9, beta2=0.999,
+        triton_fp8.fp8_step_triton(mine, g.to(dtype), *(states[k] for k in KEYS), step=step, beta1=0.9, beta2=0.999,
                            eps=1e-8, **hp)
         yield step, p.detach(), mine, ref, states
 

@@ -1,5 +1,5 @@
-"""The ``"cpu"`` backend of the FP8 and 4-bit state formats (lesson 12): the C++ kernel of
-:mod:`adam8lib.kernels.cpu`, bit for bit the reference step (:meth:`adam8lib.optim.LowBitAdam._step_lowbit`).
+"""The ``"cpu"`` Adam step of the FP8 and 4-bit state formats (lesson 12): the C++ kernel of
+:mod:`adam8lib.kernels.cpu`, bit for bit the reference step (:func:`adam8lib.kernels.reference.format_reference_step`).
 
 One kernel, three codings. What the 8-bit kernel needs from a format is only (a) the value of each
 code before scaling (a 256-entry "map") and (b) the code of each normalized fp32 value, which it
@@ -14,7 +14,7 @@ spec is the format's own :meth:`adam8lib.formats.MomentFormat.code` (:func:`mome
   0x80 (-0.0; no step writes one, a corrupt checkpoint could) and else calls MKL's ``vmsSqrt``
   per tile, as a machine whose MKL root is not reproduced does.
 * ``"4bit"`` and ``"4bit-naive"`` run the kernel's 4-bit entry (``adam4bit_step_cpu``, at the end
-  of the same ``csrc/adam8bit_cpu.cpp``): each tile unpacks its two-codes-per-byte states, runs
+  ``csrc/adam4bit.h``, built on the 8-bit pieces): each tile unpacks its two-codes-per-byte states, runs
   the 8-bit tile on them (blockwise scales: ``m``, and ``v`` of a vector) and packs them again;
   ``v`` of a matrix has rank-1 scales, so a first pass finds the new row and column maxima and a
   second does the step (with the same per-element helpers, AVX2 loops). ``v`` of a tensor of three or more dimensions (rank-1 over every axis) runs the
@@ -35,11 +35,13 @@ import torch
 
 from ..formats import FP8_MAX, FP8_TINY, MomentFormat, StateFormat
 from ..quant import map_fingerprint, nearest_code
-from . import register_lowbit_step
+from . import register_adam_step
 from .code_table import CodeTable, encode_table
 from .contract import check_plain_tensor, check_step, is_usual_tensor
-from .reference import lowbit_reference_step
-from .cpu import _DTYPE_CODES, _check_memory, _kernel_grad, _scalars, _table_args, load_extension, mkl_sqrt_inline
+from .reference import format_reference_step
+from .cpu_args import DTYPE_CODES, adam_scalars, check_memory, kernel_grad, table_args
+from .cpu_build import load_extension
+from .cpu_rounding import mkl_sqrt_inline
 
 __all__ = ["moment_tables", "fp8_step_cpu", "fourbit_step_cpu"]
 
@@ -83,8 +85,8 @@ def _check(p: torch.Tensor, g: torch.Tensor, state: dict, fmt: StateFormat, shap
         if t.numel() != size or t.dtype != dtype:
             raise ValueError(f"{name} must be {size} elements of {dtype}, got {t.numel()} of {t.dtype}")
         if n:
-            _check_memory(t, name)
-    if p.dtype not in _DTYPE_CODES or not g.is_floating_point():
+            check_memory(t, name)
+    if p.dtype not in DTYPE_CODES or not g.is_floating_point():
         raise TypeError(f"p must be fp32, bf16 or fp16 and g floating point, got {p.dtype} and {g.dtype}")
     if fmt.m.blocksize != fmt.v.blocksize:
         raise ValueError("the cpu kernels need one block size for m and v")
@@ -102,13 +104,13 @@ def fp8_step_cpu(p: torch.Tensor, g: torch.Tensor, state: dict, fmt: StateFormat
     s1, s2, a1, a2 = _check(p, g, state, fmt, shape)
     check_step(step)
     lib = load_extension()
-    tables, maps, modes = _table_args(*moment_tables(fmt), True, SIMD)  # (tables: kept alive for the call)
+    tables, maps, modes = table_args(*moment_tables(fmt), True, SIMD)  # (tables: kept alive for the call)
     if modes[2] is not None and s2.numel() and int(s2.numpy().max()) <= 0x80:  # no v byte below -0.0 (nor NaN)
         modes = (*modes[:4], mkl_sqrt_inline(), *modes[5:])
-    g = _kernel_grad(p, g)
-    decay, bc2_sqrt, neg_step_size, inv_bc2_sqrt = _scalars(step, lr, beta1, beta2, weight_decay)
+    g = kernel_grad(p, g)
+    decay, bc2_sqrt, neg_step_size, inv_bc2_sqrt = adam_scalars(step, lr, beta1, beta2, weight_decay)
     status = lib.adam8bit_step_cpu(
-        p.data_ptr(), g.data_ptr(), _DTYPE_CODES[p.dtype], _DTYPE_CODES[g.dtype], s1.data_ptr(), s2.data_ptr(),
+        p.data_ptr(), g.data_ptr(), DTYPE_CODES[p.dtype], DTYPE_CODES[g.dtype], s1.data_ptr(), s2.data_ptr(),
         a1.data_ptr(), a2.data_ptr(), p.numel(), fmt.m.blocksize, *maps,
         beta1, 1.0 - beta1, beta2, 1.0 - beta2, decay, bc2_sqrt, eps, neg_step_size, inv_bc2_sqrt, *modes)
     if status != 0:
@@ -129,16 +131,16 @@ def fourbit_step_cpu(p: torch.Tensor, g: torch.Tensor, state: dict, fmt: StateFo
     check_step(step)
     rank1 = fmt.v.uses_rank1(shape)
     if rank1 and len(shape) > 2:
-        return lowbit_reference_step(p, g, state, fmt, shape=shape, step=step, lr=lr, beta1=beta1, beta2=beta2,
+        return format_reference_step(p, g, state, fmt, shape=shape, step=step, lr=lr, beta1=beta1, beta2=beta2,
                                      eps=eps, weight_decay=weight_decay)
     lib = load_extension()
-    tables, maps, modes = _table_args(*moment_tables(fmt), True, SIMD)  # (tables: kept alive for the call)
+    tables, maps, modes = table_args(*moment_tables(fmt), True, SIMD)  # (tables: kept alive for the call)
     fused, _, mkl_sqrt, mkl_mode, inline_root, simd, threads = modes
-    g = _kernel_grad(p, g)
-    decay, bc2_sqrt, neg_step_size, _ = _scalars(step, lr, beta1, beta2, weight_decay)
+    g = kernel_grad(p, g)
+    decay, bc2_sqrt, neg_step_size, _ = adam_scalars(step, lr, beta1, beta2, weight_decay)
     rows, cols = shape if rank1 else (0, 0)
     status = lib.adam4bit_step_cpu(
-        p.data_ptr(), g.data_ptr(), _DTYPE_CODES[p.dtype], _DTYPE_CODES[g.dtype], s1.data_ptr(), s2.data_ptr(),
+        p.data_ptr(), g.data_ptr(), DTYPE_CODES[p.dtype], DTYPE_CODES[g.dtype], s1.data_ptr(), s2.data_ptr(),
         a1.data_ptr(), a2.data_ptr(), p.numel(), fmt.m.blocksize, rows, cols, *maps,
         beta1, 1.0 - beta1, beta2, 1.0 - beta2, decay, bc2_sqrt, eps, neg_step_size,
         fused, mkl_sqrt, mkl_mode, inline_root, simd, threads)
@@ -146,6 +148,6 @@ def fourbit_step_cpu(p: torch.Tensor, g: torch.Tensor, state: dict, fmt: StateFo
         raise RuntimeError(f"cpu kernel rejected its arguments (status {status})")
 
 
-register_lowbit_step("fp8", "cpu", fp8_step_cpu)
-register_lowbit_step("4bit", "cpu", fourbit_step_cpu)
-register_lowbit_step("4bit-naive", "cpu", fourbit_step_cpu)
+register_adam_step("fp8", "cpu", fp8_step_cpu)
+register_adam_step("4bit", "cpu", fourbit_step_cpu)
+register_adam_step("4bit-naive", "cpu", fourbit_step_cpu)

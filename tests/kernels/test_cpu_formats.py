@@ -1,5 +1,5 @@
 """The "cpu" backend of the FP8 and 4-bit state formats equals the reference step bit for bit
-(states, scales and parameters), and the optimizers pick it on the CPU (adam8lib/kernels/cpu_lowbit.py)."""
+(states, scales and parameters), and the optimizers pick it on the CPU (adam8lib/kernels/cpu_formats.py)."""
 
 from __future__ import annotations
 
@@ -39,21 +39,21 @@ def _grads(shape, steps, seed, special):
 
 
 @pytest.fixture
-def counted(monkeypatch):
+def counted():
     """How many times each format's "cpu" step ran (so a silent fallback cannot pass)."""
     from adam8lib import kernels
 
-    kernels.lowbit_step("fp8", "cpu")  # (loads the module that registers them)
     calls = {}
+    real = {fmt: kernels.adam_step(fmt, "cpu") for fmt in FORMATS}  # (loads the module that registers them)
     for fmt in FORMATS:
-        real = kernels._LOWBIT_STEPS[(fmt, "cpu")]
-
-        def wrapper(*args, _real=real, _fmt=fmt, **kwargs):
+        def wrapper(*args, _real=real[fmt], _fmt=fmt, **kwargs):
             calls[_fmt] = calls.get(_fmt, 0) + 1
             return _real(*args, **kwargs)
 
-        monkeypatch.setitem(kernels._LOWBIT_STEPS, (fmt, "cpu"), wrapper)
-    return calls
+        kernels.register_adam_step(fmt, "cpu", wrapper)
+    yield calls
+    for fmt in FORMATS:
+        kernels.register_adam_step(fmt, "cpu", real[fmt])
 
 
 def _run(fmt, shape, dtype, weight_decay, backend, grads, state_dict=None, blocksize=None):
@@ -105,9 +105,9 @@ def test_equals_reference_threads(fmt, shape):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("simd", [0, 1, 2])
 def test_every_simd_level(fmt, simd, monkeypatch):
-    import adam8lib.kernels.cpu_lowbit as cpu_lowbit
+    import adam8lib.kernels.cpu_formats as cpu_formats
 
-    monkeypatch.setattr(cpu_lowbit, "SIMD", simd)  # (capped at what this build has)
+    monkeypatch.setattr(cpu_formats, "SIMD", simd)  # (capped at what this build has)
     for shape in [(4097,), (300, 77)]:
         grads = _grads(shape, 2, 6, special=True)
         _assert_same(_run(fmt, shape, torch.float32, 0.01, "torch", grads),
@@ -123,11 +123,11 @@ def test_other_blocksize_and_fp32_grad_of_bf16(fmt):
     # an fp32 gradient of a bf16 parameter, straight into the steps
     from adam8lib import kernels
     from adam8lib.formats import get_format
-    from adam8lib.kernels.reference import lowbit_reference_step
+    from adam8lib.kernels.reference import format_reference_step
 
     f = get_format(fmt)
     runs = []
-    for step_fn in (lowbit_reference_step, kernels.lowbit_step(fmt, "cpu")):
+    for step_fn in (format_reference_step, kernels.adam_step(fmt, "cpu")):
         p = torch.randn(shape, generator=torch.Generator().manual_seed(4)).bfloat16().view(-1)
         state = f.new_state(shape, p.device)
         for t, g in enumerate(grads, 1):
@@ -141,13 +141,13 @@ def test_other_blocksize_and_fp32_grad_of_bf16(fmt):
 
 @pytest.mark.parametrize("cls, fmt", [(AdamWFp8, "fp8"), (AdamW4bit, "4bit")])
 def test_auto_picks_cpu_and_resume(cls, fmt, monkeypatch):
-    import adam8lib.kernels.cpu_lowbit as cpu_lowbit
+    import adam8lib.kernels.cpu_formats as cpu_formats
     from adam8lib import kernels
 
     p = torch.nn.Parameter(torch.randn(64, 80))
     opt = cls([p])
-    assert opt._fused_lowbit(opt.format, p.device) is kernels.lowbit_step(fmt, "cpu")
-    assert kernels.lowbit_step(fmt, "cpu") in (cpu_lowbit.fp8_step_cpu, cpu_lowbit.fourbit_step_cpu)
+    assert opt._fused_lowbit(opt.format, p.device) is kernels.adam_step(fmt, "cpu")
+    assert kernels.adam_step(fmt, "cpu") in (cpu_formats.fp8_step_cpu, cpu_formats.fourbit_step_cpu)
     grads = _grads((64, 80), 4, 5, special=False)
     # two steps with one backend, resume from its state_dict with each backend: the same bits
     first, opt1 = _run(fmt, (64, 80), torch.float32, 0.01, "cpu", grads[:2])
@@ -160,12 +160,12 @@ def test_auto_picks_cpu_and_resume(cls, fmt, monkeypatch):
 def test_fp8_negative_v_bytes_from_a_corrupt_state():
     """A v byte that decodes negative (no step writes one) takes MKL's called root, as the reference."""
     from adam8lib.formats import get_format
-    from adam8lib.kernels import lowbit_step
-    from adam8lib.kernels.reference import lowbit_reference_step
+    from adam8lib.kernels import adam_step
+    from adam8lib.kernels.reference import format_reference_step
 
     f, shape = get_format("fp8"), (1000,)
     runs = []
-    for step_fn in (lowbit_reference_step, lowbit_step("fp8", "cpu")):
+    for step_fn in (format_reference_step, adam_step("fp8", "cpu")):
         p = torch.randn(shape, generator=torch.Generator().manual_seed(7))
         state = f.new_state(shape, p.device)
         state["state2"][::7] = 0xB0  # negative e4m3 numbers

@@ -1,0 +1,240 @@
+"""The Triton template of the family's elementwise rules: Lion, AdEMAMix, RMSprop, Adagrad (issue 35).
+
+One kernel, :func:`_rule_kernel`, for every rule: lesson 08's tile (:mod:`adam8lib.kernels.triton`: a
+program owns ``ROWS`` whole blocks), decoding each state (``map[code] * absmax``), the rule's update in
+fp32, the non-finite rule (an element whose new state is not finite has every state reset to 0 and
+keeps its parameter), and each state's new absmax and codes with lesson 08's coding (the exact table,
+signs kept; ``FP8``: float8 e4m3 bytes). The rule itself is two small ``@triton.jit`` functions (its
+moments, its parameter update), picked by the ``RULE`` constexpr, each line the reference's line of
+:mod:`adam8lib.rules` with torch's rounding: ``x.add_(y, alpha=a)`` and ``x.addcmul_(y, z, value=c)``
+as fused multiply-adds where torch's kernels fuse them (``FUSED_MOMENTS``), ``addcdiv`` as
+``x + (c*y)/z``, divisions and square roots correctly rounded (``div_rn``, ``sqrt_rn``). The scalars are
+:func:`adam8lib.kernels.rule_args.rule_scalars`' (the C++ template's too).
+
+Registered as ``(rule, 8-bit/FP8 blockwise, "triton")`` in :mod:`adam8lib.kernels.registry`; the calling
+convention is the registry's: ``rule_step_triton(p, g, states, *, rule, fmt, shape, step, group)``.
+What holds in the interpreter (tests/kernels/test_triton_rules.py): states (codes and absmax) and
+parameters bit for bit the reference step's for Lion (no square root); for the rules with a square root
+the states too, the parameters within a few ulp (torch's CPU ``sqrt`` is MKL's, not always correctly
+rounded; the kernel's is). On a GPU (the CUDA twins) the same comparison runs on CUDA tensors against
+the reference step on the same device.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import torch
+import triton
+import triton.language as tl
+
+from ..quant import check_blocksize, num_blocks
+from . import triton as lesson
+from .contract import check_plain_tensor, check_step, is_usual_tensor
+from .registry import register_step
+from .rule_args import RULES, accepts, rule_scalars
+from .triton import FLT_MAX, FUSED_MOMENTS
+from .triton import quantize_tile as _quantize_tile, tile as _tile, to_dtype as _to_dtype
+from .triton_fp8 import fp8_table
+
+__all__ = ["rule_step_triton"]
+
+LION, ADEMAMIX, RMSPROP, ADAGRAD = (tl.constexpr(RULES[name]) for name in ("lion", "ademamix", "rmsprop", "adagrad"))
+
+
+# ---- torch's operations ---------------------------------------------------------------------
+@triton.jit
+def _add_alpha(x, y, a):
+    """``x.add(y, alpha=a)``: fma(y, a, x) where torch fuses it."""
+    if FUSED_MOMENTS:
+        return tl.math.fma(y, a, x)
+    else:
+        return x + a * y
+
+
+@triton.jit
+def _addcmul(x, y, z, c):
+    """``x.addcmul(y, z, value=c)``: fma(c*y, z, x) where torch fuses it."""
+    if FUSED_MOMENTS:
+        return tl.math.fma(c * y, z, x)
+    else:
+        return x + (c * y) * z
+
+
+@triton.jit
+def _sign(x):
+    """``torch.sign``: (0 < x) - (x < 0), so 0 for +-0 and NaN."""
+    return tl.where(x > 0, 1.0, 0.0) - tl.where(x < 0, 1.0, 0.0)
+
+
+# ---- the rules: moments (the new states, and what the parameter update needs besides them) ------------
+@triton.jit
+def _moments(RULE: tl.constexpr, g, p, s0, s1, s2, h0, h1, h2, h3, h4, h5):
+    aux = g
+    if RULE == LION:  # h: beta1, 1 - beta1, beta2, 1 - beta2
+        aux = _sign(s0 * h0 + g * h1)                    # sign(m.mul(beta1) + g.mul(1 - beta1))
+        s0 = _add_alpha(s0 * h2, g, h3)                  # m.mul_(beta2).add_(g, alpha=1 - beta2)
+    elif RULE == ADEMAMIX:  # h: beta1, 1 - beta1, beta3_t, 1 - beta3_t, beta2, 1 - beta2
+        s0 = _add_alpha(s0 * h0, g, h1)                  # m1.mul_(beta1).add_(g, alpha=1 - beta1)
+        s1 = _add_alpha(s1 * h2, g, h3)                  # m2.mul_(beta3).add_(g, alpha=1 - beta3)
+        s2 = _addcmul(s2 * h4, g, g, h5)                 # nu.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+    elif RULE == RMSPROP:  # h: weight_decay, alpha, 1 - alpha
+        aux = _add_alpha(g, p, h0)                       # g = g.add(p, alpha=wd)
+        s0 = _addcmul(s0 * h1, aux, aux, h2)             # s.mul_(alpha).addcmul_(g, g, value=1 - alpha)
+    else:  # ADAGRAD; h: weight_decay
+        aux = _add_alpha(g, p, h0)                       # g = g.add(p, alpha=wd)
+        s0 = _addcmul(s0, aux, aux, 1.0)                 # s.addcmul_(g, g, value=1.0)
+    return aux, s0, s1, s2
+
+
+# ---- the rules: the new parameter -------------------------------------------------------------
+@triton.jit
+def _param(RULE: tl.constexpr, p, aux, s0, s1, s2, h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11):
+    if RULE == LION:  # h4: decay, h5: -lr
+        new = _add_alpha(p * h4, aux, h5)                # p.mul_(1 - lr*wd); p.add_(sign, alpha=-lr)
+    elif RULE == ADEMAMIX:  # h6: 1 - beta1^t, h7: alpha_t, h8: sqrt(1 - beta2^t), h9: eps, h10: decay, h11: -lr
+        num = tl.math.div_rn(s0, h6) + s1 * h7           # m1 / c1 + alpha * m2
+        den = tl.math.div_rn(tl.math.sqrt_rn(s2), h8) + h9  # nu.sqrt() / c2 + eps
+        new = _add_alpha(p * h10, tl.math.div_rn(num, den), h11)
+    elif RULE == RMSPROP:  # h3: eps, h4: -lr
+        new = p + tl.math.div_rn(h4 * aux, tl.math.sqrt_rn(s0) + h3)  # p.addcdiv_(g, s.sqrt().add_(eps), value=-lr)
+    else:  # ADAGRAD; h1: eps, h2: -lr
+        new = p + tl.math.div_rn(h2 * aux, tl.math.sqrt_rn(s0) + h1)
+    return new
+
+
+@triton.jit
+def _decode(codes_ptr, absmax_ptr, qmap_ptr, blocks, offsets, mask, block_mask):
+    code = tl.load(codes_ptr + offsets, mask=mask, other=0).to(tl.int32)
+    absmax = tl.load(absmax_ptr + blocks, mask=block_mask, other=0.0)
+    return tl.load(qmap_ptr + code) * absmax[:, None]
+
+
+@triton.jit
+def _encode(x, codes_ptr, absmax_ptr, qmap_ptr, steps_ptr, blocks, offsets, mask, block_mask,
+            USE_TABLE: tl.constexpr, FP8: tl.constexpr):
+    codes, absmax = _quantize_tile(x, qmap_ptr, steps_ptr, True, USE_TABLE, FP8)
+    tl.store(codes_ptr + offsets, codes.to(tl.uint8), mask=mask)
+    tl.store(absmax_ptr + blocks, absmax, mask=block_mask)
+
+
+@triton.jit
+def _rule_kernel(p_ptr, g_ptr, c0_ptr, a0_ptr, q0_ptr, t0_ptr, c1_ptr, a1_ptr, q1_ptr, t1_ptr,
+                 c2_ptr, a2_ptr, q2_ptr, t2_ptr, n, n_blocks,
+                 h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11,
+                 RULE: tl.constexpr, STATES: tl.constexpr, BLOCKSIZE: tl.constexpr, ROWS: tl.constexpr,
+                 USE_TABLE: tl.constexpr, FP8: tl.constexpr, INT64: tl.constexpr):
+    """One step of ``RULE`` on one program's ``[ROWS, BLOCKSIZE]`` tile; ``STATES`` (1 or 3) states,
+    each its codes, absmax, decode map and code table (unused ones: any valid pointers)."""
+    blocks, offsets, mask = _tile(n, BLOCKSIZE, ROWS, INT64)
+    block_mask = blocks < n_blocks
+    g = tl.load(g_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    p = tl.load(p_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    s0 = _decode(c0_ptr, a0_ptr, q0_ptr, blocks, offsets, mask, block_mask)
+    s1 = tl.zeros_like(s0)
+    s2 = tl.zeros_like(s0)
+    if STATES == 3:
+        s1 = _decode(c1_ptr, a1_ptr, q1_ptr, blocks, offsets, mask, block_mask)
+        s2 = _decode(c2_ptr, a2_ptr, q2_ptr, blocks, offsets, mask, block_mask)
+    aux, s0, s1, s2 = _moments(RULE, g, p, s0, s1, s2, h0, h1, h2, h3, h4, h5)
+    # the non-finite rule (elements past the end count as reset: 0, so they leave every maximum alone)
+    finite = mask & (tl.abs(s0) <= FLT_MAX)
+    if STATES == 3:
+        finite = finite & (tl.abs(s1) <= FLT_MAX) & (tl.abs(s2) <= FLT_MAX)
+    s0 = tl.where(finite, s0, 0.0)
+    s1 = tl.where(finite, s1, 0.0)
+    s2 = tl.where(finite, s2, 0.0)
+    new_p = _param(RULE, p, aux, s0, s1, s2, h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11)
+    new_p = tl.where(finite, new_p, p)
+    tl.store(p_ptr + offsets, _to_dtype(new_p, p_ptr.dtype.element_ty), mask=mask)
+    _encode(s0, c0_ptr, a0_ptr, q0_ptr, t0_ptr, blocks, offsets, mask, block_mask, USE_TABLE, FP8)
+    if STATES == 3:
+        _encode(s1, c1_ptr, a1_ptr, q1_ptr, t1_ptr, blocks, offsets, mask, block_mask, USE_TABLE, FP8)
+        _encode(s2, c2_ptr, a2_ptr, q2_ptr, t2_ptr, blocks, offsets, mask, block_mask, USE_TABLE, FP8)
+
+
+def _maps(rule: Any, fmt: Any, device: torch.device) -> tuple[list, bool, bool]:
+    """Each state's (decode map, code table) on ``device``; whether every table is exact; FP8 or not."""
+    fp8 = fmt.m.coding == "fp8"
+    if fp8 != (fmt.v.coding == "fp8"):
+        raise ValueError("the Triton rule template needs both moments in one coding (maps or FP8)")
+    out, use_table = [], True
+    for spec in rule.states:
+        moment = fmt.m if spec.stored_as == "m" else fmt.v
+        if fp8:
+            table = fp8_table(device)
+            out.append((table, table))
+        else:
+            qmap = moment.qmap().to(device=device, dtype=torch.float32).contiguous()
+            steps, exact = lesson.nearest_code_table(qmap, moment.keep_sign)
+            use_table &= exact
+            out.append((qmap, steps))
+    if not fp8 and not all(m.keep_sign for m in (fmt.m, fmt.v)):
+        raise ValueError("the Triton rule template codes states with the sign rule (keep_sign) of the 8-bit formats")
+    return out, use_table, fp8
+
+
+def _check(p: torch.Tensor, g: torch.Tensor, states, rule: Any, fmt: Any, shape: tuple[int, ...]) -> None:
+    if rule.name not in RULES:
+        raise ValueError(f"the Triton rule template has no rule {rule.name!r}; it has {sorted(RULES)}")
+    if not accepts(fmt):
+        raise ValueError(f"the Triton rule template steps byte codes with one block size, not {fmt.fingerprint()}")
+    check_blocksize(fmt.m.blocksize)
+    n = math.prod(shape)
+    if len(states) != len(rule.states):
+        raise ValueError(f"the {rule.name} rule keeps {len(rule.states)} states, got {len(states)}")
+    tensors = [("p", p, n, None), ("g", g, n, None)]
+    for spec, entry in zip(rule.states, states):
+        if not isinstance(entry, (tuple, list)) or len(entry) != 2:
+            raise TypeError(f"state {spec.name!r} must be a (codes, absmax) pair")
+        tensors += [(spec.name + " codes", entry[0], n, torch.uint8),
+                    (spec.name + " absmax", entry[1], num_blocks(n, fmt.m.blocksize), torch.float32)]
+    for name, t, size, dtype in tensors:
+        if not is_usual_tensor(t):
+            check_plain_tensor(t, name)
+        if t.device != p.device:
+            raise ValueError(f"{name} is on {t.device}, p on {p.device}")
+        if t.dim() != 1 or not t.is_contiguous() or t.numel() != size:
+            raise ValueError(f"{name} must be flat and contiguous with {size} elements, got {tuple(t.shape)}")
+        if dtype is not None and t.dtype != dtype:
+            raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
+    for name, t in (("p", p), ("g", g)):
+        if t.dtype not in lesson.PARAM_DTYPES:
+            raise TypeError(f"{name} must have dtype in {[str(d) for d in lesson.PARAM_DTYPES]}, got {t.dtype}")
+
+
+@torch.no_grad()
+def rule_step_triton(p: torch.Tensor, g: torch.Tensor, states, *, rule: Any, fmt: Any, shape: tuple[int, ...],
+                     step: int, group: Mapping[str, Any], tile: int | None = None,
+                     num_warps: int | None = None) -> None:
+    """One step of ``rule`` on flat CUDA tensors (or CPU tensors under ``TRITON_INTERPRET=1``), in
+    place: the registry's calling convention (:mod:`adam8lib.kernels.registry`)."""
+    _check(p, g, states, rule, fmt, tuple(shape))
+    check_step(step)
+    lesson.check_runnable(p.device)
+    n = p.numel()
+    if n == 0:
+        return
+    maps, use_table, fp8 = _maps(rule, fmt, p.device)
+    scalars = rule_scalars(rule.name, step, group)
+    scalars += [0.0] * (12 - len(scalars))
+    blocksize = fmt.m.blocksize
+    rows, warps = lesson.launch_config(blocksize, tile, num_warps)
+    n_blocks = num_blocks(n, blocksize)
+    per_state = []
+    for k in range(3):
+        (codes, absmax), (qmap, steps) = states[min(k, len(states) - 1)], maps[min(k, len(maps) - 1)]
+        per_state += [codes, absmax, qmap, steps]
+    int64 = n_blocks * blocksize + rows * blocksize >= 2**31
+    lesson.launch(_rule_kernel, n_blocks, rows, warps, p, g, *per_state, n, n_blocks, *scalars,
+                  RULE=RULES[rule.name], STATES=len(states), BLOCKSIZE=blocksize, USE_TABLE=use_table, FP8=fp8,
+                  INT64=int64)
+
+
+def _supports(device: torch.device) -> bool:
+    return lesson.supports(device)
+
+
+for _name in RULES:
+    register_step(_name, "triton", rule_step_triton, formats=accepts, supports=_supports)
