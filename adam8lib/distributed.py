@@ -75,7 +75,7 @@ import torch
 from .quant import dequantize_blocks, num_blocks, quantize_blocks
 
 __all__ = [
-    "is_dtensor", "local_tensor", "local_param_and_grad", "shard_ranges", "shard_shapes", "local_range",
+    "is_dtensor", "local_tensor", "local_param_and_grad", "global_offset", "shard_ranges", "shard_shapes", "local_range",
     "rank1_maxima_reducer",
     "to_checkpoint_state", "to_local_state", "reshard_tolerance",
     "save_checkpoint", "load_checkpoint", "end_rank",
@@ -113,6 +113,19 @@ def local_param_and_grad(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             raise TypeError(f"gradient placements {grad.placements} differ from the parameter's {p.placements}")
         return p.to_local(), grad.to_local()
     return p, grad
+
+
+def global_offset(p: torch.Tensor) -> int:
+    """The flat index, in the whole parameter, of the first element this rank holds: 0 for a plain or
+    replicated parameter, the start of this rank's chunk for one sharded on dim 0 of a 1-D mesh (FSDP2).
+    What keys per-element randomness (stochastic rounding) to the element, not to the shard."""
+    if not is_dtensor(p):
+        return 0
+    from torch.distributed.tensor import Shard
+
+    if not any(isinstance(pl, Shard) for pl in p.placements):
+        return 0
+    return local_range(p)[0]
 
 
 def shard_ranges(shape: tuple[int, ...] | torch.Size, world_size: int) -> list[tuple[int, int]]:

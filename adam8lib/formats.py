@@ -287,8 +287,18 @@ class StateFormat:
 
     @property
     def blocksize(self) -> int:
-        """The default ``blocksize`` of an optimizer with this format (m's)."""
+        """The format's block size (m's; :meth:`with_blocksize` gives both moments one)."""
         return self.m.blocksize
+
+    @property
+    def byte_codes_into_maps(self) -> bool:
+        """Both moments store one byte per element, an index into a map, with one scale per block
+        (bitsandbytes' 8-bit layout, lessons 05-07): element ``i``'s code is byte ``i``, so a shard's codes are a
+        slice of the whole tensor's, a distributed checkpoint gives them the parameter's shape and a
+        reshard re-blocks them through the map (:mod:`adam8lib.distributed`), and a checkpoint names
+        the codes by their two maps (the number of scales gives the block size). Packed (4-bit) codes,
+        rank-1 scales and float8 bytes take the flat form instead."""
+        return all(mf.coding == "map" and mf.bits == 8 and not mf.rank1 for mf in (self.m, self.v))
 
     def with_blocksize(self, blocksize: int) -> "StateFormat":
         """The same format with another block size for both moments (the optimizer's ``blocksize``)."""
