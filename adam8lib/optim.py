@@ -3,8 +3,10 @@
 
 The step, the parameter groups, checkpoints, torch.optim's conventions and FSDP2 support are written
 once, here; how the two moments are stored is the state format's business (:mod:`adam8lib.formats`:
-``"8bit"``, ``"4bit"``, ``"4bit-naive"``, ``"fp8"``). The 8-bit format runs through the fused
-backends of :mod:`adam8lib.kernels`; the others through their fused steps (:data:`LOWBIT_KERNELS`):
+``"8bit"``, ``"4bit"``, ``"4bit-naive"``, ``"fp8"``), and what the optimizer does with a format is
+decided by what the format stores, never by its name. A format of one byte per element into a map,
+blockwise scales and the keep-sign rule (``"8bit"``; :func:`map_kernels_step`) runs through the
+map-code backends of :mod:`adam8lib.kernels`; the others through their fused steps (:data:`LOWBIT_KERNELS`):
 the C++ ``"cpu"`` kernel (``"auto"`` on the CPU; :mod:`adam8lib.kernels.cpu_lowbit`) and a Triton
 kernel (``"auto"`` on CUDA; :mod:`adam8lib.kernels.triton`) for ``"fp8"``, ``"4bit"`` and
 ``"4bit-naive"``, else the reference step (``backend="torch"``: decode, the fp32 update, encode, in
@@ -89,7 +91,7 @@ from .adam import check_hyperparameters
 from .kernels.contract import PARAM_DTYPES, check_plain_tensor, is_usual_tensor
 from .kernels.reference import adam_update_fp32, adam_update_fp32_many, lowbit_reference_step
 from .formats import FORMATS, StateFormat, get_format
-from .quant import MAP_FINGERPRINTS, check_blocksize, dynamic_map, map_fingerprint, num_blocks
+from .quant import MAP_FINGERPRINTS, check_blocksize, dynamic_map, map_fingerprint
 from .rounding import element_key, stochastic_round_to_bf16
 
 __all__ = ["LowBitAdam", "Adam8bit", "AdamW8bit", "Adam4bit", "AdamW4bit", "AdamFp8", "AdamWFp8", "UNSUPPORTED_FLAGS"]
@@ -123,9 +125,9 @@ class LowBitAdam(torch.optim.Optimizer):
             (256 for 8-bit and FP8 as in bitsandbytes and torchao; 128 for 4-bit as in Li et al.).
         min_8bit_size: tensors with fewer elements keep fp32 states (4096, as bitsandbytes).
         backend: ``"auto"``, ``"torch"`` (reference), ``"cpu"``, ``"triton"``, or another
-            registered backend (see :mod:`adam8lib.kernels`); formats other than ``"8bit"`` have
-            ``"auto"``, ``"torch"`` (the reference step) and their :data:`LOWBIT_KERNELS`
-            (``"cpu"`` and ``"triton"`` for all three).
+            registered backend (see :mod:`adam8lib.kernels`); :func:`backends_of` a format: every
+            backend for the 8-bit layout, else ``"auto"``, ``"torch"`` (the reference step) and the
+            format's :data:`LOWBIT_KERNELS` (``"cpu"`` and ``"triton"`` for the other three).
         state_format: ``"8bit"``, ``"4bit"``, ``"4bit-naive"``, ``"fp8"`` or a
             :class:`~adam8lib.formats.StateFormat`; ``None``: the class's (:attr:`state_format`).
         stochastic_rounding: write bf16 parameters with stochastic rounding (every parameter
@@ -159,10 +161,10 @@ class LowBitAdam(torch.optim.Optimizer):
         _check_flags(torch_flags, f"{type(self).__name__}()", type(self).__name__)
         _check_backend_name(backend)
         fmt = get_format(type(self).state_format if state_format is None else state_format)
-        kernels_here = ("auto", "torch") + LOWBIT_KERNELS.get(fmt.name, ())
-        if fmt.name != "8bit" and backend not in kernels_here:
+        kernels_here = backends_of(fmt)
+        if backend not in kernels_here:
             raise ValueError(f"state_format={fmt.name!r} has the backends {', '.join(map(repr, kernels_here))}; "
-                             f"backend {backend!r} is a kernel of the 8-bit format only")
+                             f"backend {backend!r} has no step for its states")
         if not isinstance(stochastic_rounding, bool):
             raise TypeError(f"stochastic_rounding must be a bool, got {type(stochastic_rounding).__name__}")
         if isinstance(seed, bool) or not isinstance(seed, int):
@@ -232,23 +234,12 @@ class LowBitAdam(torch.optim.Optimizer):
                 f"not of a group; build the optimizer with blocksize={group['blocksize']!r} instead")
 
     def _new_state(self, group: dict[str, Any], p: torch.Tensor) -> dict[str, Any]:
-        # a sharded (DTensor) parameter: 8-bit or not by the FULL size, states sized to the local shard
+        # a sharded (DTensor) parameter: low-bit or not by the FULL size, states sized to the local shard
+        # (blocks of the shard; rank-1 row maxima of its rows and column maxima of the whole tensor, see
+        # _step_lowbit); every moment starts at 0: the codes of 0, scales 0 (8-bit: codes 127 and 0)
         full, p = p.numel(), local_tensor(p)
-        n = p.numel()
-        if full >= group["min_8bit_size"] and self.format.name != "8bit":
-            # the states of the local shard (blocks of the shard; rank-1 row maxima of its rows and
-            # column maxima of the whole tensor, see _step_lowbit)
-            return {"step": 0, **self.format.new_state(tuple(p.shape), p.device)}
         if full >= group["min_8bit_size"]:
-            blocks = num_blocks(n, self.format.blocksize)
-            # code of 0.0 is 127 (signed map) / 0 (unsigned map); absmax 0 makes both exactly 0
-            return {
-                "step": 0,
-                "state1": torch.full((n,), 127, dtype=torch.uint8, device=p.device),
-                "state2": torch.zeros((n,), dtype=torch.uint8, device=p.device),
-                "absmax1": torch.zeros((blocks,), dtype=torch.float32, device=p.device),
-                "absmax2": torch.zeros((blocks,), dtype=torch.float32, device=p.device),
-            }
+            return {"step": 0, **self.format.new_state(tuple(p.shape), p.device)}
         return {
             "step": 0,
             "exp_avg": torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format),
@@ -297,9 +288,9 @@ class LowBitAdam(torch.optim.Optimizer):
             raise
 
     def _run(self, work: list, pending: dict[int, dict]) -> None:
-        if type(self)._step_8bit is not LowBitAdam._step_8bit or self.format.name != "8bit" or self.stochastic_rounding:
-            # a subclass with its own 8-bit step, another state format, or stochastic rounding:
-            # one parameter at a time
+        if type(self)._step_8bit is not LowBitAdam._step_8bit or not self._map_kernels or self.stochastic_rounding:
+            # a subclass with its own 8-bit step, a format the map-code kernels do not step, or stochastic
+            # rounding: one parameter at a time
             for index, (group, p, param, grad) in enumerate(work):
                 self._update(group, p, param, grad, index, pending)
             return
@@ -342,6 +333,14 @@ class LowBitAdam(torch.optim.Optimizer):
         param, grad = local_param_and_grad(p)  # TypeError for a DTensor/plain mix
         _check_param_and_grad(param, grad, group_index, param_index, p.shape, type(self).__name__)
         return param, grad
+
+    @property
+    def _map_kernels(self) -> bool:
+        """Whether the low-bit states go through the map-code kernels of :mod:`adam8lib.kernels`
+        (:func:`~adam8lib.kernels.adam8bit_step_many`, every registered backend, batched per group): a
+        format whose codes align with the elements (one byte per code into a map, blockwise scales), keeps
+        signs and has one block size (:func:`map_kernels_step`). Other formats take :meth:`_step_lowbit`."""
+        return map_kernels_step(self.format)
 
     def _state_spec(self, shape: tuple[int, ...]) -> dict[str, tuple[int, torch.dtype]]:
         """``{key: (elements, dtype)}`` of the low-bit state of a (local) tensor of ``shape``: the format's
@@ -388,7 +387,7 @@ class LowBitAdam(torch.optim.Optimizer):
         if pending is not None:
             pending[id(state)] = state
         target = param.float() if self.stochastic_rounding else param
-        if "state1" in state and self.format.name != "8bit":
+        if "state1" in state and not self._map_kernels:
             self._step_lowbit(group, target, grad, state, reduce_maxima=self._maxima_reducer(group, p))
         elif "state1" in state:
             self._step_8bit(group, target, grad, state)
@@ -724,9 +723,26 @@ class AdamWFp8(AdamFp8):
 
 
 # ---------------------------------------------------------------------- validation helpers
-#: Fused kernels of the formats other than "8bit" (the 8-bit format has every backend); each is
-#: registered by its backend's module with :func:`adam8lib.kernels.register_lowbit_step`.
+#: Fused kernels of the formats that the map-code kernels do not step (:func:`map_kernels_step`; those
+#: have every backend); each is registered by its backend's module with
+#: :func:`adam8lib.kernels.register_lowbit_step`.
 LOWBIT_KERNELS: dict[str, tuple[str, ...]] = {"fp8": ("triton", "cpu"), "4bit": ("triton", "cpu"), "4bit-naive": ("triton", "cpu")}
+
+
+def map_kernels_step(fmt: StateFormat) -> bool:
+    """Whether the map-code kernels of :mod:`adam8lib.kernels` (``adam8bit_step``: every backend) step
+    states in ``fmt``: codes aligned with the elements (one byte per code into a map, blockwise scales),
+    the keep-sign rule and one block size for both moments (what those kernels compute)."""
+    return (fmt.byte_codes_into_maps and fmt.m.keep_sign and fmt.v.keep_sign
+            and fmt.m.blocksize == fmt.v.blocksize)
+
+
+def backends_of(fmt: StateFormat) -> tuple[str, ...]:
+    """The ``backend=`` values an optimizer with states in ``fmt`` accepts: ``"auto"``, ``"torch"`` (the
+    reference step) and the fused steps registered for it."""
+    if map_kernels_step(fmt):
+        return tuple(kernels.known_backend_names())
+    return ("auto", "torch") + LOWBIT_KERNELS.get(fmt.name, ())
 
 
 def codes_fingerprint(fmt: StateFormat, qmap1: torch.Tensor, qmap2: torch.Tensor) -> str:
@@ -834,15 +850,12 @@ def _check_saved_state(p: torch.Tensor, saved: Any, fmt: StateFormat, where: str
     if not isinstance(saved, dict):
         raise ValueError(f"{where} must be a dict, got {type(saved).__name__}")
     local = local_tensor(p)  # a DTensor (FSDP2) parameter keeps the states of its local shard
-    n = local.numel()
     if "state1" in saved:
         expected = {k: ((count,), dtype) for k, (count, dtype) in fmt.state_spec(tuple(local.shape)).items()}
-        if fmt.name == "8bit":  # the codes of a shard: one per element, whatever its shape
-            expected["state1"] = expected["state2"] = ((n,), torch.uint8)
     elif "exp_avg" in saved:
         expected = {k: (tuple(local.shape), torch.float32) for k in _STATE_KEYS_32BIT}
     else:
-        raise ValueError(f"{where} has none of the Adam8bit state keys (got {sorted(map(str, saved))}){origin}")
+        raise ValueError(f"{where} has none of the low-bit Adam state keys (got {sorted(map(str, saved))}){origin}")
     unknown = sorted(set(map(str, saved)) - set(expected) - {"step"})
     if unknown:
         raise ValueError(f"{where} has unexpected keys {unknown}{origin}")
