@@ -94,6 +94,10 @@ from .formats import FORMATS, StateFormat, get_format
 from .quant import MAP_FINGERPRINTS, check_blocksize, dynamic_map, map_fingerprint
 from .rounding import element_key, stochastic_round_to_bf16
 
+#: Elements of a parameter updated and rounded at a time with ``stochastic_rounding=True`` (a multiple of
+#: every block size: 64 ... 4096).
+SR_CHUNK = 1 << 16
+
 __all__ = ["LowBitAdam", "Adam8bit", "AdamW8bit", "Adam4bit", "AdamW4bit", "AdamFp8", "AdamWFp8", "UNSUPPORTED_FLAGS"]
 
 _STATE_KEYS_8BIT = ("state1", "state2", "absmax1", "absmax2")
@@ -382,22 +386,56 @@ class LowBitAdam(torch.optim.Optimizer):
                 index: int = 0, pending: dict[int, dict] | None = None) -> None:
         """Update one parameter: create or move its states, count the step, run the update. With
         stochastic rounding the update works on an fp32 copy of the (bf16) parameter, which is then
-        rounded stochastically, seeded by the step count and the parameter's ``index``."""
+        rounded stochastically, keyed by the step count, the parameter's ``index`` and each element's
+        index in the whole parameter; a parameter with blockwise low-bit states is updated and rounded
+        :data:`SR_CHUNK` elements at a time (whole blocks: the same bits as at once), so the fp32 copy
+        is one chunk's, not the parameter's."""
         state = self._prepare(group, p, param)
         if pending is not None:
             pending[id(state)] = state
-        target = param.float() if self.stochastic_rounding else param
+        if not self.stochastic_rounding:
+            self._step_state(group, p, param, grad, state)
+        else:
+            key, offset = element_key(self.seed, state["step"], index), global_offset(p)
+            for a, b, part in self._rounding_chunks(p, param, state):
+                flat = param if part is state else param.view(-1)[a:b]
+                target = flat.float()
+                self._step_state(group, p, target, grad if part is state else grad.reshape(-1)[a:b], part)
+                stochastic_round_to_bf16(target, key=key, start=offset + a, out=flat)
+        if pending is not None:
+            del pending[id(state)]
+
+    def _step_state(self, group: dict[str, Any], p: torch.Tensor, target: torch.Tensor, grad: torch.Tensor,
+                    state: dict[str, Any]) -> None:
+        """The update of ``target`` (the local parameter, its fp32 copy, or a chunk of that) with ``state``."""
         if "state1" in state and not self._map_kernels:
             self._step_lowbit(group, target, grad, state, reduce_maxima=self._maxima_reducer(group, p))
         elif "state1" in state:
             self._step_8bit(group, target, grad, state)
         else:
             self._step_32bit(group, target, grad, state)
-        if target is not param:  # each element's random bits keyed by its index in the whole parameter
-            stochastic_round_to_bf16(target, key=element_key(self.seed, state["step"], index), start=global_offset(p),
-                                     out=param)
-        if pending is not None:
-            del pending[id(state)]
+
+    def _rounding_chunks(self, p: torch.Tensor, param: torch.Tensor, state: dict[str, Any]):
+        """``(start, stop, state)`` pieces a stochastically rounded update steps: ``[(0, n, state)]`` (the
+        whole tensor), or, for blockwise low-bit states of a contiguous parameter larger than
+        :data:`SR_CHUNK`, chunks of whole blocks with views of the states' codes and scales (blocks are
+        independent, the rule elementwise, the rounding keyed by the element: the same bits). Rank-1
+        scales need the whole tensor, and a subclass with its own 8-bit step may scale otherwise."""
+        n, fmt, shape = param.numel(), self.format, tuple(p.shape)
+        if ("state1" not in state or n <= SR_CHUNK or not param.is_contiguous()
+                or type(self)._step_8bit is not LowBitAdam._step_8bit
+                or fmt.m.uses_rank1(shape) or fmt.v.uses_rank1(shape)
+                or fmt.m.blocksize != fmt.v.blocksize or SR_CHUNK % fmt.m.blocksize):
+            return [(0, n, state)]
+        pieces = []
+        for a in range(0, n, SR_CHUNK):
+            b = min(a + SR_CHUNK, n)
+            part = {"step": state["step"]}
+            for moment, codes, scales in ((fmt.m, "state1", "absmax1"), (fmt.v, "state2", "absmax2")):
+                part[codes] = state[codes][moment.codes_numel(a): moment.codes_numel(b)]
+                part[scales] = state[scales][a // moment.blocksize: -(-b // moment.blocksize)]
+            pieces.append((a, b, part))
+        return pieces
 
     def _maxima_reducer(self, group: dict[str, Any], p: torch.Tensor):
         """The all-reduce that gives a shard of a sharded (FSDP2) parameter the rank-1 scales of the
