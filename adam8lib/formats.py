@@ -324,14 +324,13 @@ class StateFormat:
         return sum(count * _itemsize(dtype) for count, dtype in self.state_spec(shape).values())
 
     def new_state(self, shape: tuple[int, ...], device: torch.device) -> dict[str, torch.Tensor]:
-        """A fresh state: every moment 0 (the codes of 0, scales 0)."""
+        """A fresh state: every moment 0 (the codes of 0, scales 0), keys in :meth:`state_spec`'s order
+        (``state1``, ``state2``, ``absmax1``, ``absmax2``: as lessons 00 and 07 print them)."""
         spec = self.state_spec(shape)
-        out = {}
-        for key, moment in (("1", self.m), ("2", self.v)):
-            count, dtype = spec["state" + key]
-            out["state" + key] = torch.full((count,), moment.zero_code(), dtype=dtype, device=device)
-            out["absmax" + key] = torch.zeros((spec["absmax" + key][0],), dtype=torch.float32, device=device)
-        return out
+        zero_codes = {"state1": self.m.zero_code(), "state2": self.v.zero_code()}
+        return {key: (torch.full((count,), zero_codes[key], dtype=dtype, device=device) if key in zero_codes
+                      else torch.zeros((count,), dtype=dtype, device=device))
+                for key, (count, dtype) in spec.items()}
 
     def decode(self, state: dict, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """``(m, v)`` of a state as flat fp32 tensors."""
