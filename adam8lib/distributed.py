@@ -1,7 +1,11 @@
 """Low-bit Adam on sharded parameters: FSDP2 local shards and portable checkpoints (lesson 11).
 
 What follows describes the 8-bit format (lesson 11); the other state formats (lesson 12) shard
-the same way, with the differences listed under *Other state formats* at the end.
+the same way, with the differences listed under *Other state formats* at the end. Which checkpoint
+form a format takes is decided by what it stores, not by its name: codes aligned with the elements
+(one byte per code into a map, blockwise scales:
+:attr:`~adam8lib.formats.StateFormat.byte_codes_into_maps`) take the form below; packed codes,
+rank-1 scales and float8 bytes the flat form of *Other state formats*.
 
 **Stepping a shard.** Under FSDP2 (``torch.distributed.fsdp.fully_shard``) each parameter is a
 ``DTensor``: rank ``r`` of ``W`` holds rows ``chunk(r)`` of dim 0 (``torch.chunk`` sizes:
@@ -75,7 +79,7 @@ import torch
 from .quant import dequantize_blocks, num_blocks, quantize_blocks
 
 __all__ = [
-    "is_dtensor", "local_tensor", "local_param_and_grad", "shard_ranges", "shard_shapes", "local_range",
+    "is_dtensor", "local_tensor", "local_param_and_grad", "global_offset", "shard_ranges", "shard_shapes", "local_range",
     "rank1_maxima_reducer",
     "to_checkpoint_state", "to_local_state", "reshard_tolerance",
     "save_checkpoint", "load_checkpoint", "end_rank",
@@ -113,6 +117,19 @@ def local_param_and_grad(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             raise TypeError(f"gradient placements {grad.placements} differ from the parameter's {p.placements}")
         return p.to_local(), grad.to_local()
     return p, grad
+
+
+def global_offset(p: torch.Tensor) -> int:
+    """The flat index, in the whole parameter, of the first element this rank holds: 0 for a plain or
+    replicated parameter, the start of this rank's chunk for one sharded on dim 0 of a 1-D mesh (FSDP2).
+    What keys per-element randomness (stochastic rounding) to the element, not to the shard."""
+    if not is_dtensor(p):
+        return 0
+    from torch.distributed.tensor import Shard
+
+    if not any(isinstance(pl, Shard) for pl in p.placements):
+        return 0
+    return local_range(p)[0]
 
 
 def shard_ranges(shape: tuple[int, ...] | torch.Size, world_size: int) -> list[tuple[int, int]]:
@@ -220,14 +237,16 @@ def to_checkpoint_state(p: torch.Tensor, state: dict[str, Any], blocksize: int, 
     """The DCP form of one parameter's state (see the module docstring); plain params unchanged.
     The fp32 states of a small DTensor parameter become DTensors placed like the parameter.
     ``fmt``: the optimizer's :class:`~adam8lib.formats.StateFormat` (default: the 8-bit format's
-    layout); a format other than ``"8bit"`` gets :func:`_lowbit_checkpoint_state`'s form."""
+    layout). The form is chosen by what the format stores: codes aligned with the elements
+    (:attr:`~adam8lib.formats.StateFormat.byte_codes_into_maps`) take the parameter's shape and
+    placements; packed codes, rank-1 scales or float8 bytes get :func:`_flat_checkpoint_state`'s form."""
     if not is_dtensor(p):
         return state
     from torch.distributed.tensor import DTensor, Shard
 
     rank, world = _check_layout(p)
-    if "state1" in state and fmt is not None and fmt.name != "8bit":
-        return _lowbit_checkpoint_state(p, state, fmt, world)
+    if "state1" in state and fmt is not None and not fmt.byte_codes_into_maps:
+        return _flat_checkpoint_state(p, state, fmt, world)
     if "state1" not in state:
         return {
             k: DTensor.from_local(v.view(p.to_local().shape), p.device_mesh, p.placements,
@@ -252,9 +271,9 @@ def to_checkpoint_state(p: torch.Tensor, state: dict[str, Any], blocksize: int, 
     return out
 
 
-def _lowbit_checkpoint_state(p: torch.Tensor, state: dict[str, Any], fmt: Any, world: int) -> dict[str, Any]:
-    """The DCP form of a sharded parameter's state in a format other than ``"8bit"`` (4-bit codes
-    are packed two per byte, so they cannot take the parameter's shape): each of ``state1``,
+def _flat_checkpoint_state(p: torch.Tensor, state: dict[str, Any], fmt: Any, world: int) -> dict[str, Any]:
+    """The DCP form of a sharded parameter's state in a format whose codes do not align with the
+    elements (4-bit codes are packed two per byte, so they cannot take the parameter's shape): each of ``state1``,
     ``state2``, ``absmax1``, ``absmax2`` becomes a DTensor of shape ``(W, L_max)`` sharded on dim 0,
     row ``r`` holding rank ``r``'s flat local tensor zero-padded to the longest rank's length.
     Loading on the same world size is bit-identical; another world size decodes and re-encodes
@@ -273,8 +292,8 @@ def _lowbit_checkpoint_state(p: torch.Tensor, state: dict[str, Any], fmt: Any, w
     return out
 
 
-def _lowbit_local_state(p: torch.Tensor, saved: dict[str, Any], fmt: Any) -> dict[str, Any]:
-    """:func:`to_local_state` for a format other than ``"8bit"``."""
+def _flat_local_state(p: torch.Tensor, saved: dict[str, Any], fmt: Any) -> dict[str, Any]:
+    """:func:`to_local_state` for a format whose codes do not align with the elements (the flat form)."""
     if not all(torch.is_tensor(saved.get(k)) for k in _LOWBIT_KEYS):
         return saved  # the state check names what is missing
     local_shape = tuple(local_tensor(p).shape)
@@ -358,8 +377,8 @@ def to_local_state(
     if "state1" not in saved:
         return {k: (local_tensor(v).reshape(local_tensor(p).shape) if k in _FP32 and is_dtensor(v) else v)
                 for k, v in saved.items()}
-    if fmt is not None and fmt.name != "8bit":
-        return _lowbit_local_state(p, saved, fmt)
+    if fmt is not None and not fmt.byte_codes_into_maps:
+        return _flat_local_state(p, saved, fmt)
     if not all(torch.is_tensor(saved.get(k)) for pair in _CODES for k in pair):
         return saved
     if not any(is_dtensor(saved[k]) for pair in _CODES for k in pair) and not _is_full_form(p, saved, blocksize):

@@ -287,8 +287,18 @@ class StateFormat:
 
     @property
     def blocksize(self) -> int:
-        """The default ``blocksize`` of an optimizer with this format (m's)."""
+        """The format's block size (m's; :meth:`with_blocksize` gives both moments one)."""
         return self.m.blocksize
+
+    @property
+    def byte_codes_into_maps(self) -> bool:
+        """Both moments store one byte per element, an index into a map, with one scale per block
+        (bitsandbytes' 8-bit layout, lessons 05-07): element ``i``'s code is byte ``i``, so a shard's codes are a
+        slice of the whole tensor's, a distributed checkpoint gives them the parameter's shape and a
+        reshard re-blocks them through the map (:mod:`adam8lib.distributed`), and a checkpoint names
+        the codes by their two maps (the number of scales gives the block size). Packed (4-bit) codes,
+        rank-1 scales and float8 bytes take the flat form instead."""
+        return all(mf.coding == "map" and mf.bits == 8 and not mf.rank1 for mf in (self.m, self.v))
 
     def with_blocksize(self, blocksize: int) -> "StateFormat":
         """The same format with another block size for both moments (the optimizer's ``blocksize``)."""
@@ -314,14 +324,13 @@ class StateFormat:
         return sum(count * _itemsize(dtype) for count, dtype in self.state_spec(shape).values())
 
     def new_state(self, shape: tuple[int, ...], device: torch.device) -> dict[str, torch.Tensor]:
-        """A fresh state: every moment 0 (the codes of 0, scales 0)."""
+        """A fresh state: every moment 0 (the codes of 0, scales 0), keys in :meth:`state_spec`'s order
+        (``state1``, ``state2``, ``absmax1``, ``absmax2``: as lessons 00 and 07 print them)."""
         spec = self.state_spec(shape)
-        out = {}
-        for key, moment in (("1", self.m), ("2", self.v)):
-            count, dtype = spec["state" + key]
-            out["state" + key] = torch.full((count,), moment.zero_code(), dtype=dtype, device=device)
-            out["absmax" + key] = torch.zeros((spec["absmax" + key][0],), dtype=torch.float32, device=device)
-        return out
+        zero_codes = {"state1": self.m.zero_code(), "state2": self.v.zero_code()}
+        return {key: (torch.full((count,), zero_codes[key], dtype=dtype, device=device) if key in zero_codes
+                      else torch.zeros((count,), dtype=dtype, device=device))
+                for key, (count, dtype) in spec.items()}
 
     def decode(self, state: dict, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """``(m, v)`` of a state as flat fp32 tensors."""

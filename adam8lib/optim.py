@@ -3,15 +3,28 @@
 
 The step, the parameter groups, checkpoints, torch.optim's conventions and FSDP2 support are written
 once, here; how the two moments are stored is the state format's business (:mod:`adam8lib.formats`:
-``"8bit"``, ``"4bit"``, ``"4bit-naive"``, ``"fp8"``). The 8-bit format runs through the fused
-backends of :mod:`adam8lib.kernels`; the others through their fused steps (:data:`LOWBIT_KERNELS`):
+``"8bit"``, ``"4bit"``, ``"4bit-naive"``, ``"fp8"``), and what the optimizer does with a format is
+decided by what the format stores, never by its name. A format of one byte per element into a map,
+blockwise scales and the keep-sign rule (``"8bit"``; :func:`map_kernels_step`) runs through the
+map-code backends of :mod:`adam8lib.kernels`; the others through their fused steps (:data:`LOWBIT_KERNELS`):
 the C++ ``"cpu"`` kernel (``"auto"`` on the CPU; :mod:`adam8lib.kernels.cpu_lowbit`) and a Triton
 kernel (``"auto"`` on CUDA; :mod:`adam8lib.kernels.triton`) for ``"fp8"``, ``"4bit"`` and
 ``"4bit-naive"``, else the reference step (``backend="torch"``: decode, the fp32 update, encode, in
 plain PyTorch). Every fused step stores the reference step's codes and scales bit for bit; the CPU
-kernel its parameters too, the Triton kernel in the interpreter fp32 parameters within an ulp or two (torch's
-CPU square root is not correctly rounded). ``stochastic_rounding=True`` writes bf16 parameters with stochastic
-rounding (:mod:`adam8lib.rounding`), so that updates smaller than half a bf16 ulp survive on average.
+kernel its parameters too. The Triton kernel's fp32 parameters (in the interpreter, on the CPU) are
+within 64 units of 2^-23 (2^-17 relative) of the larger of ``|p|`` and the step's ``|update|``
+(bf16/fp16 ones: see tests/kernels/test_triton*.py): the two compute the decay, the update and the
+square root in different orders and roundings (torch's CPU square root is not correctly rounded, the
+kernel's is). Measured (4 formats, 6 steps, lr 1e-2, weight decay 0.1): up to 25-45 of those units.
+Counted in ulps of the parameter itself that is thousands where a parameter is near 0 (absolute
+differences up to 2.4e-7 there), and for ``"4bit-naive"``, whose ``v`` can decode to 0 (an update of
+``lr * m / eps``), absolute differences up to 1e-3 on such huge updates (tested:
+tests/test_step_faults.py).
+
+``stochastic_rounding=True`` writes bf16 parameters with stochastic rounding (:mod:`adam8lib.rounding`),
+so that updates smaller than half a bf16 ulp survive on average; an element's random bits are keyed by
+``(seed, step, the parameter's index among those stepped)`` and its index in the whole parameter, so an
+FSDP2 shard rounds exactly as the unsharded tensor does.
 
 What is 8-bit (or 4-bit), and what is not:
 
@@ -72,14 +85,18 @@ from typing import Any, Iterable
 import torch
 
 from . import kernels
-from .distributed import (local_param_and_grad, local_tensor, rank1_maxima_reducer, to_checkpoint_state,
-                          to_local_state)
+from .distributed import (global_offset, local_param_and_grad, local_tensor, rank1_maxima_reducer,
+                          to_checkpoint_state, to_local_state)
 from .adam import check_hyperparameters
 from .kernels.contract import PARAM_DTYPES, check_plain_tensor, is_usual_tensor
 from .kernels.reference import adam_update_fp32, adam_update_fp32_many, lowbit_reference_step
-from .formats import StateFormat, get_format
-from .quant import MAP_FINGERPRINTS, check_blocksize, dynamic_map, map_fingerprint, num_blocks
-from .rounding import step_generator, stochastic_round_to_bf16
+from .formats import FORMATS, StateFormat, get_format
+from .quant import MAP_FINGERPRINTS, check_blocksize, dynamic_map, map_fingerprint
+from .rounding import element_key, stochastic_round_to_bf16
+
+#: Elements of a parameter updated and rounded at a time with ``stochastic_rounding=True`` (a multiple of
+#: every block size: 64 ... 4096).
+SR_CHUNK = 1 << 16
 
 __all__ = ["LowBitAdam", "Adam8bit", "AdamW8bit", "Adam4bit", "AdamW4bit", "AdamFp8", "AdamWFp8", "UNSUPPORTED_FLAGS"]
 
@@ -112,9 +129,9 @@ class LowBitAdam(torch.optim.Optimizer):
             (256 for 8-bit and FP8 as in bitsandbytes and torchao; 128 for 4-bit as in Li et al.).
         min_8bit_size: tensors with fewer elements keep fp32 states (4096, as bitsandbytes).
         backend: ``"auto"``, ``"torch"`` (reference), ``"cpu"``, ``"triton"``, or another
-            registered backend (see :mod:`adam8lib.kernels`); formats other than ``"8bit"`` have
-            ``"auto"``, ``"torch"`` (the reference step) and their :data:`LOWBIT_KERNELS`
-            (``"cpu"`` and ``"triton"`` for all three).
+            registered backend (see :mod:`adam8lib.kernels`); :func:`backends_of` a format: every
+            backend for the 8-bit layout, else ``"auto"``, ``"torch"`` (the reference step) and the
+            format's :data:`LOWBIT_KERNELS` (``"cpu"`` and ``"triton"`` for the other three).
         state_format: ``"8bit"``, ``"4bit"``, ``"4bit-naive"``, ``"fp8"`` or a
             :class:`~adam8lib.formats.StateFormat`; ``None``: the class's (:attr:`state_format`).
         stochastic_rounding: write bf16 parameters with stochastic rounding (every parameter
@@ -145,24 +162,26 @@ class LowBitAdam(torch.optim.Optimizer):
         for key in torch_flags:
             if key not in UNSUPPORTED_FLAGS:
                 raise TypeError(f"{type(self).__name__}.__init__() got an unexpected keyword argument {key!r}")
-        _check_flags(torch_flags, f"{type(self).__name__}()")
+        _check_flags(torch_flags, f"{type(self).__name__}()", type(self).__name__)
         _check_backend_name(backend)
         fmt = get_format(type(self).state_format if state_format is None else state_format)
-        kernels_here = ("auto", "torch") + LOWBIT_KERNELS.get(fmt.name, ())
-        if fmt.name != "8bit" and backend not in kernels_here:
+        kernels_here = backends_of(fmt)
+        if backend not in kernels_here:
             raise ValueError(f"state_format={fmt.name!r} has the backends {', '.join(map(repr, kernels_here))}; "
-                             f"backend {backend!r} is a kernel of the 8-bit format only")
+                             f"backend {backend!r} has no step for its states")
         if not isinstance(stochastic_rounding, bool):
             raise TypeError(f"stochastic_rounding must be a bool, got {type(stochastic_rounding).__name__}")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+        if blocksize is not None:  # the block size has one home: the format (the groups show it)
+            fmt = fmt.with_blocksize(check_blocksize(blocksize))
         defaults = dict(
             lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-            blocksize=fmt.blocksize if blocksize is None else blocksize, min_8bit_size=min_8bit_size,
+            blocksize=fmt.blocksize, min_8bit_size=min_8bit_size,
         )
-        _check_group(defaults, "the defaults")
-        self.backend = backend
         self.format = fmt
+        self._check_group(defaults, "the defaults")
+        self.backend = backend
         self.stochastic_rounding = stochastic_rounding
         self.seed = seed
         self.qmap1 = dynamic_map(signed=True)
@@ -176,7 +195,7 @@ class LowBitAdam(torch.optim.Optimizer):
         group = self.param_groups[-1]
         try:
             group["betas"] = tuple(group["betas"])
-            _check_group(group, f"param group {len(self.param_groups) - 1}")
+            self._check_group(group, f"param group {len(self.param_groups) - 1}")
             for p in group["params"]:
                 if p.dtype not in PARAM_DTYPES:
                     raise TypeError(
@@ -207,28 +226,24 @@ class LowBitAdam(torch.optim.Optimizer):
                     self.state[p].update(self._new_state(group, p))
         return self
 
-    def _format(self, group: dict[str, Any]) -> StateFormat:
-        """This optimizer's state format with the group's block size."""
-        return self.format.with_blocksize(group["blocksize"])
+    def _check_group(self, group: dict[str, Any], where: str) -> None:
+        """ValueError naming the setting unless ``group`` is one this optimizer can step with: its
+        hyper-parameters valid, and its ``blocksize`` the optimizer's (the format's: one block size for
+        the whole optimizer, which every group shows and none may change)."""
+        _check_group(group, where, type(self).__name__)
+        if group["blocksize"] != self.format.blocksize:
+            raise ValueError(
+                f"{where} has blocksize={group['blocksize']!r}, this {type(self).__name__} stores its states in blocks "
+                f"of {self.format.blocksize}: the block size is a setting of the whole optimizer (its state format), "
+                f"not of a group; build the optimizer with blocksize={group['blocksize']!r} instead")
 
     def _new_state(self, group: dict[str, Any], p: torch.Tensor) -> dict[str, Any]:
-        # a sharded (DTensor) parameter: 8-bit or not by the FULL size, states sized to the local shard
+        # a sharded (DTensor) parameter: low-bit or not by the FULL size, states sized to the local shard
+        # (blocks of the shard; rank-1 row maxima of its rows and column maxima of the whole tensor, see
+        # _step_lowbit); every moment starts at 0: the codes of 0, scales 0 (8-bit: codes 127 and 0)
         full, p = p.numel(), local_tensor(p)
-        n = p.numel()
-        if full >= group["min_8bit_size"] and self.format.name != "8bit":
-            # the states of the local shard (blocks of the shard; rank-1 row maxima of its rows and
-            # column maxima of the whole tensor, see _step_lowbit)
-            return {"step": 0, **self._format(group).new_state(tuple(p.shape), p.device)}
         if full >= group["min_8bit_size"]:
-            blocks = num_blocks(n, group["blocksize"])
-            # code of 0.0 is 127 (signed map) / 0 (unsigned map); absmax 0 makes both exactly 0
-            return {
-                "step": 0,
-                "state1": torch.full((n,), 127, dtype=torch.uint8, device=p.device),
-                "state2": torch.zeros((n,), dtype=torch.uint8, device=p.device),
-                "absmax1": torch.zeros((blocks,), dtype=torch.float32, device=p.device),
-                "absmax2": torch.zeros((blocks,), dtype=torch.float32, device=p.device),
-            }
+            return {"step": 0, **self.format.new_state(tuple(p.shape), p.device)}
         return {
             "step": 0,
             "exp_avg": torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format),
@@ -256,18 +271,32 @@ class LowBitAdam(torch.optim.Optimizer):
     @kernels.run_eagerly
     def _check_and_update(self) -> None:
         """The step proper, always eager (under torch.compile: one graph break, real tensors)."""
+        # everything a step reads is checked before the first state or parameter changes: every group's
+        # settings, every parameter and gradient, every existing state's keys and sizes
         work = []
         for gi, group in enumerate(self.param_groups):
-            _check_flags(group, f"param group {gi}")
+            self._check_group(group, f"param group {gi}")
             for pi, p in enumerate(group["params"]):
                 if p.grad is None:
                     continue
                 work.append((group, p, *self._local_tensors(p, gi, pi)))
-        if type(self)._step_8bit is not LowBitAdam._step_8bit or self.format.name != "8bit" or self.stochastic_rounding:
-            # a subclass with its own 8-bit step, another state format, or stochastic rounding:
-            # one parameter at a time
+                state = self.state.get(p)  # (not self.state[p]: a defaultdict would make an empty one)
+                if state:
+                    self._check_live_state(p, state, f"the state of parameter {pi} of group {gi}")
+        pending: dict[int, dict] = {}  # states counted but not yet updated: uncounted if the update raises
+        try:
+            self._run(work, pending)
+        except BaseException:
+            for state in pending.values():
+                state["step"] -= 1
+            raise
+
+    def _run(self, work: list, pending: dict[int, dict]) -> None:
+        if type(self)._step_8bit is not LowBitAdam._step_8bit or not self._map_kernels or self.stochastic_rounding:
+            # a subclass with its own 8-bit step, a format the map-code kernels do not step, or stochastic
+            # rounding: one parameter at a time
             for index, (group, p, param, grad) in enumerate(work):
-                self._update(group, p, param, grad, index)
+                self._update(group, p, param, grad, index, pending)
             return
         # the 8-bit tensors of each group (and device) go to the backend together: one call for
         # the group where the backend can take them at once (the cpu backends), which saves most
@@ -280,18 +309,23 @@ class LowBitAdam(torch.optim.Optimizer):
         own_32bit = type(self)._step_32bit is not LowBitAdam._step_32bit
         for group, p, param, grad in work:
             state = self._prepare(group, p, param)
+            pending[id(state)] = state
             if "state1" not in state:
                 if own_32bit or not _fp32_batchable(param, state):
                     self._step_32bit(group, param, grad, state)
+                    del pending[id(state)]
                 else:
                     key = (id(group), param.device, state["step"])
                     small.setdefault(key, (group, []))[1].append((param, grad, state))
             elif param.numel():  # an empty shard (more ranks than rows): nothing to update here
                 batches.setdefault((id(group), param.device), (group, []))[1].append((param, grad, state))
-        for group, entries in small.values():
-            self._step_32bit_many(group, entries)
-        for group, entries in batches.values():
-            self._step_8bit_many(group, entries)
+            else:
+                del pending[id(state)]
+        for step_many, groups in ((self._step_32bit_many, small), (self._step_8bit_many, batches)):
+            for group, entries in groups.values():
+                step_many(group, entries)
+                for _, _, state in entries:
+                    del pending[id(state)]
 
     def _local_tensors(self, p: torch.Tensor, group_index: int, param_index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(parameter, gradient)`` as the update sees them, after checking them.
@@ -301,8 +335,42 @@ class LowBitAdam(torch.optim.Optimizer):
         the one place where sharding is mapped; the update only ever sees plain dense tensors.
         """
         param, grad = local_param_and_grad(p)  # TypeError for a DTensor/plain mix
-        _check_param_and_grad(param, grad, group_index, param_index, p.shape)
+        _check_param_and_grad(param, grad, group_index, param_index, p.shape, type(self).__name__)
         return param, grad
+
+    @property
+    def _map_kernels(self) -> bool:
+        """Whether the low-bit states go through the map-code kernels of :mod:`adam8lib.kernels`
+        (:func:`~adam8lib.kernels.adam8bit_step_many`, every registered backend, batched per group): a
+        format whose codes align with the elements (one byte per code into a map, blockwise scales), keeps
+        signs and has one block size (:func:`map_kernels_step`). Other formats take :meth:`_step_lowbit`."""
+        return map_kernels_step(self.format)
+
+    def _state_spec(self, shape: tuple[int, ...]) -> dict[str, tuple[int, torch.dtype]]:
+        """``{key: (elements, dtype)}`` of the low-bit state of a (local) tensor of ``shape``: the format's
+        (:meth:`~adam8lib.formats.StateFormat.state_spec`); a subclass with other scales says so here."""
+        return self.format.state_spec(shape)
+
+    def _check_live_state(self, p: torch.Tensor, state: dict[str, Any], where: str) -> None:
+        """ValueError unless the state a step is about to read has the keys, dtypes and sizes this
+        optimizer makes for ``p`` (its state format and block size, on the local shard): a state edited by
+        hand, or a group's block size changed after the states exist, is found before anything changes."""
+        local = local_tensor(p)
+        if "state1" in state:
+            expected = self._state_spec(tuple(local.shape))
+        else:
+            expected = {k: (local.numel(), torch.float32) for k in _STATE_KEYS_32BIT}
+        for key, (count, dtype) in expected.items():
+            value = state.get(key)
+            if not torch.is_tensor(value) or value.numel() != count or (key in _STATE_KEYS_8BIT and value.dtype != dtype):
+                got = f"{value.dtype}[{value.numel()}]" if torch.is_tensor(value) else type(value).__name__
+                raise ValueError(
+                    f"{where}: {key!r} is {got}, but this {type(self).__name__} (state format {self.format.name!r}, "
+                    f"blocks of {self.format.blocksize}) keeps {dtype}[{count}] for a parameter of shape "
+                    f"{tuple(local.shape)}: the state was not made with these settings")
+        step = state.get("step")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"{where}: 'step' must be a Python int >= 0, got {step!r}")
 
     def _prepare(self, group: dict[str, Any], p: torch.Tensor, param: torch.Tensor) -> dict[str, Any]:
         """A parameter's states, created or moved to its device, with the step counted."""
@@ -315,26 +383,65 @@ class LowBitAdam(torch.optim.Optimizer):
         return state
 
     def _update(self, group: dict[str, Any], p: torch.Tensor, param: torch.Tensor, grad: torch.Tensor,
-                index: int = 0) -> None:
+                index: int = 0, pending: dict[int, dict] | None = None) -> None:
         """Update one parameter: create or move its states, count the step, run the update. With
         stochastic rounding the update works on an fp32 copy of the (bf16) parameter, which is then
-        rounded stochastically, seeded by the step count and the parameter's ``index``."""
+        rounded stochastically, keyed by the step count, the parameter's ``index`` and each element's
+        index in the whole parameter; a parameter with blockwise low-bit states is updated and rounded
+        :data:`SR_CHUNK` elements at a time (whole blocks: the same bits as at once), so the fp32 copy
+        is one chunk's, not the parameter's."""
         state = self._prepare(group, p, param)
-        target = param.float() if self.stochastic_rounding else param
-        if "state1" in state and self.format.name != "8bit":
+        if pending is not None:
+            pending[id(state)] = state
+        if not self.stochastic_rounding:
+            self._step_state(group, p, param, grad, state)
+        else:
+            key, offset = element_key(self.seed, state["step"], index), global_offset(p)
+            for a, b, part in self._rounding_chunks(p, param, state):
+                flat = param if part is state else param.view(-1)[a:b]
+                target = flat.float()
+                self._step_state(group, p, target, grad if part is state else grad.reshape(-1)[a:b], part)
+                stochastic_round_to_bf16(target, key=key, start=offset + a, out=flat)
+        if pending is not None:
+            del pending[id(state)]
+
+    def _step_state(self, group: dict[str, Any], p: torch.Tensor, target: torch.Tensor, grad: torch.Tensor,
+                    state: dict[str, Any]) -> None:
+        """The update of ``target`` (the local parameter, its fp32 copy, or a chunk of that) with ``state``."""
+        if "state1" in state and not self._map_kernels:
             self._step_lowbit(group, target, grad, state, reduce_maxima=self._maxima_reducer(group, p))
         elif "state1" in state:
             self._step_8bit(group, target, grad, state)
         else:
             self._step_32bit(group, target, grad, state)
-        if target is not param:
-            param.copy_(stochastic_round_to_bf16(target, step_generator(self.seed, state["step"], index, param.device)))
+
+    def _rounding_chunks(self, p: torch.Tensor, param: torch.Tensor, state: dict[str, Any]):
+        """``(start, stop, state)`` pieces a stochastically rounded update steps: ``[(0, n, state)]`` (the
+        whole tensor), or, for blockwise low-bit states of a contiguous parameter larger than
+        :data:`SR_CHUNK`, chunks of whole blocks with views of the states' codes and scales (blocks are
+        independent, the rule elementwise, the rounding keyed by the element: the same bits). Rank-1
+        scales need the whole tensor, and a subclass with its own 8-bit step may scale otherwise."""
+        n, fmt, shape = param.numel(), self.format, tuple(p.shape)
+        if ("state1" not in state or n <= SR_CHUNK or not param.is_contiguous()
+                or type(self)._step_8bit is not LowBitAdam._step_8bit
+                or fmt.m.uses_rank1(shape) or fmt.v.uses_rank1(shape)
+                or fmt.m.blocksize != fmt.v.blocksize or SR_CHUNK % fmt.m.blocksize):
+            return [(0, n, state)]
+        pieces = []
+        for a in range(0, n, SR_CHUNK):
+            b = min(a + SR_CHUNK, n)
+            part = {"step": state["step"]}
+            for moment, codes, scales in ((fmt.m, "state1", "absmax1"), (fmt.v, "state2", "absmax2")):
+                part[codes] = state[codes][moment.codes_numel(a): moment.codes_numel(b)]
+                part[scales] = state[scales][a // moment.blocksize: -(-b // moment.blocksize)]
+            pieces.append((a, b, part))
+        return pieces
 
     def _maxima_reducer(self, group: dict[str, Any], p: torch.Tensor):
         """The all-reduce that gives a shard of a sharded (FSDP2) parameter the rank-1 scales of the
         whole tensor (:func:`adam8lib.distributed.rank1_maxima_reducer`), or None: a plain
         parameter, or no moment of this format with rank-1 scales for ``p``'s (full) shape."""
-        fmt = self._format(group)
+        fmt = self.format
         if not (fmt.m.uses_rank1(tuple(p.shape)) or fmt.v.uses_rank1(tuple(p.shape))):
             return None
         return rank1_maxima_reducer(p)
@@ -348,7 +455,7 @@ class LowBitAdam(torch.optim.Optimizer):
         all-reduces the shard's axis maxima into the whole tensor's (:meth:`_maxima_reducer`). Such a
         step takes part in a collective on every rank, an empty shard too, and always runs the
         reference step (a fused kernel computes its scales from the shard alone)."""
-        fmt, shape = self._format(group), tuple(p.shape)
+        fmt, shape = self.format, tuple(p.shape)
         if not p.numel():
             if reduce_maxima is not None:  # nothing to update, but this rank's part of the all-reduce
                 empty = torch.zeros(0, dtype=torch.float32, device=p.device)
@@ -400,7 +507,7 @@ class LowBitAdam(torch.optim.Optimizer):
         qmap1, qmap2 = self._maps(entries[0][0].device)
         kernels.adam8bit_step_many(
             tensors, qmap1, qmap2, steps=[state["step"] for _, _, state in entries], lr=group["lr"], beta1=beta1,
-            beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"], blocksize=group["blocksize"],
+            beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"], blocksize=self.format.blocksize,
             backend=self.backend,
         )
         for p, flat in copies:
@@ -451,6 +558,9 @@ class LowBitAdam(torch.optim.Optimizer):
         self.seed = state.pop("seed", 0)
         super().__setstate__(state)
         self.defaults.pop("differentiable", None)  # torch adds it; not a hyperparameter here
+        blocksize = self.defaults.get("blocksize", self.format.blocksize)
+        if blocksize != self.format.blocksize:  # pickled before the block size lived in the format
+            self.format = self.format.with_blocksize(blocksize)
         self.backend = backend
         self.qmap1 = dynamic_map(signed=True) if qmap1 is None else qmap1
         self.qmap2 = dynamic_map(signed=False) if qmap2 is None else qmap2
@@ -469,18 +579,16 @@ class LowBitAdam(torch.optim.Optimizer):
         params = [(group, p) for group in self.param_groups for p in group["params"]]
         for index, (group, p) in enumerate(params):
             if index in sd["state"]:
-                saved = to_checkpoint_state(p, sd["state"][index], group["blocksize"], self._format(group))
+                saved = to_checkpoint_state(p, sd["state"][index], self.format.blocksize, self.format)
                 if "state1" in saved:
-                    saved = {**saved, MAPS_KEY: self._codes_fingerprint(group)}
+                    saved = {**saved, MAPS_KEY: self._codes_fingerprint()}
                 sd["state"][index] = saved
         return sd
 
-    def _codes_fingerprint(self, group: dict[str, Any]) -> str:
-        """What a saved state's codes need to be decoded: the two maps' fingerprint (8-bit format;
-        the block size is checked by the absmax's size), or the whole format's (maps, packing, scales)."""
-        if self.format.name == "8bit":
-            return map_fingerprint(self.qmap1, self.qmap2)
-        return self._format(group).fingerprint()
+    def _codes_fingerprint(self) -> str:
+        """What a saved state's codes need to be decoded (:func:`codes_fingerprint` of this optimizer's
+        format and maps)."""
+        return codes_fingerprint(self.format, self.qmap1, self.qmap2)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a checkpoint of this class (``state_dict()``), keeping uint8 codes and fp32 absmax
@@ -517,6 +625,9 @@ class LowBitAdam(torch.optim.Optimizer):
             raise ValueError(
                 f"loaded state dict has {len(saved_groups)} parameter groups, this optimizer has {len(self.param_groups)}"
             )
+        for pid, saved in saved_state.items():  # states in another format: say so first, in the user's terms
+            if isinstance(saved, dict) and "state1" in saved:
+                self._check_maps(saved.get(MAPS_KEY), f"the state of parameter {pid!r}", origin)
         new_groups, id_to_param, id_to_group = [], {}, {}
         for gi, (current, saved) in enumerate(zip(self.param_groups, saved_groups)):
             where = f"param group {gi} of the loaded state dict"
@@ -538,7 +649,7 @@ class LowBitAdam(torch.optim.Optimizer):
                 group["betas"] = tuple(group["betas"])
             except TypeError:
                 raise ValueError(f"{where}: betas must be a pair of floats, got {group['betas']!r}") from None
-            _check_group(group, where)
+            self._check_group(group, where)
             new_groups.append(group)
             for pid, p in zip(saved["params"], current["params"]):
                 id_to_param[pid], id_to_group[pid] = p, group
@@ -549,12 +660,12 @@ class LowBitAdam(torch.optim.Optimizer):
             p = id_to_param[pid]
             where = f"state of parameter {pid!r} (shape {tuple(p.shape)})"
             if isinstance(saved, dict) and "state1" in saved:
-                self._check_maps(saved.get(MAPS_KEY), id_to_group[pid], where, origin)
+                self._check_maps(saved.get(MAPS_KEY), where, origin)
                 saved = {k: v for k, v in saved.items() if k != MAPS_KEY}
             if isinstance(saved, dict):  # DCP / another world size: this rank's plain local state
-                saved = to_local_state(p, saved, id_to_group[pid]["blocksize"], (self.qmap1, self.qmap2),
-                                       self._format(id_to_group[pid]))
-            _check_saved_state(p, saved, self._format(id_to_group[pid]), where, origin)
+                saved = to_local_state(p, saved, self.format.blocksize, (self.qmap1, self.qmap2),
+                                       self.format)
+            _check_saved_state(p, saved, self.format, where, origin)
             new_state[p] = {
                 k: (v.detach().to(p.device).reshape(local_tensor(p).shape if k in _STATE_KEYS_32BIT else -1).clone(
                     memory_format=torch.contiguous_format) if torch.is_tensor(v) else v)
@@ -562,29 +673,40 @@ class LowBitAdam(torch.optim.Optimizer):
             }
         return new_groups, new_state
 
-    def _check_maps(self, saved: Any, group: dict[str, Any], where: str, origin: str) -> None:
-        """ValueError unless a saved state's codes index this optimizer's maps (same fingerprint)."""
-        ours = self._codes_fingerprint(group)
+    def _check_maps(self, saved: Any, where: str, origin: str) -> None:
+        """ValueError unless a saved state's codes are in this optimizer's format, with its maps (the same
+        fingerprint). The refusal names both formats as a user writes them (``'8bit'``, ``'4bit'``)."""
+        ours = self._codes_fingerprint()
         if saved == ours:
             return
-        if isinstance(saved, str) and (":" in saved or ":" in ours):  # another state format, or other maps in one
-            raise ValueError(
-                f"{where}: its low-bit states were stored in format {saved.split(':')[0]!r} ({saved!r}); this "
-                f"optimizer stores {self.format.name!r} ({ours!r}): decoded in this format, every state would change. "
-                f"Load it into an optimizer with the state format that saved it."
-            )
+        name, fmt = type(self).__name__, self.format
+        mine = f"{fmt.name!r} (blocks of {fmt.blocksize})"
         if saved is None:
+            if not fmt.byte_codes_into_maps:  # checkpoints of this format always named it
+                raise ValueError(
+                    f"{where} has low-bit states but no {MAPS_KEY!r}, which every checkpoint of a {name} with state "
+                    f"format {fmt.name!r} carries{origin}: it was removed, or the states come from elsewhere. "
+                    f"Decoded in the wrong format every state would change. If it was saved by a {name} with state "
+                    f"format {mine}, set {MAPS_KEY!r} to {ours!r} in each saved state that has 'state1' and load it "
+                    f"again.")
             raise ValueError(
-                f"{where} has 8-bit states but no {MAPS_KEY!r}: it was saved before checkpoints named the maps their "
-                f"codes index{origin}. Its codes cannot be decoded safely: maps built then depended on the CPU. If it "
-                f"was saved on a CPU with AVX2 or AVX-512 by Adam8bit/AdamW8bit, its maps were the canonical ones; "
-                f"then set {MAPS_KEY!r} to {ours!r} in each saved state that has 'state1' and load it again."
+                f"{where} has low-bit states but no {MAPS_KEY!r}: it was saved before checkpoints named the maps "
+                f"their codes index{origin}. Its codes cannot be decoded safely: maps built then depended on the CPU. "
+                f"If it was saved on a CPU with AVX2 or AVX-512 by a {name} with state format {fmt.name!r}, its maps "
+                f"were the canonical ones; then set {MAPS_KEY!r} to {ours!r} in each saved state that has 'state1' "
+                f"and load it again."
             )
         if not isinstance(saved, str):
             raise ValueError(f"{where}: {MAPS_KEY!r} must be a string, got {type(saved).__name__}")
+        theirs = saved_format_name(saved)
+        if theirs is not None and (":" in saved or ":" in ours):  # another state format
+            raise ValueError(
+                f"{where}: its low-bit states were stored in format {theirs}; this {name} stores {mine}: decoded in "
+                f"this format, every state would change. Load it into an optimizer with the state format (and "
+                f"blocksize) that saved it.")
         known = {v: k for k, v in MAP_FINGERPRINTS.items()}
         raise ValueError(
-            f"{where}: its 8-bit states index quantization maps with fingerprint {saved!r}, this optimizer's maps "
+            f"{where}: its codes index quantization maps with fingerprint {saved!r}, this {name}'s maps "
             f"have {ours!r} ({known.get(map_fingerprint(self.qmap1), 'custom')} / "
             f"{known.get(map_fingerprint(self.qmap2), 'custom')}): decoded with these maps, every state would change. "
             f"Load it into an optimizer with the maps that saved it."
@@ -639,9 +761,49 @@ class AdamWFp8(AdamFp8):
 
 
 # ---------------------------------------------------------------------- validation helpers
-#: Fused kernels of the formats other than "8bit" (the 8-bit format has every backend); each is
-#: registered by its backend's module with :func:`adam8lib.kernels.register_lowbit_step`.
+#: Fused kernels of the formats that the map-code kernels do not step (:func:`map_kernels_step`; those
+#: have every backend); each is registered by its backend's module with
+#: :func:`adam8lib.kernels.register_lowbit_step`.
 LOWBIT_KERNELS: dict[str, tuple[str, ...]] = {"fp8": ("triton", "cpu"), "4bit": ("triton", "cpu"), "4bit-naive": ("triton", "cpu")}
+
+
+def map_kernels_step(fmt: StateFormat) -> bool:
+    """Whether the map-code kernels of :mod:`adam8lib.kernels` (``adam8bit_step``: every backend) step
+    states in ``fmt``: codes aligned with the elements (one byte per code into a map, blockwise scales),
+    the keep-sign rule and one block size for both moments (what those kernels compute)."""
+    return (fmt.byte_codes_into_maps and fmt.m.keep_sign and fmt.v.keep_sign
+            and fmt.m.blocksize == fmt.v.blocksize)
+
+
+def backends_of(fmt: StateFormat) -> tuple[str, ...]:
+    """The ``backend=`` values an optimizer with states in ``fmt`` accepts: ``"auto"``, ``"torch"`` (the
+    reference step) and the fused steps registered for it."""
+    if map_kernels_step(fmt):
+        return tuple(kernels.known_backend_names())
+    return ("auto", "torch") + LOWBIT_KERNELS.get(fmt.name, ())
+
+
+def codes_fingerprint(fmt: StateFormat, qmap1: torch.Tensor, qmap2: torch.Tensor) -> str:
+    """The :data:`MAPS_KEY` a checkpoint of states in ``fmt`` carries. A format whose codes align with
+    the elements (:attr:`~adam8lib.formats.StateFormat.byte_codes_into_maps`: one code per byte into
+    a map, blockwise scales, bitsandbytes' layout) is named by its two maps
+    (:func:`~adam8lib.quant.map_fingerprint`: the block size is checked by the number of scales), the
+    others by the whole format (:meth:`~adam8lib.formats.StateFormat.fingerprint`: name, maps, packing,
+    scales, sign rule)."""
+    return map_fingerprint(qmap1, qmap2) if fmt.byte_codes_into_maps else fmt.fingerprint()
+
+
+def saved_format_name(fingerprint: str) -> str | None:
+    """A saved :data:`MAPS_KEY` in the user's terms: ``"'4bit' (blocks of 128)"``, ``"'8bit'"`` for the
+    canonical maps' fingerprint; None for a map fingerprint of no known format (custom maps)."""
+    if ":" in fingerprint:
+        name, rest = fingerprint.split(":", 1)
+        blocks = [part[1:] for part in rest.replace("rank1-", "").split("/") if part[:1] == "b" and part[1:].isdigit()]
+        return f"{name!r}" + (f" (blocks of {blocks[0]})" if blocks else "")
+    for fmt in FORMATS.values():
+        if fmt.byte_codes_into_maps and fingerprint == map_fingerprint(fmt.m.qmap(), fmt.v.qmap()):
+            return repr(fmt.name)
+    return None
 
 
 def _check_backend_name(backend: str) -> None:
@@ -651,15 +813,15 @@ def _check_backend_name(backend: str) -> None:
         raise ValueError(f"Backend {backend!r} is unavailable here: {kernels.unavailable_reason(backend)}")
 
 
-def _check_flags(group: dict[str, Any], where: str) -> None:
+def _check_flags(group: dict[str, Any], where: str, name: str = "LowBitAdam") -> None:
     for key, instead in UNSUPPORTED_FLAGS.items():
         value = group.get(key)
         if value:
-            raise ValueError(f"{key}={value!r} is not supported by Adam8bit ({where}): {instead}")
+            raise ValueError(f"{key}={value!r} is not supported by {name} ({where}): {instead}")
 
 
-def _check_group(group: dict[str, Any], where: str) -> None:
-    _check_flags(group, where)
+def _check_group(group: dict[str, Any], where: str, name: str = "LowBitAdam") -> None:
+    _check_flags(group, where, name)
     check_hyperparameters(group["lr"], group["betas"], group["eps"], group["weight_decay"])
     check_blocksize(group["blocksize"])
     size = group["min_8bit_size"]
@@ -668,7 +830,7 @@ def _check_group(group: dict[str, Any], where: str) -> None:
 
 
 def _check_param_and_grad(
-    p: torch.Tensor, grad: torch.Tensor, group_index: int, param_index: int, shape: torch.Size
+    p: torch.Tensor, grad: torch.Tensor, group_index: int, param_index: int, shape: torch.Size, name: str = "LowBitAdam"
 ) -> None:
     """Checks of the (local) parameter and gradient a step will update; ``shape`` is the full one.
     The usual case (plain dense tensors that fit) is a few cheap tests; the messages are built
@@ -678,9 +840,9 @@ def _check_param_and_grad(
         return
     where = f"parameter {param_index} of group {group_index} (shape {tuple(shape)})"
     if grad.is_sparse or grad.layout != torch.strided:
-        raise RuntimeError(f"Adam8bit does not support sparse gradients: {where}; use torch.optim.SparseAdam")
+        raise RuntimeError(f"{name} does not support sparse gradients: {where}; use torch.optim.SparseAdam")
     if grad.is_complex() or p.is_complex():
-        raise RuntimeError(f"Adam8bit does not support complex parameters or gradients: {where}")
+        raise RuntimeError(f"{name} does not support complex parameters or gradients: {where}")
     check_plain_tensor(p, where)
     check_plain_tensor(grad, f"the gradient of {where}")
     if p.dtype not in PARAM_DTYPES:
@@ -726,15 +888,12 @@ def _check_saved_state(p: torch.Tensor, saved: Any, fmt: StateFormat, where: str
     if not isinstance(saved, dict):
         raise ValueError(f"{where} must be a dict, got {type(saved).__name__}")
     local = local_tensor(p)  # a DTensor (FSDP2) parameter keeps the states of its local shard
-    n = local.numel()
     if "state1" in saved:
         expected = {k: ((count,), dtype) for k, (count, dtype) in fmt.state_spec(tuple(local.shape)).items()}
-        if fmt.name == "8bit":  # the codes of a shard: one per element, whatever its shape
-            expected["state1"] = expected["state2"] = ((n,), torch.uint8)
     elif "exp_avg" in saved:
         expected = {k: (tuple(local.shape), torch.float32) for k in _STATE_KEYS_32BIT}
     else:
-        raise ValueError(f"{where} has none of the Adam8bit state keys (got {sorted(map(str, saved))}){origin}")
+        raise ValueError(f"{where} has none of the low-bit Adam state keys (got {sorted(map(str, saved))}){origin}")
     unknown = sorted(set(map(str, saved)) - set(expected) - {"step"})
     if unknown:
         raise ValueError(f"{where} has unexpected keys {unknown}{origin}")

@@ -96,6 +96,12 @@ class Adam8bitVariant(Adam8bit):
             state["absmax2"] = state["absmax2"][:1].clone()
         return state
 
+    def _state_spec(self, shape: tuple[int, ...]) -> dict[str, tuple[int, torch.dtype]]:
+        spec = super()._state_spec(shape)
+        if not self.blockwise:  # one scale for the whole tensor
+            spec = {**spec, "absmax1": (1, torch.float32), "absmax2": (1, torch.float32)}
+        return spec
+
     def _requantize(self, x: torch.Tensor, code: torch.Tensor, blocksize: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Requantize a flat fp32 state: ``(codes uint8, absmax per block)``, with this variant's sign rule."""
         return quantize_blocks(x, code, blocksize, keep_sign=self.keep_sign)

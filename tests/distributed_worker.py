@@ -12,6 +12,8 @@ with single-process runs of the same model and data. Scenarios:
 * ``lowbit_<name>`` for each format of :data:`LOWBIT` (AdamW4bit, AdamWFp8, the 4-bit-naive format):
   FSDP2 training as ``fsdp``, a ``state_dict()`` round trip (through ``torch.save``), a DCP save and
   resume as ``resume``, and the 1-process checkpoint ``OUT/ckpt1_<name>`` loaded on 2 ranks.
+* ``sr``: bf16 weights with stochastic rounding (:func:`make_sr`, 4-bit states): FSDP2 training as
+  ``fsdp``; parameters and local states after N steps (must equal the unsharded run bit for bit).
 """
 
 from __future__ import annotations
@@ -54,6 +56,25 @@ def make_lowbit(name, params):
 
     cls, kwargs = LOWBIT[name]
     return getattr(adam8lib, cls)(params, lr=LR, **kwargs)
+
+
+def make_sr_model() -> Net:
+    """The model of :func:`make_model` in bf16 (the weights stochastic rounding writes)."""
+    return make_model().to(torch.bfloat16)
+
+
+def make_sr(params):
+    """AdamW4bit on bf16 weights with stochastic rounding (the shards of Net are whole 128-blocks)."""
+    from adam8lib import AdamW4bit
+
+    return AdamW4bit(params, lr=LR, stochastic_rounding=True, seed=7)
+
+
+def train_sr(model, opt, steps):
+    for s in range(steps):
+        model(batch(s).to(torch.bfloat16)).float().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
 
 
 def per_shard_run(name, world=2, steps=STEPS):
@@ -195,6 +216,12 @@ def run(rank: int, world: int, out: str, port: int) -> None:
         load_checkpoint(model3, opt3, os.path.join(out, f"ckpt1_{name}"))
         result.update(from1_states=local_states(model3, opt3), from1_params=full_params(model3))
         save(f"lowbit_{name}", result)
+
+    # --- bf16 weights with stochastic rounding (4-bit states)
+    model = shard(make_sr_model())
+    opt = make_sr(model.parameters())
+    train_sr(model, opt, STEPS)
+    save("sr", {"afterN": full_params(model), "states": local_states(model, opt)})
 
     # --- DDP and ZeRO-1
     from torch.distributed.optim import ZeroRedundancyOptimizer

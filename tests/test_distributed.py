@@ -57,11 +57,15 @@ def runs(tmp_path_factory):
         save_checkpoint(m, o, str(out / f"ckpt1_{name}"))
         lowbit[name] = dict(model=m, opt=o, after1=a1, states=worker.local_states(m, o),
                             size=compute_optimizer_size(o.state.values()))
+    sr_model = worker.make_sr_model()
+    sr_opt = worker.make_sr(sr_model.parameters())
+    worker.train_sr(sr_model, sr_opt, worker.STEPS)
     proc = subprocess.run(
         [sys.executable, str(HERE / "distributed_worker.py"), str(out)], capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     loaded = {f.stem: torch.load(f, weights_only=False) for f in out.glob("*_rank*.pt")}
+    lowbit["sr"] = dict(model=sr_model, opt=sr_opt, states=worker.local_states(sr_model, sr_opt))
     return dict(out=out, model=model, opt=opt, after1=after1, ranks=loaded, lowbit=lowbit,
                 states=worker.local_states(model, opt), size=compute_optimizer_size(opt.state.values()))
 
@@ -287,12 +291,24 @@ def test_lowbit_fsdp2_equals_unsharded_bit_for_bit(runs, name):
     """Parameters after 3 steps, and each rank's states: slices of the unsharded run's (packed
     4-bit codes, block scales; for the 4-bit format's rank-1 v the rank's row maxima and the
     whole tensor's column maxima, the same on both ranks)."""
-    single = runs["lowbit"][name]
+    assert_sharded_equals_unsharded(runs, runs["lowbit"][name], lowbit_ranks(runs, name))
+
+
+def test_fsdp2_bf16_stochastic_rounding_equals_unsharded_bit_for_bit(runs):
+    """bf16 weights, stochastic rounding, 4-bit states, 3 steps on 2 ranks: each element's random bits
+    are keyed by its index in the whole parameter, so the shards round as the unsharded tensor does
+    (parameters and every rank's states bit for bit; before, parameters differed by a bf16 ulp)."""
+    single = runs["lowbit"]["sr"]
+    assert all(p.dtype == torch.bfloat16 for p in single["model"].parameters())
+    assert_sharded_equals_unsharded(runs, single, both(runs, "sr"))
+
+
+def assert_sharded_equals_unsharded(runs, single, ranks):
     fmt, blocksize = single["opt"].format, single["opt"].format.blocksize
     for pname, value in single["model"].named_parameters():
-        for rank in lowbit_ranks(runs, name):
+        for rank in ranks:
             assert torch.equal(rank["afterN"][pname], value), pname
-    for r, rank in enumerate(lowbit_ranks(runs, name)):
+    for r, rank in enumerate(ranks):
         for pname, st in single["states"].items():
             shape = shapes(runs)[pname]
             a, b = shard_ranges(shape, 2)[r]

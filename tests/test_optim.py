@@ -743,7 +743,7 @@ FLAGS = ["maximize", "amsgrad", "foreach", "fused", "capturable", "differentiabl
 
 @pytest.mark.parametrize("flag", FLAGS)
 def test_unsupported_flag_is_rejected_in_the_constructor(flag):
-    with pytest.raises(ValueError, match=f"{flag}=True is not supported by Adam8bit"):
+    with pytest.raises(ValueError, match=f"{flag}=True is not supported by AdamW8bit"):
         AdamW8bit(mlp().parameters(), **{flag: True})
     AdamW8bit(mlp().parameters(), **{flag: False})  # asking for what it does is fine
 
