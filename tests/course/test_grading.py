@@ -652,6 +652,19 @@ def _build(root: Path, learners: dict[str, dict]) -> None:
 
 
 @needs_bwrap
+def _own_scratch() -> set:
+    """The gradebook scratch roots of this process (their ``.owner`` file holds its pid): other gradebooks
+    running at the same time on the machine (another pytest worker, an instructor) are not ours."""
+    own = set()
+    for root in Path(tempfile.gettempdir()).glob("adam8-grading-*"):
+        try:
+            if (root / ".owner").read_text(encoding="utf-8").strip() == str(os.getpid()):
+                own.add(root)
+        except OSError:
+            pass
+    return own
+
+
 def test_gradebook_adversarial_class_in_the_sandbox(tiny_course, capsys):
     """C1, C2a, C2b, C4a, C4b, C5, C8, C9, C10, C11 in one class: every cheat scores 0 with a note
     (or is contained), the control learner keeps 3/3, no file outside the scratch folders changes,
@@ -661,7 +674,7 @@ def test_gradebook_adversarial_class_in_the_sandbox(tiny_course, capsys):
     _build(root, learners)
     watched = [*(root / "sub").rglob("*.ipynb"), tiny_course["checks"], tiny_course["manifest"], _attack_paths(root)["common"]]
     before = {p: p.read_bytes() for p in watched}
-    scratch_before = set(Path(tempfile.gettempdir()).glob("adam8-grading-*"))
+    scratch_before = _own_scratch()
     out = root / "grades" / "gradebook.csv"
     started = time.monotonic()
     rc = gradebook.main([str(root / "sub"), "--out", str(out), "--manifest", str(tiny_course["manifest"]),
@@ -696,7 +709,7 @@ def test_gradebook_adversarial_class_in_the_sandbox(tiny_course, capsys):
     assert log.count("c4 could not write") == 6 and "c4 wrote" not in log, log
     assert "c10: ppid=1" in log  # the sandbox's own init: the grader is not even visible
     assert elapsed < 200, elapsed  # C9's grandchild did not hold the run
-    assert set(Path(tempfile.gettempdir()).glob("adam8-grading-*")) <= scratch_before  # scratch folders removed
+    assert _own_scratch() <= scratch_before  # this gradebook's scratch folders removed
 
 
 def test_gradebook_without_sandbox_restores_course_files_and_keeps_finished_rows(tiny_course):
