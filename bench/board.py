@@ -423,8 +423,19 @@ def noise_floor(baseline: list[dict[str, Any]]) -> dict[str, Any]:
     return floor
 
 
+BYTES_KEYS = ("bytes_per_param", "large_tensors_bytes_per_param", "small_tensors_bytes_per_param", "state_bytes",
+              "parameters", "small_tensor_parameters", "state_tensors")
+
+
+def measured_bytes(path: Path) -> dict[str, dict[str, Any]]:
+    """The bytes already measured in a board file, per row key (``--remeasure`` measures them again)."""
+    if not path.exists():
+        return {}
+    return {e["key"]: {k: e[k] for k in BYTES_KEYS} for e in json.loads(path.read_text()).get("rows", [])}
+
+
 def summarize(out: Path = RESULTS, seeds=SEEDS, cfg=None, custom: list[tuple[R.Row, float]] = (),
-              builtin: bool = True, log=print) -> dict[str, Any]:
+              builtin: bool = True, remeasure: bool = False, fresh: tuple[str, ...] = (), log=print) -> dict[str, Any]:
     import board_bytes
     from convergence import environment
 
@@ -445,8 +456,11 @@ def summarize(out: Path = RESULTS, seeds=SEEDS, cfg=None, custom: list[tuple[R.R
                 rows.append((row, lr))
     rows += list(custom)
     entries = []
+    known = {} if remeasure else measured_bytes(board_file(out, cfg))
     for row, lr in rows:
-        info = board_bytes.measure(lambda g, c, row=row, lr=lr: row.make(g, c, lr), cfg, named=tag_names)
+        info = None if row.key in fresh else known.get(row.key)
+        if info is None:  # one step of the optimizer on the LM (torchao's compiles its step: minutes, once)
+            info = board_bytes.measure(lambda g, c, row=row, lr=lr: row.make(g, c, lr), cfg, named=tag_names)
         entries.append(row_summary(row, lr, seeds, cfg, out, baseline, info))
     for e in entries:
         e["pareto"] = False
@@ -488,6 +502,11 @@ def write(result: dict[str, Any], out: Path, cfg, custom_specs: list[dict[str, A
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")
     log(f"wrote {path}")
+    if result.get("sweep"):
+        sweep = path.with_name(path.stem + "_sweep.json")
+        sweep.write_text(json.dumps({"seeds": list(R.SWEEP_SEEDS), "rule": result["lr_rule"],
+                                     "max_extensions": MAX_EXTENSIONS, "sweeps": result["sweep"]}, indent=1) + "\n")
+        log(f"wrote {sweep}")
     if plot:
         png = path.with_suffix(".png")
         board_report.plot(result, png)
@@ -512,6 +531,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=int, help="a shorter run (a tiny check; its own board file)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory (default bench/results)")
     parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("--remeasure", action="store_true", help="measure the state bytes again (default: reuse "
+                        "those of the board file for rows already in it)")
     args = parser.parse_args(argv)
     if args.steps is not None and args.steps < 1:
         parser.error(f"--steps must be >= 1, got {args.steps}")
@@ -541,7 +562,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     elif not args.report:
         run_plan(out, seeds, args.rows)
     custom = [(custom_row(s["optimizer"], s["kwargs"], s["label"]), s["lr"]) for s in specs]
-    result = summarize(out, seeds, cfg, custom, builtin=tag_of(cfg) == "")
+    result = summarize(out, seeds, cfg, custom, builtin=tag_of(cfg) == "", remeasure=args.remeasure,
+                       fresh=(row.key,) if args.optimizer is not None else ())
     write(result, out, cfg, specs, plot=not args.no_plot)
     return result
 

@@ -180,7 +180,8 @@ def _rows() -> dict[str, Row]:
     for rule, maker in (("lion", _lion), ("ademamix", _ademamix), ("rmsprop", _rmsprop), ("muon", _muon)):
         name = RULE_LABELS[rule]
         for fmt in FORMATS:
-            label = f"adam8lib {name} ({fmt} states)" if fmt == "fp32" else f"adam8lib {name}, {fmt} states"
+            shown = {"8bit": "8-bit", "4bit": "4-bit", "fp8": "FP8 (e4m3)"}.get(fmt, fmt)
+            label = f"adam8lib {name} (fp32 states)" if fmt == "fp32" else f"adam8lib {name}, {shown} states"
             rows.append(Row(f"{rule}-{fmt}", rule, fmt, "adam8lib", label, maker(fmt)))
     rows += [
         Row("bnb-lion8bit", "lion", "8bit", "bitsandbytes", "bitsandbytes Lion8bit", _bnb_lion8bit),
