@@ -167,3 +167,24 @@ def test_state_bytes_counts_each_storage_once():
     opt.state[q] = {"buf": torch.zeros(10), "map": shared}
     b = board_bytes.state_bytes(opt)
     assert b["total"] == 5000 + 1024 + 40 and b["large_params_bytes"] == 5000 + 1024 and b["small_params_bytes"] == 40
+
+
+def test_the_report_says_what_the_intervals_resolve_and_what_is_missing():
+    import board_report
+
+    def row(key, mean, lo, hi, n=8):
+        return {"key": key, "label": key, "rule": R.ROWS[key].rule, "state_format": R.ROWS[key].state_format,
+                "library": R.ROWS[key].library, "lr": 1e-3, "n": n, "n_wanted": 8, "diverged": 0, "pareto": False,
+                "bytes_per_param": 1.0, "large_tensors_bytes_per_param": 1.0,
+                "delta_pct": None if key == "adamw" else {"mean": mean, "ci_low": lo, "ci_high": hi, "std": 0.3}}
+
+    result = {"rows": [row("adamw", 0, 0, 0), row("lion-fp32", 5.0, 4.0, 6.0), row("lion-8bit", 0.3, 0.05, 0.55),
+                       row("adamw-8bit", 0.0, -0.3, 0.3, n=5)],
+              "excluding_zero": ["lion-fp32", "lion-8bit"], "noise_floor": {"seed_to_seed_relative_std_pct": 0.7}}
+    text = board_report.resolution(result)
+    assert "With 3 comparisons at 95 %, about 0.1 would exclude 0 by chance" in text and "2 do here" in text
+    assert "Far from 0 (the interval's near end farther from 0 than its half-width): lion-fp32:" in text
+    assert "Only just excluding 0: lion-8bit:" in text
+    missing = board_report.not_run(result)
+    assert "adamw-8bit (5 of 8 seeds)" in missing and "muon-fp8" in missing and "lion-fp32," not in missing
+    assert "5 of 8 (incomplete)" in board_report.table(result)
