@@ -129,9 +129,9 @@ def tag_of(cfg) -> str:
 
 
 def run_path(out: Path, row: R.Row, lr: float, seed: int, cfg) -> Path:
-    """A run's JSON. The rows that are the LM benchmark's own runs (same lr, seed, threads, config)
-    are read from ``bench/results/runs/lm/``."""
-    if row.reuse and lr == R.ADAMW_LR and cfg == lm_task.LMConfig():
+    """A run's JSON. The rows that are the LM benchmark's own runs (same lr, seeds 0-7, threads, config)
+    are read from ``bench/results/runs/lm/``; everything the board runs goes under ``OUT/runs/board/``."""
+    if row.reuse and lr == R.ADAMW_LR and cfg == lm_task.LMConfig() and seed in SEEDS:
         stored = LM_RUNS / f"{row.reuse}-lr{lr:g}-t{THREADS}-s{seed}.json"
         if stored.exists() or out == RESULTS:
             return stored
