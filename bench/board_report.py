@@ -233,8 +233,8 @@ def readme_block(result: dict[str, Any]) -> str:
         "",
         "![bytes vs loss](bench/results/board.png)",
         "",
-        f"The same LM and paired seeds ({len(result['seeds'])}), now for every update rule with fp32, 8-bit, 4-bit and FP8 "
-        f"states, with bitsandbytes' and torchao's classes as anchors; each rule at its own lr from a sweep with fp32 "
+        f"The same LM and paired seeds ({len(result['seeds'])}), for each update rule with fp32, 8-bit, 4-bit and FP8 "
+        f"states (rows not run yet are named below), with bitsandbytes' and torchao's classes as anchors; each rule at its own lr from a sweep with fp32 "
         f"states on seeds 100 and 101 ({lrs}); x is measured from the LM's allocated states (its small tensors keep fp32 "
         f"states, so the low-bit points sit a little right of 1, 2 bytes...).",
         "",
