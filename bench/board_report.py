@@ -1,0 +1,311 @@
+"""The board's table, its picture and its README sections, from ``bench/results/board.json``.
+
+``python -m bench.board --report`` calls these (no runs). The picture: state bytes per parameter (x,
+measured) vs mean Δ validation loss against fp32 AdamW (y) with the 95 % intervals as bars, the Pareto
+front (no other point has fewer bytes and a lower mean Δ) drawn as a staircase.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from pathlib import Path
+from typing import Any
+
+import board_rows as R
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+START, END = "<!-- board:start -->", "<!-- board:end -->"
+COLORS = {"adamw": "#1f77b4", "lion": "#d62728", "ademamix": "#2ca02c", "rmsprop": "#9467bd", "muon": "#ff7f0e",
+          "custom": "#7f7f7f"}
+MARKERS = {"torch": "*", "adam8lib": "o", "bitsandbytes": "s", "torchao": "^", "custom": "D"}
+COMMAND = "python -m bench.board"
+
+
+def _delta(e: dict[str, Any]) -> str:
+    d = e.get("delta_pct")
+    if e["key"] == "adamw":
+        return "0 (baseline)"
+    if d is None:
+        return "–"
+    return f"{d['mean']:+.2f} % [{d['ci_low']:+.2f}, {d['ci_high']:+.2f}]".replace("-", "−")
+
+
+def _seeds(e: dict[str, Any]) -> str:
+    text = f"{e['n']}"
+    return text if e["n"] == e["n_wanted"] else f"{text} of {e['n_wanted']} (incomplete)"
+
+
+def _order(e: dict[str, Any]) -> tuple:
+    rules = list(R.RULES) + ["custom"]
+    return (rules.index(e["rule"]) if e["rule"] in rules else len(rules), -e["bytes_per_param"], e["key"])
+
+
+def table(result: dict[str, Any], full: bool = True) -> str:
+    head = ("| rule | optimizer (states) | lr | state bytes/param | of it, tensors ≥ 4096 | "
+            "Δ valid loss vs fp32 AdamW [95 % CI] | seeds | diverged | Pareto |")
+    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
+    if not full:
+        lines = ["| rule | optimizer (states) | bytes/param | Δ valid loss vs fp32 AdamW [95 % CI] | seeds |",
+                 "|---|---|---|---|---|"]
+    for e in sorted(result["rows"], key=_order):
+        rule = R.RULE_LABELS.get(e["rule"], e["rule"])
+        if full:
+            lines.append(f"| {rule} | {e['label']} | {e['lr']:g} | {e['bytes_per_param']:.3f} | "
+                         f"{e['large_tensors_bytes_per_param']:.3f} | {_delta(e)} | {_seeds(e)} | "
+                         f"{e['diverged']}/{e['n']} | {'yes' if e['pareto'] else ''} |")
+        else:
+            lines.append(f"| {rule} | {e['label']} | {e['bytes_per_param']:.2f} | {_delta(e)} | {_seeds(e)} |")
+    return "\n".join(lines)
+
+
+def sweep_table(result: dict[str, Any]) -> str:
+    lines = ["| rule | lr | valid loss, seed 100 | seed 101 | mean | chosen |", "|---|---|---|---|---|---|"]
+    for rule, s in result.get("sweep", {}).items():
+        if not s:
+            lines.append(f"| {R.RULE_LABELS[rule]} | (not run yet) | | | | |")
+            continue
+        for e in s["lrs"]:
+            chosen = ""
+            if e["lr"] == s["used_lr"]:
+                chosen = "**used**" + (" (edge of the grid)" if s["best_at_edge"] else "")
+            if rule == "adamw" and e["lr"] == s["best_lr"]:
+                chosen = (chosen + "; " if chosen else "") + "sweep's best"
+            mean = "diverged" if e["diverged"] else f"{e['mean']:.4f}"
+            losses = " | ".join(f"{v:.4f}" for v in e["valid_loss"])
+            lines.append(f"| {R.RULE_LABELS[rule]} | {e['lr']:g} | {losses} | {mean} | {chosen} |")
+    return "\n".join(lines)
+
+
+def resolution(result: dict[str, Any]) -> str:
+    """What the intervals can and cannot resolve, in numbers from the result."""
+    rows = [e for e in result["rows"] if e.get("delta_pct")]
+    n = len(rows)
+    half = [0.5 * (e["delta_pct"]["ci_high"] - e["delta_pct"]["ci_low"]) for e in rows]
+    sd = [e["delta_pct"]["std"] for e in rows]
+    nf = result.get("noise_floor", {})
+    parts = []
+    if "seed_to_seed_relative_std_pct" in nf:
+        parts.append(f"fp32 AdamW's final loss varies by {nf['seed_to_seed_relative_std_pct']:.2f} % (sd) from seed to "
+                     f"seed; pairing by seed removes most of that")
+    if half:
+        parts.append(f"the paired differences have an sd of {min(sd):.2f}–{max(sd):.2f} % over seeds, so the 95 % "
+                     f"half-widths are {min(half):.2f}–{max(half):.2f} % (median {statistics.median(half):.2f} %): "
+                     f"a difference smaller than about {statistics.median(half):.1f} % is not resolved")
+    if "threads" in nf:
+        t = nf["threads"]
+        parts.append(f"the machine's own floor is far below that: {t['label']} moves the loss by at most "
+                     f"{t['max_abs_pct']:.4f} % (n = {t['n']})")
+    text = "; ".join(parts) + "." if parts else ""
+    if n:
+        hits = result.get("excluding_zero", [])
+        text += (f" With {n} comparisons at 95 %, about {n / 20:.1f} would exclude 0 by chance alone even if no "
+                 f"optimizer differed from AdamW; {len(hits)} do here")
+        text += (f" ({', '.join(hits)})." if hits else ".")
+        by = {e["key"]: e["delta_pct"] for e in rows}
+        far = [k for k in hits if abs(by[k]["mean"]) > 2 * 0.5 * (by[k]["ci_high"] - by[k]["ci_low"])]
+        near = [k for k in hits if k not in far]
+        if far:
+            text += (f" Far from 0 (the interval's near end farther from 0 than its half-width): {', '.join(far)}:"
+                     f" real differences.")
+        if near:
+            text += (f" Only just excluding 0: {', '.join(near)}: with ~{n / 20:.1f} such hits expected by chance, one"
+                     f" of these alone is weak evidence (the LM benchmark's own write-up discusses bitsandbytes' −0.23 %).")
+        text += (" The Pareto front is drawn through the means: two points whose intervals overlap are not resolved,"
+                 " so the front's order among the near-0 points is not a ranking.")
+    return text
+
+
+def small_tensors(result: dict[str, Any]) -> str:
+    rows = [e for e in result["rows"] if e["key"] in ("adamw", "adamw-8bit", "lion-8bit", "adamw-4bit")]
+    if not rows:
+        return ""
+    e0 = rows[0]
+    frac = e0["small_tensor_parameters"] / e0["parameters"]
+    by = {e["key"]: e for e in rows}
+    bits = [f"{by[k]['label']}: {by[k]['bytes_per_param']:.3f} over all parameters vs "
+            f"{by[k]['large_tensors_bytes_per_param']:.3f} over the large tensors" for k in
+            ("adamw-8bit", "adamw-4bit", "lion-8bit") if k in by]
+    return (f"The LM's tensors under 4,096 elements (biases and norm weights: {e0['small_tensor_parameters']:,} of "
+            f"{e0['parameters']:,} parameters, {100 * frac:.1f} %) keep fp32 states in every library here "
+            f"(min_8bit_size), so they lift each low-bit point a little to the right: " + "; ".join(bits) +
+            ". The large-tensor figure is what a model whose parameters are nearly all in large matrices would show.")
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9.5, 6))
+    ax.axhline(0.0, color="0.6", lw=0.8, zorder=0)
+    pts = [e for e in result["rows"] if e.get("delta_pct") is not None or e["key"] == "adamw"]
+    placed: list[tuple[float, float]] = []
+    for e in pts:
+        d = e.get("delta_pct")
+        y = 0.0 if d is None else d["mean"]
+        lo, hi = (0.0, 0.0) if d is None else (y - d["ci_low"], d["ci_high"] - y)
+        color, marker = COLORS.get(e["rule"], "#7f7f7f"), MARKERS.get(e["library"], "o")
+        face = color if e["library"] in ("adam8lib", "torch", "custom") else "white"
+        ax.errorbar(e["bytes_per_param"], y, yerr=[[lo], [hi]], fmt=marker, color=color, mfc=face, ms=8 if
+                    marker != "*" else 13, capsize=3, lw=1.2, zorder=3)
+        name = e["key"].replace("bnb-", "bnb ").replace("torchao-", "ao ")
+        if e["n"] < e["n_wanted"]:
+            name += f" (n={e['n']})"
+        span = max(0.3, max(abs(q["delta_pct"]["mean"]) for q in pts if q.get("delta_pct")) if any(
+            q.get("delta_pct") for q in pts) else 0.3)
+        crowd = sum(1 for q in placed if abs(math.log2(q[0] / e["bytes_per_param"])) < 0.08 and abs(q[1] - y) < 0.04 * span)
+        placed.append((e["bytes_per_param"], y))
+        ax.annotate(name, (e["bytes_per_param"], y), textcoords="offset points", xytext=(6, 4 - 9 * crowd), fontsize=7)
+    front = [e for e in sorted(pts, key=lambda e: e["bytes_per_param"]) if e["pareto"]]
+    if front:
+        xs, ys = [], []
+        for e in front:
+            y = 0.0 if e.get("delta_pct") is None else e["delta_pct"]["mean"]
+            if xs:
+                xs.append(e["bytes_per_param"])
+                ys.append(ys[-1])
+            xs.append(e["bytes_per_param"])
+            ys.append(y)
+        ax.plot(xs, ys, color="k", lw=1, ls="--", zorder=2, label="Pareto front (fewer bytes, lower mean Δ)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([0.5, 1, 2, 4, 8, 16])
+    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_xlabel("optimizer state, bytes per parameter (measured on the LM's allocated states)")
+    ax.set_ylabel("Δ final validation loss vs fp32 AdamW, % (mean, 95 % CI)")
+    desc = result["description"]
+    ax.set_title(f"Bytes vs loss: {desc['parameters']:,}-parameter byte-level LM, {desc['config']['steps']} steps, "
+                 f"{len(result['seeds'])} paired seeds", fontsize=10)
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color=c, marker="o", ls="", label=R.RULE_LABELS.get(r, r)) for r, c in COLORS.items()
+               if any(e["rule"] == r for e in pts)]
+    handles += [Line2D([], [], color="k", marker=m, mfc="white" if lib in ("bitsandbytes", "torchao") else "k",
+                       ls="", label=lib) for lib, m in MARKERS.items() if any(e["library"] == lib for e in pts)]
+    handles += [Line2D([], [], color="k", ls="--", label="Pareto front")]
+    ax.legend(handles=handles, fontsize=8, loc="best")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def machine(result: dict[str, Any]) -> str:
+    env = result.get("environment", {})
+    return (f"{env.get('cpu', 'unknown CPU')}, {env.get('cores', '?')} cores shared with other jobs, one torch thread per "
+            f"run; Python {env.get('python')}, torch {env.get('torch')}, bitsandbytes {env.get('bitsandbytes')}, "
+            f"torchao {env.get('torchao')}")
+
+
+def _replace_block(text: str, block: str, before: str) -> str:
+    if START in text and END in text:
+        return re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S)
+    if before in text:
+        i = text.index(before)
+        return text[:i] + block + "\n\n" + text[i:]
+    return text.rstrip() + "\n\n" + block + "\n"
+
+
+def not_run(result: dict[str, Any]) -> str:
+    """The board's rows with no run yet, or with fewer seeds than wanted (said, never hidden)."""
+    have = {e["key"]: e for e in result["rows"]}
+    missing = [k for k in R.ROWS if k not in have]
+    short = [f"{k} ({have[k]['n']} of {have[k]['n_wanted']} seeds)" for k in R.ROWS
+             if k in have and have[k]["n"] < have[k]["n_wanted"]]
+    parts = []
+    if missing:
+        parts.append("Not run yet: " + ", ".join(missing) + ".")
+    if short:
+        parts.append("Incomplete: " + ", ".join(short) + ".")
+    if parts:
+        parts.append(f"`{COMMAND}` resumes them (stored runs are skipped).")
+    return " ".join(parts)
+
+
+def readme_block(result: dict[str, Any]) -> str:
+    lrs = ", ".join(f"{R.RULE_LABELS[r]} {s['used_lr']:g}" for r, s in result["sweep"].items() if s)
+    text = [
+        START,
+        "### The bytes-vs-loss board: every rule, every state format",
+        "",
+        "![bytes vs loss](bench/results/board.png)",
+        "",
+        f"The same LM and paired seeds ({len(result['seeds'])}), for each update rule with fp32, 8-bit, 4-bit and FP8 "
+        f"states (rows not run yet are named below), with bitsandbytes' and torchao's classes as anchors; each rule at its own lr from a sweep with fp32 "
+        f"states on seeds 100 and 101 ({lrs}); x is measured from the LM's allocated states (its small tensors keep fp32 "
+        f"states, so the low-bit points sit a little right of 1, 2 bytes...).",
+        "",
+        table(result, full=False),
+        "",
+        resolution(result) + (" " + not_run(result) if not_run(result) else ""),
+        "",
+        f"Machine: {machine(result)}. Command: `{COMMAND}` (resumable; `--report` redraws from the stored runs; "
+        f"`--optimizer package.module:Class --kwargs '{{...}}'` adds your optimizer). The full table, the lr sweep and "
+        f"the notes are in [bench/README.md](bench/README.md#the-bytes-vs-loss-board).",
+        END,
+    ]
+    return "\n".join(t for t in text)
+
+
+def bench_section(result: dict[str, Any]) -> str:
+    desc = result["description"]
+    parts = [
+        f"`{COMMAND}` ({desc['parameters']:,} parameters, {desc['config']['steps']} steps, seeds "
+        f"{result['seeds'][0]}–{result['seeds'][-1]}, paired; Δ = mean of per-seed (loss − AdamW's loss) / AdamW's "
+        f"loss with a 95 % Student-t interval). Packaged: `bench/results/board.json`, the runs under "
+        f"`bench/results/runs/board/` (the rows that are the LM benchmark's own runs are read from "
+        f"`bench/results/runs/lm/`), the picture `bench/results/board.png`.",
+        "",
+        "![bytes vs loss](results/board.png)",
+        "",
+        table(result),
+        "",
+        "**Reading it.** " + resolution(result) + (" " + not_run(result) if not_run(result) else ""),
+        "",
+        "**Bytes.** " + small_tensors(result) + " bitsandbytes' states also point at its two 256-entry fp32 code maps, one storage each shared "
+        "by every tensor (counted once: 2 KiB, its 0.005 bytes/param over adam8lib's 8-bit row); adam8lib's state holds codes and "
+        "scales only (its maps are constants of the library).",
+        "",
+        "**Learning rates** (" + result["lr_rule"].replace("the lr of SWEEP_LRS", "the lr of the grid below") +
+        "; a grid whose best lr is at an edge is extended by a factor 2 past it, at most twice):",
+        "",
+        sweep_table(result),
+        "",
+        "**Settings besides the lr** (`bench/board_rows.py`):" + _settings(),
+        "",
+        f"Machine: {machine(result)}.",
+    ]
+    if result.get("reproducibility"):
+        r = result["reproducibility"]
+        parts.append(f"\nReproducibility: fp32 AdamW seed {r['seed']} re-run by the board's runner gave "
+                     f"{r['rerun_valid_loss']:.10f} against the LM benchmark's stored {r['stored_valid_loss']:.10f} "
+                     f"(relative {r['relative_difference']:.1e}; bit identical: {r['bit_identical']}): not the same "
+                     f"bits, but well inside the machine's own floor (another thread count moves it by up to 7e-6), so "
+                     f"the stored runs are reused.")
+    return "\n".join(parts)
+
+
+def _settings() -> str:
+    """The rows' docstring paragraph on hyper-parameters, as Markdown (bullets kept)."""
+    import textwrap
+
+    body = textwrap.dedent(R.__doc__.split("**Hyper-parameters besides the lr.**")[1])
+    out = []
+    for line in body.strip().splitlines():
+        if line.startswith("* ") or not out:
+            out.append(line)
+        else:
+            out[-1] += " " + line.strip()
+    return " " + out[0] + "\n\n" + "\n".join(out[1:])
+
+
+def write_readmes(result: dict[str, Any], readme: Path = README) -> None:
+    from readme_section import write_section
+
+    text = readme.read_text()
+    readme.write_text(_replace_block(text, readme_block(result), "## The library in one screen"))
+    write_section("<!-- board-full:start -->", "<!-- board-full:end -->", bench_section(result),
+                  "The bytes-vs-loss board")
