@@ -403,3 +403,40 @@ def test_backward_clipped_refuses_what_it_cannot_do():
     handle.remove()
     with pytest.raises(GradientReleasedError, match="removed"):
         handle.backward_clipped(loss, 1.0)
+
+
+def test_the_lm_benchmark_s_release_runs_are_the_ordinary_runs_bit_for_bit():
+    """bench/convergence.py bill (packaged for lesson 14 and the README): on every seed, bf16 + SR + 8-bit with
+    gradient release (clipping by backward_clipped) has the same loss curve and final loss as without."""
+    import json
+    from pathlib import Path
+
+    result = json.loads((Path(adam8lib.__file__).parent / "course" / "results" / "whole_bill_lm.json").read_text())
+    pair = result["pairs"]["bf16_sr_8bit_release_vs_bf16_sr_8bit"]
+    assert pair["bit_identical"] == [True] * len(result["seeds"]) and len(result["seeds"]) >= 8
+    runs = {(r["optimizer"], r["seed"]): r for r in result["runs"]}
+    assert all(runs["bf16_sr_8bit_release", s]["valid_loss"] == runs["bf16_sr_8bit", s]["valid_loss"]
+               for s in result["seeds"])
+    assert all(result["optimizers"][k]["n"] == len(result["seeds"]) for k in result["optimizers"])
+
+
+def test_the_benchmark_builds_the_bill_s_rows():
+    """bench/convergence.py's factories: bf16 weights with SR for the release rows, a 24-bit master over fp32
+    weights with 4-bit states (the parameters become bf16, their corrections int8)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import convergence
+
+    for kind in convergence.RELEASE:
+        model = mlp()
+        groups = [{"params": list(model.parameters()), "weight_decay": 0.0}]
+        opt = convergence.make_optimizer(kind, groups, 1e-3, (0.9, 0.98))
+        dtypes = {p.dtype for p in model.parameters()}
+        assert dtypes == {BF16}, (kind, dtypes)
+        if kind.startswith("master24"):
+            assert not opt.stochastic_rounding and opt.compressed_master.bits == 8
+        else:
+            assert opt.stochastic_rounding
+        assert opt.format.name == ("8bit" if "8bit" in kind else "4bit")
