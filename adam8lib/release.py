@@ -128,7 +128,11 @@ class ReleaseHandle:
             # stochastic rounding seeds by the place in the step: p is update 0 of this step, so its
             # per-parameter update gets its full-step index (one call; no placeholder steps before it)
             update = opt._update
-            opt._update = lambda group, p, param, grad, index=0: update(group, p, param, grad, index + offset)
+
+            def shifted(group, p, param, grad, index=0, *rest, **kwargs):  # the rest: whatever _update takes
+                return update(group, p, param, grad, index + offset, *rest, **kwargs)
+
+            opt._update = shifted
         self._stepping = True
         try:
             opt.step()

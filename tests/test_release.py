@@ -312,9 +312,9 @@ def test_stochastic_rounding_release_does_one_update_per_parameter(name, monkeyp
     calls = []
     original = LowBitAdam._update
 
-    def counting(self, group, p, param, grad, index=0):
+    def counting(self, group, p, param, grad, index=0, *rest, **kwargs):
         calls.append((p.numel(), index))
-        return original(self, group, p, param, grad, index)
+        return original(self, group, p, param, grad, index, *rest, **kwargs)
 
     monkeypatch.setattr(LowBitAdam, "_update", counting)
     make, dtype = OPTIMIZERS[name]
