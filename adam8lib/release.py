@@ -19,9 +19,10 @@ parameter on its own with its group's hyper-parameters, so this is the ordinary 
 One thing of the ordinary step depends on the other parameters: with ``stochastic_rounding=True``
 (:class:`~adam8lib.optim.LowBitAdam`) the random bits of a parameter are seeded by its *index*, its
 place among the parameters stepped together. The hook gives ``p`` the index it has in a full step
-where every parameter has a gradient, by placing empty placeholder tensors before it; a parameter that
-gets no gradient in some backward (unused in the forward) would shift the later indices of an ordinary
-step, not of this one.
+where every parameter has a gradient: during its one-parameter step the optimizer's per-parameter update
+is called with that index (an offset added to the index 0 it would get alone), one update per parameter;
+a parameter that gets no gradient in some backward (unused in the forward) would shift the later indices
+of an ordinary step, not of this one.
 
 **Shared (tied) parameters** are one tensor: one hook, one step per backward, after the gradients of
 all its uses are summed.
@@ -30,8 +31,11 @@ all its uses are summed.
 
 * ``optimizer.step()`` called by hand while released: the parameters were stepped already.
 * ``torch.nn.utils.clip_grad_norm_`` on released parameters: the global norm needs every gradient,
-  and each one is gone before the last is computed. Clip by value or per parameter in your own hook,
-  or compute the norm in one backward pass and step in a second one, or do not release gradients.
+  and each one is gone before the last is computed. The recipe that works: two backward passes,
+  :meth:`ReleaseHandle.backward_clipped` -- the first only measures each gradient's norm and frees it,
+  the second scales each gradient by ``clip_grad_norm_``'s factor and steps it; the same numbers as
+  ``backward(); clip_grad_norm_(); step()`` bit for bit, for a second backward's time (the activations
+  are kept for it, as they are during any backward). Or clip by value or per parameter in your own hook.
 * Gradient accumulation: ``accumulate=k`` steps each parameter at its k-th backward and frees its
   gradient then, the same as ``k`` backward passes, one ``step()`` and ``zero_grad()``; between the
   micro-batches the gradients are kept (they are summed), so the memory saved is that of the last one.
@@ -76,7 +80,9 @@ class ReleaseHandle:
         self._ids = {id(p) for p in params}
         self._counts = {id(p): 0 for p in params}
         self._stepping = False
-        self._placeholders: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+        #: during backward_clipped: None (step), "norm" (first pass: measure, free) or the clip factor (second)
+        self._norms: dict[int, torch.Tensor] | None = None
+        self._scale: torch.Tensor | None = None
         self._index = self._stochastic_rounding_indices()
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
         self._hooks.append(optimizer.register_step_pre_hook(self._refuse_manual_step))
@@ -88,6 +94,12 @@ class ReleaseHandle:
     def _on_grad(self, p: torch.Tensor) -> None:
         for observe in list(_OBSERVERS):
             observe(p)
+        if self._norms is not None:  # backward_clipped's first pass: the norm only, then free it
+            self._norms[id(p)] = _grad_norm(p.grad)
+            p.grad = None
+            return
+        if self._scale is not None:  # its second pass: clip_grad_norm_'s scaling, then the step
+            _scale_grad(p.grad, self._scale)
         key = id(p)
         self._counts[key] += 1
         if self._counts[key] < self.accumulate:
@@ -108,23 +120,28 @@ class ReleaseHandle:
         opt = self.optimizer
         groups = opt.param_groups
         group = next(g for g in groups if any(q is p for q in g["params"]))
-        visible = [p]
-        index = self._index.get(id(p), 0)
-        if index:
-            # stochastic rounding seeds by the place in the step: empty placeholders before p
-            visible = [self._placeholder(p)] * index + visible
+        offset = self._index.get(id(p), 0)
         saved = group["params"]
-        group["params"] = visible
+        group["params"] = [p]
         opt.param_groups = [group]
+        if offset:
+            # stochastic rounding seeds by the place in the step: p is update 0 of this step, so its
+            # per-parameter update gets its full-step index (one call; no placeholder steps before it)
+            update = opt._update
+
+            def shifted(group, p, param, grad, index=0, *rest, **kwargs):  # the rest: whatever _update takes
+                return update(group, p, param, grad, index + offset, *rest, **kwargs)
+
+            opt._update = shifted
         self._stepping = True
         try:
             opt.step()
         finally:
             self._stepping = False
+            if offset:
+                del opt._update  # the instance attribute: back to the class's method
             group["params"] = saved
             opt.param_groups = groups
-            for holder in self._placeholders.values():
-                opt.state.pop(holder, None)
 
     def _stochastic_rounding_indices(self) -> dict[int, int]:
         """``{id(p): index}``: each parameter's place in a full step, where the optimizer seeds stochastic
@@ -134,13 +151,48 @@ class ReleaseHandle:
         order = [p for g in self.optimizer.param_groups for p in g["params"] if p.requires_grad]
         return {id(p): i for i, p in enumerate(order)}
 
-    def _placeholder(self, p: torch.Tensor) -> torch.Tensor:
-        key = (p.device, p.dtype)
-        holder = self._placeholders.get(key)
-        if holder is None:
-            holder = self._placeholders[key] = torch.empty(0, dtype=p.dtype, device=p.device)
-            holder.grad = torch.empty(0, dtype=p.dtype, device=p.device)
-        return holder
+    # ------------------------------------------------------------------ global-norm clipping
+    def backward_clipped(self, loss: torch.Tensor, max_norm: float) -> torch.Tensor:
+        """``loss.backward()``, ``torch.nn.utils.clip_grad_norm_(params, max_norm)`` (2-norm) and the step, with
+        released gradients: two backward passes. The first measures each gradient's norm as it is completed
+        and frees it at once; the total norm and the factor ``min(max_norm / (total + 1e-6), 1)`` are then
+        computed as ``clip_grad_norm_`` computes them (the per-tensor norms grouped by device and dtype,
+        in parameter order); the second pass scales each gradient by that factor and steps it. Bit for
+        bit the ordinary ``backward(); clip_grad_norm_(); step()``, for a second backward pass (the graph
+        is kept for it: ``retain_graph=True`` in the first). Returns the total norm, as ``clip_grad_norm_``
+        does. Not with ``accumulate`` > 1 (the norm of a sum over micro-batches needs the sum: clip the
+        last micro-batch's ``backward_clipped`` yourself, or accumulate without release)."""
+        if self.removed:
+            raise GradientReleasedError("backward_clipped on a removed handle: call clip_grad_norm_ as usual")
+        if self.accumulate != 1:
+            raise ValueError(f"backward_clipped needs accumulate=1 (this handle accumulates {self.accumulate} "
+                             f"backward passes): the global norm of an accumulated gradient needs the whole sum")
+        if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+            raise TypeError("loss must be a tensor that requires grad (the output of the forward pass)")
+        if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not max_norm > 0:
+            raise ValueError(f"max_norm must be a number > 0, got {max_norm!r}")
+        self._norms = {}
+        try:
+            loss.backward(retain_graph=True)
+            norms, self._norms = self._norms, None
+        except BaseException:
+            self._norms = None
+            raise
+        got = [p for p in self.params if id(p) in norms]  # clip_grad_norm_ skips the parameters without one
+        if not got:
+            return torch.tensor(0.0)
+        # clip_grad_norm_'s order: grouped by (device, dtype), groups in order of first appearance
+        groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+        for p in got:
+            groups.setdefault((p.device, p.dtype), []).append(norms[id(p)])
+        first = got[0].device
+        total = torch.linalg.vector_norm(torch.stack([n.to(first) for ns in groups.values() for n in ns]), 2.0)
+        self._scale = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
+        try:
+            loss.backward()
+        finally:
+            self._scale = None
+        return total
 
     # ------------------------------------------------------------------ removal
     def remove(self) -> None:
@@ -268,3 +320,23 @@ def _unguard_clip_grad_norm() -> None:
     torch.nn.utils.clip_grad_norm_ = _ORIGINAL_CLIP
     torch.nn.utils.clip_grad.clip_grad_norm_ = _ORIGINAL_CLIP
     _ORIGINAL_CLIP = None
+
+
+# ---------------------------------------------------------------------- clip_grad_norm_'s arithmetic
+def _grad_norm(grad: torch.Tensor) -> torch.Tensor:
+    """One gradient's 2-norm the way ``clip_grad_norm_`` computes it (foreach where torch supports it)."""
+    from torch.utils._foreach_utils import _has_foreach_support
+
+    if _has_foreach_support([grad], grad.device):
+        return torch._foreach_norm([grad], 2.0)[0]
+    return torch.linalg.vector_norm(grad, 2.0)
+
+
+def _scale_grad(grad: torch.Tensor, scale: torch.Tensor) -> None:
+    """``clip_grad_norm_``'s in-place scaling of one gradient by the clamped factor."""
+    from torch.utils._foreach_utils import _has_foreach_support
+
+    if _has_foreach_support([grad], grad.device):
+        torch._foreach_mul_([grad], scale.to(grad.device))
+    else:
+        grad.mul_(scale.to(grad.device))

@@ -13,6 +13,11 @@ the data order, the same for every optimizer):
   (v on a map with 0), FP8 states, bf16 weights with stochastic rounding or round-to-nearest (with
   8-bit states), against fp32 AdamW and adam8lib 8-bit, with torchao's ``AdamW4bit`` and
   ``AdamWFp8`` and bitsandbytes 8-bit as anchors (the LM's own runs are shared, not repeated).
+* ``bill``: the LM with the whole bill's rows (lesson 14): gradient release (``adam8lib.release_gradients``,
+  global-norm clipping in two backward passes) with bf16 + stochastic rounding and 8-bit states (which
+  must be the ``bf16_sr_8bit`` runs to the bit: the check, not new evidence) or 4-bit states, and a
+  24-bit compressed master (``adam8lib.CompressedMasterWeights``, bits=8) with 4-bit states; against
+  fp32 AdamW, and the rows without an fp32 master against the ones that keep one.
 * ``ablation``: the LM (at its own learning rate) with adam8lib's teaching variants
   (``adam8lib.variants.Adam8bitVariant``): linear map with one scale per tensor, dynamic map
   with one scale per tensor, blockwise dynamic (= ``Adam8bit``), and 32-bit AdamW.
@@ -27,6 +32,7 @@ Run (one torch thread per run, ``--jobs`` runs at once, under ``nice``)::
     python bench/convergence.py lm          # ~8 seeds x 4 optimizers + noise floor
     python bench/convergence.py cls         # 10 seeds x 4 optimizers
     python bench/convergence.py ablation    # 6 variants x 8 seeds
+    python bench/convergence.py bill        # 3 release / master rows x 8 seeds (+ the runs above)
     python bench/convergence.py beyond      # 10 optimizers x 8 seeds (needs torchao: pip install -e .[bench])
     python bench/convergence.py report      # tables + plots from the stored results
     python bench/convergence.py lm --quick  # smoke run: tiny config, 2 seeds, writes nothing
@@ -58,7 +64,7 @@ import stats  # noqa: E402
 RUNS = BENCH / "results" / "runs"
 PACKAGED = ROOT / "adam8lib" / "course" / "results"
 FILES = {"lm": "convergence_lm.json", "cls": "convergence_cls.json", "ablation": "ablation.json",
-         "beyond": "beyond_8_bits.json"}
+         "beyond": "beyond_8_bits.json", "bill": "whole_bill_lm.json"}
 
 #: name -> label. Factories are in :func:`make_optimizer`.
 LABELS = {
@@ -82,9 +88,14 @@ LABELS = {
     "bf16_rne_8bit": "bf16 weights + round-to-nearest, adam8lib 8-bit states (the ablation)",
     "torchao4bit": "torchao AdamW4bit",
     "torchaofp8": "torchao AdamWFp8",
+    "bf16_sr_8bit_release": "bf16 weights + stochastic rounding, 8-bit states, gradient release",
+    "bf16_sr_4bit_release": "bf16 weights + stochastic rounding, 4-bit states, gradient release",
+    "master24_4bit_release": "24-bit master (bf16 + 8-bit correction), 4-bit states, gradient release",
 }
+#: Kinds that step inside backward (``adam8lib.release_gradients``; clipping in two backward passes).
+RELEASE = ("bf16_sr_8bit_release", "bf16_sr_4bit_release", "master24_4bit_release")
 #: Kinds that train bf16 weights (the model is cast when its optimizer is made).
-BF16_WEIGHTS = ("bf16_sr_8bit", "bf16_rne_8bit")
+BF16_WEIGHTS = ("bf16_sr_8bit", "bf16_rne_8bit", "bf16_sr_8bit_release", "bf16_sr_4bit_release")
 #: The root-cause rows: adam8lib's step with another rounding rule, compared with both libraries.
 ROOT_CAUSE = ("adam8bit_bnbround", "adam8bit_nokeep")
 DEFAULTS = {
@@ -95,7 +106,15 @@ DEFAULTS = {
                               "linear_block_nokeep"], "seeds": list(range(8))},
     "beyond": {"optimizers": ["adamw", "adam8bit", "adam4bit", "adam4bit_naive", "adamfp8", "bf16_sr_8bit",
                               "bf16_rne_8bit", "torchao4bit", "torchaofp8", "bnb8bit"], "seeds": list(range(8))},
+    "bill": {"optimizers": ["adamw", "adam8bit", "adam4bit", "bf16_sr_8bit", *RELEASE], "seeds": list(range(8))},
 }
+#: The bill's fp32-weight rows: the LM's own runs (fp32 arithmetic reproduces across CPUs to ~1e-5).
+FP32_SHARED = ("adamw", "adam8bit", "adam4bit")
+#: The bill's pairs (ours, other): release against the same step without it (bit for bit), and the rows
+#: that keep no fp32 master (or a 24-bit one) against the fp32-weight rows with the same states.
+BILL_PAIRS = (("bf16_sr_8bit_release", "bf16_sr_8bit"), ("bf16_sr_8bit_release", "adam8bit"),
+              ("bf16_sr_4bit_release", "adam4bit"), ("master24_4bit_release", "adam4bit"),
+              ("bf16_sr_4bit_release", "master24_4bit_release"))
 
 
 # ---------------------------------------------------------------------- optimizers
@@ -109,7 +128,18 @@ def make_optimizer(kind: str, groups: list[dict[str, Any]], lr: float, betas: tu
                 p.data = p.data.to(torch.bfloat16)
         from adam8lib import Adam8bit
 
-        return Adam8bit(groups, lr=lr, betas=betas, stochastic_rounding=kind == "bf16_sr_8bit")
+        if kind == "bf16_sr_4bit_release":
+            from adam8lib.optim import LowBitAdam
+
+            return LowBitAdam(groups, lr=lr, betas=betas, state_format="4bit", stochastic_rounding=True)
+        return Adam8bit(groups, lr=lr, betas=betas, stochastic_rounding=kind in ("bf16_sr_8bit", "bf16_sr_8bit_release"))
+    if kind == "master24_4bit_release":  # fp32 weights split into bf16 + an 8-bit correction
+        from adam8lib import CompressedMasterWeights
+        from adam8lib.optim import LowBitAdam
+
+        opt = LowBitAdam(groups, lr=lr, betas=betas, state_format="4bit")
+        opt.compressed_master = CompressedMasterWeights([p for g in groups for p in g["params"]], opt, bits=8)
+        return opt
     if kind in ("adam4bit", "adam4bit_naive", "adamfp8"):
         from adam8lib.optim import LowBitAdam
 
@@ -154,7 +184,7 @@ def task_config(task: str, overrides: dict[str, Any] | None = None):
     import cls_task
     import lm_task
 
-    cfg = lm_task.LMConfig() if task in ("lm", "ablation", "beyond") else cls_task.ClsConfig()
+    cfg = lm_task.LMConfig() if task in ("lm", "ablation", "beyond", "bill") else cls_task.ClsConfig()
     if task == "ablation":
         cfg = replace(cfg, lr=ABLATION_LR)
     return replace(cfg, **(overrides or {}))
@@ -170,7 +200,11 @@ def run_path(task: str, kind: str, seed: int, threads: int, cfg) -> Path:
     """Where a run is stored. An ablation run at the LM's own configuration *is* an LM run
     (``dynamic_block`` is ``Adam8bit``: the ``adam8bit`` run), so it is stored with those."""
     tag = "quick-" if getattr(cfg, "steps", 0) and cfg.steps < 50 else ""
-    if task in ("ablation", "beyond") and cfg == task_config("lm"):
+    if task == "bill" and kind not in FP32_SHARED:
+        # bf16 arithmetic differs between CPUs: the bill's bf16 rows (bf16_sr_8bit re-run too) are run
+        # on one machine, so that release can be compared with the ordinary step bit for bit
+        return RUNS / task / f"{tag}{kind}-lr{cfg.lr:g}-t{threads}-s{seed}.json"
+    if task in ("ablation", "beyond", "bill") and cfg == task_config("lm"):
         task, kind = "lm", {"dynamic_block": "adam8bit"}.get(kind, kind)
     return RUNS / task / f"{tag}{kind}-lr{cfg.lr:g}-t{threads}-s{seed}.json"
 
@@ -182,8 +216,8 @@ def run_one(task: str, kind: str, seed: int, threads: int, cfg) -> dict[str, Any
     def factory(groups, c):
         return make_optimizer(kind, groups, c.lr, tuple(c.betas))
 
-    if task in ("lm", "ablation", "beyond"):
-        record = lm_task.run(factory, seed, cfg, threads=threads, eval_every=50)
+    if task in ("lm", "ablation", "beyond", "bill"):
+        record = lm_task.run(factory, seed, cfg, threads=threads, eval_every=50, release=kind in RELEASE)
     else:
         record = cls_task.run(factory, seed, cfg, threads=threads)
     record.update(optimizer=kind, task=task, config=asdict(cfg))
@@ -368,6 +402,14 @@ def summarize(task: str, records: list[dict[str, Any]], optimizers: list[str], s
                                                **compare([by[(other, s, 1)] for s in seeds],
                                                          [by[(ours, s, 1)] for s in seeds])}
         result["pairs"] = pairs
+    if task == "bill":  # release vs the same step without it (must be identical), and master vs none
+        pairs = {}
+        for ours, other in BILL_PAIRS:
+            if ours in optimizers and other in optimizers:
+                a, b = [by[(other, s, 1)] for s in seeds], [by[(ours, s, 1)] for s in seeds]
+                pairs[f"{ours}_vs_{other}"] = {"label": f"{LABELS[ours]} vs {LABELS[other]}", **compare(a, b),
+                                               "bit_identical": _same_runs(a, b)}
+        result["pairs"] = pairs
     if task == "lm":
         root = {}
         for kind in ROOT_CAUSE:
@@ -392,7 +434,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         _shard(argv[1])
         return None
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("experiment", choices=["lm", "cls", "ablation", "beyond", "report"])
+    parser.add_argument("experiment", choices=["lm", "cls", "ablation", "beyond", "bill", "report"])
     parser.add_argument("--seeds", type=int, nargs="+")
     parser.add_argument("--optimizers", nargs="+", choices=list(LABELS))
     parser.add_argument("--lr", type=float, help="override the task's learning rate")

@@ -191,10 +191,12 @@ def set_determinism(threads: int) -> None:
 
 
 def run(make_optimizer: Callable[[list[dict[str, Any]], LMConfig], torch.optim.Optimizer], seed: int,
-        cfg: LMConfig = LMConfig(), *, threads: int = 1, eval_every: int = 0) -> dict[str, Any]:
+        cfg: LMConfig = LMConfig(), *, threads: int = 1, eval_every: int = 0, release: bool = False) -> dict[str, Any]:
     """Train one model with the optimizer ``make_optimizer(param_groups, cfg)`` and return the record.
 
     ``eval_every > 0`` also records the validation loss every that many steps (for curves).
+    ``release=True`` steps every parameter inside backward (``adam8lib.release_gradients``), with the
+    same global-norm clipping in two backward passes (``ReleaseHandle.backward_clipped``).
     """
     from adam8lib.training import make_param_groups
 
@@ -204,6 +206,10 @@ def run(make_optimizer: Callable[[list[dict[str, Any]], LMConfig], torch.optim.O
     model = build_model(cfg, seed)
     opt = make_optimizer(make_param_groups(model, cfg.weight_decay), cfg)
     peak = [g["lr"] for g in opt.param_groups]
+    if release:
+        from adam8lib import release_gradients
+
+        handle = release_gradients(model, opt)
     losses: list[float] = []
     curve: list[tuple[int, float]] = []
     start = time.perf_counter()
@@ -212,11 +218,14 @@ def run(make_optimizer: Callable[[list[dict[str, Any]], LMConfig], torch.optim.O
         for g, base in zip(opt.param_groups, peak):
             g["lr"] = base * lr_at(step, cfg)
         loss = lm_loss(model, batch)
-        loss.backward()
-        if cfg.clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        if release:  # every parameter stepped inside backward, its gradient freed
+            handle.backward_clipped(loss, cfg.clip) if cfg.clip else loss.backward()
+        else:
+            loss.backward()
+            if cfg.clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         value = float(loss.detach())
         losses.append(value)
         if not math.isfinite(value):

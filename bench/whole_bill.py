@@ -2,7 +2,9 @@
 
     python bench/whole_bill.py            # full DistilBERT (65,783,042 parameters), a few minutes on a CPU
     python bench/whole_bill.py --small    # the 2-layer DistilBERT: seconds
-    python bench/whole_bill.py --json bench/results/whole_bill.json
+    python bench/whole_bill.py --json bench/results/whole_bill.json   # (and adam8lib/course/results/, for lesson 14)
+    python bench/whole_bill.py --readme   # bench/README.md's section: these bytes + the LM's evidence
+                                          # (bench/convergence.py bill -> adam8lib/course/results/whole_bill_lm.json)
 
 Each row: a model built from config (offline), one warm-up training step untracked (the optimizer makes
 its state), then one step tracked (batch of 1 x 8 tokens). "between" is weights + gradients + optimizer
@@ -23,6 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from adam8lib import AdamW8bit, LowBitAdam, release_gradients  # noqa: E402
 from adam8lib.course.finetune import build_distilbert  # noqa: E402
@@ -99,12 +102,76 @@ def table(results):
     return "\n".join(lines)
 
 
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGED = ROOT / "adam8lib" / "course" / "results"
+#: The LM rows of ``bench/convergence.py bill``, with the DistilBERT row whose bytes they have.
+LM_ROWS = [("adamw", "fp32 AdamW"), ("bf16_sr_8bit", "bf16 + SR + 8-bit"),
+           ("bf16_sr_8bit_release", "bf16 + SR + 8-bit + release"),
+           ("bf16_sr_4bit_release", "bf16 + SR + 4-bit + release"),
+           ("master24_4bit_release", "24-bit master + 4-bit + release")]
+
+
+def _ci(d):
+    return f"{100 * d['mean']:+.2f} % [{100 * d['ci_low']:+.2f}, {100 * d['ci_high']:+.2f}]"
+
+
+def evidence_table(lm, bert):
+    """The LM's paired evidence for the bill's rows, with DistilBERT's measured bytes per parameter."""
+    by = {r["row"]: r for r in bert}
+    lines = ["| row | DistilBERT bill between steps (B/param, measured) | peak of the bill during a step | "
+             "Δ valid loss vs AdamW [95 % CI] | diverged |", "|---|---|---|---|---|"]
+    for kind, row in LM_ROWS:
+        e, b = lm["optimizers"][kind], by[row]
+        delta = "–" if kind == "adamw" else _ci(lm["paired_vs_adamw"][kind]["valid_loss"])
+        lines.append(f"| {row} | {b['between']:.3f} | {b['peak_bill']:.3f} | {delta} | {e['diverged']}/{e['n']} |")
+    return "\n".join(lines)
+
+
+def readme_section(lm, bert):
+    pairs = lm["pairs"]
+    same = pairs["bf16_sr_8bit_release_vs_bf16_sr_8bit"]["bit_identical"]
+    noise = lm["noise_floor"]["seed_to_seed_relative_std"]
+    lines = [
+        "DistilBERT's bill (65,783,042 parameters; `python bench/whole_bill.py`), every row measured by "
+        "`adam8lib.memory_tracker` from live storages, B/param:", "", table(bert), "",
+        "How they train: the course's LM (`bench/convergence.py bill`: 250 steps, global-norm clipping at 1.0 "
+        "done with `ReleaseHandle.backward_clipped` in the release rows; seeds "
+        f"{lm['seeds']}, each paired with fp32 AdamW on its seed):", "", evidence_table(lm, bert), "",
+        f"- **The check, not new evidence**: bf16 + SR + 8-bit with gradient release equals the same runs without it "
+        f"bit for bit (loss curves and final loss) on {sum(same)}/{len(same)} seeds.",
+        "- The bf16 rows (and the 24-bit master, whose model computes in bf16) were run on one machine "
+        "(bf16 arithmetic differs between CPUs), with `bf16_sr_8bit` re-run there; the fp32 rows (AdamW, 8-bit, "
+        "4-bit) are the LM benchmark's own runs.",
+        f"- Noise floor: AdamW's seed-to-seed spread {100 * noise:.2f} % (relative std of the final loss).",
+    ]
+    for key, pair in pairs.items():
+        if "valid_loss" in pair and key != "bf16_sr_8bit_release_vs_bf16_sr_8bit":
+            d = pair["valid_loss"]
+            verdict = "contains 0: no difference resolved" if d["ci_low"] <= 0 <= d["ci_high"] else "excludes 0"
+            lines.append(f"- {pair['label']}: {_ci(d)} (n={d['n']}); {verdict}.")
+    lines.append(f"- Measured on: {lm['environment'].get('cpu')}, torch {lm['environment'].get('torch')}.")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", action="store_true", help="the 2-layer DistilBERT (seconds)")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON")
     parser.add_argument("--only", help="comma-separated row numbers (1-based)")
+    parser.add_argument("--readme", action="store_true",
+                        help="write bench/README.md's section from the stored results (runs nothing)")
     args = parser.parse_args(argv)
+    if args.readme:
+        import json as _json
+
+        from readme_section import write_section
+
+        lm = _json.loads((PACKAGED / "whole_bill_lm.json").read_text())
+        bert = _json.loads((PACKAGED / "whole_bill.json").read_text())
+        write_section("<!-- whole-bill:start -->", "<!-- whole-bill:end -->", readme_section(lm, bert),
+                      "The whole bill: gradient release, 4-bit states, 24-bit master weights")
+        print(readme_section(lm, bert))
+        return
     torch.set_num_threads(1)
     rows = _rows()
     if args.only:
@@ -116,6 +183,8 @@ def main(argv=None):
     print(table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
+        if not args.small and not args.only:  # the full table: lesson 14 reads the packaged copy
+            (PACKAGED / "whole_bill.json").write_text(json.dumps(results, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -286,3 +286,22 @@ def test_describe_prints_each_category_and_the_bill():
     assert "largest gradient: 0.weight (0.50 MiB)" in text
     with pytest.raises(ValueError, match="num_params"):
         t.peak().describe(-1)
+
+
+def test_the_packaged_whole_bill_is_the_benchmark_s_and_meets_the_issue_s_bounds():
+    """Lesson 14 reads adam8lib/course/results/whole_bill.json: the very file bench/whole_bill.py wrote, with
+    DistilBERT's rows at most 3.1 (bf16 + SR + 4-bit + release) and 4.1 bytes per parameter (24-bit master)."""
+    import json
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    packaged = (repo / "adam8lib" / "course" / "results" / "whole_bill.json").read_text()
+    assert packaged == (repo / "bench" / "results" / "whole_bill.json").read_text()
+    rows = {r["row"]: r for r in json.loads(packaged)}
+    assert all(r["num_params"] == 65_783_042 for r in rows.values())
+    assert rows["fp32 AdamW"]["between"] == 16.0
+    assert rows["bf16 + SR + 4-bit + release"]["between"] <= 3.1
+    assert rows["24-bit master + 4-bit + release"]["between"] <= 4.1
+    for name, r in rows.items():  # the parts add up, and release leaves no gradient between steps
+        assert abs(sum(r["parts"][c] for c in ("parameters", "gradients", "optimizer_state")) - r["between"]) < 1e-3
+        assert (r["parts"]["gradients"] == 0) == ("release" in name)

@@ -140,8 +140,8 @@ def test_resume_mid_training_equals_an_uninterrupted_run(name):
 
 
 def test_stochastic_rounding_bits_depend_on_the_index_the_hook_reproduces():
-    """Without the placeholders (every parameter at index 0) the SR bits would differ: the test above
-    can fail. Here: two seeds differ, and the released run keeps the ordinary run's bits."""
+    """Without the index offset (every parameter at index 0) the SR bits would differ: the test above
+    can fail. Here: two indices give different bits, and the released run keeps the ordinary run's bits."""
     a = run("AdamW8bit-bf16-SR", steps=2)
     b = run("AdamW8bit-bf16-SR", steps=2, release=True)
     assert_same(a, b)
@@ -303,3 +303,140 @@ def test_two_param_groups_with_stochastic_rounding_keep_every_index():
             handle.remove()
         results.append((model, opt))
     assert_same(*results)
+
+
+@pytest.mark.parametrize("name", ["AdamW8bit-bf16-SR", "AdamW4bit-bf16-SR"])
+def test_stochastic_rounding_release_does_one_update_per_parameter(name, monkeypatch):
+    """One backward steps n parameters with n per-parameter updates, each with its full-step index (no
+    placeholder updates before it: those made n**2/2 of them), and no state besides the parameters'."""
+    calls = []
+    original = LowBitAdam._update
+
+    def counting(self, group, p, param, grad, index=0, *rest, **kwargs):
+        calls.append((p.numel(), index))
+        return original(self, group, p, param, grad, index, *rest, **kwargs)
+
+    monkeypatch.setattr(LowBitAdam, "_update", counting)
+    make, dtype = OPTIMIZERS[name]
+    model = mlp(dtype)
+    opt = make(model.parameters())
+    handle = release_gradients(model, opt)
+    x, y = batches(1)[0]
+    loss_of(model, x, y, dtype).backward()
+    n = len(list(model.parameters()))
+    assert len(calls) == n and all(size > 0 for size, _ in calls)
+    assert sorted(index for _, index in calls) == list(range(n))  # each index once: the full step's
+    assert len(opt.state) == n and "_update" not in vars(opt)
+    handle.remove()
+
+
+def _clipped_run(name, max_norm, release, steps=3):
+    """Train with global-norm clipping: ordinary (backward, clip_grad_norm_, step) or released
+    (handle.backward_clipped). Returns (model, optimizer, total norms)."""
+    make, dtype = OPTIMIZERS[name]
+    model = mlp(dtype)
+    opt = make(model.parameters())
+    handle = release_gradients(model, opt) if release else None
+    norms = []
+    for x, y in batches(steps):
+        loss = loss_of(model, x, y, dtype)
+        if release:
+            norms.append(handle.backward_clipped(loss, max_norm))
+            assert all(p.grad is None for p in model.parameters())
+        else:
+            loss.backward()
+            norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+            opt.step()
+            opt.zero_grad()
+    if handle:
+        handle.remove()
+    return model, opt, norms
+
+
+@pytest.mark.parametrize("name", ["AdamW8bit", "AdamW8bit-bf16-SR", "AdamW4bit-bf16-SR", "LowBitAdam-4bit",
+                                  "torch.AdamW", "Lion8bit"])
+@pytest.mark.parametrize("max_norm", [0.05, 1e3])
+def test_backward_clipped_equals_clip_grad_norm_bit_for_bit(name, max_norm):
+    """Two backward passes (norms, then scaled steps) give clip_grad_norm_'s numbers exactly, whether the
+    clip acts (0.05: every step is scaled) or not (1e3)."""
+    a_model, a_opt, a_norms = _clipped_run(name, max_norm, release=False)
+    b_model, b_opt, b_norms = _clipped_run(name, max_norm, release=True)
+    assert_same((a_model, a_opt), (b_model, b_opt))
+    assert all(torch.equal(x, y) for x, y in zip(a_norms, b_norms))
+    if max_norm < 1:
+        assert all(float(n) > max_norm for n in a_norms)  # the clip did act: the test can fail
+
+
+def test_backward_clipped_frees_every_gradient_in_both_passes():
+    """Neither pass keeps a gradient: a hook registered after the release's sees, in both passes, every
+    parameter without one (its own freed, the earlier ones too), and the step did happen."""
+    model = mlp()
+    opt = AdamW8bit(model.parameters(), lr=1e-2)
+    handle = release_gradients(model, opt)
+    alive = []
+    params = list(model.parameters())
+    for p in params:
+        p.register_post_accumulate_grad_hook(lambda q: alive.append(sum(r.grad is not None for r in params)))
+    x, y = batches(1)[0]
+    before = [p.detach().clone() for p in params]
+    handle.backward_clipped(loss_of(model, x, y, torch.float32), 1.0)
+    assert len(alive) == 2 * len(params) and max(alive) == 0
+    assert all(not torch.equal(b, p) for b, p in zip(before, params)) and len(opt.state) == len(params)
+    handle.remove()
+
+
+def test_backward_clipped_refuses_what_it_cannot_do():
+    model = mlp()
+    opt = AdamW8bit(model.parameters(), lr=1e-2)
+    x, y = batches(1)[0]
+    with release_gradients(model, opt, accumulate=2) as handle:
+        with pytest.raises(ValueError, match="accumulate=1"):
+            handle.backward_clipped(loss_of(model, x, y, torch.float32), 1.0)
+    handle = release_gradients(model, opt)
+    loss = loss_of(model, x, y, torch.float32)
+    for bad in (0, -1.0, True, "1"):
+        with pytest.raises(ValueError, match="max_norm"):
+            handle.backward_clipped(loss, bad)
+    with pytest.raises(TypeError, match="loss"):
+        handle.backward_clipped(loss.detach(), 1.0)
+    assert all(p.grad is None for p in model.parameters()) and not opt.state  # nothing ran
+    handle.remove()
+    with pytest.raises(GradientReleasedError, match="removed"):
+        handle.backward_clipped(loss, 1.0)
+
+
+def test_the_lm_benchmark_s_release_runs_are_the_ordinary_runs_bit_for_bit():
+    """bench/convergence.py bill (packaged for lesson 14 and the README): on every seed, bf16 + SR + 8-bit with
+    gradient release (clipping by backward_clipped) has the same loss curve and final loss as without."""
+    import json
+    from pathlib import Path
+
+    result = json.loads((Path(adam8lib.__file__).parent / "course" / "results" / "whole_bill_lm.json").read_text())
+    pair = result["pairs"]["bf16_sr_8bit_release_vs_bf16_sr_8bit"]
+    assert pair["bit_identical"] == [True] * len(result["seeds"]) and len(result["seeds"]) >= 8
+    runs = {(r["optimizer"], r["seed"]): r for r in result["runs"]}
+    assert all(runs["bf16_sr_8bit_release", s]["valid_loss"] == runs["bf16_sr_8bit", s]["valid_loss"]
+               for s in result["seeds"])
+    assert all(result["optimizers"][k]["n"] == len(result["seeds"]) for k in result["optimizers"])
+
+
+def test_the_benchmark_builds_the_bill_s_rows():
+    """bench/convergence.py's factories: bf16 weights with SR for the release rows, a 24-bit master over fp32
+    weights with 4-bit states (the parameters become bf16, their corrections int8)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import convergence
+
+    for kind in convergence.RELEASE:
+        model = mlp()
+        groups = [{"params": list(model.parameters()), "weight_decay": 0.0}]
+        opt = convergence.make_optimizer(kind, groups, 1e-3, (0.9, 0.98))
+        dtypes = {p.dtype for p in model.parameters()}
+        assert dtypes == {BF16}, (kind, dtypes)
+        if kind.startswith("master24"):
+            assert not opt.stochastic_rounding and opt.compressed_master.bits == 8
+        else:
+            assert opt.stochastic_rounding
+        assert opt.format.name == ("8bit" if "8bit" in kind else "4bit")

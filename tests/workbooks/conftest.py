@@ -6,7 +6,7 @@
 ``--workbook-dir`` (default: solutions/ of this repository) is the folder with the
 ``NN_topic.ipynb`` workbooks. The fixture ``workbook`` loads one of them by number —
 ``workbook("05").dynamic_map_from_scratch`` — executing only its solution cells
-(:mod:`adam8lib.course.grading.workbook`). Tests are marked ``@pytest.mark.exNN`` (ex01…ex13).
+(:mod:`adam8lib.course.grading.workbook`). Tests are marked ``@pytest.mark.exNN`` (ex01…ex14).
 """
 
 from pathlib import Path
@@ -16,7 +16,7 @@ import pytest
 from adam8lib.course.grading.workbook import WorkbookLoader
 
 REPO = Path(__file__).resolve().parents[2]
-MARKERS = [f"ex{n:02d}" for n in range(1, 14)]
+MARKERS = [f"ex{n:02d}" for n in range(1, 15)]
 
 
 def pytest_addoption(parser):

@@ -42,8 +42,8 @@ __all__ = ["main", "LearnerFunction", "Learner", "SPLIT"]
 #: functions plain data only. The others (07: the learner's optimizer and module classes are
 #: instantiated and stepped by the checks; 08: Triton kernels launched on tensors the check owns;
 #: 09: the checks hand the learner's functions models (``nn.Module`` objects the checks build);
-#: 10: the learner's training code drives a model, an optimizer and a Trainer) still run in one
-#: guarded process (:mod:`~adam8lib.course.grading.runner`).
+#: 10: the learner's training code drives a model, an optimizer and a Trainer; 14: the checks hand the
+#: learner's functions a model to hook and a MemoryTracker) still run in one guarded process (:mod:`~adam8lib.course.grading.runner`).
 SPLIT = ("01_optimizer_memory.ipynb", "02_ema.ipynb", "03_adam_rule.ipynb", "04_linear_quantization.ipynb",
          "05_dynamic_map.ipynb", "06_blockwise_quantization.ipynb", "11_at_scale.ipynb", "12_beyond_8_bits.ipynb")
 

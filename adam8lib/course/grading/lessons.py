@@ -86,6 +86,9 @@ SECTIONS: dict[str, str] = {
     "lion8bit": "1 · Five rules, and the states they keep",
     "state_bytes": "6 · The memory table for DistilBERT",
     "lion_flips": "3 · Lion's momentum in 8 bits",
+    # 14 · The whole bill
+    "release_by_hand": "3 · Gradient release",
+    "bill_row": "1 · A tracker that watches every storage",
 }
 
 _HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.+?)\s*#*\s*$")

@@ -1,0 +1,297 @@
+"""Checks for workbook 14 · the whole bill: the post-accumulate-grad hook that steps one parameter and frees its
+gradient (gradient release by hand), and one row of the bill read from a :class:`~adam8lib.MemoryTracker`.
+
+Both are checked by *property*: the check runs the learner's code on small models, measures what it did (which
+parameters were stepped, how many times, whether a gradient is left, which number of the tracker a value is) and
+names the property that fails, rather than comparing with one expected piece of code."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...memory_tracker import BILL, MemoryTracker, track_step
+from ...optim import AdamW8bit
+from ...release import release_gradients
+from ._common import call, fail, passed, require_callable
+
+__all__ = ["check_release_by_hand", "check_bill_row"]
+
+
+# ---------------------------------------------------------------------------- shared models
+class _Tied(nn.Module):
+    """A model with a parameter used twice (``shared`` applied in two places: one tensor, two gradient
+    contributions), a frozen one, a matrix large enough for 8-bit states (8,192 elements) and small ones."""
+
+    def __init__(self, dtype=torch.float32):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = nn.Linear(32, 128)
+        self.shared = nn.Linear(128, 128, bias=False)  # 16,384 elements, used twice
+        self.out = nn.Linear(128, 4)
+        self.frozen = nn.Parameter(torch.ones(4), requires_grad=False)
+        self.to(dtype)
+
+    def forward(self, x):
+        h = torch.tanh(self.shared(torch.tanh(self.inp(x))))
+        return self.out(torch.tanh(self.shared(h))) * self.frozen
+
+
+def _batches(n, dtype=torch.float32, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return [(torch.randn(16, 32, generator=gen).to(dtype), torch.randint(0, 4, (16,), generator=gen)) for _ in range(n)]
+
+
+def _loss(model, x, y):
+    return nn.functional.cross_entropy(model(x).float(), y)
+
+
+# ---------------------------------------------------------------------------- 14.1
+STEPS = 3
+_OPTIMIZERS = {
+    "torch.optim.AdamW": lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1),
+    "adam8lib AdamW8bit": lambda ps: AdamW8bit(ps, lr=1e-2, weight_decay=0.1),
+}
+
+
+def _reference(make, steps=STEPS):
+    """Ordinary training with one optimizer per parameter: backward, every step, zero_grad."""
+    model = _Tied()
+    opts = [make([p]) for p in model.parameters() if p.requires_grad]
+    for x, y in _batches(steps):
+        _loss(model, x, y).backward()
+        for opt in opts:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return model
+
+
+def _steps_of(p, made):
+    """How many steps the optimizers the learner made gave ``p`` (from their state's step counters)."""
+    total = 0
+    for opt in made:
+        st = opt.state.get(p, {})
+        step = st.get("step", 0)
+        total += int(step.item() if torch.is_tensor(step) else step)
+    return total
+
+
+def check_release_by_hand(release_by_hand) -> None:
+    """``release_by_hand(model, make_optimizer)`` registers on every trainable parameter a post-accumulate-grad
+    hook that steps it (with its own ``make_optimizer([p])``) and frees its gradient; returns the handles."""
+    require_callable(release_by_hand, "release_by_hand")
+    for label, make_one in _OPTIMIZERS.items():
+        made: list[torch.optim.Optimizer] = []
+
+        def make(params, make_one=make_one):
+            opt = make_one(params)
+            made.append(opt)
+            return opt
+
+        model = _Tied()
+        names = {id(p): n for n, p in model.named_parameters()}
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        what = f"release_by_hand(model, make_optimizer) with {label}"
+        try:
+            handles = call(release_by_hand, model, make)
+        except AssertionError as err:
+            if isinstance(err.__cause__, RuntimeError) and "require" in str(err.__cause__):
+                fail(f"{what} raised RuntimeError: {err.__cause__}",
+                     hint="skip the parameters that do not require a gradient (p.requires_grad is False): "
+                          "they get no gradient, and torch refuses a gradient hook on them")
+            raise
+        if handles is None:
+            fail(f"{what} returned None.", hint="return the list of the handles that register_..._hook returned "
+                                                "(so that the hooks can be removed)")
+        try:
+            handles = list(handles)
+        except TypeError:
+            fail(f"{what} returned a {type(handles).__name__}, not a list of hook handles.",
+                 hint="return the list of the handles that register_..._hook returned")
+        if not all(hasattr(h, "remove") for h in handles):
+            fail(f"{what} returned {[type(h).__name__ for h in handles][:4]}..., not hook handles.",
+                 hint="return what p.register_post_accumulate_grad_hook(...) returns: a handle with .remove()")
+        if len(handles) == 2 * len(trainable):
+            fail(f"{what} registered {len(handles)} hooks for {len(trainable)} trainable parameters.",
+                 hint="every parameter got two hooks: model.modules() includes the model itself, whose "
+                      "parameters() are all of them; walk model.parameters() once (each tensor once)")
+        if len(handles) != len(trainable):
+            fail(f"{what} registered {len(handles)} hooks; the model has {len(trainable)} trainable parameters.",
+                 hint="one hook per parameter that requires a gradient (each tensor once)")
+        before = [p.detach().clone() for p in trainable]
+        for k, (x, y) in enumerate(_batches(STEPS)):
+            _loss(model, x, y).backward()
+            left = [names[id(p)] for p in trainable if p.grad is not None]
+            steps = {names[id(p)]: _steps_of(p, made) for p in trainable}
+            if all(v == 0 for v in steps.values()) and all(torch.equal(b, p) for b, p in zip(before, trainable)):
+                fail(f"{what}: after a backward pass no parameter was stepped.",
+                     hint="the hook must call the optimizer's step() before it frees the gradient: a parameter "
+                          "whose .grad is None is skipped by step()")
+            if steps["shared.weight"] == 2 * (k + 1) and all(v == k + 1 for n, v in steps.items() if n != "shared.weight"):
+                fail(f"{what}: the shared parameter (used twice in the forward pass) was stepped twice per backward.",
+                     hint="step once per backward, when the gradient is complete: one post-accumulate-grad hook "
+                          "per tensor, which fires after the contributions of both uses are summed")
+            changed = [names[id(p)] for b, p in zip(before, trainable) if not torch.equal(b, p)]
+            if k == 0 and len(changed) == 1 and len(trainable) > 1:
+                fail(f"{what}: after the first backward only {changed[0]} had changed.",
+                     hint="every hook stepped the same optimizer: a function defined in a loop sees the loop's last "
+                          "variables; bind the optimizer when the hook is made (a default argument, "
+                          "functools.partial), or look it up from the tensor the hook is called with")
+            if left:
+                zeroed = all(float(dict(model.named_parameters())[n].grad.abs().max()) == 0 for n in left)
+                fail(f"{what}: after backward, {', '.join(left)} still {'has' if len(left) == 1 else 'have'} a "
+                     f"gradient{' (all zeros)' if zeroed else ''}.",
+                     hint="zeroing the gradient keeps its memory: set p.grad = None" if zeroed else
+                     "free the gradient right after the step, in a post-accumulate-grad hook (p.grad = None, or "
+                     "zero_grad(set_to_none=True)); a hook from register_hook runs before autograd writes the "
+                     "gradient into p.grad, so freeing it there is undone")
+            wrong = [n for n, v in steps.items() if v != k + 1]
+            if wrong:
+                fail(f"{what}: after {k + 1} backward pass(es) the parameters were stepped "
+                     f"{ {n: steps[n] for n in wrong} } times, expected {k + 1} each.",
+                     hint="each parameter's hook steps that parameter once per backward")
+        ref = _reference(make_one)
+        differ = [n for (n, r), p in zip(((n, q) for n, q in ref.named_parameters() if q.requires_grad), trainable)
+                  if not torch.equal(r, p)]
+        if differ:
+            fail(f"{what}: after {STEPS} steps the parameters {differ} differ from an ordinary "
+                 f"backward(); step(); zero_grad() with the same optimizers.",
+                 hint="step with the optimizer make_optimizer([p]) made for that parameter, with the gradient "
+                      "complete (in a post-accumulate-grad hook), once per backward")
+        for h in handles:
+            h.remove()
+        x, y = _batches(1, seed=9)[0]
+        _loss(model, x, y).backward()
+        if any(p.grad is None for p in trainable):
+            fail(f"{what}: after removing every handle you returned, a backward pass still freed gradients.",
+                 hint="return the handles of the hooks you registered (the value of register_..._hook)")
+    passed("Exercise 14.1 · Step and free, one parameter at a time")
+
+
+# ---------------------------------------------------------------------------- 14.2
+def _rows() -> list[tuple[str, MemoryTracker]]:
+    """Trackers of three training steps: fp32 AdamW, 8-bit AdamW with bf16 weights, stochastic rounding and
+    gradient release (no gradient left when backward ends), and 8-bit AdamW on fp32 weights."""
+    out = []
+    for label, dtype, make, release in (
+            ("fp32 AdamW", torch.float32, lambda ps: torch.optim.AdamW(ps, lr=1e-3), False),
+            ("bf16 + SR + 8-bit + release", torch.bfloat16,
+             lambda ps: AdamW8bit(ps, lr=1e-3, stochastic_rounding=True), True),
+            ("8-bit AdamW", torch.float32, lambda ps: AdamW8bit(ps, lr=1e-3), False)):
+        model = _Tied(dtype)
+        opt = make([p for p in model.parameters() if p.requires_grad])
+        handle = release_gradients([p for p in model.parameters() if p.requires_grad], opt) if release else None
+        x, y = _batches(1, dtype)[0]
+        _loss(model, x, y).backward()  # a first step makes the state
+        if not release:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        tracker = track_step(model, opt, lambda: _loss(model, x, y))
+        if handle:
+            handle.remove()
+        out.append((label, tracker))
+    return out
+
+
+def _expected(tracker: MemoryTracker) -> dict[str, Any]:
+    n = tracker.num_params
+    end, peak = tracker.at_end_of("backward"), tracker.peak(categories=BILL)
+    return {"weights": end.bytes["parameters"] / n, "gradients": end.bytes["gradients"] / n,
+            "state": end.bytes["optimizer_state"] / n, "between": end.sum() / n, "peak": peak.sum() / n,
+            "largest_gradient": peak.largest_gradient[0] if peak.largest_gradient else None}
+
+
+def _named_value(tracker: MemoryTracker, key: str, got: float, want: float) -> str | None:
+    """Which other number of the tracker ``got`` is, in words (the property that went wrong), or None."""
+    n = tracker.num_params
+    end, peak, top = tracker.at_end_of("backward"), tracker.peak(categories=BILL), tracker.peak()
+    tensors = len(tracker.named_params)
+
+    def close(a, b):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+    if want and close(got, want * n / 2**20):
+        return "it is in MiB: divide the bytes by the number of parameters (tracker.num_params), not by 2**20"
+    if want and close(got, want * n):
+        return "it is in bytes: divide by the number of parameters (tracker.num_params)"
+    if want and close(got, want * n / tensors):
+        return "you divided by the number of parameter tensors: divide by the number of parameters, tracker.num_params"
+    part = {"weights": "parameters", "gradients": "gradients", "state": "optimizer_state"}
+    try:
+        after_step = tracker.at_end_of("step")
+    except ValueError:  # released: no step phase
+        after_step = None
+    if after_step is not None and key in part:
+        if close(got, after_step.bytes[part[key]] / n) and not close(got, want):
+            return ("you read it after the step, when the gradients are freed (and with gradient release there is "
+                    "no 'step' phase): read the bill at the end of 'backward'")
+    if key in part:
+        for other, cat in part.items():
+            if other != key and close(got, end.bytes[cat] / n) and not close(got, want):
+                return f"that is the {other!r} part: '{key}' is the tracker's {part[key]!r} category"
+        if close(got, peak.bytes[part[key]] / n):
+            return "you read it at the bill's peak: the parts are read when backward ends (at_end_of('backward'))"
+    if key == "between":
+        if close(got, end.total / n):
+            return "that counts activations and transient buffers too: the bill is weights + gradients + state only"
+        if close(got, peak.sum() / n):
+            return "that is the bill's peak: 'between' is the bill when backward ends"
+        if close(got, (end.bytes["parameters"] + end.bytes["optimizer_state"]) / n):
+            return "the gradients are missing from the sum"
+    if key == "peak":
+        if close(got, top.total / n):
+            return ("that is the peak of everything live (activations and transient included): take the peak of "
+                    "the bill's categories, tracker.peak(categories=BILL)")
+        if close(got, top.sum() / n):
+            return ("that is the bill at the moment everything else peaks: the bill has its own peak, "
+                    "tracker.peak(categories=BILL)")
+        if close(got, end.sum() / n):
+            return "that is the bill when backward ends: the peak is the highest it is at any moment of the step"
+    return None
+
+
+def check_bill_row(bill_row) -> None:
+    """``bill_row(tracker)``: weights, gradients, state and their sum when backward ends, the bill's peak
+    (bytes per parameter) and the name of the largest gradient alive at that peak."""
+    require_callable(bill_row, "bill_row")
+    keys = ("weights", "gradients", "state", "between", "peak", "largest_gradient")
+    for label, tracker in _rows():
+        what = f"bill_row(tracker) for the row {label!r}"
+        try:
+            got = call(bill_row, tracker)
+        except AssertionError as err:
+            if isinstance(err.__cause__, ValueError) and "phase" in str(err.__cause__):
+                fail(f"{what}: {err.__cause__}",
+                     hint="with gradient release there is no 'step' phase (the step happens inside backward), and "
+                          "after an ordinary step the gradients are freed: read the bill at the end of 'backward'")
+            raise
+        if not isinstance(got, dict):
+            fail(f"{what} returned a {type(got).__name__}, expected a dict.", hint=f"return a dict with keys {keys}")
+        missing = [k for k in keys if k not in got]
+        if missing:
+            fail(f"{what} has no key(s) {missing}.", hint=f"return a dict with keys {keys}")
+        want = _expected(tracker)
+        name = got["largest_gradient"]
+        if isinstance(name, tuple):
+            fail(f"{what}: largest_gradient is {name!r}.",
+                 hint="the name only: Snapshot.largest_gradient is (name, bytes); take its first item")
+        if name != want["largest_gradient"]:
+            end = tracker.at_end_of("backward")
+            at_end = end.largest_gradient[0] if end.largest_gradient else None
+            hint = ("you named the largest gradient alive when backward ends; with gradient release none is left "
+                    "then: name the largest alive at the bill's peak" if name == at_end else
+                    "the largest gradient alive at the bill's peak: tracker.peak(categories=BILL).largest_gradient")
+            fail(f"{what}: largest_gradient is {name!r}, expected {want['largest_gradient']!r}.", hint=hint)
+        for key in keys[:-1]:
+            value = got[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                fail(f"{what}: {key!r} is a {type(value).__name__}, expected a number of bytes per parameter.",
+                     hint="a Python float (bytes divided by tracker.num_params)")
+            if not math.isclose(value, want[key], rel_tol=1e-9, abs_tol=1e-12):
+                named = _named_value(tracker, key, float(value), want[key])
+                fail(f"{what}: {key!r} is {value!r}, expected {want[key]!r} bytes per parameter.",
+                     hint=named or f"'{key}': see the exercise's definition of each key")
+    passed("Exercise 14.2 · A row of the bill")
