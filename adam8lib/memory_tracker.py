@@ -7,7 +7,8 @@ measurement, not an estimate. Each storage is put in one category:
 ============== ==================================================================================
 parameters     the storages of the tracked parameters
 gradients      a storage that holds a parameter's gradient (``p.grad``, or the gradient on its way
-               to it), named after the parameter
+               to it), named after the parameter; for a weight used twice (a tied embedding) also
+               each contribution that autograd keeps until it sums them
 optimizer_state the tensors in ``optimizer.state`` (codes, scales, moments, step counters)
 activations    everything the forward phase makes (saved for backward or not; reported apart)
 transient      everything else made while tracking: gradients of activations, the step's fp32
@@ -61,6 +62,7 @@ CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "tran
 #: What a training step keeps from one step to the next: the bill of bytes per parameter.
 BILL = ("parameters", "gradients", "optimizer_state")
 _CAT = {name: i for i, name in enumerate(CATEGORIES)}
+_SUMS = (torch.ops.aten.add.Tensor,)  # how autograd sums the contributions to one gradient
 
 
 @dataclass
@@ -70,6 +72,7 @@ class _Storage:
     born: int  # index of the event that made it (it is live after that event)
     died: int | None = None  # index of the event that freed it
     name: str = ""  # a gradient's parameter
+    summands: tuple["_Storage", ...] = ()  # a backward sum's inputs: parts of a gradient if it is one
 
 
 @dataclass(frozen=True)
@@ -249,6 +252,19 @@ class MemoryTracker(TorchDispatchMode):
             self._new(storage, key, category, len(self._labels) - 1, name)
         elif _CAT[category] < _CAT[record.category]:  # parameters > gradients > state > activations > transient
             record.category, record.name = category, name
+        if category == "gradients":
+            self._claim_summands(self._live[key], name)
+
+    @staticmethod
+    def _claim_summands(record: _Storage, name: str) -> None:
+        """A gradient that autograd summed from several contributions (a weight used twice, as a tied
+        embedding): each contribution of its size was that gradient in part from its birth on."""
+        todo = list(record.summands)
+        while todo:
+            part = todo.pop()
+            if part.category == "transient" and part.nbytes == record.nbytes:
+                part.category, part.name = "gradients", name
+                todo.extend(part.summands)
 
     def _new(self, storage, key: int, category: str, born: int, name: str = "") -> None:
         record = _Storage(storage.nbytes(), category, born, name=name)
@@ -284,6 +300,8 @@ class MemoryTracker(TorchDispatchMode):
                 index = self._event(str(func)) if index is None else index
                 category = "activations" if self._phase == "forward" else "transient"
                 self._new(storage, key, category, index)
+                if category == "transient" and func in _SUMS:  # maybe the sum of a gradient's parts
+                    self._live[key].summands = tuple(self._live[k] for k in inputs if k in self._live)
         return out
 
     # ------------------------------------------------------------------ hooks
@@ -354,8 +372,11 @@ class MemoryTracker(TorchDispatchMode):
         return self._snapshot(event, live)
 
     def _snapshot(self, event: int, live: list[int]) -> Snapshot:
-        grads = sorted(((r.name, r.nbytes) for r in self._records if r.category == "gradients"
-                        and r.born <= event and (r.died is None or r.died > event)), key=lambda x: (-x[1], x[0]))
+        by_name: dict[str, int] = {}  # a gradient in parts (a tied weight's contributions) is summed
+        for r in self._records:
+            if r.category == "gradients" and r.born <= event and (r.died is None or r.died > event):
+                by_name[r.name] = by_name.get(r.name, 0) + r.nbytes
+        grads = sorted(by_name.items(), key=lambda x: (-x[1], x[0]))
         phase, label = self._labels[event]
         return Snapshot(event, phase, label, dict(zip(CATEGORIES, live)), tuple(grads))
 

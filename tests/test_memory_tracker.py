@@ -305,3 +305,32 @@ def test_the_packaged_whole_bill_is_the_benchmark_s_and_meets_the_issue_s_bounds
     for name, r in rows.items():  # the parts add up, and release leaves no gradient between steps
         assert abs(sum(r["parts"][c] for c in ("parameters", "gradients", "optimizer_state")) - r["between"]) < 1e-3
         assert (r["parts"]["gradients"] == 0) == ("release" in name)
+
+
+
+def test_a_weight_used_twice_counts_its_first_contribution_as_its_gradient():
+    """A tied weight (used by two layers, as a tied embedding) gets two contributions in backward;
+    autograd keeps the first until the second exists and stores their sum. Both parts are the weight's
+    gradient while they live: the first one waits through the backward of everything in between."""
+    torch.manual_seed(0)
+    w, other = nn.Parameter(torch.randn(64, 64)), nn.Parameter(torch.randn(64, 64))
+    x = torch.randn(16, 64, generator=torch.Generator().manual_seed(1))
+    opt = torch.optim.SGD([w, other], lr=0.1)
+    handle = release_gradients([w, other], opt)
+    tracker = MemoryTracker([w, other], opt)  # parameters named by position: "0" is w, "1" is other
+    with tracker:
+        with tracker.phase("forward"):
+            loss = (((x @ w).tanh() @ other).tanh() @ w).square().mean()  # w used first and last
+        with tracker.phase("backward"):
+            loss.backward()
+    handle.remove()
+    size = 64 * 64 * 4
+    parts = [r for r in tracker._records if r.category == "gradients" and r.name == "0"]
+    assert [r.nbytes for r in parts] == [size] * 3  # w's two contributions and their sum
+    assert not [r for r in tracker._records if r.category == "transient" and r.nbytes == size]
+    first, second, total = sorted(parts, key=lambda r: r.born)
+    (others,) = [r for r in tracker._records if r.category == "gradients" and r.name == "1"]
+    assert first.born < others.born and others.died < first.died  # w's first part outlives other's gradient
+    assert second.born < total.born < first.died  # the sum is made while both parts are alive
+    peak = tracker.peak("backward", categories=("gradients",))
+    assert peak.bytes["gradients"] == 3 * size and dict(peak.gradients) == {"0": 3 * size}

@@ -159,7 +159,7 @@ QUESTIONS: dict[str, Question] = {
     "13.e": Question(67_001_144 / DISTILBERT, rel_tol=0.01,
                      shown="≈ 1.02 (67,001,144 bytes: 1 byte of code + 4/256 of scale per element)"),
     # 14 · the whole bill
-    "14.a": Question(4.08, rel_tol=0.01, shown="4.08 bytes per parameter (2 of bf16 weights + 0 of gradients + 2.08 of 8-bit state)"),
+    "14.a": Question("a", choices="abc", shown="(a) about 0.4: 0.443 bytes per parameter (a feed-forward matrix + a part of the tied embedding)"),
     "14.b": Question("a", choices="abc", shown="(a) identical, bit for bit"),
     "14.c": Question("b", choices="abc", shown="(b) at 1.0: every update is lost"),
     "14.d": Question("c", choices="abc", shown="(c) the token embedding (28,996 x 768)"),
