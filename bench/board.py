@@ -377,6 +377,7 @@ def row_summary(row: R.Row, lr: float, seeds, cfg, out: Path, baseline: list[dic
         "diverged": sum(bool(recs[s]["diverged"]) for s in done),
         "valid_loss": [recs[s]["valid_loss"] for s in done],
         "runs": [_shown(run_path(out, row, lr, s, cfg)) for s in done],
+        "run_environments": _run_environments([recs[s] for s in done]),
         **bytes_info,
     }
     if row.key == "adamw":
@@ -389,6 +390,16 @@ def row_summary(row: R.Row, lr: float, seeds, cfg, out: Path, baseline: list[dic
     else:
         entry["delta_pct"] = None
     return entry
+
+
+def _run_environments(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Where a row's runs ran: each distinct (CPU, torch, bitsandbytes, torchao) with its run count."""
+    seen: dict[tuple, int] = {}
+    for r in recs:
+        env = r.get("environment") or {}
+        k = (env.get("cpu"), env.get("torch"), env.get("bitsandbytes"), env.get("torchao"))
+        seen[k] = seen.get(k, 0) + 1
+    return [{"cpu": k[0], "torch": k[1], "bitsandbytes": k[2], "torchao": k[3], "runs": n} for k, n in seen.items()]
 
 
 def pareto(points: list[dict[str, Any]]) -> list[str]:

@@ -194,10 +194,22 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def machine(result: dict[str, Any]) -> str:
+    """The machines the stored runs ran on (a row reused from the LM benchmark may come from another one)."""
     env = result.get("environment", {})
-    return (f"{env.get('cpu', 'unknown CPU')}, {env.get('cores', '?')} cores shared with other jobs, one torch thread per "
-            f"run; Python {env.get('python')}, torch {env.get('torch')}, bitsandbytes {env.get('bitsandbytes')}, "
-            f"torchao {env.get('torchao')}")
+    cpus: dict[str, int] = {}
+    libs: dict[str, set] = {"torch": set(), "bitsandbytes": set(), "torchao": set()}
+    for e in result.get("rows", []):
+        for r in e.get("run_environments", []):
+            cpus[r["cpu"] or "machine not recorded"] = cpus.get(r["cpu"] or "machine not recorded", 0) + r["runs"]
+            for lib in libs:
+                if r.get(lib):
+                    libs[lib].add(r[lib])
+    if not cpus:
+        cpus = {env.get("cpu", "unknown CPU"): 0}
+    where = "; ".join(f"{c} ({n} runs)" if n else c for c, n in sorted(cpus.items(), key=lambda kv: -kv[1]))
+    versions = ", ".join(f"{lib} {'/'.join(sorted(v)) or env.get(lib)}" for lib, v in libs.items())
+    return (f"{where}; {env.get('cores', '?')} cores shared with other jobs, one torch thread per run; "
+            f"Python {env.get('python')}, {versions}")
 
 
 def _replace_block(text: str, block: str, before: str) -> str:
@@ -234,7 +246,7 @@ def readme_block(result: dict[str, Any]) -> str:
         "![bytes vs loss](bench/results/board.png)",
         "",
         f"The same LM and paired seeds ({len(result['seeds'])}), for each update rule with fp32, 8-bit, 4-bit and FP8 "
-        f"states (rows not run yet are named below), with bitsandbytes' and torchao's classes as anchors; each rule at its own lr from a sweep with fp32 "
+        f"states{' (rows not run yet are named below)' if not_run(result) else ''}, with bitsandbytes' and torchao's classes as anchors; each rule at its own lr from a sweep with fp32 "
         f"states on seeds 100 and 101 ({lrs}); x is measured from the LM's allocated states (its small tensors keep fp32 "
         f"states, so the low-bit points sit a little right of 1, 2 bytes...).",
         "",

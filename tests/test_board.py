@@ -188,3 +188,18 @@ def test_the_report_says_what_the_intervals_resolve_and_what_is_missing():
     missing = board_report.not_run(result)
     assert "adamw-8bit (5 of 8 seeds)" in missing and "muon-fp8" in missing and "lion-fp32," not in missing
     assert "5 of 8 (incomplete)" in board_report.table(result)
+
+
+def test_the_machine_line_names_every_machine_the_runs_ran_on():
+    import board_report
+
+    result = {"environment": {"cpu": "Report CPU", "cores": 2, "python": "3.11.7", "torchao": None},
+              "rows": [{"run_environments": [{"cpu": "AMD EPYC", "torch": "2.13.0+cpu", "bitsandbytes": "0.50.2",
+                                              "torchao": None, "runs": 5}]},
+                       {"run_environments": [{"cpu": "Intel Xeon", "torch": "2.13.0+cpu", "bitsandbytes": "0.50.2",
+                                              "torchao": "0.18.0", "runs": 3},
+                                             {"cpu": None, "torch": None, "bitsandbytes": None, "torchao": None,
+                                              "runs": 2}]}]}
+    text = board_report.machine(result)
+    assert text.startswith("AMD EPYC (5 runs); Intel Xeon (3 runs); machine not recorded (2 runs)")
+    assert "torchao 0.18.0" in text and "Report CPU" not in text
