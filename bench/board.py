@@ -57,6 +57,8 @@ import stats  # noqa: E402
 
 RESULTS = BENCH / "results"
 LM_RUNS = RESULTS / "runs" / "lm"
+#: The compact copy the course package ships (lesson 13 reads it with adam8lib.course.board.load()).
+COURSE_BOARD = ROOT / "adam8lib" / "course" / "results" / "board.json"
 SEEDS = tuple(range(8))
 THREADS = 1
 
@@ -524,6 +526,10 @@ def write(result: dict[str, Any], out: Path, cfg, custom_specs: list[dict[str, A
         log(f"wrote {png}")
     log(board_report.table(result))
     if readme and out == RESULTS and tag_of(cfg) == "":
+        from adam8lib.course import board as course_board
+
+        COURSE_BOARD.write_text(json.dumps(course_board.compact(result, R.RULE_LABELS), indent=1) + "\n")
+        log(f"wrote {COURSE_BOARD} (what lesson 13 shows)")
         board_report.write_readmes(result)
         log("wrote the board sections of README.md and bench/README.md")
     return path

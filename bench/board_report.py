@@ -7,7 +7,6 @@ front (no other point has fewer bytes and a lower mean Δ) drawn as a staircase.
 
 from __future__ import annotations
 
-import math
 import re
 import statistics
 from pathlib import Path
@@ -18,9 +17,6 @@ import board_rows as R
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 START, END = "<!-- board:start -->", "<!-- board:end -->"
-COLORS = {"adamw": "#1f77b4", "lion": "#d62728", "ademamix": "#2ca02c", "rmsprop": "#9467bd", "muon": "#ff7f0e",
-          "custom": "#7f7f7f"}
-MARKERS = {"torch": "*", "adam8lib": "o", "bitsandbytes": "s", "torchao": "^", "custom": "D"}
 COMMAND = "python -m bench.board"
 
 
@@ -135,60 +131,15 @@ def small_tensors(result: dict[str, Any]) -> str:
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
+    """The picture, drawn by the course's own plot (adam8lib.course.board) from the compact summary."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9.5, 6))
-    ax.axhline(0.0, color="0.6", lw=0.8, zorder=0)
-    pts = [e for e in result["rows"] if e.get("delta_pct") is not None or e["key"] == "adamw"]
-    placed: list[tuple[float, float]] = []
-    for e in pts:
-        d = e.get("delta_pct")
-        y = 0.0 if d is None else d["mean"]
-        lo, hi = (0.0, 0.0) if d is None else (y - d["ci_low"], d["ci_high"] - y)
-        color, marker = COLORS.get(e["rule"], "#7f7f7f"), MARKERS.get(e["library"], "o")
-        face = color if e["library"] in ("adam8lib", "torch", "custom") else "white"
-        ax.errorbar(e["bytes_per_param"], y, yerr=[[lo], [hi]], fmt=marker, color=color, mfc=face, ms=8 if
-                    marker != "*" else 13, capsize=3, lw=1.2, zorder=3)
-        name = e["key"].replace("bnb-", "bnb ").replace("torchao-", "ao ")
-        if e["n"] < e["n_wanted"]:
-            name += f" (n={e['n']})"
-        span = max(0.3, max(abs(q["delta_pct"]["mean"]) for q in pts if q.get("delta_pct")) if any(
-            q.get("delta_pct") for q in pts) else 0.3)
-        crowd = sum(1 for q in placed if abs(math.log2(q[0] / e["bytes_per_param"])) < 0.08 and abs(q[1] - y) < 0.04 * span)
-        placed.append((e["bytes_per_param"], y))
-        ax.annotate(name, (e["bytes_per_param"], y), textcoords="offset points", xytext=(6, 4 - 9 * crowd), fontsize=7)
-    front = [e for e in sorted(pts, key=lambda e: e["bytes_per_param"]) if e["pareto"]]
-    if front:
-        xs, ys = [], []
-        for e in front:
-            y = 0.0 if e.get("delta_pct") is None else e["delta_pct"]["mean"]
-            if xs:
-                xs.append(e["bytes_per_param"])
-                ys.append(ys[-1])
-            xs.append(e["bytes_per_param"])
-            ys.append(y)
-        ax.plot(xs, ys, color="k", lw=1, ls="--", zorder=2, label="Pareto front (fewer bytes, lower mean Δ)")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks([0.5, 1, 2, 4, 8, 16])
-    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    ax.set_xlabel("optimizer state, bytes per parameter (measured on the LM's allocated states)")
-    ax.set_ylabel("Δ final validation loss vs fp32 AdamW, % (mean, 95 % CI)")
-    desc = result["description"]
-    ax.set_title(f"Bytes vs loss: {desc['parameters']:,}-parameter byte-level LM, {desc['config']['steps']} steps, "
-                 f"{len(result['seeds'])} paired seeds", fontsize=10)
-    from matplotlib.lines import Line2D
+    from adam8lib.course import board
 
-    handles = [Line2D([], [], color=c, marker="o", ls="", label=R.RULE_LABELS.get(r, r)) for r, c in COLORS.items()
-               if any(e["rule"] == r for e in pts)]
-    handles += [Line2D([], [], color="k", marker=m, mfc="white" if lib in ("bitsandbytes", "torchao") else "k",
-                       ls="", label=lib) for lib, m in MARKERS.items() if any(e["library"] == lib for e in pts)]
-    handles += [Line2D([], [], color="k", ls="--", label="Pareto front")]
-    ax.legend(handles=handles, fontsize=8, loc="best")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
+    fig = board.plot(board.compact(result, R.RULE_LABELS))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

@@ -203,3 +203,27 @@ def test_the_machine_line_names_every_machine_the_runs_ran_on():
     text = board_report.machine(result)
     assert text.startswith("AMD EPYC (5 runs); Intel Xeon (3 runs); machine not recorded (2 runs)")
     assert "torchao 0.18.0" in text and "Report CPU" not in text
+
+
+def test_the_packaged_board_is_the_compact_form_of_the_full_one_and_plots():
+    """Lesson 13 reads adam8lib/course/results/board.json: it must be what `--report` makes of
+    bench/results/board.json (no drift between the two), with every row's interval around its mean."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from adam8lib.course import board as course_board
+
+    full = json.loads((ROOT / "bench" / "results" / "board.json").read_text())
+    shipped = course_board.load()
+    assert shipped == json.loads(json.dumps(course_board.compact(full, R.RULE_LABELS)))
+    assert {e["key"] for e in shipped["rows"]} == set(R.ROWS)
+    for e in shipped["rows"]:
+        d = e["delta_pct"]
+        assert (d is None) == (e["key"] == "adamw")
+        assert d is None or d["ci_low"] < d["mean"] < d["ci_high"]
+    text = course_board.table(shipped)
+    assert len(text.splitlines()) == 1 + len(R.ROWS) and "+4.98 % [+3.89, +6.07]" in text
+    with pytest.raises(KeyError, match="no row 'lion-2bit'"):
+        course_board.row(shipped, "lion-2bit")
+    fig = course_board.plot(shipped)
+    assert len(fig.axes[0].collections) + len(fig.axes[0].lines) > len(R.ROWS)

@@ -1,0 +1,142 @@
+"""The bytes-vs-loss board shipped with the course (lesson 13): load it, tabulate it, plot it.
+
+``python -m bench.board`` (in the repository) trains every update rule with fp32, 8-bit, 4-bit and FP8
+states, and bitsandbytes' / torchao's classes as anchors, on the course's byte-level LM with paired
+seeds; ``python -m bench.board --report`` writes the summary to ``bench/results/board.json`` and a
+compact copy (what this module reads) to ``adam8lib/course/results/board.json``, inside the package,
+so a pip or Colab install has it too.
+
+Each point: state bytes per parameter (measured from the LM's allocated states) and the mean of the
+per-seed relative differences of the final validation loss against fp32 AdamW on the same seed, with
+its 95 % Student-t interval. The Pareto front: the points that no other point beats on both axes
+(fewer bytes and a lower mean Δ).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from importlib import resources
+from typing import Any
+
+__all__ = ["COLORS", "MARKERS", "compact", "load", "row", "table", "plot"]
+
+#: One colour per update rule, one marker per library.
+COLORS = {"adamw": "#1f77b4", "lion": "#d62728", "ademamix": "#2ca02c", "rmsprop": "#9467bd", "muon": "#ff7f0e",
+          "custom": "#7f7f7f"}
+MARKERS = {"torch": "*", "adam8lib": "o", "bitsandbytes": "s", "torchao": "^", "custom": "D"}
+#: What the compact copy keeps of each row.
+ROW_KEYS = ("key", "label", "rule", "state_format", "library", "lr", "n", "n_wanted", "diverged", "bytes_per_param",
+            "large_tensors_bytes_per_param", "pareto")
+
+
+def compact(result: dict[str, Any], rule_labels: dict[str, str]) -> dict[str, Any]:
+    """The part of a full board summary that the lesson shows (no per-run paths or environments)."""
+    rows = []
+    for e in result["rows"]:
+        row = {k: e[k] for k in ROW_KEYS}
+        d = e.get("delta_pct")
+        row["delta_pct"] = None if d is None else {k: d[k] for k in ("mean", "ci_low", "ci_high", "std", "n")}
+        rows.append(row)
+    desc = result["description"]
+    return {"parameters": desc["parameters"], "steps": desc["config"]["steps"], "seeds": list(result["seeds"]),
+            "rule_labels": dict(rule_labels), "lrs": {r: s["used_lr"] for r, s in result["sweep"].items() if s},
+            "noise_floor": result.get("noise_floor", {}), "rows": rows}
+
+
+def load() -> dict[str, Any] | None:
+    """The packaged compact board, or None if this install has none."""
+    path = resources.files("adam8lib.course") / "results" / "board.json"
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text())
+
+
+def row(board: dict[str, Any], key: str) -> dict[str, Any]:
+    """The row ``key`` (e.g. ``"lion-8bit"``, ``"bnb-adamw8bit"``); KeyError naming the keys there are."""
+    for e in board["rows"]:
+        if e["key"] == key:
+            return e
+    raise KeyError(f"no row {key!r} on the board; it has {', '.join(e['key'] for e in board['rows'])}")
+
+
+def _order(e: dict[str, Any], rules: list[str]) -> tuple:
+    return (rules.index(e["rule"]) if e["rule"] in rules else len(rules), -e["bytes_per_param"], e["key"])
+
+
+def _delta(e: dict[str, Any]) -> str:
+    d = e.get("delta_pct")
+    if e["key"] == "adamw":
+        return "0 (the baseline)"
+    if d is None:
+        return "–"
+    return f"{d['mean']:+.2f} % [{d['ci_low']:+.2f}, {d['ci_high']:+.2f}]"
+
+
+def table(board: dict[str, Any]) -> str:
+    """One line per row, in rule order: state bytes per parameter, Δ [95 % CI], seeds, Pareto."""
+    rules = list(board["rule_labels"])
+    lines = [f"{'rule':9s} {'optimizer (states)':46s} {'bytes/param':>11s}  {'Δ valid loss vs fp32 AdamW [95 % CI]':38s}"
+             f" seeds  front"]
+    for e in sorted(board["rows"], key=lambda e: _order(e, rules)):
+        lines.append(f"{board['rule_labels'].get(e['rule'], e['rule']):9s} {e['label'][:46]:46s} "
+                     f"{e['bytes_per_param']:11.2f}  {_delta(e):38s} {e['n']:5d}  {'yes' if e['pareto'] else ''}".rstrip())
+    return "\n".join(lines)
+
+
+def plot(board: dict[str, Any], ax=None):
+    """State bytes per parameter (x, log 2) vs Δ validation loss (y) with the 95 % intervals and the Pareto
+    front; returns the figure."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(9.5, 6))
+    fig = ax.figure
+    ax.axhline(0.0, color="0.6", lw=0.8, zorder=0)
+    pts = [e for e in board["rows"] if e.get("delta_pct") is not None or e["key"] == "adamw"]
+    span = max([0.3] + [abs(e["delta_pct"]["mean"]) for e in pts if e.get("delta_pct")])
+    placed: list[tuple[float, float]] = []
+    for e in pts:
+        d = e.get("delta_pct")
+        y = 0.0 if d is None else d["mean"]
+        lo, hi = (0.0, 0.0) if d is None else (y - d["ci_low"], d["ci_high"] - y)
+        color, marker = COLORS.get(e["rule"], "#7f7f7f"), MARKERS.get(e["library"], "o")
+        face = color if e["library"] in ("adam8lib", "torch", "custom") else "white"
+        ax.errorbar(e["bytes_per_param"], y, yerr=[[lo], [hi]], fmt=marker, color=color, mfc=face,
+                    ms=8 if marker != "*" else 13, capsize=3, lw=1.2, zorder=3)
+        name = e["key"].replace("bnb-", "bnb ").replace("torchao-", "ao ")
+        if e["n"] < e["n_wanted"]:
+            name += f" (n={e['n']})"
+        crowd = sum(1 for q in placed if abs(math.log2(q[0] / e["bytes_per_param"])) < 0.08 and abs(q[1] - y) < 0.04 * span)
+        placed.append((e["bytes_per_param"], y))
+        ax.annotate(name, (e["bytes_per_param"], y), textcoords="offset points", xytext=(6, 4 - 9 * crowd), fontsize=7)
+    xs: list[float] = []
+    ys: list[float] = []
+    for e in sorted((e for e in pts if e["pareto"]), key=lambda e: e["bytes_per_param"]):
+        y = 0.0 if e.get("delta_pct") is None else e["delta_pct"]["mean"]
+        if xs:  # a staircase: flat until the next point of the front
+            xs.append(e["bytes_per_param"])
+            ys.append(ys[-1])
+        xs.append(e["bytes_per_param"])
+        ys.append(y)
+    if xs:
+        ax.plot(xs, ys, color="k", lw=1, ls="--", zorder=2)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([0.5, 1, 2, 4, 8, 16])
+    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_xlabel("optimizer state, bytes per parameter (measured on the LM's allocated states)")
+    ax.set_ylabel("Δ final validation loss vs fp32 AdamW, % (mean, 95 % CI)")
+    ax.set_title(f"Bytes vs loss: {board['parameters']:,}-parameter byte-level LM, {board['steps']} steps, "
+                 f"{len(board['seeds'])} paired seeds", fontsize=10)
+    labels = board["rule_labels"]
+    handles = [Line2D([], [], color=c, marker="o", ls="", label=labels.get(r, r)) for r, c in COLORS.items()
+               if any(e["rule"] == r for e in pts)]
+    handles += [Line2D([], [], color="k", marker=m, mfc="white" if lib in ("bitsandbytes", "torchao") else "k",
+                       ls="", label=lib) for lib, m in MARKERS.items() if any(e["library"] == lib for e in pts)]
+    handles += [Line2D([], [], color="k", ls="--", label="Pareto front (fewer bytes, lower mean Δ)")]
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
