@@ -14,6 +14,8 @@ from typing import Any
 
 import board_rows as R
 
+from adam8lib.course import board as course_board
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 START, END = "<!-- board:start -->", "<!-- board:end -->"
@@ -21,12 +23,7 @@ COMMAND = "python -m bench.board"
 
 
 def _delta(e: dict[str, Any]) -> str:
-    d = e.get("delta_pct")
-    if e["key"] == "adamw":
-        return "0 (baseline)"
-    if d is None:
-        return "–"
-    return f"{d['mean']:+.2f} % [{d['ci_low']:+.2f}, {d['ci_high']:+.2f}]".replace("-", "−")
+    return course_board.delta_text(e, minus="−", baseline="0 (baseline)")
 
 
 def _seeds(e: dict[str, Any]) -> str:
@@ -35,8 +32,7 @@ def _seeds(e: dict[str, Any]) -> str:
 
 
 def _order(e: dict[str, Any]) -> tuple:
-    rules = list(R.RULES) + ["custom"]
-    return (rules.index(e["rule"]) if e["rule"] in rules else len(rules), -e["bytes_per_param"], e["key"])
+    return course_board.order_key(e, list(R.RULES) + ["custom"])
 
 
 def table(result: dict[str, Any], full: bool = True) -> str:
@@ -137,9 +133,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from adam8lib.course import board
-
-    fig = board.plot(board.compact(result, R.RULE_LABELS))
+    fig = course_board.plot(course_board.compact(result, R.RULE_LABELS))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

@@ -1,36 +1,17 @@
 """Hugging Face ``Trainer`` drives the family: ``optimizer_cls_and_kwargs=(cls, kwargs)`` and
-``optimizers=(opt, None)`` (a tiny model built here, offline)."""
+``optimizers=(opt, None)`` (the tiny model of tests/_tiny_classifier.py, offline)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 from adam8lib import AdEMAMix8bit, Lion8bit, Muon8bit, RMSprop8bit, SGD8bit
+from tests._tiny_classifier import TinyClassifier, tiny_dataset
 
 transformers = pytest.importorskip("transformers")
 
 STEPS = 3
-
-
-class TinyClassifier(nn.Module):
-    """A 64 -> 80 -> 2 classifier: its first weight (5120 elements) gets quantized states, the rest fp32."""
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.hidden, self.out = nn.Linear(64, 80), nn.Linear(80, 2)
-
-    def forward(self, x, labels=None):
-        logits = self.out(torch.tanh(self.hidden(x)))
-        return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
-
-
-def _dataset(n=32):
-    gen = torch.Generator().manual_seed(1)
-    xs, ys = torch.randn(n, 64, generator=gen), torch.randint(0, 2, (n,), generator=gen)
-    return [{"x": x, "labels": int(y)} for x, y in zip(xs, ys)]
 
 
 def _args(tmp_path):
@@ -54,7 +35,7 @@ def _check_trained(opt, cls, model, start):
 def test_trainer_builds_the_optimizer_from_class_and_kwargs(tmp_path, cls, kwargs):
     model = TinyClassifier()
     start = model.hidden.weight.detach().clone()
-    trainer = transformers.Trainer(model=model, args=_args(tmp_path), train_dataset=_dataset(),
+    trainer = transformers.Trainer(model=model, args=_args(tmp_path), train_dataset=tiny_dataset(),
                                    optimizer_cls_and_kwargs=(cls, kwargs))
     trainer.train()
     opt = trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer
@@ -67,7 +48,7 @@ def test_trainer_steps_an_optimizer_passed_in(tmp_path):
     model = TinyClassifier()
     start = model.hidden.weight.detach().clone()
     opt = Lion8bit(model.parameters(), lr=1e-3, weight_decay=0.1)
-    trainer = transformers.Trainer(model=model, args=_args(tmp_path), train_dataset=_dataset(),
+    trainer = transformers.Trainer(model=model, args=_args(tmp_path), train_dataset=tiny_dataset(),
                                    optimizers=(opt, None))
     trainer.train()
     _check_trained(opt, Lion8bit, model, start)

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from adam8lib.trainer_names import TRAINER_NAMES, markdown_table, trainer_optimizer
+from tests._tiny_classifier import TinyClassifier, tiny_dataset
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("bitsandbytes")
@@ -69,29 +70,12 @@ def test_torchao_names_get_adams_kwargs(tmp_path, name):
     assert cls.__name__ == ("AdamW8bit" if "8bit" in name else "AdamW4bit")
 
 
-class Tiny(nn.Module):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.hidden, self.out = nn.Linear(64, 80), nn.Linear(80, 2)  # 5,120 weights: quantized states
-
-    def forward(self, x, labels=None):
-        logits = self.out(torch.tanh(self.hidden(x)))
-        return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
-
-
-def _data(n=32):
-    gen = torch.Generator().manual_seed(1)
-    xs, ys = torch.randn(n, 64, generator=gen), torch.randint(0, 2, (n,), generator=gen)
-    return [{"x": x, "labels": int(y)} for x, y in zip(xs, ys)]
-
-
 def _train(tmp_path, name, **trainer_kwargs):
     """Trainer(optim=name) hands bitsandbytes' RMSprop its optim_args as strings, which it cannot take (a
     transformers bug): RMSprop trains here without optim_args (the kwargs test above covers them)."""
-    model = Tiny()
+    model = TinyClassifier()
     args = _args(tmp_path, name, optim_args="rmsprop" not in name)
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=_data(), **trainer_kwargs)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=tiny_dataset(), **trainer_kwargs)
     trainer.train()
     opt = trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer
     return model, opt
@@ -110,7 +94,7 @@ def test_trained_through_trainer_the_two_stay_close(tmp_path, name):
         for key in {"eps", "alpha", "t_alpha", "t_beta3"} & set(g_ours) & set(g_theirs):
             assert g_ours[key] == g_theirs[key] or float(g_ours[key]) == float(g_theirs[key]), key
     lr = ARGS["learning_rate"]
-    start = Tiny()
+    start = TinyClassifier()
     for (n, a), b, s in zip(ours_model.named_parameters(), theirs_model.parameters(), start.parameters()):
         moved = (b.detach() - s.detach()).abs().mean()
         diff = (a.detach() - b.detach()).abs()

@@ -19,7 +19,7 @@ import math
 from importlib import resources
 from typing import Any
 
-__all__ = ["COLORS", "MARKERS", "compact", "load", "row", "table", "plot"]
+__all__ = ["COLORS", "MARKERS", "compact", "delta_text", "load", "order_key", "row", "table", "plot"]
 
 #: One colour per update rule, one marker per library.
 COLORS = {"adamw": "#1f77b4", "lion": "#d62728", "ademamix": "#2ca02c", "rmsprop": "#9467bd", "muon": "#ff7f0e",
@@ -60,17 +60,19 @@ def row(board: dict[str, Any], key: str) -> dict[str, Any]:
     raise KeyError(f"no row {key!r} on the board; it has {', '.join(e['key'] for e in board['rows'])}")
 
 
-def _order(e: dict[str, Any], rules: list[str]) -> tuple:
+def order_key(e: dict[str, Any], rules: list[str]) -> tuple:
+    """Sort key of a row: by rule (in ``rules``' order, others after), then most bytes first, then key."""
     return (rules.index(e["rule"]) if e["rule"] in rules else len(rules), -e["bytes_per_param"], e["key"])
 
 
-def _delta(e: dict[str, Any]) -> str:
+def delta_text(e: dict[str, Any], minus: str = "-", baseline: str = "0 (the baseline)") -> str:
+    """A row's Δ as "mean % [low, high]" (``minus``: the sign character, e.g. "−" for the README)."""
     d = e.get("delta_pct")
     if e["key"] == "adamw":
-        return "0 (the baseline)"
+        return baseline
     if d is None:
         return "–"
-    return f"{d['mean']:+.2f} % [{d['ci_low']:+.2f}, {d['ci_high']:+.2f}]"
+    return f"{d['mean']:+.2f} % [{d['ci_low']:+.2f}, {d['ci_high']:+.2f}]".replace("-", minus)
 
 
 def table(board: dict[str, Any]) -> str:
@@ -78,9 +80,9 @@ def table(board: dict[str, Any]) -> str:
     rules = list(board["rule_labels"])
     lines = [f"{'rule':9s} {'optimizer (states)':46s} {'bytes/param':>11s}  {'Δ valid loss vs fp32 AdamW [95 % CI]':38s}"
              f" seeds  front"]
-    for e in sorted(board["rows"], key=lambda e: _order(e, rules)):
+    for e in sorted(board["rows"], key=lambda e: order_key(e, rules)):
         lines.append(f"{board['rule_labels'].get(e['rule'], e['rule']):9s} {e['label'][:46]:46s} "
-                     f"{e['bytes_per_param']:11.2f}  {_delta(e):38s} {e['n']:5d}  {'yes' if e['pareto'] else ''}".rstrip())
+                     f"{e['bytes_per_param']:11.2f}  {delta_text(e):38s} {e['n']:5d}  {'yes' if e['pareto'] else ''}".rstrip())
     return "\n".join(lines)
 
 
