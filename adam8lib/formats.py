@@ -46,10 +46,10 @@ the gradient, and an ``m`` reset to 0 at every step leaves only this step's ``(1
 such an entry moves about a tenth of what fp32 Adam moves it — lesson 12 measures it.) ``"fp8"`` follows torchao's ``AdamWFp8`` (e4m3, one scale per
 block of 256). The maps are the canonical ones of :mod:`adam8lib.quant`: the same bits everywhere.
 
-Which backends step each format (``LowBitAdam(backend=...)``; :data:`adam8lib.optim.LOWBIT_KERNELS`):
+Which backends step each format (``LowBitAdam(backend=...)``; :func:`adam8lib.optim.backends_of`):
 ``"8bit"`` every backend of :mod:`adam8lib.kernels`; ``"fp8"``, ``"4bit"`` and ``"4bit-naive"`` the
 reference step (``"torch"``: :meth:`StateFormat.decode`, the fp32 update, :meth:`StateFormat.encode_`),
-the C++ ``"cpu"`` kernel (:mod:`adam8lib.kernels.cpu_lowbit`; ``"auto"`` on the CPU) and
+the C++ ``"cpu"`` kernel (:mod:`adam8lib.kernels.cpu_formats`; ``"auto"`` on the CPU) and
 ``"triton"`` (``"auto"`` on CUDA). Every fused step gives the reference step's bits; the CPU
 kernel reads each code from a table sampled from :meth:`MomentFormat.code`, so that method is the
 one spec of a coding.

@@ -6,9 +6,10 @@ once, here; how the two moments are stored is the state format's business (:mod:
 ``"8bit"``, ``"4bit"``, ``"4bit-naive"``, ``"fp8"``), and what the optimizer does with a format is
 decided by what the format stores, never by its name. A format of one byte per element into a map,
 blockwise scales and the keep-sign rule (``"8bit"``; :func:`map_kernels_step`) runs through the
-map-code backends of :mod:`adam8lib.kernels`; the others through their fused steps (:data:`LOWBIT_KERNELS`):
-the C++ ``"cpu"`` kernel (``"auto"`` on the CPU; :mod:`adam8lib.kernels.cpu_lowbit`) and a Triton
-kernel (``"auto"`` on CUDA; :mod:`adam8lib.kernels.triton`) for ``"fp8"``, ``"4bit"`` and
+map-code backends of :mod:`adam8lib.kernels`; the others through the fused steps the one registry
+has for the AdamW rule and their format (:func:`adam8lib.kernels.find_step`):
+the C++ ``"cpu"`` kernel (``"auto"`` on the CPU; :mod:`adam8lib.kernels.cpu_formats`) and a Triton
+kernel (``"auto"`` on CUDA; :mod:`adam8lib.kernels.triton_fp8`, :mod:`~adam8lib.kernels.triton_4bit`) for ``"fp8"``, ``"4bit"`` and
 ``"4bit-naive"``, else the reference step (``backend="torch"``: decode, the fp32 update, encode, in
 plain PyTorch). Every fused step stores the reference step's codes and scales bit for bit; the CPU
 kernel its parameters too. The Triton kernel's fp32 parameters (in the interpreter, on the CPU) are
@@ -89,7 +90,8 @@ from .distributed import (global_offset, local_param_and_grad, local_tensor, ran
                           to_checkpoint_state, to_local_state)
 from .adam import check_hyperparameters
 from .kernels.contract import PARAM_DTYPES, check_plain_tensor, is_usual_tensor
-from .kernels.reference import adam_update_fp32, adam_update_fp32_many, lowbit_reference_step
+from .kernels.reference import adam_update_fp32, adam_update_fp32_many, format_reference_step
+from .rules.adamw import AdamWRule
 from .formats import FORMATS, StateFormat, get_format
 from .quant import MAP_FINGERPRINTS, check_blocksize, dynamic_map, map_fingerprint
 from .rounding import element_key, stochastic_round_to_bf16
@@ -97,6 +99,8 @@ from .rounding import element_key, stochastic_round_to_bf16
 #: Elements of a parameter updated and rounded at a time with ``stochastic_rounding=True`` (a multiple of
 #: every block size: 64 ... 4096).
 SR_CHUNK = 1 << 16
+#: The update rule whose fused steps (:mod:`adam8lib.kernels.registry`) step these optimizers' low-bit formats.
+_ADAMW = AdamWRule()
 
 __all__ = ["LowBitAdam", "Adam8bit", "AdamW8bit", "Adam4bit", "AdamW4bit", "AdamFp8", "AdamWFp8", "UNSUPPORTED_FLAGS"]
 
@@ -131,7 +135,8 @@ class LowBitAdam(torch.optim.Optimizer):
         backend: ``"auto"``, ``"torch"`` (reference), ``"cpu"``, ``"triton"``, or another
             registered backend (see :mod:`adam8lib.kernels`); :func:`backends_of` a format: every
             backend for the 8-bit layout, else ``"auto"``, ``"torch"`` (the reference step) and the
-            format's :data:`LOWBIT_KERNELS` (``"cpu"`` and ``"triton"`` for the other three).
+            backends with a fused AdamW step for the format in the registry
+            (:func:`adam8lib.kernels.backends_for`: ``"cpu"`` and ``"triton"`` for the other three).
         state_format: ``"8bit"``, ``"4bit"``, ``"4bit-naive"``, ``"fp8"`` or a
             :class:`~adam8lib.formats.StateFormat`; ``None``: the class's (:attr:`state_format`).
         stochastic_rounding: write bf16 parameters with stochastic rounding (every parameter
@@ -240,7 +245,7 @@ class LowBitAdam(torch.optim.Optimizer):
     def _new_state(self, group: dict[str, Any], p: torch.Tensor) -> dict[str, Any]:
         # a sharded (DTensor) parameter: low-bit or not by the FULL size, states sized to the local shard
         # (blocks of the shard; rank-1 row maxima of its rows and column maxima of the whole tensor, see
-        # _step_lowbit); every moment starts at 0: the codes of 0, scales 0 (8-bit: codes 127 and 0)
+        # _step_by_format); every moment starts at 0: the codes of 0, scales 0 (8-bit: codes 127 and 0)
         full, p = p.numel(), local_tensor(p)
         if full >= group["min_8bit_size"]:
             return {"step": 0, **self.format.new_state(tuple(p.shape), p.device)}
@@ -292,7 +297,7 @@ class LowBitAdam(torch.optim.Optimizer):
             raise
 
     def _run(self, work: list, pending: dict[int, dict]) -> None:
-        if type(self)._step_8bit is not LowBitAdam._step_8bit or not self._map_kernels or self.stochastic_rounding:
+        if type(self)._step_map_codes is not LowBitAdam._step_map_codes or not self._map_kernels or self.stochastic_rounding:
             # a subclass with its own 8-bit step, a format the map-code kernels do not step, or stochastic
             # rounding: one parameter at a time
             for index, (group, p, param, grad) in enumerate(work):
@@ -321,7 +326,7 @@ class LowBitAdam(torch.optim.Optimizer):
                 batches.setdefault((id(group), param.device), (group, []))[1].append((param, grad, state))
             else:
                 del pending[id(state)]
-        for step_many, groups in ((self._step_32bit_many, small), (self._step_8bit_many, batches)):
+        for step_many, groups in ((self._step_32bit_many, small), (self._step_map_codes_many, batches)):
             for group, entries in groups.values():
                 step_many(group, entries)
                 for _, _, state in entries:
@@ -343,7 +348,7 @@ class LowBitAdam(torch.optim.Optimizer):
         """Whether the low-bit states go through the map-code kernels of :mod:`adam8lib.kernels`
         (:func:`~adam8lib.kernels.adam8bit_step_many`, every registered backend, batched per group): a
         format whose codes align with the elements (one byte per code into a map, blockwise scales), keeps
-        signs and has one block size (:func:`map_kernels_step`). Other formats take :meth:`_step_lowbit`."""
+        signs and has one block size (:func:`map_kernels_step`). Other formats take :meth:`_step_by_format`."""
         return map_kernels_step(self.format)
 
     def _state_spec(self, shape: tuple[int, ...]) -> dict[str, tuple[int, torch.dtype]]:
@@ -409,9 +414,9 @@ class LowBitAdam(torch.optim.Optimizer):
                     state: dict[str, Any]) -> None:
         """The update of ``target`` (the local parameter, its fp32 copy, or a chunk of that) with ``state``."""
         if "state1" in state and not self._map_kernels:
-            self._step_lowbit(group, target, grad, state, reduce_maxima=self._maxima_reducer(group, p))
+            self._step_by_format(group, target, grad, state, reduce_maxima=self._maxima_reducer(group, p))
         elif "state1" in state:
-            self._step_8bit(group, target, grad, state)
+            self._step_map_codes(group, target, grad, state)
         else:
             self._step_32bit(group, target, grad, state)
 
@@ -423,7 +428,7 @@ class LowBitAdam(torch.optim.Optimizer):
         scales need the whole tensor, and a subclass with its own 8-bit step may scale otherwise."""
         n, fmt, shape = param.numel(), self.format, tuple(p.shape)
         if ("state1" not in state or n <= SR_CHUNK or not param.is_contiguous()
-                or type(self)._step_8bit is not LowBitAdam._step_8bit
+                or type(self)._step_map_codes is not LowBitAdam._step_map_codes
                 or fmt.m.uses_rank1(shape) or fmt.v.uses_rank1(shape)
                 or fmt.m.blocksize != fmt.v.blocksize or SR_CHUNK % fmt.m.blocksize):
             return [(0, n, state)]
@@ -446,7 +451,7 @@ class LowBitAdam(torch.optim.Optimizer):
             return None
         return rank1_maxima_reducer(p)
 
-    def _step_lowbit(self, group: dict[str, Any], p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any],
+    def _step_by_format(self, group: dict[str, Any], p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any],
                      reduce_maxima=None) -> None:
         """The reference step of any state format: decode m and v, the fp32 update, encode them again.
         (fp32 temporaries the size of the tensor; the 8-bit format has fused backends instead.)
@@ -461,37 +466,32 @@ class LowBitAdam(torch.optim.Optimizer):
                 empty = torch.zeros(0, dtype=torch.float32, device=p.device)
                 fmt.encode_(state, empty, empty, shape, reduce_maxima)
             return
-        fused = None if reduce_maxima is not None else self._fused_lowbit(fmt, p.device)
+        fused = None if reduce_maxima is not None else self._fused_step(fmt, p.device)
         beta1, beta2 = group["betas"]
-        hyper = dict(step=state["step"], lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                     weight_decay=group["weight_decay"])
         if fused is not None:
             flat = p.view(-1) if p.is_contiguous() else p.contiguous().view(-1)
-            fused(flat, grad.reshape(-1).contiguous(), state, fmt, shape=shape, **hyper)
+            states = ((state["state1"], state["absmax1"]), (state["state2"], state["absmax2"]))
+            fused.fn(flat, grad.reshape(-1).contiguous(), states, rule=_ADAMW, fmt=fmt, shape=shape,
+                     step=state["step"], group=dict(lr=group["lr"], betas=(beta1, beta2), eps=group["eps"],
+                                                    weight_decay=group["weight_decay"]))
             if flat.data_ptr() != p.data_ptr():
                 p.copy_(flat.view(shape))
             return
-        lowbit_reference_step(p, grad, state, fmt, shape=shape, reduce_maxima=reduce_maxima, **hyper)
+        format_reference_step(p, grad, state, fmt, shape=shape, reduce_maxima=reduce_maxima, step=state["step"],
+                              lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                              weight_decay=group["weight_decay"])
 
-    def _fused_lowbit(self, fmt: StateFormat, device: torch.device):
-        """The fused step this low-bit step runs (None: the reference step). A format's kernels are
-        :data:`LOWBIT_KERNELS` (registered with :func:`adam8lib.kernels.register_lowbit_step`); the
-        backend named, or with ``"auto"`` the first of :data:`adam8lib.kernels.AUTO_ORDER` that has
-        one and runs on ``device`` (never the Triton interpreter). Both moments need one block size."""
+    def _fused_step(self, fmt: StateFormat, device: torch.device):
+        """The fused step (:class:`adam8lib.kernels.FusedStep`) this low-bit step runs, or None for the
+        reference step: the one registry's ``("adamw", fmt, backend)`` step
+        (:func:`adam8lib.kernels.find_step`): the backend named, or with ``"auto"`` the first of
+        :data:`adam8lib.kernels.AUTO_ORDER` that has one and runs on ``device`` (never the Triton
+        interpreter). Both moments need one block size."""
         if self.backend == "torch" or fmt.m.blocksize != fmt.v.blocksize:
             return None
-        if self.backend != "auto":
-            kernels.get_backend(self.backend, device)  # a clear error where it cannot run
-            return kernels.lowbit_step(fmt.name, self.backend)
-        for name in kernels.AUTO_ORDER:
-            if name not in LOWBIT_KERNELS.get(fmt.name, ()) or (name == "triton" and device.type != "cuda"):
-                continue
-            step = kernels.lowbit_step(fmt.name, name)
-            if step is not None and name in kernels.available_backends(device):
-                return step
-        return None
+        return kernels.find_step(_ADAMW, fmt, self.backend, device)
 
-    def _step_8bit_many(self, group: dict[str, Any], entries: list[tuple[torch.Tensor, torch.Tensor, dict]]) -> None:
+    def _step_map_codes_many(self, group: dict[str, Any], entries: list[tuple[torch.Tensor, torch.Tensor, dict]]) -> None:
         """The 8-bit update of several (non-empty) parameters of one group on one device, in one
         call of :func:`adam8lib.kernels.adam8bit_step_many`, each stepped as if on its own."""
         beta1, beta2 = group["betas"]
@@ -513,10 +513,10 @@ class LowBitAdam(torch.optim.Optimizer):
         for p, flat in copies:
             p.copy_(flat.view(p.shape))
 
-    def _step_8bit(self, group: dict[str, Any], p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any]) -> None:
+    def _step_map_codes(self, group: dict[str, Any], p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any]) -> None:
         """The 8-bit update of one parameter (what a subclass overrides to change the step)."""
         if p.numel():  # an empty shard (more ranks than rows): nothing to update here
-            self._step_8bit_many(group, [(p, grad, state)])
+            self._step_map_codes_many(group, [(p, grad, state)])
 
     def _step_32bit(self, group: dict[str, Any], p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any]) -> None:
         """fp32 states for small tensors: the reference's fp32 update, non-finite rule included."""
@@ -761,12 +761,6 @@ class AdamWFp8(AdamFp8):
 
 
 # ---------------------------------------------------------------------- validation helpers
-#: Fused kernels of the formats that the map-code kernels do not step (:func:`map_kernels_step`; those
-#: have every backend); each is registered by its backend's module with
-#: :func:`adam8lib.kernels.register_lowbit_step`.
-LOWBIT_KERNELS: dict[str, tuple[str, ...]] = {"fp8": ("triton", "cpu"), "4bit": ("triton", "cpu"), "4bit-naive": ("triton", "cpu")}
-
-
 def map_kernels_step(fmt: StateFormat) -> bool:
     """Whether the map-code kernels of :mod:`adam8lib.kernels` (``adam8bit_step``: every backend) step
     states in ``fmt``: codes aligned with the elements (one byte per code into a map, blockwise scales),
@@ -780,7 +774,7 @@ def backends_of(fmt: StateFormat) -> tuple[str, ...]:
     reference step) and the fused steps registered for it."""
     if map_kernels_step(fmt):
         return tuple(kernels.known_backend_names())
-    return ("auto", "torch") + LOWBIT_KERNELS.get(fmt.name, ())
+    return ("auto", "torch") + kernels.backends_for(_ADAMW, fmt)
 
 
 def codes_fingerprint(fmt: StateFormat, qmap1: torch.Tensor, qmap2: torch.Tensor) -> str:

@@ -8,8 +8,18 @@
   ``"fp8"``; or :data:`FP32`, plain fp32 tensors). A format has two moment formats, ``m`` (signed) and
   ``v`` (never negative); each state of the rule names the one that stores it
   (:attr:`adam8lib.rules.base.StateSpec.stored_as`). The 8-bit format is data like the others.
-* and a backend: here the reference step (``backend="torch"``, also what ``"auto"`` runs), the spec
-  that fused steps must match.
+* and a **backend**: the reference step (``backend="torch"``), the spec, or a fused step of the one
+  registry (:func:`adam8lib.kernels.find_step`: keyed by rule, format and device): the C++ ``"cpu"``
+  template of the elementwise rules (Lion, AdEMAMix, RMSprop, Adagrad) and AdamW's kernels on the CPU,
+  ``"triton"`` on CUDA. ``"auto"`` takes the first backend of :data:`adam8lib.kernels.AUTO_ORDER` with
+  a step for the parameter's rule, format and device (never the Triton interpreter for CPU tensors),
+  else the reference step: fp32 states, tensors under ``min_8bit_size``, non-contiguous parameters,
+  rules with no fused step (Muon's orthogonalization, SGD with momentum) and formats no kernel stores
+  (the 4-bit formats for the family's rules). A named backend must have a fused step for every
+  elementwise rule of the optimizer in its format (else ValueError at construction); the other
+  parameters take the reference step. Every fused step gives the reference step's states and
+  parameters bit for bit on the CPU (tests/kernels/test_cpu_rules.py, test_core_dispatch.py).
+  :meth:`QuantizedStateOptimizer.fused_step` says which step a parameter gets.
 
 The reference step works on whole tensors: fp32 temporaries of the parameter's size (its copy, each
 decoded state), as the reference step of the low-bit Adam formats does. Each step, for every parameter
@@ -17,7 +27,8 @@ with a gradient: decode each state to fp32 (codes times their block's
 scale), run the rule, apply the non-finite rule (elementwise rules: an element whose new state is not
 finite has every state reset to 0 and its parameter left unchanged), write the parameter, encode each
 state again with fresh per-block scales (:meth:`QuantizedStateOptimizer.quantize`, the one hook a
-test or an experiment overrides to plug in another rounding, e.g. bitsandbytes' CPU quantizer).
+test or an experiment overrides to plug in another rounding, e.g. bitsandbytes' CPU quantizer; an
+optimizer whose ``quantize`` is overridden always runs the reference step, so the hook is what runs).
 
 **Where things live.** The block size is the optimizer's: ``blocksize`` sets it in the format
 (:attr:`format`), the one place a step reads it; param groups do not hold it (a group that sets
@@ -39,8 +50,8 @@ As a ``torch.optim.Optimizer``: ``zero_grad``, closures, LR schedulers, state-di
 (``load_state_dict`` runs the pre-hooks on the checkpoint and the post-hooks after it is in place),
 ``copy.deepcopy``/pickle, ``torch.compile`` (the step runs eagerly: one graph break). Flags of torch's
 optimizers it does not implement (``maximize``, ``foreach``, ``fused``, ``capturable``,
-``differentiable``) are refused unless false. Not yet (later work of issue 35): fused C++/Triton steps
-of these rules, stochastic rounding, FSDP2 (DTensor) parameters (refused with a TypeError).
+``differentiable``) are refused unless false. Not yet (later work of issue 35): stochastic rounding,
+FSDP2 (DTensor) parameters (refused with a TypeError).
 """
 
 from __future__ import annotations
@@ -52,6 +63,7 @@ from typing import Any, Iterable
 import torch
 
 from .formats import MomentFormat, StateFormat, get_format
+from . import kernels
 from .kernels import run_eagerly
 from .kernels.contract import PARAM_DTYPES, check_plain_tensor, is_usual_tensor
 from .quant import check_blocksize
@@ -66,14 +78,13 @@ FORMAT_KEY = "state_format"
 #: torch.optim flags these optimizers do not implement, with what to do instead.
 TORCH_FLAGS = {
     "maximize": "negate the loss instead",
-    "foreach": "the reference step has its own loop; drop the flag",
-    "fused": "fused steps of these rules are not written yet; drop the flag",
+    "foreach": "the steps have their own loops; drop the flag",
+    "fused": "fused steps run by default where the registry has one (backend='auto'); drop the flag",
     "capturable": "CUDA-graph capture is not supported",
     "differentiable": "the quantized step is not differentiable",
 }
 #: Settings of the whole optimizer, refused in a param group (they have one place: the optimizer).
 OPTIMIZER_LEVEL = ("blocksize", "min_8bit_size")
-BACKENDS = ("auto", "torch")
 
 
 class QuantizedStateOptimizer(torch.optim.Optimizer):
@@ -89,7 +100,9 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             :class:`~adam8lib.formats.StateFormat`; ``None``: the class's.
         blocksize: elements per scale block (a power of two in 64...4096); ``None``: the format's.
         min_8bit_size: tensors with fewer elements keep fp32 states.
-        backend: ``"auto"`` or ``"torch"`` (the reference step; the only one so far).
+        backend: ``"auto"`` (a fused step where there is one, see the module docstring), ``"torch"`` (the
+            reference step), or a backend of :mod:`adam8lib.kernels` with fused steps of these rules
+            (``"cpu"``, ``"triton"``).
     """
 
     rule: UpdateRule
@@ -104,9 +117,10 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                 raise TypeError(f"{name}.__init__() got an unexpected keyword argument {key!r}")
             if value:
                 raise ValueError(f"{key}={value!r} is not supported by {name}: {TORCH_FLAGS[key]}")
-        if backend not in BACKENDS:
-            raise ValueError(f"{name} has the reference step only so far: backend must be one of {BACKENDS}, "
-                             f"got {backend!r}")
+        if not isinstance(backend, str) or backend not in kernels.known_backend_names():
+            raise ValueError(f"Unknown backend {backend!r} for {name}; choose one of {list(kernels.known_backend_names())}")
+        if backend not in ("auto", "torch") and backend not in kernels.available_backends():
+            raise ValueError(f"Backend {backend!r} is unavailable here: {kernels.unavailable_reason(backend)}")
         wanted = type(self).state_format if state_format is None else state_format
         if wanted == FP32:
             if blocksize is not None:
@@ -122,6 +136,18 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         self.min_8bit_size = min_8bit_size
         self.backend = backend
         super().__init__(params, defaults)
+        if backend not in ("auto", "torch"):
+            self._check_named_backend()
+
+    def _check_named_backend(self) -> None:
+        """ValueError unless the named backend has a fused step for every elementwise rule of these groups."""
+        rules = {r.name: r for g in (self.param_groups or [self.defaults]) for r in self.group_rules(g)}
+        missing = [r.name for r in rules.values()
+                   if r.elementwise and self.backend not in kernels.backends_for(r, self.format)]
+        if missing:
+            what = "fp32 states" if self.format is None else f"states in format {self.format.name!r}"
+            raise ValueError(f"backend {self.backend!r} has no fused step of the {', '.join(missing)} rule for {what}; "
+                             f"use backend='auto' (a fused step where there is one) or 'torch' (the reference step)")
 
     # ------------------------------------------------------------------ groups and rules
     def rule_for(self, p: torch.Tensor, group: dict[str, Any]) -> UpdateRule:
@@ -245,9 +271,26 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                 rule = self.rule_for(p, group)
                 if self.state[p]:
                     self._check_live_state(p, rule, f"the state of parameter {pi} of group {gi}")
-                work.append((group, p, rule))
-        for group, p, rule in work:
-            self._update(group, p, rule)
+                work.append((group, p, rule, self._fused_for(p, rule)))
+        for group, p, rule, fused in work:
+            self._update(group, p, rule, fused)
+
+    def fused_step(self, p: torch.Tensor) -> kernels.FusedStep | None:
+        """The fused step (:class:`adam8lib.kernels.FusedStep`) that steps ``p`` now, or None: the reference
+        step (see the module docstring). ``p`` must be a parameter of this optimizer."""
+        for group in self.param_groups:
+            if any(q is p for q in group["params"]):
+                return self._fused_for(p, self.rule_for(p, group))
+        raise ValueError(f"the tensor of shape {tuple(p.shape)} is not a parameter of this {type(self).__name__}")
+
+    def _fused_for(self, p: torch.Tensor, rule: UpdateRule) -> kernels.FusedStep | None:
+        """Which fused step ``p`` takes (None: the reference step). Decided before anything changes: a named
+        backend that cannot run on ``p``'s device raises ValueError here."""
+        if (self.backend == "torch" or not rule.elementwise or not self.quantized(p) or not p.numel()
+                or not p.is_contiguous() or (p.grad is not None and not p.grad.is_contiguous())
+                or getattr(self.quantize, "__func__", None) is not QuantizedStateOptimizer.quantize):
+            return None
+        return kernels.find_step(rule, self.format, self.backend, p.device)
 
     def _check_param_and_grad(self, p: torch.Tensor, grad: torch.Tensor, where: str) -> None:
         if (is_usual_tensor(p) and is_usual_tensor(grad) and p.dtype in PARAM_DTYPES and grad.dtype in PARAM_DTYPES
@@ -281,7 +324,8 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                                  f"by this {type(self).__name__} (state format {self.format_name()!r}, "
                                  f"min_8bit_size {self.min_8bit_size})")
 
-    def _update(self, group: dict[str, Any], p: torch.Tensor, rule: UpdateRule) -> None:
+    def _update(self, group: dict[str, Any], p: torch.Tensor, rule: UpdateRule,
+                fused: kernels.FusedStep | None = None) -> None:
         state = self.state[p]
         if not state:
             state.update(self._new_state(p, rule))
@@ -290,6 +334,12 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                 state[key] = value.to(p.device)
         step = state["step"] + 1
         hyper = self.rule_group(rule, group)
+        if fused is not None:  # in place, the reference step's bits (the registry's calling convention)
+            states = tuple((state[s.name + "_codes"], state[s.name + "_absmax"]) for s in rule.states)
+            fused.fn(p.detach().view(-1), p.grad.detach().view(-1), states, rule=rule, fmt=self.format,
+                     shape=tuple(p.shape), step=step, group=hyper)
+            state["step"] = step
+            return
         values = {spec.name: self.decode(state, spec, p) for spec in rule.states}
         update = rule.update if self.quantized(p) else rule.update_unquantized
         new = update(p.detach().to(torch.float32, copy=True), p.grad.detach().float(), values, step=step, group=hyper)

@@ -106,9 +106,9 @@ class Adam8bitVariant(Adam8bit):
         """Requantize a flat fp32 state: ``(codes uint8, absmax per block)``, with this variant's sign rule."""
         return quantize_blocks(x, code, blocksize, keep_sign=self.keep_sign)
 
-    def _step_8bit(self, group: dict[str, Any], p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any]) -> None:
+    def _step_map_codes(self, group: dict[str, Any], p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any]) -> None:
         if not self._own_phases:
-            super()._step_8bit(group, p, grad, state)
+            super()._step_map_codes(group, p, grad, state)
             return
         # The reference step's phases (dequantize, fp32 update with the non-finite rule,
         # requantize) from the library's own pieces; one block = the whole tensor when per-tensor.

@@ -12,9 +12,10 @@ same rule with fp32 states (adam8lib's class with ``state_format="fp32"``: the r
 torch ops, the 32-bit baseline). Reported: each one's median step time, and the per-round ratios to
 the fused step (median and a 95 % interval of the median, :func:`stats.median_and_ci`).
 
-Until the optimizers call the one registry themselves (issue 35, core35), this script makes the 8-bit
-class call what :func:`adam8lib.kernels.find_step` returns for its rule and format (:func:`fused`):
-the same function the optimizer will call, on the optimizer's own states.
+The 8-bit class is built with ``backend="cpu"`` (what ``"auto"`` picks on the CPU): its quantized
+parameters take the fused step the one registry has for its rule and format
+(:func:`adam8lib.kernels.find_step`); a class whose rule has none is refused, not silently timed on
+the reference step.
 
 **State bytes per parameter.** DistilBERT for sequence classification built from its config (65,783,042
 parameters, no download), every class of the family (and Adam8bit, torch's AdamW) on all its
@@ -31,7 +32,6 @@ import os
 import platform
 import sys
 import time
-import types
 import warnings
 from datetime import date
 from pathlib import Path
@@ -75,30 +75,6 @@ def contenders():
     }
 
 
-def fused(opt):
-    """Make ``opt`` (a QuantizedStateOptimizer) step its quantized parameters with the fused step the
-    registry finds for its rule and format on the CPU (see the module docstring)."""
-    from adam8lib import kernels
-
-    reference_update = opt._update
-
-    def update(self, group, p, rule):
-        found = kernels.find_step(rule, self.format, "cpu", p.device) if self.quantized(p) else None
-        if found is None:
-            return reference_update(group, p, rule)
-        state = self.state[p]
-        if not state:
-            state.update(self._new_state(p, rule))
-        step = state["step"] + 1
-        states = tuple((state[s.name + "_codes"], state[s.name + "_absmax"]) for s in rule.states)
-        found.fn(p.data.view(-1), p.grad.view(-1), states, rule=rule, fmt=self.format, shape=tuple(p.shape), step=step,
-                 group=self.rule_group(rule, group))
-        state["step"] = step
-
-    opt._update = types.MethodType(update, opt)
-    return opt
-
-
 def race(n: int, rounds: int, progress=print) -> dict:
     """Round-robin step times of the fused step, bitsandbytes' and the fp32-state rule, per rule."""
     gen = torch.Generator().manual_seed(0)
@@ -109,7 +85,7 @@ def race(n: int, rounds: int, progress=print) -> dict:
         params = {k: torch.nn.Parameter(p0.clone()) for k in ("fused", "bitsandbytes", "fp32 states")}
         for p in params.values():
             p.grad = g0.clone()
-        opts = {"fused": fused(ours_cls([params["fused"]], **hyper)),
+        opts = {"fused": ours_cls([params["fused"]], **hyper, backend="cpu"),
                 "bitsandbytes": bnb_cls([params["bitsandbytes"]], **hyper, **bnb_extra),
                 "fp32 states": ours_cls([params["fp32 states"]], **hyper, state_format="fp32")}
         for opt in opts.values():
@@ -176,8 +152,6 @@ def distilbert_bytes(progress=print, small: bool = False) -> list[tuple[str, str
     for name, cls, fmt in classes:
         saved = [p.detach().clone() for p in params]
         opt = cls(params, lr=0.0)
-        if hasattr(opt, "quantized") and fmt == "8bit":
-            fused(opt)
         opt.step()
         mib, _ = compute_optimizer_size(opt.state.values())
         rows.append((name, fmt, mib, mib * MiB / count))

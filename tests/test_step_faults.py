@@ -16,6 +16,8 @@
 
 from __future__ import annotations
 
+import types
+
 import os
 
 import pytest
@@ -214,8 +216,8 @@ def test_a_an_update_that_raises_all_the_same_leaves_the_step_counters(state_for
         raise RuntimeError("the kernel failed")
 
     monkeypatch.setattr(kernels, "adam8bit_step_many", fail)
-    monkeypatch.setattr(kernels, "lowbit_step", lambda *a, **k: fail)
-    monkeypatch.setattr(optim_module, "lowbit_reference_step", fail)
+    monkeypatch.setattr(kernels, "find_step", lambda *a, **k: types.SimpleNamespace(fn=fail))
+    monkeypatch.setattr(optim_module, "format_reference_step", fail)
     monkeypatch.setattr(optim_module, "adam_update_fp32_many", fail)
     with pytest.raises(RuntimeError, match="the kernel failed"):
         opt.step()

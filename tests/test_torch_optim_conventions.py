@@ -29,7 +29,8 @@ from adam8lib.quantized_state import QuantizedStateOptimizer
 CLASSES = [Adam8bit, AdamW8bit]
 #: The other state formats run the reference step only (lesson 12): the same conventions, backend "torch".
 OTHER_FORMATS = [Adam4bit, AdamW4bit, AdamWFp8]
-#: The family on the update-rule core (reference step only so far).
+#: The family on the update-rule core: the reference step ("torch") and "auto" (the fused cpu steps of the
+#: elementwise rules' 8-bit states, the reference step for the rest).
 FAMILY = [Lion, Lion8bit, Lion4bit, AdEMAMix8bit, RMSprop8bit, Adagrad8bit, SGD8bit, Muon8bit]
 
 
@@ -45,7 +46,8 @@ def _cpu_backends():
 BACKENDS = _cpu_backends()
 
 
-@pytest.fixture(params=[(c, b) for c in CLASSES for b in BACKENDS] + [(c, "torch") for c in OTHER_FORMATS + FAMILY],
+@pytest.fixture(params=[(c, b) for c in CLASSES for b in BACKENDS] + [(c, "torch") for c in OTHER_FORMATS + FAMILY]
+                + [(c, "auto") for c in FAMILY],
                 ids=lambda cb: f"{cb[0].__name__}-{cb[1]}")
 def make_opt(request):
     cls, backend = request.param

@@ -3,9 +3,8 @@
 Fused steps of every rule and state format are in one registry, keyed by what a step can do
 (:mod:`.registry`: ``register_step``, ``find_step(rule, fmt, backend, device)``): today's 8-bit Adam
 backends and the FP8/4-bit Adam kernels (as rule ``"adamw"``), and the rule templates of the family
-(:mod:`.cpu_rules`, :mod:`.triton_rules`). ``register_adam_step``/``adam_step`` register and look up the
-format kernels written with the older Adam signature; ``register_lowbit_step``/``lowbit_step`` are
-their former names, kept until :mod:`adam8lib.optim` calls ``find_step``.
+(:mod:`.cpu_rules`, :mod:`.triton_rules`). ``register_adam_step`` registers a format's Adam kernel
+written with the state-dict signature (what the FP8 and 4-bit kernels have) behind an adapter.
 
 The 8-bit Adam step itself (lessons 07 and 08) keeps its dispatch point: pick a backend, check its
 arguments, call it.
@@ -65,9 +64,6 @@ __all__ = [
     "run_eagerly",
     "AUTO_ORDER",
     "register_adam_step",
-    "adam_step",
-    "register_lowbit_step",
-    "lowbit_step",
     "register_step",
     "find_step",
     "registered_steps",
@@ -121,8 +117,7 @@ def register_backend(name: str, step: Callable[..., None], supports: Callable[[t
     _BACKENDS[name] = Backend(name, step, supports, step_many)
     _IMPORT_ERRORS.pop(name, None)
     if name != "torch":  # the reference is no fused step: the core's own reference step runs instead
-        register_step("adamw", name, _adam8bit_as_fused(step), formats=_is_adam8bit_layout, supports=supports,
-                      legacy=step)
+        register_step("adamw", name, _adam8bit_as_fused(step), formats=_is_adam8bit_layout, supports=supports)
 
 
 register_backend("torch", reference.adam8bit_step, lambda device: True)
@@ -241,7 +236,7 @@ def adam8bit_step_many(tensors, qmap1: torch.Tensor, qmap2: torch.Tensor, *, ste
 
 
 # ---------------------------------------------------------------------------------------
-# Today's entry points over the one registry (:mod:`.registry`), until the optimizers call find_step
+# Finding a fused step in the one registry (:mod:`.registry`) for a device
 # ---------------------------------------------------------------------------------------
 def registered_steps() -> list[FusedStep]:
     """Every registered fused step (:mod:`.registry`), the optional backends' modules imported first."""
@@ -312,7 +307,7 @@ def _adam_format_step_as_fused(step: Callable[..., None]) -> Callable[..., None]
 
 def register_adam_step(format_name: str, backend: str, step: Callable[..., None]) -> None:
     """Register a state format's fused Adam step written with the signature below (what the FP8 and
-    4-bit kernels have): ``register_step("adamw", backend, ..., formats=(format_name,), legacy=step)``.
+    4-bit kernels have), behind an adapter: ``register_step("adamw", backend, ..., formats=(format_name,))``.
 
     ``step(p, g, state, fmt, *, shape, step, lr, beta1, beta2, eps, weight_decay)``: ``p`` and
     ``g`` flat contiguous tensors of one parameter, ``state`` its dict (``state1``/``state2`` codes,
@@ -325,22 +320,7 @@ def register_adam_step(format_name: str, backend: str, step: Callable[..., None]
         entry = _BACKENDS.get(backend)
         return entry is not None and entry.supports(device)
 
-    register_step("adamw", backend, _adam_format_step_as_fused(step), formats=(format_name,), supports=supports, legacy=step)
-
-
-def adam_step(format_name: str, backend: str) -> Callable[..., None] | None:
-    """The fused Adam step of ``format_name`` on ``backend``, with :func:`register_adam_step`'s
-    signature (None if there is none)."""
-    for entry in registered_steps():
-        if entry.rule == "adamw" and entry.backend == backend and not callable(entry.formats) \
-                and format_name in entry.formats and entry.legacy is not None:
-            return entry.legacy
-    return None
-
-
-#: Today's names, kept until adam8lib.optim calls :func:`find_step` (then removed: issue 35).
-register_lowbit_step = register_adam_step
-lowbit_step = adam_step
+    register_step("adamw", backend, _adam_format_step_as_fused(step), formats=(format_name,), supports=supports)
 
 
 _TENSOR_ARGS = ("p", "g", "state1", "state2", "absmax1", "absmax2", "qmap1", "qmap2")

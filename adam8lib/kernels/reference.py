@@ -92,10 +92,6 @@ def format_reference_step(p: torch.Tensor, g: torch.Tensor, state: dict, fmt, *,
     fmt.encode_(state, m, v, shape, reduce_maxima)
 
 
-#: Today's name (adam8lib.optim imports it), kept until the optimizers run on the one core (issue 35).
-lowbit_reference_step = format_reference_step
-
-
 def probe_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fixed ``(g, m, v)`` of 4099 elements that the backends use to ask how this torch rounds."""
     gen = torch.Generator().manual_seed(0)

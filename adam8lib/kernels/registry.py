@@ -71,8 +71,6 @@ class FusedStep:
     supports: Callable[[torch.device], bool]
     #: optional: several tensors of one group in one call, ``many(items, *, rule, fmt, shapes, steps, group)``
     many: Callable[..., None] | None = None
-    #: the function with the signature it had before this registry (``register_lowbit_step``'s), if any
-    legacy: Callable[..., None] | None = None
 
     def accepts(self, fmt: Any) -> bool:
         """Whether this step stores states in ``fmt`` (a StateFormat, a name, or None for fp32)."""
@@ -96,7 +94,7 @@ _STEPS: list[FusedStep] = []
 
 def register_step(rule: str, backend: str, fn: Callable[..., None], *,
                   formats: Iterable[str] | Callable[[Any], bool], supports: Callable[[torch.device], bool],
-                  many: Callable[..., None] | None = None, legacy: Callable[..., None] | None = None) -> FusedStep:
+                  many: Callable[..., None] | None = None) -> FusedStep:
     """Register ``fn`` as the fused step of ``rule`` on ``backend`` for the formats it accepts.
 
     A later registration for the same rule, backend and formats replaces the earlier one."""
@@ -109,7 +107,7 @@ def register_step(rule: str, backend: str, fn: Callable[..., None], *,
         formats = tuple(formats)
         if not formats or not all(isinstance(f, str) for f in formats):
             raise TypeError(f"formats must be format names or a predicate, got {formats!r}")
-    entry = FusedStep(rule, backend, fn, formats, supports, many, legacy)
+    entry = FusedStep(rule, backend, fn, formats, supports, many)
     _STEPS[:] = [s for s in _STEPS if not (s.rule == rule and s.backend == backend and s.formats == formats)]
     _STEPS.append(entry)
     return entry
@@ -122,6 +120,13 @@ def steps() -> list[FusedStep]:
 
 
 def matching(steps_: list[FusedStep], rule: Any, fmt: Any) -> list[FusedStep]:
-    """The steps of ``steps_`` for ``rule`` (a name or an UpdateRule) that accept ``fmt``."""
+    """The steps of ``steps_`` for ``rule`` (a name or an UpdateRule) that accept ``fmt``. An UpdateRule
+    named like one of the library's rules but computing something else
+    (:func:`adam8lib.rules.is_library_rule`) has none: a step is the kernel of the rule it was written for."""
     name = _rule_name(rule)
+    if not isinstance(rule, str):
+        from ..rules import is_library_rule
+
+        if not is_library_rule(rule):
+            return []
     return [s for s in steps_ if s.rule == name and s.accepts(fmt)]

@@ -25,4 +25,23 @@ from .rmsprop import AdagradRule, RMSpropRule
 from .sgd import SGDMomentumRule
 
 __all__ = ["StateSpec", "UpdateRule", "LionRule", "AdEMAMixRule", "RMSpropRule", "AdagradRule",
-           "SGDMomentumRule", "AdamWRule", "MuonRule"]
+           "SGDMomentumRule", "AdamWRule", "MuonRule", "LIBRARY_RULES", "is_library_rule"]
+
+#: The library's rules by name: what a fused step registered under that name (:mod:`adam8lib.kernels.registry`)
+#: computes.
+LIBRARY_RULES = {cls.name: cls for cls in (AdamWRule, LionRule, AdEMAMixRule, RMSpropRule, AdagradRule,
+                                           SGDMomentumRule, MuonRule)}
+_COMPUTES = ("update", "update_unquantized", "states", "elementwise")
+
+
+def is_library_rule(rule: UpdateRule) -> bool:
+    """Whether ``rule`` computes what the library's rule of its name computes: its ``update``,
+    ``update_unquantized``, ``states`` and ``elementwise`` are that rule's (a subclass that only checks
+    hyper-parameters otherwise still is), none replaced on the instance. A rule of the same name that
+    computes something else (a learner's Lion in lesson 13's workbook) is not, and never runs a fused
+    step written for the library's. True for a name the library has no rule of (its own registered steps)."""
+    cls = LIBRARY_RULES.get(getattr(rule, "name", None))
+    if cls is None:
+        return True
+    return (isinstance(rule, UpdateRule) and not any(k in vars(rule) for k in _COMPUTES)
+            and all(getattr(type(rule), k) is getattr(cls, k) for k in _COMPUTES))

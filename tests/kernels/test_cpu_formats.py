@@ -15,6 +15,13 @@ from adam8lib.optim import LowBitAdam
 pytestmark = pytest.mark.skipif("cpu" not in available_backends("cpu"), reason="the cpu kernel cannot be built here")
 
 FORMATS = ("fp8", "4bit", "4bit-naive")
+
+
+def _kernel(fmt):
+    """The C++ Adam kernel of ``fmt`` with its own (state-dict) signature, as registered behind an adapter."""
+    from adam8lib.kernels import cpu_formats
+
+    return cpu_formats.fp8_step_cpu if fmt == "fp8" else cpu_formats.fourbit_step_cpu
 # vectors (odd, not a multiple of a block), matrices (rank-1 v for "4bit"), one row, a 3-D tensor
 SHAPES = [(4097,), (384,), (300, 77), (1, 999), (129, 1), (3, 20, 50)]
 BIG_SHAPES = [(70001,), (200, 301)]  # more than 2^15 elements: several threads
@@ -44,7 +51,7 @@ def counted():
     from adam8lib import kernels
 
     calls = {}
-    real = {fmt: kernels.adam_step(fmt, "cpu") for fmt in FORMATS}  # (loads the module that registers them)
+    real = {fmt: _kernel(fmt) for fmt in FORMATS}
     for fmt in FORMATS:
         def wrapper(*args, _real=real[fmt], _fmt=fmt, **kwargs):
             calls[_fmt] = calls.get(_fmt, 0) + 1
@@ -127,7 +134,7 @@ def test_other_blocksize_and_fp32_grad_of_bf16(fmt):
 
     f = get_format(fmt)
     runs = []
-    for step_fn in (format_reference_step, kernels.adam_step(fmt, "cpu")):
+    for step_fn in (format_reference_step, _kernel(fmt)):
         p = torch.randn(shape, generator=torch.Generator().manual_seed(4)).bfloat16().view(-1)
         state = f.new_state(shape, p.device)
         for t, g in enumerate(grads, 1):
@@ -146,8 +153,8 @@ def test_auto_picks_cpu_and_resume(cls, fmt, monkeypatch):
 
     p = torch.nn.Parameter(torch.randn(64, 80))
     opt = cls([p])
-    assert opt._fused_lowbit(opt.format, p.device) is kernels.adam_step(fmt, "cpu")
-    assert kernels.adam_step(fmt, "cpu") in (cpu_formats.fp8_step_cpu, cpu_formats.fourbit_step_cpu)
+    found = opt._fused_step(opt.format, p.device)
+    assert found is kernels.find_step("adamw", opt.format, "cpu", p.device) and found.backend == "cpu"
     grads = _grads((64, 80), 4, 5, special=False)
     # two steps with one backend, resume from its state_dict with each backend: the same bits
     first, opt1 = _run(fmt, (64, 80), torch.float32, 0.01, "cpu", grads[:2])
@@ -160,12 +167,11 @@ def test_auto_picks_cpu_and_resume(cls, fmt, monkeypatch):
 def test_fp8_negative_v_bytes_from_a_corrupt_state():
     """A v byte that decodes negative (no step writes one) takes MKL's called root, as the reference."""
     from adam8lib.formats import get_format
-    from adam8lib.kernels import adam_step
     from adam8lib.kernels.reference import format_reference_step
 
     f, shape = get_format("fp8"), (1000,)
     runs = []
-    for step_fn in (format_reference_step, adam_step("fp8", "cpu")):
+    for step_fn in (format_reference_step, _kernel("fp8")):
         p = torch.randn(shape, generator=torch.Generator().manual_seed(7))
         state = f.new_state(shape, p.device)
         state["state2"][::7] = 0xB0  # negative e4m3 numbers

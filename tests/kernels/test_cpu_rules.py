@@ -1,12 +1,10 @@
 """The cpu rule template (adam8lib/kernels/cpu_rules.py, csrc/rules.h) is QuantizedStateOptimizer's
-reference step, bit for bit: states (codes and absmax) and parameters, over many steps, at every SIMD
+reference step (backend="torch"), bit for bit, and "auto" runs it: states (codes and absmax) and parameters, over many steps, at every SIMD
 level of this build, for Lion8bit, AdEMAMix8bit (with its warm-ups), RMSprop8bit and Adagrad8bit, with
 weight decay, sizes that are not multiples of the block, bf16/fp16 parameters, NaN/Inf gradients and
 gradients whose square overflows; and the one registry finds it."""
 
 from __future__ import annotations
-
-import types
 
 import pytest
 import torch
@@ -16,6 +14,8 @@ from adam8lib.formats import get_format
 from adam8lib.kernels import cpu, cpu_rules
 from adam8lib.quantized_state import QuantizedStateOptimizer
 from adam8lib.rules.adamw import AdamWRule
+
+from _fused_calls import count_fused_calls, unwrapped
 
 SIMD_LEVELS = list(range(cpu.simd_level() + 1))  # 0 = scalar loops only; the second machine has fewer
 
@@ -49,28 +49,6 @@ def _grads(step, gen, specs=PARAMS):
     return out
 
 
-def _use_fused(opt, calls):
-    """Make ``opt`` run the registry's cpu step for its quantized parameters (what the core will do)."""
-    reference_update = opt._update
-
-    def update(self, group, p, rule):
-        if not self.quantized(p):
-            return reference_update(group, p, rule)
-        state = self.state[p]
-        if not state:
-            state.update(self._new_state(p, rule))
-        found = kernels.find_step(rule, self.format, "cpu", p.device)
-        assert found is not None and found.fn is cpu_rules.rule_step_cpu
-        step = state["step"] + 1
-        states = tuple((state[s.name + "_codes"], state[s.name + "_absmax"]) for s in rule.states)
-        found.fn(p.data.view(-1), p.grad.view(-1), states, rule=rule, fmt=self.format, shape=tuple(p.shape),
-                 step=step, group=self.rule_group(rule, group))
-        state["step"] = step
-        calls.append(p.numel())
-
-    opt._update = types.MethodType(update, opt)
-
-
 def _assert_same(ref_opt, got_opt, ref_params, got_params, what):
     for i, (a, b) in enumerate(zip(ref_params, got_params)):
         pa, pb = a.detach().float(), b.detach().float()
@@ -93,10 +71,11 @@ def _run(name, simd, monkeypatch, *, steps=8, state_format=None, blocksize=None,
     monkeypatch.setattr(cpu_rules, "SIMD", simd)
     options = {k: v for k, v in (("state_format", state_format), ("blocksize", blocksize)) if v is not None}
     ref_params, got_params = _params(specs), _params(specs)
-    ref = cls(ref_params, **hyper, **options)
-    got = cls(got_params, **hyper, **options)
-    calls = []
-    _use_fused(got, calls)
+    ref = cls(ref_params, **hyper, **options, backend="torch")
+    got = cls(got_params, **hyper, **options)  # "auto": the cpu template for every quantized parameter
+    assert all(unwrapped(got.fused_step(p).fn) is cpu_rules.rule_step_cpu
+               for p in got_params)
+    calls = count_fused_calls(monkeypatch, "cpu")
     gen = torch.Generator().manual_seed(1)
     old_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -216,7 +195,7 @@ class _AdamW8bitOnTheCore(QuantizedStateOptimizer):
 
 
 @pytest.mark.parametrize("fmt", ["8bit", "fp8", "4bit-naive"])
-def test_adam_steps_in_the_registry_equal_the_core_reference(fmt):
+def test_adam_steps_in_the_registry_equal_the_core_reference(fmt, monkeypatch):
     """The registry's ("adamw", fmt, "cpu") steps (today's 8-bit, FP8 and 4-bit kernels behind adapters)
     are the core's reference step of the AdamW rule, bit for bit: what core35 switches Adam onto."""
     CLASSES["adamw"] = (_AdamW8bitOnTheCore, dict(lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01))
@@ -224,23 +203,9 @@ def test_adam_steps_in_the_registry_equal_the_core_reference(fmt):
     def run(steps=4):
         cls, hyper = CLASSES["adamw"]
         ref_params, got_params = _params(), _params()
-        ref, got = cls(ref_params, **hyper, state_format=fmt), cls(got_params, **hyper, state_format=fmt)
-        reference_update, calls = got._update, []
-
-        def update(self, group, p, rule):
-            if not self.quantized(p):
-                return reference_update(group, p, rule)
-            state = self.state[p]
-            if not state:
-                state.update(self._new_state(p, rule))
-            found = kernels.find_step(rule, self.format, "cpu", p.device)
-            states = tuple((state[s.name + "_codes"], state[s.name + "_absmax"]) for s in rule.states)
-            found.fn(p.data.view(-1), p.grad.view(-1), states, rule=rule, fmt=self.format, shape=tuple(p.shape),
-                     step=state["step"] + 1, group=self.rule_group(rule, group))
-            state["step"] += 1
-            calls.append(1)
-
-        got._update = types.MethodType(update, got)
+        ref = cls(ref_params, **hyper, state_format=fmt, backend="torch")
+        got = cls(got_params, **hyper, state_format=fmt, backend="cpu")
+        calls = count_fused_calls(monkeypatch, "cpu")
         gen = torch.Generator().manual_seed(1)
         for t in range(1, steps + 1):
             for p_ref, p_got, g in zip(ref_params, got_params, _grads(t, gen)):

@@ -74,13 +74,18 @@ def test_registering_again_replaces_and_bad_registrations_are_refused(clean_regi
         kernels.register_step("lion", "cpu", a, formats=(), supports=lambda d: True)
 
 
-def test_todays_entry_points_are_wrappers_over_the_registry(clean_registry):
-    from adam8lib.kernels import cpu_formats
+def test_format_kernels_are_registry_entries_and_the_old_names_are_gone(clean_registry):
+    from adam8lib import optim as optim_module
+    from adam8lib.kernels import cpu_formats, reference
 
-    assert kernels.lowbit_step is kernels.adam_step and kernels.register_lowbit_step is kernels.register_adam_step
-    assert kernels.adam_step("fp8", "cpu") is cpu_formats.fp8_step_cpu
-    entry = kernels.find_step("adamw", get_format("fp8"), "cpu", "cpu")
-    assert entry.legacy is cpu_formats.fp8_step_cpu
+    for gone in ("lowbit_step", "register_lowbit_step", "adam_step"):
+        assert not hasattr(kernels, gone), gone
+    assert not hasattr(reference, "lowbit_reference_step") and not hasattr(optim_module, "LOWBIT_KERNELS")
+    assert "legacy" not in kernels.FusedStep.__dataclass_fields__
+    assert kernels.find_step("adamw", get_format("fp8"), "cpu", "cpu") is not None
+    assert optim_module.backends_of(get_format("fp8")) == ("auto", "torch") + kernels.backends_for("adamw", get_format("fp8"))
+    assert "cpu" in optim_module.backends_of(get_format("4bit"))
+    assert cpu_formats.fp8_step_cpu is not None
 
     seen = []
 
@@ -88,9 +93,20 @@ def test_todays_entry_points_are_wrappers_over_the_registry(clean_registry):
         seen.append((sorted(state), shape, step, lr, beta1, beta2, eps, weight_decay))
 
     kernels.register_adam_step("fp8", "cpu", old_style)
-    assert kernels.adam_step("fp8", "cpu") is old_style
     codes, scales = torch.zeros(4, dtype=torch.uint8), torch.zeros(1)
     kernels.find_step("adamw", get_format("fp8"), "cpu", "cpu").fn(
         torch.zeros(4), torch.zeros(4), ((codes, scales), (codes, scales)), rule=None, fmt=get_format("fp8"),
         shape=(2, 2), step=3, group=dict(lr=0.1, betas=(0.8, 0.9), eps=1e-6, weight_decay=0.5))
     assert seen == [(["absmax1", "absmax2", "state1", "state2"], (2, 2), 3, 0.1, 0.8, 0.9, 1e-6, 0.5)]
+    # the Adam optimizers step a low-bit format with what the registry holds for it, nothing else
+    from adam8lib import AdamWFp8
+
+    p = torch.nn.Parameter(torch.ones(64, 80))
+    p.grad = torch.ones_like(p)
+    for backend in ("auto", "cpu"):
+        seen.clear()
+        AdamWFp8([p], lr=0.01, backend=backend).step()
+        assert seen == [(["absmax1", "absmax2", "state1", "state2"], (64, 80), 1, 0.01, 0.9, 0.999, 1e-8, 0.01)]
+    seen.clear()
+    AdamWFp8([p], lr=0.01, backend="torch").step()
+    assert seen == []

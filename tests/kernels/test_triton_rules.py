@@ -8,12 +8,11 @@ neighbour, so the twin asserts the looser :func:`_close_on_gpu`."""
 
 from __future__ import annotations
 
-import types
-
 import pytest
 import torch
 
 from _triton_devices import DEVICES  # noqa: E402  (sets TRITON_INTERPRET=1 where there is no GPU)
+from _fused_calls import count_fused_calls  # noqa: E402
 from adam8lib import family, kernels
 from adam8lib.formats import get_format
 from adam8lib.kernels import triton_rules
@@ -29,26 +28,6 @@ CLASSES = {
 #: (AdEMAMix, RMSprop), 1.5e-6 (Adagrad) over these steps, 0 for Lion; the states never differ.
 OFF = {"lion": 0.0, "ademamix": 1e-5, "rmsprop": 1e-5, "adagrad": 1e-5}
 SHAPES = [(300,), (4, 130)]  # not multiples of the block (64 here)
-
-
-def _use_triton(opt):
-    reference_update = opt._update
-
-    def update(self, group, p, rule):
-        if not self.quantized(p):
-            return reference_update(group, p, rule)
-        state = self.state[p]
-        if not state:
-            state.update(self._new_state(p, rule))
-        found = kernels.find_step(rule, self.format, "triton", p.device)
-        assert found is not None and found.fn is triton_rules.rule_step_triton
-        step = state["step"] + 1
-        states = tuple((state[s.name + "_codes"], state[s.name + "_absmax"]) for s in rule.states)
-        found.fn(p.data.view(-1), p.grad.view(-1), states, rule=rule, fmt=self.format, shape=tuple(p.shape),
-                 step=step, group=self.rule_group(rule, group))
-        state["step"] = step
-
-    opt._update = types.MethodType(update, opt)
 
 
 def _steps_off(a: torch.Tensor, b: torch.Tensor, lr: float) -> float:
@@ -71,15 +50,16 @@ def _close_on_gpu(ref_state: dict, got_state: dict, what: str) -> None:
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", sorted(CLASSES))
-def test_equals_reference(name, device):
+def test_equals_reference(name, device, monkeypatch):
     cls, hyper = CLASSES[name]
     gen = torch.Generator().manual_seed(0)
     init = [torch.randn(shape, generator=gen) * 0.1 for shape in SHAPES]
     ref_params = [torch.nn.Parameter(t.clone().to(device)) for t in init]
     got_params = [torch.nn.Parameter(t.clone().to(device)) for t in init]
-    ref = cls(ref_params, **hyper, blocksize=64, min_8bit_size=0)
-    got = cls(got_params, **hyper, blocksize=64, min_8bit_size=0)
-    _use_triton(got)
+    ref = cls(ref_params, **hyper, blocksize=64, min_8bit_size=0, backend="torch")
+    got = cls(got_params, **hyper, blocksize=64, min_8bit_size=0, backend="triton")
+    assert all(got.fused_step(p).fn is triton_rules.rule_step_triton for p in got_params)
+    calls = count_fused_calls(monkeypatch, "triton")
     off = 0.0
     for step in range(1, 5):
         for p_ref, p_got in zip(ref_params, got_params):
@@ -98,6 +78,7 @@ def test_equals_reference(name, device):
             for key, value in ref.state[p_ref].items():
                 if torch.is_tensor(value):
                     assert torch.equal(value, got.state[p_got][key]), f"{what}: {key}"
+    assert len(calls) == 4 * len(SHAPES)  # every step of every parameter ran the kernel
     limit = OFF[name] if device == "cpu" else 1e-3
     assert off <= limit, f"{name}: parameters {off:.3g} lr from the reference (allowed {limit})"
 
