@@ -7,6 +7,7 @@ front (no other point has fewer bytes and a lower mean Δ) drawn as a staircase.
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from pathlib import Path
@@ -83,9 +84,16 @@ def resolution(result: dict[str, Any]) -> str:
         parts.append(f"fp32 AdamW's final loss varies by {nf['seed_to_seed_relative_std_pct']:.2f} % (sd) from seed to "
                      f"seed; pairing by seed removes most of that")
     if half:
+        adamw = [h for h, e in zip(half, rows) if e["rule"] == "adamw"]
+        other = [h for h, e in zip(half, rows) if e["rule"] != "adamw"]
+        groups = ""
+        if adamw and other:
+            groups = (f": {min(adamw):.2f}–{max(adamw):.2f} % for AdamW's rows, {min(other):.2f}–{max(other):.2f} % for "
+                      f"the other rules'")
         parts.append(f"the paired differences have an sd of {min(sd):.2f}–{max(sd):.2f} % over seeds, so the 95 % "
-                     f"half-widths are {min(half):.2f}–{max(half):.2f} % (median {statistics.median(half):.2f} %): "
-                     f"a difference smaller than about {statistics.median(half):.1f} % is not resolved")
+                     f"half-widths are {min(half):.2f}–{max(half):.2f} % (median {statistics.median(half):.2f} %)"
+                     f"{groups}: a row's difference from AdamW smaller than its half-width is not resolved, and two rows "
+                     f"compared with each other by overlap need a difference of about the sum of their half-widths")
     if "threads" in nf:
         t = nf["threads"]
         parts.append(f"the machine's own floor is far below that: {t['label']} moves the loss by at most "
@@ -97,17 +105,30 @@ def resolution(result: dict[str, Any]) -> str:
                  f"optimizer differed from AdamW; {len(hits)} do here")
         text += (f" ({', '.join(hits)})." if hits else ".")
         by = {e["key"]: e["delta_pct"] for e in rows}
-        far = [k for k in hits if abs(by[k]["mean"]) > 2 * 0.5 * (by[k]["ci_high"] - by[k]["ci_low"])]
-        near = [k for k in hits if k not in far]
-        if far:
-            text += (f" Far from 0 (the interval's near end farther from 0 than its half-width): {', '.join(far)}:"
-                     f" real differences.")
-        if near:
-            text += (f" Only just excluding 0: {', '.join(near)}: with ~{n / 20:.1f} such hits expected by chance, one"
-                     f" of these alone is weak evidence (the LM benchmark's own write-up discusses bitsandbytes' −0.23 %).")
+        strong = [k for k in hits if _excludes_zero_at(by[k], 0.99)]
+        marginal = [k for k in hits if k not in strong]
+        if strong:
+            text += (f" Still excluding 0 at 99 % (|t| above {_t_quantile(0.995, 7):.2f} with 7 degrees of freedom; "
+                     f"~{n / 100:.2f} such hits expected by chance): {', '.join(strong)}: real differences.")
+        if marginal:
+            text += (f" Excluding 0 at 95 % only: {', '.join(marginal)}: with ~{n / 20:.1f} such hits expected by chance,"
+                     f" one of these alone is weak evidence (the LM benchmark's own write-up discusses bitsandbytes' "
+                     f"−0.23 %).")
         text += (" The Pareto front is drawn through the means: two points whose intervals overlap are not resolved,"
                  " so the front's order among the near-0 points is not a ranking.")
     return text
+
+
+def _t_quantile(q: float, df: int) -> float:
+    from scipy import stats
+
+    return float(stats.t.ppf(q, df))
+
+
+def _excludes_zero_at(delta: dict[str, Any], level: float) -> bool:
+    """Whether the Student-t interval at ``level`` around the mean of the paired differences excludes 0."""
+    half = _t_quantile(0.5 + level / 2, delta["n"] - 1) * delta["std"] / math.sqrt(delta["n"])
+    return abs(delta["mean"]) > half
 
 
 def small_tensors(result: dict[str, Any]) -> str:
@@ -193,14 +214,17 @@ def readme_block(result: dict[str, Any]) -> str:
         f"The same LM and paired seeds ({len(result['seeds'])}), for each update rule with fp32, 8-bit, 4-bit and FP8 "
         f"states{' (rows not run yet are named below)' if not_run(result) else ''}, with bitsandbytes' and torchao's classes as anchors; each rule at its own lr from a sweep with fp32 "
         f"states on seeds 100 and 101 ({lrs}); x is measured from the LM's allocated states (its small tensors keep fp32 "
-        f"states, so the low-bit points sit a little right of 1, 2 bytes...).",
+        f"states, so each low-bit point sits a little right of its nominal bytes, about 1 per 8-bit state and ½ per 4-bit "
+        f"state; Muon's points also hold AdamW's two states for the embeddings, biases and norms, which the board gives "
+        f"to AdamW as torch's documentation advises).",
         "",
         table(result, full=False),
         "",
         resolution(result) + (" " + not_run(result) if not_run(result) else ""),
         "",
         f"Machine: {machine(result)}. Command: `{COMMAND}` (resumable; `--report` redraws from the stored runs; "
-        f"`--optimizer package.module:Class --kwargs '{{...}}'` adds your optimizer). The full table, the lr sweep and "
+        f"`--optimizer package.module:Class --lr 1e-3 --kwargs '{{...}}'` adds your optimizer: `--lr` its peak lr, 2e-3 by "
+        f"default, `--kwargs` the other arguments). The full table, the lr sweep and "
         f"the notes are in [bench/README.md](bench/README.md#the-bytes-vs-loss-board).",
         END,
     ]

@@ -86,6 +86,31 @@ def table(board: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _place_labels(ax, labels: list[tuple[float, float, str]], fontsize: float = 7) -> None:
+    """Write each point's name beside it, moved up or down (with a thin leader line) until it overlaps neither an
+    earlier name nor another point's marker; positions are worked out in points on the axes' final scale."""
+    ax.autoscale_view()
+    to_points = 72.0 / ax.figure.dpi
+    line = 1.25 * fontsize  # the height one name takes
+    anchors = [tuple(v * to_points for v in ax.transData.transform((x, y))) for x, y, _ in labels]
+    boxes: list[tuple[float, float, float, float]] = []  # x0, x1, y0, y1 of the names placed so far
+    for (x, y, name), (px, py) in sorted(zip(labels, anchors), key=lambda item: -item[1][1]):
+        width = 0.55 * fontsize * len(name)
+        x0, x1 = px + 6, px + 6 + width
+        for shift in [0] + [s * k * line for k in range(1, 12) for s in (1, -1)]:
+            y0 = py + 1 + shift
+            y1 = y0 + line
+            clear = all(x1 <= b0 or x0 >= b1 or y1 <= c0 or y0 >= c1 for b0, b1, c0, c1 in boxes)
+            clear = clear and all(not (x0 - 4 <= qx <= x1 and y0 - 3 <= qy <= y1 + 3)
+                                  for qx, qy in anchors if (qx, qy) != (px, py))
+            if clear:
+                break
+        boxes.append((x0, x1, y0, y1))
+        arrow = dict(arrowstyle="-", color="0.5", lw=0.5, shrinkA=0, shrinkB=3) if abs(shift) > 0 else None
+        ax.annotate(name, (x, y), textcoords="offset points", xytext=(6, y0 - py), fontsize=fontsize, va="bottom",
+                    arrowprops=arrow)
+
+
 def plot(board: dict[str, Any], ax=None):
     """State bytes per parameter (x, log 2) vs Δ validation loss (y) with the 95 % intervals and the Pareto
     front; returns the figure."""
@@ -98,8 +123,7 @@ def plot(board: dict[str, Any], ax=None):
     fig = ax.figure
     ax.axhline(0.0, color="0.6", lw=0.8, zorder=0)
     pts = [e for e in board["rows"] if e.get("delta_pct") is not None or e["key"] == "adamw"]
-    span = max([0.3] + [abs(e["delta_pct"]["mean"]) for e in pts if e.get("delta_pct")])
-    placed: list[tuple[float, float]] = []
+    labels_to_place: list[tuple[float, float, str]] = []
     for e in pts:
         d = e.get("delta_pct")
         y = 0.0 if d is None else d["mean"]
@@ -111,9 +135,7 @@ def plot(board: dict[str, Any], ax=None):
         name = e["key"].replace("bnb-", "bnb ").replace("torchao-", "ao ")
         if e["n"] < e["n_wanted"]:
             name += f" (n={e['n']})"
-        crowd = sum(1 for q in placed if abs(math.log2(q[0] / e["bytes_per_param"])) < 0.08 and abs(q[1] - y) < 0.04 * span)
-        placed.append((e["bytes_per_param"], y))
-        ax.annotate(name, (e["bytes_per_param"], y), textcoords="offset points", xytext=(6, 4 - 9 * crowd), fontsize=7)
+        labels_to_place.append((e["bytes_per_param"], y, name))
     xs: list[float] = []
     ys: list[float] = []
     for e in sorted((e for e in pts if e["pareto"]), key=lambda e: e["bytes_per_param"]):
@@ -141,4 +163,5 @@ def plot(board: dict[str, Any], ax=None):
     ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     ax.grid(alpha=0.3)
     fig.tight_layout()
+    _place_labels(ax, labels_to_place)  # on the final layout: the names are placed in points
     return fig

@@ -170,11 +170,11 @@ LION_MISTAKES = [
     ({"ascent"}, "your step climbs the loss: subtract, p <- p - lr * sign(...)."),
     ({"no_sign"}, "your step is the interpolation itself: Lion steps by its SIGN, every entry by exactly lr, "
                   "p <- p - lr * sign(beta1 * m + (1 - beta1) * g)."),
-    ({"no_state_update"}, "your momentum never changes: the optimizer keeps only what you write INTO the tensor "
-                          "states[name] (in place: m.mul_(beta2).add_(g, alpha=1 - beta2)); m = beta2 * m + ... makes a "
-                          "new tensor that nobody keeps."),
+    ({"no_state_update"}, "your momentum never changes: the optimizer keeps only what your rule writes into the "
+                          "tensor it was handed in states; giving the name m a new value makes a new tensor that nobody "
+                          "keeps. Look at the line that updates the state: does it change that tensor in place?"),
     ({"unsigned"}, "your state is declared stored_as='v', the map for numbers that are never negative: Lion's "
-                   "momentum has both signs, so it takes the signed map, StateSpec(name, 'm')."),
+                   "momentum has both signs, so it takes the signed map ('m'). Look at your rule's states."),
 ]
 
 
@@ -247,24 +247,26 @@ def check_lion8bit(cls) -> None:
     require_callable(cls, "your optimizer class")
     if not (isinstance(cls, type) and issubclass(cls, QuantizedStateOptimizer)):
         fail(f"got {getattr(cls, '__name__', type(cls).__name__)}, not a subclass of QuantizedStateOptimizer.",
-             hint="build on the library's core: class Lion8bitFromScratch(QuantizedStateOptimizer) with a class "
-                  "attribute rule = YourLionRule() and state_format = '8bit'.")
+             hint="build on the library's core: the optimizer must subclass QuantizedStateOptimizer, as the class "
+                  "the workbook gives you does; keep that class and change only the rule.")
     rule = getattr(cls, "rule", None)
     if not isinstance(rule, UpdateRule):
         fail(f"{cls.__name__}.rule is {rule!r}, not an UpdateRule instance.",
-             hint="set rule = LionRuleFromScratch() (an instance of your UpdateRule subclass) on the class.")
+             hint="the class attribute rule must be an instance of your UpdateRule subclass (not the class itself, "
+                  "nor a function): look at where the class sets it.")
     specs = tuple(getattr(rule, "states", ()))
     if len(specs) != 1 or not all(isinstance(s, StateSpec) for s in specs):
         fail(f"your rule declares the states {specs!r}; Lion keeps exactly one.",
-             hint="states = (StateSpec('exp_avg', 'm'),): one momentum, stored on the signed map.")
+             hint="Lion keeps one state, its momentum, stored on the signed map: look at your rule's states "
+                  "declaration (one StateSpec).")
     if getattr(cls, "state_format", None) != "8bit":
         fail(f"{cls.__name__}.state_format is {getattr(cls, 'state_format', None)!r}, expected '8bit'.",
              hint="state_format = '8bit' on the class: the format is data, the rule knows nothing of it.")
     hyper = call(_as_learner(lambda: _hyper(cls), cls))
     if hyper != DEFAULTS:
         fail(f"{cls.__name__}'s defaults are {hyper}, expected {DEFAULTS} (Lion8bit's, bitsandbytes').",
-             hint="__init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, **kwargs) passes "
-                  "dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay) to super().__init__.")
+             hint="your class's default arguments are not Lion's: Lion takes a smaller learning rate than Adam and "
+                  "a beta2 of 0.99, without decay by default. Look at the __init__ signature and what it passes on.")
     for bad, what in ((dict(lr=-1e-3), "lr=-1e-3"), (dict(betas=(0.9, 1.5)), "betas=(0.9, 1.5)"),
                       (dict(weight_decay=-0.1), "weight_decay=-0.1")):
         try:
@@ -286,16 +288,17 @@ def check_lion8bit(cls) -> None:
             named = _name_lion_mistake(cls, kwargs)
             if named is None:
                 worst = max(float((a.detach() - b.detach()).abs().max()) for a, b in zip(ours, ref))
-                named = (f"your parameters differ from Lion8bit's by up to {worst:.3g} (lr = {kwargs['lr']:g}): "
-                         "p <- p * (1 - lr * wd); p <- p - lr * sign(beta1 * m + (1 - beta1) * g); "
-                         "m <- beta2 * m + (1 - beta2) * g, in that order, every step.")
+                named = (f"your parameters differ from Lion8bit's by up to {worst:.3g} (lr = {kwargs['lr']:g}), and "
+                         "not as any of the usual mistakes does: compare your update line by line with the three "
+                         "steps of the statement (the decay, the sign step, the state's EMA): which beta each uses, "
+                         "their order, and the dtype you compute in.")
             fail(f"{what}: the parameters are not Lion8bit's.", hint=named)
         why = _states_track(_states(ours_opt, ours), _states(ref_opt, ref))
         if why:
             fail(f"{what}: the parameters are right but the state is not Lion8bit's ({why}).",
-                 hint="the update is right; check what you write back into the state: m <- beta2 * m + (1 - beta2) "
-                      "* g, IN PLACE in the tensor you are given (states[name].mul_(...).add_(...)), after the "
-                      "update.")
+                 hint="the update is right, so look at what your rule writes back into the state: which beta its "
+                      "EMA uses, whether it writes into the tensor it was given (in place), and whether it does so "
+                      "after the update.")
     _check_against_bnb(cls)
     passed("Exercise 13.1 · Lion8bit on the core")
 
@@ -488,7 +491,7 @@ def check_lion_flips(lion_flips) -> None:
     if first_miss is not None:
         got, want, what, matching = first_miss
         hint = matching[0] if matching else (
-            "code and decode m with FORMATS[state_format].m (quantize, then dequantize, in m's shape), then "
-            "compare sign(beta1 * stored + (1 - beta1) * g) with sign(beta1 * m + (1 - beta1) * g).")
+            "none of the usual mistakes: re-read the statement for which moment format codes m (the signed one), "
+            "in which shape it is decoded, and which two update directions the mask compares.")
         assert_equal(got, want, what=what, hint=hint)
     passed("Exercise 13.3 · The signs Lion loses")
