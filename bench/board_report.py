@@ -104,11 +104,12 @@ def resolution(result: dict[str, Any]) -> str:
         text += (f" With {n} comparisons at 95 %, about {n / 20:.1f} would exclude 0 by chance alone even if no "
                  f"optimizer differed from AdamW; {len(hits)} do here")
         text += (f" ({', '.join(hits)})." if hits else ".")
-        by = {e["key"]: e["delta_pct"] for e in rows}
+        by = {e["key"]: e for e in rows}
         strong = [k for k in hits if _excludes_zero_at(by[k], 0.99)]
         marginal = [k for k in hits if k not in strong]
+        df = max(e["delta_pct"].get("n", e["n"]) for e in rows) - 1
         if strong:
-            text += (f" Still excluding 0 at 99 % (|t| above {_t_quantile(0.995, 7):.2f} with 7 degrees of freedom; "
+            text += (f" Still excluding 0 at 99 % (|t| above {_t_quantile(0.995, df):.2f} with {df} degrees of freedom; "
                      f"~{n / 100:.2f} such hits expected by chance): {', '.join(strong)}: real differences.")
         if marginal:
             text += (f" Excluding 0 at 95 % only: {', '.join(marginal)}: with ~{n / 20:.1f} such hits expected by chance,"
@@ -125,9 +126,11 @@ def _t_quantile(q: float, df: int) -> float:
     return float(stats.t.ppf(q, df))
 
 
-def _excludes_zero_at(delta: dict[str, Any], level: float) -> bool:
-    """Whether the Student-t interval at ``level`` around the mean of the paired differences excludes 0."""
-    half = _t_quantile(0.5 + level / 2, delta["n"] - 1) * delta["std"] / math.sqrt(delta["n"])
+def _excludes_zero_at(row: dict[str, Any], level: float) -> bool:
+    """Whether the Student-t interval at ``level`` around the row's mean paired difference excludes 0."""
+    delta = row["delta_pct"]
+    n = delta.get("n", row["n"])
+    half = _t_quantile(0.5 + level / 2, n - 1) * delta["std"] / math.sqrt(n)
     return abs(delta["mean"]) > half
 
 

@@ -183,8 +183,10 @@ def test_the_report_says_what_the_intervals_resolve_and_what_is_missing():
               "excluding_zero": ["lion-fp32", "lion-8bit"], "noise_floor": {"seed_to_seed_relative_std_pct": 0.7}}
     text = board_report.resolution(result)
     assert "With 3 comparisons at 95 %, about 0.1 would exclude 0 by chance" in text and "2 do here" in text
-    assert "Far from 0 (the interval's near end farther from 0 than its half-width): lion-fp32:" in text
-    assert "Only just excluding 0: lion-8bit:" in text
+    assert "Still excluding 0 at 99 % (|t| above 3.50 with 7 degrees of freedom; ~0.03 such hits expected by " \
+           "chance): lion-fp32: real differences." in text
+    assert "Excluding 0 at 95 % only: lion-8bit:" in text
+    assert "two rows compared with each other by overlap need a difference of about the sum of their half-widths" in text
     missing = board_report.not_run(result)
     assert "adamw-8bit (5 of 8 seeds)" in missing and "muon-fp8" in missing and "lion-fp32," not in missing
     assert "5 of 8 (incomplete)" in board_report.table(result)
