@@ -109,14 +109,20 @@ def test_two_threads_large_tensor(monkeypatch):
     _run("ademamix", SIMD_LEVELS[-1], monkeypatch, steps=2, threads=2, specs=[((33000,), torch.float32, torch.float32)])
 
 
-def test_rmsprop_with_negative_decoded_state_takes_torchs_sqrt(monkeypatch):
+@pytest.mark.parametrize("simd", SIMD_LEVELS)
+def test_rmsprop_with_negative_decoded_state_takes_torchs_sqrt(simd, monkeypatch):
     """RMSprop's state sits on the signed map: a corrupt state with negative codes makes sqrt NaN in the
-    reference; the kernel's inline MKL root is only valid for x >= 0, so such a tile calls torch's sqrt."""
-    ref, got = _run("rmsprop", SIMD_LEVELS[-1], monkeypatch, steps=1)
+    reference; the kernel's inline MKL root is only valid for x >= 0, so such a tile calls torch's sqrt
+    (the tile's scan for a negative state runs with the SIMD level's lanes: negatives at the start of
+    the first tile, alone in the middle of the second, and in the scalar tail of the last block)."""
+    ref, got = _run("rmsprop", simd, monkeypatch, steps=1)
     gen = torch.Generator().manual_seed(5)
     for opt in (ref, got):
         for p in opt.param_groups[0]["params"][:1]:
-            opt.state[p]["square_avg_codes"][:300] = 20  # negative map values
+            codes = opt.state[p]["square_avg_codes"]
+            codes[:300] = 20  # negative map values
+            codes[2048 + 37] = 20
+            codes[-1] = 20
     ref_params, got_params = ref.param_groups[0]["params"], got.param_groups[0]["params"]
     for p_ref, p_got, g in zip(ref_params, got_params, _grads(2, gen)):
         p_ref.grad, p_got.grad = g.clone(), g.clone()

@@ -360,6 +360,30 @@ inline float block_absmax(const float* x, int64_t lo, int64_t hi, int simd) {
   return float_of(best);
 }
 
+// whether some x[i] < 0 for i in [0, n) (-0 and NaN are not: x < 0.0f, as the scalar test); vectorized,
+// since a scalar scan of every tile cost about a fifth of RMSprop's and Adagrad's step
+inline bool any_negative(const float* x, int64_t n, int simd) {
+  int64_t i = 0;
+#if ADAM8_AVX512
+  if (simd >= kAvx512) {
+    __mmask16 any = 0;
+    for (; i + 16 <= n; i += 16) any |= _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), _mm512_setzero_ps(), _CMP_LT_OQ);
+    if (any) return true;
+  }
+#endif
+#if ADAM8_AVX2
+  if (simd >= kAvx2) {
+    __m256 any = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) any = _mm256_or_ps(any, _mm256_cmp_ps(_mm256_loadu_ps(x + i), _mm256_setzero_ps(), _CMP_LT_OQ));
+    if (_mm256_movemask_ps(any) != 0) return true;
+  }
+#endif
+  (void)simd;
+  bool negative = false;
+  for (; i < n; ++i) negative |= x[i] < 0.0f;
+  return negative;
+}
+
 template <class R, bool F, typename P, typename G>
 void rule_tile(const Tensor& t, const Call& c, int64_t start, int64_t len, Buffers& b) {
   P* p = static_cast<P*>(t.p) + start;
@@ -397,9 +421,8 @@ void rule_tile(const Tensor& t, const Call& c, int64_t start, int64_t len, Buffe
   // B: torch's square root of the state the update divides by
   if constexpr (R::kRoot >= 0) {
     const float* x = b.s[R::kRoot];
-    bool negative = false;
-    if (c.sqrt_of.root != kRootCall)  // the inline roots are MKL's only for x >= 0 (or -0)
-      for (int64_t i = 0; i < len; ++i) negative |= x[i] < 0.0f;
+    // the inline roots are MKL's only for x >= 0 (or -0)
+    const bool negative = c.sqrt_of.root != kRootCall && any_negative(x, len, simd);
     (negative ? c.sqrt_call : c.sqrt_of)(x, b.root, len);
   }
   // C: each block: the parameter, then each state's absmax and codes
