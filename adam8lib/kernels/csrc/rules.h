@@ -87,7 +87,7 @@ struct Lane8 {
   static V loadf(const float* p) { return _mm256_loadu_ps(p); }
   static void storef(float* p, V x) { _mm256_storeu_ps(p, x); }
   static V decode(const CodeTable& t, const uint8_t* c) { return _mm256_i32gather_ps(t.qmap, load_codes8(c), 4); }
-  static void encode(const CodeTable& t, uint8_t* c, V x) { store_codes8(c, nearest_code8(x, t)); }
+  static void encode(const CodeTable& t, uint8_t* c, V x) { store_codes8(c, nearest_code8_loads(x, t)); }
   static M non_finite(V x) { return _mm256_castsi256_ps(non_finite8(x)); }
   static M either(M a, M b) { return _mm256_or_ps(a, b); }
   static V zero_where(M m, V x) { return _mm256_andnot_ps(m, x); }
@@ -120,7 +120,7 @@ struct Lane16 {
   static V loadf(const float* p) { return _mm512_loadu_ps(p); }
   static void storef(float* p, V x) { _mm512_storeu_ps(p, x); }
   static V decode(const CodeTable& t, const uint8_t* c) { return _mm512_i32gather_ps(load_codes16(c), t.qmap, 4); }
-  static void encode(const CodeTable& t, uint8_t* c, V x) { store_codes16(c, nearest_code16(x, t)); }
+  static void encode(const CodeTable& t, uint8_t* c, V x) { store_codes16(c, nearest_code16_loads(x, t)); }
   static M non_finite(V x) {
     const __m512i e = _mm512_set1_epi32(0x7f800000);
     return _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(x), e), e);
@@ -396,9 +396,23 @@ void rule_tile(const Tensor& t, const Call& c, int64_t start, int64_t len, Buffe
 #if ADAM8_AVX512 && defined(__AVX512VBMI__)
   const __m512i order = interleave_order();
 #endif
+  const int64_t room = t.n - start;  // elements from the tile's start to the tensor's end
   for (int64_t lo = 0; lo < len; lo += bs) {
     int64_t from = lo;
     const int64_t hi = std::min(len, lo + bs);
+    // Ask for this block's elements two tiles on (kAhead) of g, p and each state's codes, into L2 (a hint:
+    // nothing changes but when the memory arrives): one core keeps more requests in flight than the
+    // hardware prefetcher alone gets it to (as adam8bit.h's moments64). Measured at 16.7M elements, 1 thread,
+    // AMD EPYC: Lion8bit's and AdEMAMix8bit's kernels ~25-35 % faster, RMSprop8bit's ~10 %. (Written out here:
+    // as a function taking `codes`, the array escaped and every loop of the tile got slower.)
+    if (hi + kAhead <= room) {
+      const char* gb = reinterpret_cast<const char*>(g + lo + kAhead);
+      for (int64_t at = 0; at < (hi - lo) * static_cast<int64_t>(sizeof(G)); at += 64) __builtin_prefetch(gb + at, 0, 2);
+      const char* pb = reinterpret_cast<const char*>(p + lo + kAhead);
+      for (int64_t at = 0; at < (hi - lo) * static_cast<int64_t>(sizeof(P)); at += 64) __builtin_prefetch(pb + at, 0, 2);
+      for (int k = 0; k < R::kStates; ++k)
+        for (int64_t at = 0; at < hi - lo; at += 64) __builtin_prefetch(codes[k] + lo + kAhead + at, 0, 2);
+    }
     float old[kMaxStates];
     for (int k = 0; k < R::kStates; ++k) old[k] = t.absmax[k][first_block + lo / bs];
 #if ADAM8_AVX512 && defined(__AVX512VBMI__)
