@@ -131,6 +131,31 @@ def test_rmsprop_with_negative_decoded_state_takes_torchs_sqrt(simd, monkeypatch
     _assert_same(ref, got, ref_params, got_params, "rmsprop with negative states")
 
 
+@pytest.mark.parametrize("simd", SIMD_LEVELS)
+def test_negative_scan_at_every_simd_level(simd):
+    """The scan that sends a tile with a negative state to torch's sqrt (rules.h any_negative) finds one
+    negative anywhere, in the vector loops and the scalar tail; -0.0, +0 and NaN are not negative."""
+    import ctypes
+
+    lib = cpu.load_extension()
+
+    def scan(x):
+        return lib.rule_any_negative(ctypes.c_void_p(x.data_ptr()), ctypes.c_int64(x.numel()), ctypes.c_int(simd))
+
+    for n in (0, 1, 7, 8, 15, 16, 17, 33, 2048, 2053):
+        x = torch.rand(n) + 1e-3
+        assert scan(x) == 0, n
+        for where in sorted({0, n // 2, n - 1} & set(range(n))):
+            y = x.clone()
+            y[where] = -1e-30
+            assert scan(y) == 1, (n, where)
+        if n:
+            y = x.clone()
+            y[: n // 2 + 1] = -0.0
+            y[-1] = float("nan")
+            assert scan(y) == 0, n
+
+
 def test_registry_finds_the_template_by_what_it_stores():
     from adam8lib.rules import AdEMAMixRule, LionRule
 
