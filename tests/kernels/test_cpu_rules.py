@@ -109,20 +109,51 @@ def test_two_threads_large_tensor(monkeypatch):
     _run("ademamix", SIMD_LEVELS[-1], monkeypatch, steps=2, threads=2, specs=[((33000,), torch.float32, torch.float32)])
 
 
-def test_rmsprop_with_negative_decoded_state_takes_torchs_sqrt(monkeypatch):
+@pytest.mark.parametrize("simd", SIMD_LEVELS)
+def test_rmsprop_with_negative_decoded_state_takes_torchs_sqrt(simd, monkeypatch):
     """RMSprop's state sits on the signed map: a corrupt state with negative codes makes sqrt NaN in the
-    reference; the kernel's inline MKL root is only valid for x >= 0, so such a tile calls torch's sqrt."""
-    ref, got = _run("rmsprop", SIMD_LEVELS[-1], monkeypatch, steps=1)
+    reference; the kernel's inline MKL root is only valid for x >= 0, so such a tile calls torch's sqrt
+    (the tile's scan for a negative state runs with the SIMD level's lanes: negatives at the start of
+    the first tile, alone in the middle of the second, and in the scalar tail of the last block)."""
+    ref, got = _run("rmsprop", simd, monkeypatch, steps=1)
     gen = torch.Generator().manual_seed(5)
     for opt in (ref, got):
         for p in opt.param_groups[0]["params"][:1]:
-            opt.state[p]["square_avg_codes"][:300] = 20  # negative map values
+            codes = opt.state[p]["square_avg_codes"]
+            codes[:300] = 20  # negative map values
+            codes[2048 + 37] = 20
+            codes[-1] = 20
     ref_params, got_params = ref.param_groups[0]["params"], got.param_groups[0]["params"]
     for p_ref, p_got, g in zip(ref_params, got_params, _grads(2, gen)):
         p_ref.grad, p_got.grad = g.clone(), g.clone()
     ref.step()
     got.step()
     _assert_same(ref, got, ref_params, got_params, "rmsprop with negative states")
+
+
+@pytest.mark.parametrize("simd", SIMD_LEVELS)
+def test_negative_scan_at_every_simd_level(simd):
+    """The scan that sends a tile with a negative state to torch's sqrt (rules.h any_negative) finds one
+    negative anywhere, in the vector loops and the scalar tail; -0.0, +0 and NaN are not negative."""
+    import ctypes
+
+    lib = cpu.load_extension()
+
+    def scan(x):
+        return lib.rule_any_negative(ctypes.c_void_p(x.data_ptr()), ctypes.c_int64(x.numel()), ctypes.c_int(simd))
+
+    for n in (0, 1, 7, 8, 15, 16, 17, 33, 2048, 2053):
+        x = torch.rand(n) + 1e-3
+        assert scan(x) == 0, n
+        for where in sorted({0, n // 2, n - 1} & set(range(n))):
+            y = x.clone()
+            y[where] = -1e-30
+            assert scan(y) == 1, (n, where)
+        if n:
+            y = x.clone()
+            y[: n // 2 + 1] = -0.0
+            y[-1] = float("nan")
+            assert scan(y) == 0, n
 
 
 def test_registry_finds_the_template_by_what_it_stores():

@@ -22,7 +22,35 @@ inline uint8_t nearest_code(float x, const CodeTable& t) {
 }
 
 
+// The loops of the rule template (rules.h) read the table with plain loads, one per element, instead
+// of a gather instruction: the same entries, so the same codes. A gather is slow on some CPUs (on the
+// AMD EPYC of bench/README.md a 16-lane vpgatherdd took ~11 ns from L1, 16 loads ~6 ns; on Intel CPUs
+// with the GDS/Downfall microcode fix gathers are slow too). (Adam8bit's loops still gather.)
+template <int W>
+inline void table_entries(const CodeTable& t, const uint32_t* bucket, int32_t* entry) {
+  for (int j = 0; j < W; ++j) entry[j] = t.steps[bucket[j]];
+}
+
 #if ADAM8_AVX2
+// the code from a table entry: bits 0-7, or bits 8-15 where (bits << 16) > entry (unsigned)
+inline __m256i code_of_entry8(__m256i bits, __m256i entry) {
+  const __m256i flip = _mm256_set1_epi32(INT32_MIN);  // AVX2 compares signed: flip both signs
+  const __m256i above = _mm256_cmpgt_epi32(_mm256_xor_si256(_mm256_slli_epi32(bits, 16), flip),
+                                           _mm256_xor_si256(entry, flip));
+  return _mm256_and_si256(_mm256_srlv_epi32(entry, _mm256_and_si256(above, _mm256_set1_epi32(8))),
+                          _mm256_set1_epi32(0xff));
+}
+
+// nearest_code8 with the table read by loads (see table_entries)
+inline __m256i nearest_code8_loads(__m256 x, const CodeTable& t) {
+  const __m256i bits = _mm256_castps_si256(x);
+  alignas(32) uint32_t bucket[8];
+  alignas(32) int32_t entry[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(bucket), _mm256_srli_epi32(bits, 16));
+  table_entries<8>(t, bucket, entry);
+  return code_of_entry8(bits, _mm256_load_si256(reinterpret_cast<const __m256i*>(entry)));
+}
+
 inline __m256i nearest_code8(__m256 x, const CodeTable& t) {
   const __m256i bits = _mm256_castps_si256(x);
   const __m256i entry = _mm256_i32gather_epi32(t.steps, _mm256_srli_epi32(bits, 16), 4);
@@ -47,6 +75,18 @@ inline __m512i nearest_code16(__m512 x, const CodeTable& t) {
 #else
   const __m512i entry = _mm512_i32gather_epi32(_mm512_srli_epi32(bits, 16), t.steps, 4);
 #endif
+  const __mmask16 above = _mm512_cmpgt_epu32_mask(_mm512_slli_epi32(bits, 16), entry);
+  return _mm512_mask_srli_epi32(entry, above, entry, 8);  // bits 0-7, or bits 8-15
+}
+
+// nearest_code16 with the table read by loads (see table_entries)
+inline __m512i nearest_code16_loads(__m512 x, const CodeTable& t) {
+  const __m512i bits = _mm512_castps_si512(x);
+  alignas(64) uint32_t bucket[16];
+  alignas(64) int32_t entry_of[16];
+  _mm512_store_si512(bucket, _mm512_srli_epi32(bits, 16));
+  table_entries<16>(t, bucket, entry_of);
+  const __m512i entry = _mm512_load_si512(entry_of);
   const __mmask16 above = _mm512_cmpgt_epu32_mask(_mm512_slli_epi32(bits, 16), entry);
   return _mm512_mask_srli_epi32(entry, above, entry, 8);  // bits 0-7, or bits 8-15
 }

@@ -37,6 +37,13 @@ extern "C" int adam8bit_cpu_mkl_sqrt_sse8(const float* in, float* out, int64_t n
 #endif
 }
 
+// The rule template's scan of a tile for a negative state (rules.h any_negative: x < 0, so not -0 or NaN)
+// with the loops of SIMD level `simd` (clamped to this build's): 1 if some x[i] < 0, else 0. For the tests:
+// on CPUs whose inline root already gives MKL's NaN for a negative x the step cannot show a wrong scan.
+extern "C" int rule_any_negative(const float* x, int64_t n, int simd) {
+  return rules::any_negative(x, n, std::clamp(simd, 0, kBestSimd)) ? 1 : 0;
+}
+
 // 1 if the AVX-512 loops dequantize with byte shuffles (AVX-512 VBMI), 0 if with gathers
 extern "C" int adam8bit_cpu_byte_planes() {
 #if ADAM8_AVX512
