@@ -21,6 +21,11 @@ the single-process ones exactly when every shard starts on a block boundary, i.e
 that straddle a shard boundary differ and so do their absmax values (a few elements per
 boundary get a different quantization step, bounded by one step of the map).
 
+(The optimizer family, :class:`~adam8lib.quantized_state.QuantizedStateOptimizer`, keeps the whole
+tensor's blocks on a shard instead, so its sharded runs equal the unsharded ones bit for bit whatever the
+boundaries: :mod:`adam8lib.global_blocks`. Its checkpoints go through :func:`to_checkpoint_state` and
+:func:`to_local_state` with ``moments=``, keyed by each rule's ``<name>_codes``/``<name>_absmax``.)
+
 **8-bit or fp32 is decided by the full parameter** (``p.numel()`` of the DTensor, not the
 shard), so sharding never changes which states are 8-bit.
 

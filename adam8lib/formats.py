@@ -60,7 +60,10 @@ scales are not left local: a shard of rows has its rows' maxima but only part of
 the optimizer all-reduces (MAX) the column maxima across the shards at every step (the
 ``reduce_maxima`` hook of :meth:`MomentFormat.quantize`), and the scales equal the unsharded
 tensor's exactly. (The alternative, rank-1 over the local rows, would need no communication but
-would make the states, and so the training, depend on the number of ranks.)
+would make the states, and so the training, depend on the number of ranks.) The optimizer family
+(:class:`~adam8lib.quantized_state.QuantizedStateOptimizer`) keeps the whole tensor's blocks on a shard
+instead of local ones (``lead`` and ``reduce_blocks`` of :meth:`MomentFormat.quantize`;
+:mod:`adam8lib.global_blocks`).
 
 Bytes per parameter of a large matrix (codes + scales): 8bit 2 + 8/256, 4bit 1 + 4/128 +
 4 (rows + cols) / (rows x cols), fp8 2 + 8/256; fp32 AdamW 8.

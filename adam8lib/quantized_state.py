@@ -50,8 +50,39 @@ As a ``torch.optim.Optimizer``: ``zero_grad``, closures, LR schedulers, state-di
 (``load_state_dict`` runs the pre-hooks on the checkpoint and the post-hooks after it is in place),
 ``copy.deepcopy``/pickle, ``torch.compile`` (the step runs eagerly: one graph break). Flags of torch's
 optimizers it does not implement (``maximize``, ``foreach``, ``fused``, ``capturable``,
-``differentiable``) are refused unless false. Not yet (later work of issue 35): stochastic rounding,
-FSDP2 (DTensor) parameters (refused with a TypeError).
+``differentiable``) are refused unless false.
+
+**FSDP2 (DTensor) parameters** (:mod:`adam8lib.global_blocks`). A sharded parameter is stepped on its local
+shard (``p.to_local()``, ``p.grad.to_local()``), with states sized to the shard and quantized or fp32 by the
+*whole* parameter's size (``p.numel()`` of the DTensor, as :class:`~adam8lib.optim.LowBitAdam`; not by the
+shard). Unlike LowBitAdam, whose blocks are local to the shard, a shard keeps the whole tensor's blocks:
+element ``i`` of the parameter is in block ``⌊i/B⌋`` on any world size, a block cut by a shard boundary is
+kept by both ranks with the scale of the whole block (an all-reduce (MAX) of each rank's edge maxima, ``2·W``
+floats per state per step), rank-1 scales take the whole tensor's column maxima
+(:func:`adam8lib.distributed.rank1_maxima_reducer`). So the states and the parameters of a sharded run equal
+the unsharded run's bit for bit, whatever the shard boundaries (tests/test_family_distributed.py: 2 gloo
+ranks). Such a step is a collective: every rank steps the same parameters (FSDP2 gives every rank a
+gradient; an empty shard takes part). A fused step runs on a shard only where that gives the same bits:
+no moment with rank-1 scales and no shard boundary inside a block; else the reference step. A rule that is
+not elementwise (Muon's Newton-Schulz needs the whole matrix) refuses a sharded parameter with a ValueError
+naming it (keep such matrices unsharded, or in Muon8bit's AdamW group, ``use_muon=False``); ``state_dict()``
+gives a sharded parameter's states in the form ``torch.distributed.checkpoint`` saves
+(:func:`adam8lib.distributed.to_checkpoint_state` with the rule's keys), and ``load_state_dict`` (so
+:func:`adam8lib.distributed.load_checkpoint`) loads it on the same or another world size bit for bit. An
+overridden :meth:`QuantizedStateOptimizer.quantize` cannot run on a shard (TypeError at the step).
+
+**Stochastic rounding** (``stochastic_rounding=True``, ``seed``: the arguments, checks and errors of
+LowBitAdam). Every parameter must be bf16; the step computes the new parameter in fp32 and rounds it
+stochastically (:mod:`adam8lib.rounding`) with the key of ``(seed, step, rounding_offset + index)``
+(``index``: the parameter's place among those with a gradient in this step; ``rounding_offset``: the public
+hook :func:`adam8lib.release.release_gradients` sets) and each element's index in the *whole* parameter
+(:func:`adam8lib.distributed.global_offset`), exactly as LowBitAdam: the same bits as LowBitAdam for the same
+rule (Muon8bit's AdamW group) and, under FSDP2, as the unsharded run. The registry's fused steps cannot round
+stochastically, so they run on an fp32 copy of the parameter and the result is rounded: an elementwise rule
+with blockwise or fp32 states, on a contiguous parameter whose scales need nothing from other shards, is
+updated and rounded :data:`adam8lib.rounding.SR_CHUNK` elements at a time (:func:`adam8lib.rounding.state_chunks`:
+whole blocks, the same bits as at once; the fp32 copy is one chunk's); rank-1 scales, a shard whose edge
+blocks are reduced across ranks, and Muon's rule take one fp32 copy of the whole (local) tensor.
 """
 
 from __future__ import annotations
