@@ -4,13 +4,15 @@
 For each optimizer of :data:`FAMILY` (Lion8bit, AdEMAMix8bit, RMSprop8bit, Lion4bit, AdEMAMix in the 4-bit format (rank-1 ``v``), Muon8bit's AdamW group,
 and Lion8bit/AdEMAMix8bit on bf16 weights with stochastic rounding) the worker trains :class:`Net` sharded
 with ``fully_shard`` for :data:`STEPS` steps, saves a DCP checkpoint, takes 2 more steps, loads the
-checkpoint into a fresh sharded model and takes the same 2 steps, and loads the test's 1-process checkpoint
+checkpoint into a fresh sharded model and takes the same 2 steps (and round-trips ``state_dict()`` through
+``torch.save``), and loads the test's 1-process checkpoint
 ``OUT/ckpt1_<name>`` and takes 2 steps. It writes ``OUT/<name>_rank<r>.pt``; the test compares them with
 unsharded runs. The Muon rule on a sharded matrix is refused: what it raised is written too.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import socket
 import sys
@@ -119,6 +121,12 @@ def run(rank: int, world: int, out: str, port: int) -> None:
         train(model, opt, STEPS)
         result = {"afterN": full_params(model), "states": local_states(model, opt),
                   "fused": {k: opt.fused_step(p) is not None for k, p in model.named_parameters()}}
+        buffer = io.BytesIO()  # state_dict() (DTensors) through torch.save, into a fresh optimizer
+        torch.save(opt.state_dict(), buffer)
+        buffer.seek(0)
+        opt_sd = make(name, model.parameters())
+        opt_sd.load_state_dict(torch.load(buffer, weights_only=False))
+        result["sd_loaded"] = local_states(model, opt_sd)
         ckpt = os.path.join(out, f"ckpt2_{name}")
         save_checkpoint(model, opt, ckpt)
         train(model, opt, MORE, first_step=STEPS)

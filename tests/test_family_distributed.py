@@ -160,6 +160,17 @@ def test_dcp_save_and_resume_on_two_ranks_is_bit_identical(runs, name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_state_dict_round_trip_on_two_ranks_is_bit_identical(runs, name):
+    """``state_dict()`` of a sharded optimizer (DTensors), through torch.save, into a fresh one on the same ranks."""
+    for rank in both(runs, name):
+        assert rank["sd_loaded"].keys() == rank["states"].keys()
+        for pname, st in rank["states"].items():
+            for key, value in st.items():
+                got = rank["sd_loaded"][pname][key]
+                assert torch.equal(got, value) if torch.is_tensor(value) else got == value, (name, pname, key)
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_one_process_checkpoint_loads_on_two_ranks_and_resumes_bit_identically(runs, name):
     assert_states_are_slices(runs, name, [r["from1_loaded"] for r in both(runs, name)], runs["singles"][name]["states"])
     for rank in both(runs, name):

@@ -157,6 +157,25 @@ def test_arguments_are_checked_as_lowbitadam_checks_them():
     assert len(opt.param_groups) == 1
 
 
+def test_a_step_that_finds_a_non_bf16_parameter_raises_and_changes_nothing():
+    """A parameter cast to fp32 after construction: TypeError naming it at step(), before any parameter or state
+    of the step (the first parameter's included) changes."""
+    params = _params([(64, 80), (30,)])
+    opt = Lion8bit(params, lr=1e-2, stochastic_rounding=True)
+    _train(opt, params, steps=1)
+    before = [p.detach().clone() for p in params], {k: v.clone() for k, v in opt.state[params[0]].items()
+                                                    if torch.is_tensor(v)}
+    steps = opt.state[params[0]]["step"]
+    params[1].data = params[1].data.float()
+    for p in params:
+        p.grad = torch.ones(p.shape, dtype=p.dtype)
+    with pytest.raises(TypeError, match=r"stochastic_rounding=True writes bf16 parameters; parameter 1 of group 0"):
+        opt.step()
+    assert torch.equal(params[0], before[0][0]) and opt.state[params[0]]["step"] == steps
+    for key, value in before[1].items():
+        assert torch.equal(opt.state[params[0]][key], value), key
+
+
 def test_copy_and_pickle_keep_the_rounding_settings():
     opt = RMSprop8bit(_params([(4,)]), stochastic_rounding=True, seed=42)
     for clone in (copy.deepcopy(opt), pickle.loads(pickle.dumps(opt))):
