@@ -165,7 +165,8 @@ def _check_layout(p: torch.Tensor) -> tuple[int, int]:
     mesh, placements = p.device_mesh, p.placements
     if mesh.ndim != 1 or len(placements) != 1 or not isinstance(placements[0], Shard) or placements[0].dim != 0:
         raise NotImplementedError(
-            f"Adam8bit checkpoints support DTensor parameters sharded on dim 0 of a 1-D mesh (FSDP2); "
+            f"sharded optimizer states (and their checkpoints) support DTensor parameters sharded on dim 0 of a "
+            f"1-D mesh (FSDP2's fully_shard); "
             f"got placements {placements} on a {mesh.ndim}-D mesh"
         )
     return mesh.get_local_rank(), mesh.size()

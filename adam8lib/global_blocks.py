@@ -164,8 +164,8 @@ def local_form(p: torch.Tensor, saved: dict[str, Any], moments: dict[str, tuple[
     local_shape = tuple(local_tensor(p).shape)
     for key in fp32_keys:
         value = saved.get(key)
-        if is_dtensor(value):
-            out[key] = value.to_local().reshape(local_shape) if is_dtensor(p) else value.full_tensor()
+        if is_dtensor(value) and is_dtensor(p):  # (a DTensor for a plain parameter: the state check refuses it)
+            out[key] = value.to_local().reshape(local_shape)
     keys = [k for c, (s, _) in moments.items() for k in (c, s)]
     if not keys or not all(torch.is_tensor(saved.get(k)) for k in keys):
         return out

@@ -94,8 +94,8 @@ from typing import Any, Iterable
 import torch
 
 from . import kernels, rounding
-from .distributed import (global_offset, is_dtensor, local_param_and_grad, local_tensor, rank1_maxima_reducer,
-                          to_checkpoint_state, to_local_state)
+from .distributed import (global_offset, is_dtensor, local_param_and_grad, local_range, local_tensor,
+                          rank1_maxima_reducer, to_checkpoint_state, to_local_state)
 from .formats import MomentFormat, StateFormat, get_format
 from .global_blocks import block_edge_reducer, block_lead, shard_scales_numel
 from .kernels import run_eagerly
@@ -356,6 +356,8 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                     raise TypeError(f"stochastic_rounding=True writes bf16 parameters; {where} is {p.dtype}")
                 rule = self.rule_for(p, group)
                 self._check_shardable(p, rule, group, pi, gi)
+                if _sharded(p):
+                    local_range(p)  # NotImplementedError for a layout other than FSDP2's (dim 0 of a 1-D mesh)
                 if _sharded(p) and getattr(self.quantize, "__func__", None) is not QuantizedStateOptimizer.quantize:
                     raise TypeError(f"{where} is sharded (FSDP2): its shard is quantized in the whole tensor's blocks "
                                     f"by the format itself, so an overridden {type(self).__name__}.quantize cannot run "

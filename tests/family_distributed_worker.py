@@ -144,6 +144,23 @@ def run(rank: int, world: int, out: str, port: int) -> None:
         result["from1"] = full_params(model3)
         torch.save(result, os.path.join(out, f"{name}_rank{rank}.pt"))
 
+    # a step that raises on a shard changes nothing (a later parameter's state cut short: found first)
+    model = shard(make_model())
+    opt = make("lion8", model.parameters())
+    train(model, opt, 1)
+    before = (full_params(model), local_states(model, opt))
+    last = dict(model.named_parameters())["net.4.weight"]
+    opt.state[last]["exp_avg_codes"] = opt.state[last]["exp_avg_codes"][:-1].clone()
+    model(batch(1)).backward()
+    try:
+        opt.step()
+        raised = None
+    except ValueError as exc:
+        raised = str(exc)
+    opt.state[last]["exp_avg_codes"] = before[1]["net.4.weight"]["exp_avg_codes"].clone()
+    torch.save({"raised": raised, "before": before, "after": (full_params(model), local_states(model, opt))},
+               os.path.join(out, f"fault_rank{rank}.pt"))
+
     # the Muon rule on a sharded matrix: refused at construction, naming the parameter
     model = shard(make_model())
     try:

@@ -193,6 +193,19 @@ def test_two_rank_checkpoint_loads_on_one_process_and_resumes_bit_identically(ru
         assert torch.equal(value, runs["singles"][name]["after_more"][pname]), (name, pname)
 
 
+def test_a_step_that_raises_on_a_shard_changes_nothing(runs):
+    """Lion8bit on 2 ranks, net.4.weight's codes cut short: ValueError before any parameter or state (or
+    collective) of the step, on every rank (net.0.weight, stepped first, is unchanged)."""
+    for rank in both(runs, "fault"):
+        assert rank["raised"] is not None and "exp_avg_codes" in rank["raised"]
+        (params, states), (params2, states2) = rank["before"], rank["after"]
+        for pname, value in params.items():
+            assert torch.equal(params2[pname], value), pname
+        for pname, st in states.items():
+            for key, value in st.items():
+                assert torch.equal(states2[pname][key], value) if torch.is_tensor(value) else states2[pname][key] == value
+
+
 def test_the_muon_rule_refuses_a_sharded_matrix_naming_it(runs):
     for rank in both(runs, "muon_refused"):
         message = rank["refused"]
