@@ -2,7 +2,7 @@
 (``python family_distributed_worker.py OUT``).
 
 For each optimizer of :data:`FAMILY` (Lion8bit, AdEMAMix8bit, RMSprop8bit, Lion4bit, AdEMAMix in the 4-bit format (rank-1 ``v``), Muon8bit's AdamW group,
-and Lion8bit/AdEMAMix8bit on bf16 weights with stochastic rounding) the worker trains :class:`Net` sharded
+Adagrad8bit, SGD8bit (FP8 states), and Lion8bit/AdEMAMix8bit on bf16 weights with stochastic rounding) the worker trains :class:`Net` sharded
 with ``fully_shard`` for :data:`STEPS` steps, saves a DCP checkpoint, takes 2 more steps, loads the
 checkpoint into a fresh sharded model and takes the same 2 steps (and round-trips ``state_dict()`` through
 ``torch.save``), and loads the test's 1-process checkpoint
@@ -55,6 +55,8 @@ FAMILY = {
     "lion4": ("Lion4bit", {"lr": 1e-3}, False),
     "ademamix4": ("AdEMAMix8bit", {"lr": 1e-2, "state_format": "4bit"}, False),  # v: rank-1 scales of matrices
     "muon_adamw": ("Muon8bit", {"lr": 1e-2, "use_muon": False}, False),
+    "adagrad8": ("Adagrad8bit", {"lr": 1e-2}, False),
+    "sgd8": ("SGD8bit", {"lr": 1e-2, "state_format": "fp8"}, False),
     "lion8_sr": ("Lion8bit", {"lr": 1e-3, "stochastic_rounding": True, "seed": 5}, True),
     "ademamix8_sr": ("AdEMAMix8bit", {"lr": 1e-2, "stochastic_rounding": True, "seed": 9}, True),
 }
