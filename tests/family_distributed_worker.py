@@ -1,13 +1,14 @@
 """Two gloo ranks on the CPU for the optimizer family under FSDP2, run once by tests/test_family_distributed.py
 (``python family_distributed_worker.py OUT``).
 
-For each optimizer of :data:`FAMILY` (Lion8bit, AdEMAMix8bit, RMSprop8bit, Lion4bit, AdEMAMix in the 4-bit format (rank-1 ``v``), Muon8bit's AdamW group,
-Adagrad8bit, SGD8bit (FP8 states), and Lion8bit/AdEMAMix8bit on bf16 weights with stochastic rounding) the worker trains :class:`Net` sharded
-with ``fully_shard`` for :data:`STEPS` steps, saves a DCP checkpoint, takes 2 more steps, loads the
-checkpoint into a fresh sharded model and takes the same 2 steps (and round-trips ``state_dict()`` through
-``torch.save``), and loads the test's 1-process checkpoint
-``OUT/ckpt1_<name>`` and takes 2 steps. It writes ``OUT/<name>_rank<r>.pt``; the test compares them with
-unsharded runs. The Muon rule on a sharded matrix is refused: what it raised is written too.
+For each optimizer of :data:`FAMILY` (Lion8bit, AdEMAMix8bit, RMSprop8bit, Lion4bit, AdEMAMix in the 4-bit
+format (rank-1 ``v``), Muon8bit's AdamW group, Adagrad8bit, SGD8bit with FP8 states, and Lion8bit/AdEMAMix8bit
+on bf16 weights with stochastic rounding) the worker trains :class:`Net` sharded with ``fully_shard`` for
+:data:`STEPS` steps, round-trips ``state_dict()`` through ``torch.save``, saves a DCP checkpoint, takes 2 more
+steps, loads the checkpoint into a fresh sharded model and takes the same 2 steps, and loads the test's
+1-process checkpoint ``OUT/ckpt1_<name>`` and takes 2 steps. It writes ``OUT/<name>_rank<r>.pt``; the test
+compares them with unsharded runs. Also: a step that raises on a shard (``OUT/fault_rank<r>.pt``) and the Muon
+rule refusing a sharded matrix (``OUT/muon_refused_rank<r>.pt``).
 """
 
 from __future__ import annotations
