@@ -271,12 +271,15 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         parameter: one code per element, the scales of the global blocks it touches,
         :mod:`adam8lib.global_blocks`; quantized or fp32 by the whole parameter's size)."""
         out = {}
-        local = local_tensor(p)
+        sharded = _sharded(p)
+        local = p.to_local() if sharded else p
         shape, local_shape = tuple(p.shape), tuple(local.shape)
+        quantized = self.quantized(p)
         for spec in rule.states:
-            if self.quantized(p):
+            if quantized:
                 fmt = self.moment(spec)
-                scales = shard_scales_numel(fmt, shape, local_shape, block_lead(p, fmt.blocksize))
+                scales = (shard_scales_numel(fmt, shape, local_shape, block_lead(p, fmt.blocksize)) if sharded
+                          else fmt.scales_numel(shape))
                 out[spec.name + "_codes"] = ((fmt.codes_numel(local.numel()),), fmt.code_dtype)
                 out[spec.name + "_absmax"] = ((scales,), torch.float32)
             else:
@@ -300,10 +303,12 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         state: the stored tensor itself). ``p`` is the parameter (a DTensor for a shard: its blocks are global)."""
         target = local_tensor(p) if target is None else target
         if spec.name in state:
-            return state[spec.name].view(target.shape)
+            values = state[spec.name]
+            return values if values.shape == target.shape else values.view(target.shape)
         fmt = self.moment(spec)
+        lead = block_lead(p, fmt.blocksize) if is_dtensor(p) else 0
         values = fmt.dequantize(state[spec.name + "_codes"], state[spec.name + "_absmax"], tuple(target.shape),
-                                lead=block_lead(p, fmt.blocksize))
+                                lead=lead)
         return values.view(target.shape)
 
     def quantize(self, spec: StateSpec, x: torch.Tensor, fmt: MomentFormat,
@@ -347,7 +352,8 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                 if p.grad is None:
                     continue
                 where = f"parameter {pi} of group {gi} (shape {tuple(p.shape)})"
-                if is_dtensor(p) or is_dtensor(p.grad):
+                distributed = is_dtensor(p) or is_dtensor(p.grad)
+                if distributed:
                     param, grad = local_param_and_grad(p)  # TypeError for a DTensor/plain mix
                 else:
                     param, grad = p, p.grad
@@ -355,16 +361,16 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                 if self.stochastic_rounding and p.dtype != torch.bfloat16:
                     raise TypeError(f"stochastic_rounding=True writes bf16 parameters; {where} is {p.dtype}")
                 rule = self.rule_for(p, group)
-                self._check_shardable(p, rule, group, pi, gi)
-                if _sharded(p):
+                if distributed and _sharded(p):
+                    self._check_shardable(p, rule, group, pi, gi)
                     local_range(p)  # NotImplementedError for a layout other than FSDP2's (dim 0 of a 1-D mesh)
-                if _sharded(p) and getattr(self.quantize, "__func__", None) is not QuantizedStateOptimizer.quantize:
-                    raise TypeError(f"{where} is sharded (FSDP2): its shard is quantized in the whole tensor's blocks "
-                                    f"by the format itself, so an overridden {type(self).__name__}.quantize cannot run "
-                                    f"on it; step it unsharded")
+                    if getattr(self.quantize, "__func__", None) is not QuantizedStateOptimizer.quantize:
+                        raise TypeError(f"{where} is sharded (FSDP2): its shard is quantized in the whole tensor's "
+                                        f"blocks by the format itself, so an overridden {type(self).__name__}.quantize "
+                                        f"cannot run on it; step it unsharded")
                 if self.state[p]:
                     self._check_live_state(p, rule, f"the state of parameter {pi} of group {gi}")
-                work.append((group, p, param, grad, rule, self._fused_for(p, rule)))
+                work.append((group, p, param, grad, rule, self._fused_for(p, rule, param, grad)))
         for index, (group, p, param, grad, rule, fused) in enumerate(work):
             self._update(group, p, param, grad, rule, fused, index)
 
@@ -376,14 +382,16 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                 return self._fused_for(p, self.rule_for(p, group))
         raise ValueError(f"the tensor of shape {tuple(p.shape)} is not a parameter of this {type(self).__name__}")
 
-    def _fused_for(self, p: torch.Tensor, rule: UpdateRule) -> kernels.FusedStep | None:
+    def _fused_for(self, p: torch.Tensor, rule: UpdateRule, local: torch.Tensor | None = None,
+                   grad: torch.Tensor | None = None) -> kernels.FusedStep | None:
         """Which fused step ``p`` takes (None: the reference step). Decided before anything changes: a named
         backend that cannot run on ``p``'s device raises ValueError here. The shard of a sharded parameter
         takes one only where it gives the same bits: no moment with rank-1 scales and no shard boundary
         inside a block (:func:`adam8lib.global_blocks.straddles`), so its blocks are whole and its own; else
         the reference step, whose scales are reduced across the shards (a collective on every rank)."""
-        local = local_tensor(p)
-        grad = None if p.grad is None else local_tensor(p.grad)
+        if local is None:
+            local = local_tensor(p)
+            grad = None if p.grad is None else local_tensor(p.grad)
         if (self.backend == "torch" or not rule.elementwise or not self.quantized(p) or not local.numel()
                 or not local.is_contiguous() or (grad is not None and not grad.is_contiguous())
                 or getattr(self.quantize, "__func__", None) is not QuantizedStateOptimizer.quantize
@@ -394,7 +402,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
     def _needs_reduction(self, p: torch.Tensor, rule: UpdateRule) -> bool:
         """Whether a step of the sharded parameter ``p`` reduces scales across its shards (rank-1 maxima,
         or blocks cut by a shard boundary): then it takes the reference step, on the whole shard."""
-        if not _sharded(p) or not self.quantized(p):
+        if not is_dtensor(p) or not _sharded(p) or not self.quantized(p):
             return False
         moments = {self.moment(spec) for spec in rule.states}
         return any(m.uses_rank1(tuple(p.shape)) or block_edge_reducer(p, m.blocksize) is not None for m in moments)
