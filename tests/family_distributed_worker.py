@@ -8,7 +8,8 @@ on bf16 weights with stochastic rounding) the worker trains :class:`Net` sharded
 steps, loads the checkpoint into a fresh sharded model and takes the same 2 steps, and loads the test's
 1-process checkpoint ``OUT/ckpt1_<name>`` and takes 2 steps. It writes ``OUT/<name>_rank<r>.pt``; the test
 compares them with unsharded runs. Also: a step that raises on a shard (``OUT/fault_rank<r>.pt``) and the Muon
-rule refusing a sharded matrix (``OUT/muon_refused_rank<r>.pt``).
+rule refusing a sharded matrix (``OUT/muon_refused_rank<r>.pt``). With ``3`` after ``OUT``: AdEMAMix8bit on
+:class:`Small` on 3 ranks, where blocks are shared by three shards (``OUT/three_rank<r>.pt``, ``OUT/ckpt3_small``).
 """
 
 from __future__ import annotations
@@ -175,6 +176,74 @@ def run(rank: int, world: int, out: str, port: int) -> None:
     end_rank()
 
 
+class Small(torch.nn.Module):
+    """For 3 ranks, every state quantized (``min_8bit_size=0``), blocks of 256: ``net.0.weight`` 5x60 (rows 2, 2, 1:
+    elements 0-119, 120-239, 240-299: block 0 is cut twice, rank 1 holds part of it only), ``net.1.weight`` 7x5 and
+    the biases (the whole tensor in block 0, held by three ranks)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(60, 5), torch.nn.Linear(5, 7))
+
+    def forward(self, x):
+        return self.net(x).square().mean()
+
+
+def make_small():
+    torch.manual_seed(0)
+    return Small()
+
+
+def make_small_opt(params):
+    from adam8lib import AdEMAMix8bit
+
+    return AdEMAMix8bit(params, lr=1e-2, min_8bit_size=0)
+
+
+def small_batch(step: int) -> torch.Tensor:
+    return torch.randn(8, 60, generator=torch.Generator().manual_seed(3000 + step))
+
+
+def train_small(model, opt, steps, grads=None):
+    """``grads``: a list to record each step's whole gradients in (a sharded run); or the list of a sharded
+    run's gradients to step with (the unsharded reference: on 3 ranks the gradient is an average of 3 equal
+    ones, which need not be the single process's bit for bit; the optimizer is what is tested)."""
+    from adam8lib.distributed import is_dtensor
+
+    for s in range(steps):
+        model(small_batch(s)).backward()
+        if grads is not None and len(grads) > s:
+            for k, p in model.named_parameters():
+                p.grad = grads[s][k].clone()
+        elif grads is not None:
+            grads.append({k: (p.grad.full_tensor() if is_dtensor(p.grad) else p.grad).clone()
+                          for k, p in model.named_parameters()})
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def run_three(rank: int, world: int, out: str, port: int) -> None:
+    """3 ranks: blocks shared by three shards (see :class:`Small`); a DCP checkpoint for the test to load."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    from adam8lib.distributed import end_rank, save_checkpoint
+
+    from torch.distributed.fsdp import fully_shard
+
+    model = make_small()
+    for m in model.net:
+        fully_shard(m)
+    fully_shard(model)
+    opt = make_small_opt(model.parameters())
+    grads = []
+    train_small(model, opt, STEPS, grads)
+    torch.save({"afterN": full_params(model), "states": local_states(model, opt), "grads": grads},
+               os.path.join(out, f"three_rank{rank}.pt"))
+    save_checkpoint(model, opt, os.path.join(out, "ckpt3_small"))
+    end_rank()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -182,4 +251,7 @@ def free_port() -> int:
 
 
 if __name__ == "__main__":
-    mp.spawn(run, args=(2, sys.argv[1], free_port()), nprocs=2)
+    if len(sys.argv) > 2 and sys.argv[2] == "3":
+        mp.spawn(run_three, args=(3, sys.argv[1], free_port()), nprocs=3)
+    else:
+        mp.spawn(run, args=(2, sys.argv[1], free_port()), nprocs=2)

@@ -206,6 +206,52 @@ def test_a_step_that_raises_on_a_shard_changes_nothing(runs):
                 assert torch.equal(states2[pname][key], value) if torch.is_tensor(value) else states2[pname][key] == value
 
 
+@pytest.fixture(scope="module")
+def three(tmp_path_factory):
+    out = tmp_path_factory.mktemp("family_three")
+    proc = subprocess.run([sys.executable, str(HERE / "family_distributed_worker.py"), str(out), "3"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ranks = [torch.load(out / f"three_rank{r}.pt", weights_only=False) for r in range(3)]
+    model = worker.make_small()
+    opt = worker.make_small_opt(model.parameters())
+    worker.train_small(model, opt, worker.STEPS, ranks[0]["grads"])  # the sharded run's (averaged) gradients
+    return dict(out=out, model=model, opt=opt, ranks=ranks)
+
+
+def test_blocks_shared_by_three_shards_equal_the_unsharded_run_bit_for_bit(three):
+    """3 ranks, every tensor inside one or two blocks of 256: a block's scale is the MAX over every shard that holds
+    part of it (rank 1 of net.0.weight holds the middle of block 0 only), so parameters and states are the
+    unsharded run's."""
+    model, opt = three["model"], three["opt"]
+    states = worker.local_states(model, opt)
+    shapes = {k: tuple(v.shape) for k, v in model.named_parameters()}
+    for r, rank in enumerate(three["ranks"]):
+        for pname, value in worker.full_params(model).items():
+            assert torch.equal(rank["afterN"][pname], value), pname
+        for pname, st in states.items():
+            a, b = shard_ranges(shapes[pname], 3)[r]
+            want = slice_state(opt, pname, shapes[pname], st, a, b)
+            got = rank["states"][pname]
+            assert sorted(k for k in got if torch.is_tensor(got[k])) == sorted(want), pname
+            for key in want:
+                assert torch.equal(got[key].reshape(-1), want[key]), (pname, r, key)
+    cut = three["ranks"][1]["states"]["net.0.weight"]["exp_avg_sq_absmax"]
+    assert cut.numel() == 1 and torch.equal(cut, states["net.0.weight"]["exp_avg_sq_absmax"][:1])
+
+
+def test_a_three_rank_checkpoint_loads_on_one_process_bit_for_bit(three):
+    model = worker.make_small()
+    opt = worker.make_small_opt(model.parameters())
+    load_checkpoint(model, opt, str(three["out"] / "ckpt3_small"))
+    for pname, st in worker.local_states(three["model"], three["opt"]).items():
+        got = worker.local_states(model, opt)[pname]
+        for key, value in st.items():
+            assert torch.equal(got[key], value) if torch.is_tensor(value) else got[key] == value, (pname, key)
+    for pname, value in worker.full_params(model).items():
+        assert torch.equal(value, worker.full_params(three["model"])[pname]), pname
+
+
 def test_the_muon_rule_refuses_a_sharded_matrix_naming_it(runs):
     for rank in both(runs, "muon_refused"):
         message = rank["refused"]
