@@ -180,3 +180,32 @@ def test_copy_and_pickle_keep_the_rounding_settings():
     opt = RMSprop8bit(_params([(4,)]), stochastic_rounding=True, seed=42)
     for clone in (copy.deepcopy(opt), pickle.loads(pickle.dumps(opt))):
         assert clone.stochastic_rounding is True and clone.seed == 42
+
+
+@pytest.mark.parametrize("name", ["Muon8bit", "Lion8bit", "RMSprop8bit-fp8"])
+def test_one_rounded_step_is_the_fp32_step_rounded_with_the_element_keys(name):
+    """The reference: the same step on fp32 copies of the bf16 parameters (round-to-nearest off: fp32), then
+    rounding.stochastic_round_to_bf16 with element_key(seed, 1, index) from global index 0. Muon's rule (not
+    elementwise: one fp32 copy of the whole matrix) and Lion's (fused cpu step on chunks) alike; states equal."""
+    from adam8lib.rounding import element_key, stochastic_round_to_bf16
+
+    make = {"Muon8bit": lambda ps, **kw: Muon8bit(ps, lr=2e-2, **kw),
+            "Lion8bit": lambda ps, **kw: Lion8bit(ps, lr=1e-3, weight_decay=0.1, **kw),
+            "RMSprop8bit-fp8": lambda ps, **kw: RMSprop8bit(ps, lr=1e-3, state_format="fp8", **kw)}[name]
+    shapes = [(96, 80), (64,)]
+    bf = _params(shapes)
+    fp = [torch.nn.Parameter(p.detach().float()) for p in bf]
+    sr = make(bf, stochastic_rounding=True, seed=21)
+    ref = make(fp)
+    gen = torch.Generator().manual_seed(2)
+    for p, q in zip(bf, fp):
+        p.grad = torch.randn(p.shape, generator=gen).to(BF16)
+        q.grad = p.grad.float()
+    sr.step()
+    ref.step()
+    for index, (p, q) in enumerate(zip(bf, fp)):
+        want = stochastic_round_to_bf16(q.detach(), key=element_key(21, 1, index))
+        assert torch.equal(p.detach(), want), index
+        assert not torch.equal(want, q.detach().to(BF16))  # some element rounded the other way than nearest
+        for key, value in ref.state[q].items():
+            assert torch.equal(sr.state[p][key], value) if torch.is_tensor(value) else sr.state[p][key] == value
