@@ -10,7 +10,7 @@ Modules, in the order the course builds them:
   and bf16 weights with stochastic rounding (12), formats in :mod:`adam8lib.formats`
 * :mod:`adam8lib.family`, :mod:`adam8lib.muon` — ``Lion8bit``, ``AdEMAMix8bit``, ``RMSprop8bit``,
   ``Adagrad8bit``, ``SGD8bit``, ``Muon8bit``: update rules (:mod:`adam8lib.rules`) on one quantized-state
-  core (:mod:`adam8lib.quantized_state`)
+  core (:mod:`adam8lib.quantized_state`; FSDP2 shards in the whole tensor's blocks: :mod:`adam8lib.global_blocks`)
 * :mod:`adam8lib.memory` — estimated and measured optimizer memory (01, 09)
 * :mod:`adam8lib.release` — gradient release: each parameter stepped inside backward, its gradient freed
 * :mod:`adam8lib.memory_tracker` — measured live tensor bytes per category over a training step

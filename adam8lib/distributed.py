@@ -21,6 +21,11 @@ the single-process ones exactly when every shard starts on a block boundary, i.e
 that straddle a shard boundary differ and so do their absmax values (a few elements per
 boundary get a different quantization step, bounded by one step of the map).
 
+(The optimizer family, :class:`~adam8lib.quantized_state.QuantizedStateOptimizer`, keeps the whole
+tensor's blocks on a shard instead, so its sharded runs equal the unsharded ones bit for bit whatever the
+boundaries: :mod:`adam8lib.global_blocks`. Its checkpoints go through :func:`to_checkpoint_state` and
+:func:`to_local_state` with ``moments=``, keyed by each rule's ``<name>_codes``/``<name>_absmax``.)
+
 **8-bit or fp32 is decided by the full parameter** (``p.numel()`` of the DTensor, not the
 shard), so sharding never changes which states are 8-bit.
 
@@ -160,7 +165,8 @@ def _check_layout(p: torch.Tensor) -> tuple[int, int]:
     mesh, placements = p.device_mesh, p.placements
     if mesh.ndim != 1 or len(placements) != 1 or not isinstance(placements[0], Shard) or placements[0].dim != 0:
         raise NotImplementedError(
-            f"Adam8bit checkpoints support DTensor parameters sharded on dim 0 of a 1-D mesh (FSDP2); "
+            f"sharded optimizer states (and their checkpoints) support DTensor parameters sharded on dim 0 of a "
+            f"1-D mesh (FSDP2's fully_shard); "
             f"got placements {placements} on a {mesh.ndim}-D mesh"
         )
     return mesh.get_local_rank(), mesh.size()
@@ -233,13 +239,24 @@ def rank1_maxima_reducer(p: torch.Tensor):
 _LOWBIT_KEYS = ("state1", "state2", "absmax1", "absmax2")
 
 
-def to_checkpoint_state(p: torch.Tensor, state: dict[str, Any], blocksize: int, fmt: Any = None) -> dict[str, Any]:
+def to_checkpoint_state(p: torch.Tensor, state: dict[str, Any], blocksize: int | None, fmt: Any = None, *,
+                        moments: dict[str, tuple[str, Any]] | None = None,
+                        fp32_keys: tuple[str, ...] = ()) -> dict[str, Any]:
     """The DCP form of one parameter's state (see the module docstring); plain params unchanged.
     The fp32 states of a small DTensor parameter become DTensors placed like the parameter.
     ``fmt``: the optimizer's :class:`~adam8lib.formats.StateFormat` (default: the 8-bit format's
     layout). The form is chosen by what the format stores: codes aligned with the elements
     (:attr:`~adam8lib.formats.StateFormat.byte_codes_into_maps`) take the parameter's shape and
-    placements; packed codes, rank-1 scales or float8 bytes get :func:`_flat_checkpoint_state`'s form."""
+    placements; packed codes, rank-1 scales or float8 bytes get :func:`_flat_checkpoint_state`'s form.
+
+    Any other rule's states (the optimizer family, :class:`~adam8lib.quantized_state.QuantizedStateOptimizer`,
+    whose shards keep the whole tensor's blocks): ``moments`` names them, ``{codes key: (scales key, moment
+    format)}`` (``<name>_codes``/``<name>_absmax`` of each quantized state; ``{}`` if none), and ``fp32_keys``
+    its fp32 states; they take the form of :func:`adam8lib.global_blocks.checkpoint_form`."""
+    if moments is not None:
+        from .global_blocks import checkpoint_form
+
+        return checkpoint_form(p, state, moments, fp32_keys)
     if not is_dtensor(p):
         return state
     from torch.distributed.tensor import DTensor, Shard
@@ -363,8 +380,8 @@ def _relayout(p: torch.Tensor, saved: dict[str, Any], fmt: Any) -> dict[str, Any
 
 
 def to_local_state(
-    p: torch.Tensor, saved: dict[str, Any], blocksize: int, qmaps: tuple[torch.Tensor, torch.Tensor],
-    fmt: Any = None,
+    p: torch.Tensor, saved: dict[str, Any], blocksize: int | None, qmaps: tuple[torch.Tensor, torch.Tensor] | None,
+    fmt: Any = None, *, moments: dict[str, tuple[str, Any]] | None = None, fp32_keys: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Turn a loaded per-parameter state into this rank's plain local state.
 
@@ -373,7 +390,14 @@ def to_local_state(
     numel, absmax of shape ``(W_saved, B_max)`` or ``(B,)`` for one process): those are
     requantized onto this rank's blocks (see :func:`reshard_tolerance`). Raises ValueError
     if the shapes fit no layout; never changes ``saved``.
+
+    ``moments``/``fp32_keys`` (any other rule's states, see :func:`to_checkpoint_state`): the form of
+    :func:`adam8lib.global_blocks.local_form`, loaded on any world size bit for bit.
     """
+    if moments is not None:
+        from .global_blocks import local_form
+
+        return local_form(p, saved, moments, fp32_keys)
     if "state1" not in saved:
         return {k: (local_tensor(v).reshape(local_tensor(p).shape) if k in _FP32 and is_dtensor(v) else v)
                 for k, v in saved.items()}
@@ -532,11 +556,17 @@ def _fit_to_saved(target: dict, metadata: dict, tensor_md: type, prefix: str = "
             if not isinstance(md, tensor_md):
                 raise ValueError(f"checkpoint entry {name!r} is not a tensor")
             if tuple(md.size) != tuple(value.shape):
-                if not (name.startswith("optim.") and name.rsplit(".", 1)[-1] in ("state1", "state2", "absmax1", "absmax2")):
+                if not (name.startswith("optim.") and _reshardable_key(name.rsplit(".", 1)[-1])):
                     raise ValueError(
                         f"checkpoint entry {name!r} has shape {tuple(md.size)}, this run has {tuple(value.shape)}"
                     )
                 target[key] = torch.empty(tuple(md.size), dtype=md.properties.dtype, device=local_tensor(value).device)
+
+
+def _reshardable_key(key: str) -> bool:
+    """A saved optimizer state whose global shape depends on the world size: Adam's codes and scales
+    (``state1``/``absmax1``/...) or a family rule's (``<name>_codes``/``<name>_absmax``)."""
+    return key in _LOWBIT_KEYS or key.endswith("_codes") or key.endswith("_absmax")
 
 
 # ---------------------------------------------------------------------- the end of a rank

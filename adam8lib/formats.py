@@ -60,7 +60,10 @@ scales are not left local: a shard of rows has its rows' maxima but only part of
 the optimizer all-reduces (MAX) the column maxima across the shards at every step (the
 ``reduce_maxima`` hook of :meth:`MomentFormat.quantize`), and the scales equal the unsharded
 tensor's exactly. (The alternative, rank-1 over the local rows, would need no communication but
-would make the states, and so the training, depend on the number of ranks.)
+would make the states, and so the training, depend on the number of ranks.) The optimizer family
+(:class:`~adam8lib.quantized_state.QuantizedStateOptimizer`) keeps the whole tensor's blocks on a shard
+instead of local ones (``lead`` and ``reduce_blocks`` of :meth:`MomentFormat.quantize`;
+:mod:`adam8lib.global_blocks`).
 
 Bytes per parameter of a large matrix (codes + scales): 8bit 2 + 8/256, 4bit 1 + 4/128 +
 4 (rows + cols) / (rows x cols), fp8 2 + 8/256; fp32 AdamW 8.
@@ -188,13 +191,21 @@ class MomentFormat:
     # ---------------------------------------------------------------- coding
     def quantize(self, x: torch.Tensor, shape: tuple[int, ...],
                  reduce_maxima: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None,
+                 *, lead: int = 0, reduce_blocks: Callable[[torch.Tensor], torch.Tensor] | None = None,
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(codes, scales)`` of the flat fp32 values ``x`` of a tensor of ``shape``.
 
         ``reduce_maxima`` (rank-1 only) turns this tensor's axis maxima into the ones to scale by:
         for the local shard of a sharded tensor, the maxima of the whole tensor (an all-reduce
         (MAX) across the shards, :func:`adam8lib.distributed.rank1_maxima_reducer`). It is called
-        for an empty shard too (with zero maxima), so that every shard takes part in the collective."""
+        for an empty shard too (with zero maxima), so that every shard takes part in the collective.
+
+        Blockwise only: ``lead`` places ``x[0]`` at position ``lead`` of its first block (element ``i``
+        is in block ``(lead + i) // blocksize``: the blocks of a whole tensor of which ``x`` is a slice
+        starting at an index ``≡ lead (mod blocksize)``; there are ``ceil((lead + n) / blocksize)`` scales,
+        none for ``n = 0``), and ``reduce_blocks`` turns those block maxima into the ones to scale by
+        (for a shard: the first and last blocks' maxima over every shard that shares them,
+        :func:`adam8lib.global_blocks.block_edge_reducer`; called for an empty shard too)."""
         n = x.numel()
         if reduce_maxima is not None and self.rank1 and len(shape) >= 2 and n == 0:
             reduce_maxima([x.new_zeros(size) for size in shape])  # an empty shard: its part of the collective
@@ -205,10 +216,13 @@ class MomentFormat:
             scale = _rank1_scale(maxima, shape).reshape(-1)
             scales = torch.cat(maxima)
         else:
-            pad = num_blocks(n, self.blocksize) * self.blocksize - n
-            blocks = torch.nn.functional.pad(x, (0, pad)).view(-1, self.blocksize)
+            lead = lead if n else 0
+            pad = num_blocks(lead + n, self.blocksize) * self.blocksize - lead - n
+            blocks = torch.nn.functional.pad(x, (lead, pad)).view(-1, self.blocksize)
             scales = blocks.abs().amax(dim=1)
-            scale = scales.repeat_interleave(self.blocksize)[:n]
+            if reduce_blocks is not None:
+                scales = reduce_blocks(scales)
+            scale = scales.repeat_interleave(self.blocksize)[lead:lead + n]
         inv = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
         codes = self.code(x * inv)
         return (pack_nibbles(codes) if self.bits == 4 else codes), scales
@@ -234,14 +248,17 @@ class MomentFormat:
             return codes.view(torch.float8_e4m3fn).float() / FP8_MAX
         return self.qmap()
 
-    def dequantize(self, codes: torch.Tensor, scales: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-        """The flat fp32 values of stored ``codes`` and ``scales`` of a tensor of ``shape``."""
+    def dequantize(self, codes: torch.Tensor, scales: torch.Tensor, shape: tuple[int, ...], *,
+                   lead: int = 0) -> torch.Tensor:
+        """The flat fp32 values of stored ``codes`` and ``scales`` of a tensor of ``shape`` (``lead``: see
+        :meth:`quantize`)."""
         n = math.prod(shape)
         if self.uses_rank1(shape):
             sizes = list(shape)
             scale = _rank1_scale(list(scales.split(sizes)), shape).reshape(-1)
         else:
-            scale = scales.repeat_interleave(self.blocksize)[:n]
+            lead = lead if n else 0
+            scale = scales.repeat_interleave(self.blocksize)[lead:lead + n]
         if self.coding == "fp8":
             values = codes.view(torch.float8_e4m3fn).float() / FP8_MAX
         else:

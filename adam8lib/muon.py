@@ -21,6 +21,12 @@ group with ``use_muon=False`` (and the AdamW learning rate you want), as torch's
               {"params": embeddings_heads_biases_norms, "use_muon": False, "lr": 3e-4}], lr=0.02)
 
 ``use_muon=True`` on a parameter that is not 2-D raises ValueError.
+
+**FSDP2.** Newton–Schulz orthogonalizes the whole matrix and a shard holds only some of its rows, so a
+sharded (DTensor) matrix that the Muon rule would step is refused with a ValueError naming it, at
+construction and at ``step()``: keep those matrices unsharded (do not ``fully_shard`` the modules that own
+them) or put them in a group with ``use_muon=False``. The AdamW group's parameters may be sharded
+(:mod:`adam8lib.quantized_state`).
 """
 
 from __future__ import annotations

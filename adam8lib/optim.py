@@ -94,11 +94,8 @@ from .kernels.reference import adam_update_fp32, adam_update_fp32_many, format_r
 from .rules.adamw import AdamWRule
 from .formats import FORMATS, StateFormat, get_format
 from .quant import MAP_FINGERPRINTS, check_blocksize, dynamic_map, map_fingerprint
-from .rounding import element_key, stochastic_round_to_bf16
+from .rounding import SR_CHUNK, element_key, state_chunks, stochastic_round_to_bf16
 
-#: Elements of a parameter updated and rounded at a time with ``stochastic_rounding=True`` (a multiple of
-#: every block size: 64 ... 4096).
-SR_CHUNK = 1 << 16
 #: The update rule whose fused steps (:mod:`adam8lib.kernels.registry`) step these optimizers' low-bit formats.
 _ADAMW = AdamWRule()
 
@@ -147,6 +144,10 @@ class LowBitAdam(torch.optim.Optimizer):
 
     #: The format of the classes below (``Adam8bit``: "8bit", ``Adam4bit``: "4bit", ...).
     state_format: str = "8bit"
+    #: Added to each parameter's index (its place among the parameters of one step) in the stochastic
+    #: rounding key: the public hook :func:`adam8lib.release.release_gradients` sets while it steps one
+    #: parameter, so that it rounds with the index it has in a full step.
+    rounding_offset: int = 0
 
     def __init__(
         self,
@@ -401,7 +402,7 @@ class LowBitAdam(torch.optim.Optimizer):
         if not self.stochastic_rounding:
             self._step_state(group, p, param, grad, state)
         else:
-            key, offset = element_key(self.seed, state["step"], index), global_offset(p)
+            key, offset = element_key(self.seed, state["step"], self.rounding_offset + index), global_offset(p)
             for a, b, part in self._rounding_chunks(p, param, state):
                 flat = param if part is state else param.view(-1)[a:b]
                 target = flat.float()
@@ -432,15 +433,7 @@ class LowBitAdam(torch.optim.Optimizer):
                 or fmt.m.uses_rank1(shape) or fmt.v.uses_rank1(shape)
                 or fmt.m.blocksize != fmt.v.blocksize or SR_CHUNK % fmt.m.blocksize):
             return [(0, n, state)]
-        pieces = []
-        for a in range(0, n, SR_CHUNK):
-            b = min(a + SR_CHUNK, n)
-            part = {"step": state["step"]}
-            for moment, codes, scales in ((fmt.m, "state1", "absmax1"), (fmt.v, "state2", "absmax2")):
-                part[codes] = state[codes][moment.codes_numel(a): moment.codes_numel(b)]
-                part[scales] = state[scales][a // moment.blocksize: -(-b // moment.blocksize)]
-            pieces.append((a, b, part))
-        return pieces
+        return state_chunks(n, state, (("state1", "absmax1", fmt.m), ("state2", "absmax2", fmt.v)), chunk=SR_CHUNK)
 
     def _maxima_reducer(self, group: dict[str, Any], p: torch.Tensor):
         """The all-reduce that gives a shard of a sharded (FSDP2) parameter the rank-1 scales of the

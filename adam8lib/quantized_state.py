@@ -50,8 +50,39 @@ As a ``torch.optim.Optimizer``: ``zero_grad``, closures, LR schedulers, state-di
 (``load_state_dict`` runs the pre-hooks on the checkpoint and the post-hooks after it is in place),
 ``copy.deepcopy``/pickle, ``torch.compile`` (the step runs eagerly: one graph break). Flags of torch's
 optimizers it does not implement (``maximize``, ``foreach``, ``fused``, ``capturable``,
-``differentiable``) are refused unless false. Not yet (later work of issue 35): stochastic rounding,
-FSDP2 (DTensor) parameters (refused with a TypeError).
+``differentiable``) are refused unless false.
+
+**FSDP2 (DTensor) parameters** (:mod:`adam8lib.global_blocks`). A sharded parameter is stepped on its local
+shard (``p.to_local()``, ``p.grad.to_local()``), with states sized to the shard and quantized or fp32 by the
+*whole* parameter's size (``p.numel()`` of the DTensor, as :class:`~adam8lib.optim.LowBitAdam`; not by the
+shard). Unlike LowBitAdam, whose blocks are local to the shard, a shard keeps the whole tensor's blocks:
+element ``i`` of the parameter is in block ``⌊i/B⌋`` on any world size, a block cut by a shard boundary is
+kept by both ranks with the scale of the whole block (an all-reduce (MAX) of each rank's edge maxima, ``2·W``
+floats per state per step), rank-1 scales take the whole tensor's column maxima
+(:func:`adam8lib.distributed.rank1_maxima_reducer`). So the states and the parameters of a sharded run equal
+the unsharded run's bit for bit, whatever the shard boundaries (tests/test_family_distributed.py: 2 gloo
+ranks). Such a step is a collective: every rank steps the same parameters (FSDP2 gives every rank a
+gradient; an empty shard takes part). A fused step runs on a shard only where that gives the same bits:
+no moment with rank-1 scales and no shard boundary inside a block; else the reference step. A rule that is
+not elementwise (Muon's Newton-Schulz needs the whole matrix) refuses a sharded parameter with a ValueError
+naming it (keep such matrices unsharded, or in Muon8bit's AdamW group, ``use_muon=False``); ``state_dict()``
+gives a sharded parameter's states in the form ``torch.distributed.checkpoint`` saves
+(:func:`adam8lib.distributed.to_checkpoint_state` with the rule's keys), and ``load_state_dict`` (so
+:func:`adam8lib.distributed.load_checkpoint`) loads it on the same or another world size bit for bit. An
+overridden :meth:`QuantizedStateOptimizer.quantize` cannot run on a shard (TypeError at the step).
+
+**Stochastic rounding** (``stochastic_rounding=True``, ``seed``: the arguments, checks and errors of
+LowBitAdam). Every parameter must be bf16; the step computes the new parameter in fp32 and rounds it
+stochastically (:mod:`adam8lib.rounding`) with the key of ``(seed, step, rounding_offset + index)``
+(``index``: the parameter's place among those with a gradient in this step; ``rounding_offset``: the public
+hook :func:`adam8lib.release.release_gradients` sets) and each element's index in the *whole* parameter
+(:func:`adam8lib.distributed.global_offset`), exactly as LowBitAdam: the same bits as LowBitAdam for the same
+rule (Muon8bit's AdamW group) and, under FSDP2, as the unsharded run. The registry's fused steps cannot round
+stochastically, so they run on an fp32 copy of the parameter and the result is rounded: an elementwise rule
+with blockwise or fp32 states, on a contiguous parameter whose scales need nothing from other shards, is
+updated and rounded :data:`adam8lib.rounding.SR_CHUNK` elements at a time (:func:`adam8lib.rounding.state_chunks`:
+whole blocks, the same bits as at once; the fp32 copy is one chunk's); rank-1 scales, a shard whose edge
+blocks are reduced across ranks, and Muon's rule take one fp32 copy of the whole (local) tensor.
 """
 
 from __future__ import annotations
@@ -62,11 +93,15 @@ from typing import Any, Iterable
 
 import torch
 
+from . import kernels, rounding
+from .distributed import (global_offset, is_dtensor, local_param_and_grad, local_range, local_tensor,
+                          rank1_maxima_reducer, to_checkpoint_state, to_local_state)
 from .formats import MomentFormat, StateFormat, get_format
-from . import kernels
+from .global_blocks import block_edge_reducer, block_lead, shard_scales_numel
 from .kernels import run_eagerly
 from .kernels.contract import PARAM_DTYPES, check_plain_tensor, is_usual_tensor
 from .quant import check_blocksize
+from .rounding import element_key, state_chunks, stochastic_round_to_bf16
 from .rules.base import StateSpec, UpdateRule
 
 __all__ = ["QuantizedStateOptimizer", "FP32", "FORMAT_KEY", "TORCH_FLAGS"]
@@ -103,14 +138,20 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         backend: ``"auto"`` (a fused step where there is one, see the module docstring), ``"torch"`` (the
             reference step), or a backend of :mod:`adam8lib.kernels` with fused steps of these rules
             (``"cpu"``, ``"triton"``).
+        stochastic_rounding: write bf16 parameters with stochastic rounding (every parameter must then be
+            bf16); ``seed`` seeds it (the same seed gives the same bits). As :class:`~adam8lib.optim.LowBitAdam`.
     """
 
     rule: UpdateRule
     state_format: str = "8bit"
+    #: Added to each parameter's index in the stochastic rounding key (see :class:`~adam8lib.optim.LowBitAdam`):
+    #: the public hook :func:`adam8lib.release.release_gradients` sets while it steps one parameter.
+    rounding_offset: int = 0
 
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any], *,
                  state_format: str | StateFormat | None = None, blocksize: int | None = None,
-                 min_8bit_size: int = 4096, backend: str = "auto", **torch_flags: Any) -> None:
+                 min_8bit_size: int = 4096, backend: str = "auto", stochastic_rounding: bool = False,
+                 seed: int = 0, **torch_flags: Any) -> None:
         name = type(self).__name__
         for key, value in torch_flags.items():
             if key not in TORCH_FLAGS:
@@ -132,9 +173,15 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                 fmt = fmt.with_blocksize(check_blocksize(blocksize))
         if isinstance(min_8bit_size, bool) or not isinstance(min_8bit_size, int) or min_8bit_size < 0:
             raise ValueError(f"Invalid min_8bit_size: {min_8bit_size!r} (must be an int >= 0)")
+        if not isinstance(stochastic_rounding, bool):
+            raise TypeError(f"stochastic_rounding must be a bool, got {type(stochastic_rounding).__name__}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
         self.format: StateFormat | None = fmt
         self.min_8bit_size = min_8bit_size
         self.backend = backend
+        self.stochastic_rounding = stochastic_rounding
+        self.seed = seed
         super().__init__(params, defaults)
         if backend not in ("auto", "torch"):
             self._check_named_backend()
@@ -167,14 +214,32 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         group = self.param_groups[-1]
         try:
             self._check_group(group, f"param group {len(self.param_groups) - 1}")
-            for p in group["params"]:
+            for pi, p in enumerate(group["params"]):
                 if p.dtype not in PARAM_DTYPES:
                     raise TypeError(f"{type(self).__name__} supports fp32, bf16 and fp16 parameters; got one of "
                                     f"shape {tuple(p.shape)} with dtype {p.dtype}")
-                self.rule_for(p, group)
+                if self.stochastic_rounding and p.dtype != torch.bfloat16:
+                    raise TypeError(
+                        f"stochastic_rounding=True writes bf16 parameters; got one of shape {tuple(p.shape)} with "
+                        f"dtype {p.dtype} (cast the model with .to(torch.bfloat16), or turn stochastic rounding off)"
+                    )
+                self._check_shardable(p, self.rule_for(p, group), group, pi, len(self.param_groups) - 1)
         except (ValueError, TypeError):
             self.param_groups.pop()
             raise
+
+    def _check_shardable(self, p: torch.Tensor, rule: UpdateRule, group: dict[str, Any], pi: int, gi: int) -> None:
+        """ValueError for a sharded (FSDP2 DTensor) parameter that ``rule`` cannot step shard by shard: a rule
+        that is not elementwise (Muon's Newton-Schulz orthogonalizes the whole matrix, which no shard holds)."""
+        if rule.elementwise or not _sharded(p):
+            return
+        names = group.get("param_names")
+        what = f"parameter {names[pi]!r}" if names and pi < len(names) else f"parameter {pi}"
+        raise ValueError(
+            f"{type(self).__name__} cannot step {what} of param group {gi} (shape {tuple(p.shape)}, sharded: "
+            f"{p.placements}) with the {rule.name} rule: it needs the whole matrix, and each rank holds a shard "
+            f"(FSDP2). Keep those matrices unsharded (do not fully_shard the modules that own them), or put them in "
+            f"a group that steps them elementwise" + (" (use_muon=False: AdamW)" if "use_muon" in group else ""))
 
     def _check_group(self, group: dict[str, Any], where: str) -> None:
         for key in OPTIMIZER_LEVEL:
@@ -202,38 +267,49 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         return self.format.m if spec.stored_as == "m" else self.format.v
 
     def expected_state(self, p: torch.Tensor, rule: UpdateRule) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        """``{key: (shape, dtype)}`` of every tensor of ``p``'s state."""
+        """``{key: (shape, dtype)}`` of every tensor of ``p``'s state (of its local shard for a sharded
+        parameter: one code per element, the scales of the global blocks it touches,
+        :mod:`adam8lib.global_blocks`; quantized or fp32 by the whole parameter's size)."""
         out = {}
-        shape = tuple(p.shape)
+        sharded = _sharded(p)
+        local = p.to_local() if sharded else p
+        shape, local_shape = tuple(p.shape), tuple(local.shape)
+        quantized = self.quantized(p)
         for spec in rule.states:
-            if self.quantized(p):
+            if quantized:
                 fmt = self.moment(spec)
-                out[spec.name + "_codes"] = ((fmt.codes_numel(p.numel()),), fmt.code_dtype)
-                out[spec.name + "_absmax"] = ((fmt.scales_numel(shape),), torch.float32)
+                scales = (shard_scales_numel(fmt, shape, local_shape, block_lead(p, fmt.blocksize)) if sharded
+                          else fmt.scales_numel(shape))
+                out[spec.name + "_codes"] = ((fmt.codes_numel(local.numel()),), fmt.code_dtype)
+                out[spec.name + "_absmax"] = ((scales,), torch.float32)
             else:
-                out[spec.name] = (shape, torch.float32)
+                out[spec.name] = (local_shape, torch.float32)
         return out
 
     def _new_state(self, p: torch.Tensor, rule: UpdateRule) -> dict[str, Any]:
         state: dict[str, Any] = {"step": 0}
-        for spec in rule.states:
-            if self.quantized(p):
-                fmt = self.moment(spec)
-                state[spec.name + "_codes"] = torch.full((fmt.codes_numel(p.numel()),), fmt.zero_code(),
-                                                         dtype=fmt.code_dtype, device=p.device)
-                state[spec.name + "_absmax"] = torch.zeros((fmt.scales_numel(tuple(p.shape)),),
-                                                           dtype=torch.float32, device=p.device)
+        device = local_tensor(p).device
+        for key, (shape, dtype) in self.expected_state(p, rule).items():
+            if key.endswith("_codes"):
+                fmt = self.moment(next(s for s in rule.states if s.name + "_codes" == key))
+                state[key] = torch.full(shape, fmt.zero_code(), dtype=dtype, device=device)
             else:
-                state[spec.name] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
+                state[key] = torch.zeros(shape, dtype=dtype, device=device)
         return state
 
-    def decode(self, state: dict[str, Any], spec: StateSpec, p: torch.Tensor) -> torch.Tensor:
-        """The fp32 values of one state, in ``p``'s shape (an fp32 state: the stored tensor itself)."""
+    def decode(self, state: dict[str, Any], spec: StateSpec, p: torch.Tensor,
+               target: torch.Tensor | None = None) -> torch.Tensor:
+        """The fp32 values of one state, in the shape of ``target`` (default: ``p``'s local tensor; an fp32
+        state: the stored tensor itself). ``p`` is the parameter (a DTensor for a shard: its blocks are global)."""
+        target = local_tensor(p) if target is None else target
         if spec.name in state:
-            return state[spec.name]
-        values = self.moment(spec).dequantize(state[spec.name + "_codes"], state[spec.name + "_absmax"],
-                                              tuple(p.shape))
-        return values.view(p.shape)
+            values = state[spec.name]
+            return values if values.shape == target.shape else values.view(target.shape)
+        fmt = self.moment(spec)
+        lead = block_lead(p, fmt.blocksize) if is_dtensor(p) else 0
+        values = fmt.dequantize(state[spec.name + "_codes"], state[spec.name + "_absmax"], tuple(target.shape),
+                                lead=lead)
+        return values.view(target.shape)
 
     def quantize(self, spec: StateSpec, x: torch.Tensor, fmt: MomentFormat,
                  shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -241,10 +317,18 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         hook to plug another rounding into (tests/test_family_bnb.py plugs in bitsandbytes')."""
         return fmt.quantize(x, shape)
 
-    def _encode(self, state: dict[str, Any], spec: StateSpec, x: torch.Tensor, p: torch.Tensor) -> None:
+    def _encode(self, state: dict[str, Any], spec: StateSpec, x: torch.Tensor, p: torch.Tensor,
+                target: torch.Tensor) -> None:
         if spec.name in state:
             return  # fp32: updated in place
-        codes, scales = self.quantize(spec, x.reshape(-1), self.moment(spec), tuple(p.shape))
+        fmt = self.moment(spec)
+        if not _sharded(p):
+            codes, scales = self.quantize(spec, x.reshape(-1), fmt, tuple(target.shape))
+        else:  # the shard of a sharded parameter: the whole tensor's blocks (and rank-1 maxima)
+            rank1 = fmt.uses_rank1(tuple(p.shape))
+            codes, scales = fmt.quantize(x.reshape(-1), tuple(target.shape), rank1_maxima_reducer(p) if rank1 else None,
+                                         lead=block_lead(p, fmt.blocksize),
+                                         reduce_blocks=None if rank1 else block_edge_reducer(p, fmt.blocksize))
         state[spec.name + "_codes"].copy_(codes.reshape(-1))
         state[spec.name + "_absmax"].copy_(scales.reshape(-1))
 
@@ -267,13 +351,28 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             for pi, p in enumerate(group["params"]):
                 if p.grad is None:
                     continue
-                self._check_param_and_grad(p, p.grad, f"parameter {pi} of group {gi} (shape {tuple(p.shape)})")
+                where = f"parameter {pi} of group {gi} (shape {tuple(p.shape)})"
+                distributed = is_dtensor(p) or is_dtensor(p.grad)
+                if distributed:
+                    param, grad = local_param_and_grad(p)  # TypeError for a DTensor/plain mix
+                else:
+                    param, grad = p, p.grad
+                self._check_param_and_grad(param, grad, where)
+                if self.stochastic_rounding and p.dtype != torch.bfloat16:
+                    raise TypeError(f"stochastic_rounding=True writes bf16 parameters; {where} is {p.dtype}")
                 rule = self.rule_for(p, group)
+                if distributed and _sharded(p):
+                    self._check_shardable(p, rule, group, pi, gi)
+                    local_range(p)  # NotImplementedError for a layout other than FSDP2's (dim 0 of a 1-D mesh)
+                    if getattr(self.quantize, "__func__", None) is not QuantizedStateOptimizer.quantize:
+                        raise TypeError(f"{where} is sharded (FSDP2): its shard is quantized in the whole tensor's "
+                                        f"blocks by the format itself, so an overridden {type(self).__name__}.quantize "
+                                        f"cannot run on it; step it unsharded")
                 if self.state[p]:
                     self._check_live_state(p, rule, f"the state of parameter {pi} of group {gi}")
-                work.append((group, p, rule, self._fused_for(p, rule)))
-        for group, p, rule, fused in work:
-            self._update(group, p, rule, fused)
+                work.append((group, p, param, grad, rule, self._fused_for(p, rule, param, grad)))
+        for index, (group, p, param, grad, rule, fused) in enumerate(work):
+            self._update(group, p, param, grad, rule, fused, index)
 
     def fused_step(self, p: torch.Tensor) -> kernels.FusedStep | None:
         """The fused step (:class:`adam8lib.kernels.FusedStep`) that steps ``p`` now, or None: the reference
@@ -283,14 +382,30 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                 return self._fused_for(p, self.rule_for(p, group))
         raise ValueError(f"the tensor of shape {tuple(p.shape)} is not a parameter of this {type(self).__name__}")
 
-    def _fused_for(self, p: torch.Tensor, rule: UpdateRule) -> kernels.FusedStep | None:
+    def _fused_for(self, p: torch.Tensor, rule: UpdateRule, local: torch.Tensor | None = None,
+                   grad: torch.Tensor | None = None) -> kernels.FusedStep | None:
         """Which fused step ``p`` takes (None: the reference step). Decided before anything changes: a named
-        backend that cannot run on ``p``'s device raises ValueError here."""
-        if (self.backend == "torch" or not rule.elementwise or not self.quantized(p) or not p.numel()
-                or not p.is_contiguous() or (p.grad is not None and not p.grad.is_contiguous())
-                or getattr(self.quantize, "__func__", None) is not QuantizedStateOptimizer.quantize):
+        backend that cannot run on ``p``'s device raises ValueError here. The shard of a sharded parameter
+        takes one only where it gives the same bits: no moment with rank-1 scales and no shard boundary
+        inside a block (:func:`adam8lib.global_blocks.straddles`), so its blocks are whole and its own; else
+        the reference step, whose scales are reduced across the shards (a collective on every rank)."""
+        if local is None:
+            local = local_tensor(p)
+            grad = None if p.grad is None else local_tensor(p.grad)
+        if (self.backend == "torch" or not rule.elementwise or not self.quantized(p) or not local.numel()
+                or not local.is_contiguous() or (grad is not None and not grad.is_contiguous())
+                or getattr(self.quantize, "__func__", None) is not QuantizedStateOptimizer.quantize
+                or self._needs_reduction(p, rule)):
             return None
-        return kernels.find_step(rule, self.format, self.backend, p.device)
+        return kernels.find_step(rule, self.format, self.backend, local.device)
+
+    def _needs_reduction(self, p: torch.Tensor, rule: UpdateRule) -> bool:
+        """Whether a step of the sharded parameter ``p`` reduces scales across its shards (rank-1 maxima,
+        or blocks cut by a shard boundary): then it takes the reference step, on the whole shard."""
+        if not is_dtensor(p) or not _sharded(p) or not self.quantized(p):
+            return False
+        moments = {self.moment(spec) for spec in rule.states}
+        return any(m.uses_rank1(tuple(p.shape)) or block_edge_reducer(p, m.blocksize) is not None for m in moments)
 
     def _check_param_and_grad(self, p: torch.Tensor, grad: torch.Tensor, where: str) -> None:
         if (is_usual_tensor(p) and is_usual_tensor(grad) and p.dtype in PARAM_DTYPES and grad.dtype in PARAM_DTYPES
@@ -302,8 +417,6 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         if p.is_complex() or grad.is_complex():
             raise RuntimeError(f"{name} does not support complex parameters or gradients: {where}")
         for t, what in ((p, where), (grad, f"the gradient of {where}")):
-            if _is_dtensor(t):
-                raise TypeError(f"{what} is a DTensor (FSDP2): {name} does not support sharded parameters yet")
             check_plain_tensor(t, what)
         if p.dtype not in PARAM_DTYPES:
             raise TypeError(f"{where} must be fp32, bf16 or fp16, got {p.dtype}")
@@ -324,25 +437,69 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                                  f"by this {type(self).__name__} (state format {self.format_name()!r}, "
                                  f"min_8bit_size {self.min_8bit_size})")
 
-    def _update(self, group: dict[str, Any], p: torch.Tensor, rule: UpdateRule,
-                fused: kernels.FusedStep | None = None) -> None:
+    def _update(self, group: dict[str, Any], p: torch.Tensor, param: torch.Tensor, grad: torch.Tensor,
+                rule: UpdateRule, fused: kernels.FusedStep | None = None, index: int = 0) -> None:
+        """Update one parameter (``param``, ``grad``: its local tensors). With stochastic rounding the update
+        works on an fp32 copy of the (bf16) parameter, rounded stochastically with the key of
+        ``(seed, step, rounding_offset + index)`` (``index``: its place among the parameters of this step)
+        and each element's index in the whole parameter, as :class:`~adam8lib.optim.LowBitAdam` does; an
+        elementwise rule with blockwise (or fp32) states on a contiguous parameter is updated and rounded
+        :data:`adam8lib.rounding.SR_CHUNK` elements at a time (whole blocks: the same bits as at once), the
+        fused step (which cannot round stochastically) on the fp32 copy of each chunk, so the copy is one
+        chunk's. Rank-1 scales, a shard whose blocks are reduced across ranks, or a rule that is not
+        elementwise: one fp32 copy of the whole (local) tensor."""
         state = self.state[p]
         if not state:
             state.update(self._new_state(p, rule))
         for key, value in state.items():
-            if torch.is_tensor(value) and value.device != p.device:  # the model moved after the states were made
-                state[key] = value.to(p.device)
+            if torch.is_tensor(value) and value.device != param.device:  # the model moved after the states were made
+                state[key] = value.to(param.device)
         step = state["step"] + 1
         hyper = self.rule_group(rule, group)
+        if not self.stochastic_rounding:
+            self._step_tensor(p, param.detach(), grad.detach(), state, rule, hyper, step, fused)
+        else:
+            key, offset = element_key(self.seed, step, self.rounding_offset + index), global_offset(p)
+            for a, b, part in self._rounding_chunks(p, param, state, rule):
+                flat = param.detach() if part is state else param.detach().view(-1)[a:b]
+                target = flat.float()
+                g = grad.detach() if part is state else grad.detach().reshape(-1)[a:b]
+                self._step_tensor(p, target, g, part, rule, hyper, step, fused)
+                stochastic_round_to_bf16(target, key=key, start=offset + a, out=flat)
+        state["step"] = step
+
+    def _rounding_chunks(self, p: torch.Tensor, param: torch.Tensor, state: dict[str, Any], rule: UpdateRule):
+        """The pieces a stochastically rounded update steps (:func:`adam8lib.rounding.state_chunks`):
+        ``[(0, n, state)]``, or chunks of whole blocks for an elementwise rule with blockwise or fp32 states
+        on a contiguous parameter whose scales need nothing from other shards."""
+        n = param.numel()
+        if (not rule.elementwise or not param.is_contiguous() or self._needs_reduction(p, rule)
+                or getattr(self.quantize, "__func__", None) is not QuantizedStateOptimizer.quantize):
+            return [(0, n, state)]
+        moments, fp32 = [], []
+        for spec in rule.states:
+            if spec.name in state:
+                fp32.append(spec.name)
+                continue
+            fmt = self.moment(spec)
+            if fmt.uses_rank1(tuple(param.shape)) or rounding.SR_CHUNK % fmt.blocksize:
+                return [(0, n, state)]
+            moments.append((spec.name + "_codes", spec.name + "_absmax", fmt))
+        return state_chunks(n, state, moments, fp32, chunk=rounding.SR_CHUNK)
+
+    def _step_tensor(self, p: torch.Tensor, target: torch.Tensor, grad: torch.Tensor, state: dict[str, Any],
+                     rule: UpdateRule, hyper: dict[str, Any], step: int, fused: kernels.FusedStep | None) -> None:
+        """One step of ``target`` (the local parameter, an fp32 copy of it, or a chunk of that) with ``state``
+        (its states, or views of the chunk's): the fused step in place, or decode, the rule in fp32, the
+        non-finite rule, write ``target``, encode. ``p`` is the parameter (its global shape and layout)."""
         if fused is not None:  # in place, the reference step's bits (the registry's calling convention)
             states = tuple((state[s.name + "_codes"], state[s.name + "_absmax"]) for s in rule.states)
-            fused.fn(p.detach().view(-1), p.grad.detach().view(-1), states, rule=rule, fmt=self.format,
-                     shape=tuple(p.shape), step=step, group=hyper)
-            state["step"] = step
+            fused.fn(target.view(-1), grad.reshape(-1), states, rule=rule, fmt=self.format,
+                     shape=tuple(target.shape), step=step, group=hyper)
             return
-        values = {spec.name: self.decode(state, spec, p) for spec in rule.states}
+        values = {spec.name: self.decode(state, spec, p, target) for spec in rule.states}
         update = rule.update if self.quantized(p) else rule.update_unquantized
-        new = update(p.detach().to(torch.float32, copy=True), p.grad.detach().float(), values, step=step, group=hyper)
+        new = update(target.to(torch.float32, copy=True), grad.float(), values, step=step, group=hyper)
         if rule.elementwise:
             ok = None
             for x in values.values():
@@ -351,16 +508,16 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             if ok is not None and not bool(ok.all()):
                 for x in values.values():
                     x.masked_fill_(~ok, 0.0)
-                new = torch.where(ok, new, p.detach().float())  # p itself is not written yet
-        p.copy_(new)
+                new = torch.where(ok, new, target.float())  # target itself is not written yet
+        target.copy_(new)
         for spec in rule.states:
-            self._encode(state, spec, values[spec.name], p)
-        state["step"] = step
+            self._encode(state, spec, values[spec.name], p, target)
 
     # ------------------------------------------------------------------ copy / pickle
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        state.update(format=self.format, min_8bit_size=self.min_8bit_size, backend=self.backend)
+        state.update(format=self.format, min_8bit_size=self.min_8bit_size, backend=self.backend,
+                     stochastic_rounding=self.stochastic_rounding, seed=self.seed)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -368,6 +525,8 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         self.format = state.pop("format", None)
         self.min_8bit_size = state.pop("min_8bit_size", 4096)
         self.backend = state.pop("backend", "auto")
+        self.stochastic_rounding = state.pop("stochastic_rounding", False)
+        self.seed = state.pop("seed", 0)
         super().__setstate__(state)
         self.defaults.pop("differentiable", None)
 
@@ -384,13 +543,27 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """As torch.optim; every state with quantized entries also carries :data:`FORMAT_KEY`."""
+        """As torch.optim; every state with quantized entries also carries :data:`FORMAT_KEY`. The states of
+        a sharded (FSDP2) parameter come in the form ``torch.distributed.checkpoint`` saves and reshards
+        (:func:`adam8lib.distributed.to_checkpoint_state` with this rule's keys; :mod:`adam8lib.global_blocks`)."""
         sd = super().state_dict()
-        if self.format is not None:
-            for index, saved in sd["state"].items():
-                if any(str(k).endswith("_codes") for k in saved):
-                    sd["state"][index] = {**saved, FORMAT_KEY: self.format_fingerprint()}
+        params = [(group, p) for group in self.param_groups for p in group["params"]]
+        for index, saved in sd["state"].items():
+            if self.format is not None and any(str(k).endswith("_codes") for k in saved):
+                saved = {**saved, FORMAT_KEY: self.format_fingerprint()}
+            if index < len(params) and is_dtensor(params[index][1]):
+                group, p = params[index]
+                saved = to_checkpoint_state(p, saved, None, self.format, **self._state_keys(p, self.rule_for(p, group)))
+            sd["state"][index] = saved
         return sd
+
+    def _state_keys(self, p: torch.Tensor, rule: UpdateRule) -> dict[str, Any]:
+        """``moments`` (``{codes key: (scales key, moment format)}``) and ``fp32_keys`` of ``p``'s state: what
+        :func:`adam8lib.distributed.to_checkpoint_state` and ``to_local_state`` need to know of it."""
+        if self.quantized(p):
+            return {"moments": {s.name + "_codes": (s.name + "_absmax", self.moment(s)) for s in rule.states},
+                    "fp32_keys": ()}
+        return {"moments": {}, "fp32_keys": tuple(s.name for s in rule.states)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a checkpoint of this class, keeping codes and fp32 scales as they are. Everything is
@@ -448,7 +621,10 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"the checkpoint has a state for unknown parameter id {pid!r}")
             p, group = by_id[pid]
             where = f"the state of parameter {pid!r} (shape {tuple(p.shape)}) in the checkpoint"
-            new_state[p] = self._checked_state(p, self.rule_for(p, group), saved, where, origin)
+            rule = self.rule_for(p, group)
+            if isinstance(saved, dict):  # DCP, or another world size: this rank's plain local state
+                saved = to_local_state(p, saved, None, None, self.format, **self._state_keys(p, rule))
+            new_state[p] = self._checked_state(p, rule, saved, where, origin)
         return new_groups, new_state
 
     def _checked_state(self, p: torch.Tensor, rule: UpdateRule, saved: Any, where: str, origin: str) -> dict:
@@ -497,7 +673,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"{where}: {key!r} has NaN or Inf values (a corrupt checkpoint)")
             elif key.endswith("_absmax") and bool((value < 0).any()):
                 raise ValueError(f"{where}: {key!r} has negative scales (a corrupt checkpoint)")
-            out[key] = value.detach().to(p.device).reshape(shape).clone(memory_format=torch.contiguous_format)
+            out[key] = value.detach().to(local_tensor(p).device).reshape(shape).clone(memory_format=torch.contiguous_format)
         return out
 
     def _describe_own(self, p: torch.Tensor) -> str:
@@ -506,12 +682,13 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         return f"{self.format.name!r} (blocks of {self.format.m.blocksize})"
 
 
-def _is_dtensor(t: object) -> bool:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # torch built without distributed
+def _sharded(p: torch.Tensor) -> bool:
+    """A DTensor parameter with a ``Shard`` placement (FSDP2): each rank holds part of it."""
+    if not is_dtensor(p):
         return False
-    return isinstance(t, DTensor)
+    from torch.distributed.tensor import Shard
+
+    return any(isinstance(pl, Shard) for pl in p.placements)
 
 
 def _describe_fingerprint(fingerprint: Any) -> str:

@@ -20,7 +20,9 @@ One thing of the ordinary step depends on the other parameters: with ``stochasti
 (:class:`~adam8lib.optim.LowBitAdam`) the random bits of a parameter are seeded by its *index*, its
 place among the parameters stepped together. The hook gives ``p`` the index it has in a full step
 where every parameter has a gradient: during its one-parameter step the optimizer's per-parameter update
-is called with that index (an offset added to the index 0 it would get alone), one update per parameter;
+is given that index (the optimizer's ``rounding_offset``, added to the index 0 it would get alone: the
+public hook of both cores, :class:`~adam8lib.optim.LowBitAdam` and
+:class:`~adam8lib.quantized_state.QuantizedStateOptimizer`), one update per parameter;
 a parameter that gets no gradient in some backward (unused in the forward) would shift the later indices
 of an ordinary step, not of this one.
 
@@ -125,27 +127,22 @@ class ReleaseHandle:
         group["params"] = [p]
         opt.param_groups = [group]
         if offset:
-            # stochastic rounding seeds by the place in the step: p is update 0 of this step, so its
-            # per-parameter update gets its full-step index (one call; no placeholder steps before it)
-            update = opt._update
-
-            def shifted(group, p, param, grad, index=0, *rest, **kwargs):  # the rest: whatever _update takes
-                return update(group, p, param, grad, index + offset, *rest, **kwargs)
-
-            opt._update = shifted
+            # stochastic rounding seeds by the place in the step: p is update 0 of this step, so the
+            # optimizer's public hook shifts it to its full-step index
+            opt.rounding_offset = offset
         self._stepping = True
         try:
             opt.step()
         finally:
             self._stepping = False
             if offset:
-                del opt._update  # the instance attribute: back to the class's method
+                del opt.rounding_offset  # the instance attribute: back to the class's 0
             group["params"] = saved
             opt.param_groups = groups
 
     def _stochastic_rounding_indices(self) -> dict[int, int]:
         """``{id(p): index}``: each parameter's place in a full step, where the optimizer seeds stochastic
-        rounding by it (LowBitAdam with ``stochastic_rounding=True``; else none)."""
+        rounding by it (an optimizer with ``stochastic_rounding=True``: LowBitAdam, the family's classes; else none)."""
         if not getattr(self.optimizer, "stochastic_rounding", False):
             return {}
         order = [p for g in self.optimizer.param_groups for p in g["params"] if p.requires_grad]

@@ -34,12 +34,16 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["stochastic_round_to_bf16", "step_generator", "element_key", "element_noise", "CHUNK"]
+__all__ = ["stochastic_round_to_bf16", "step_generator", "element_key", "element_noise", "state_chunks", "CHUNK",
+           "SR_CHUNK"]
 
 _LOW = (1 << 16) - 1
 _M32 = (1 << 32) - 1
 #: Elements rounded at a time by the keyed form (the transient is ~16 bytes per element of one chunk).
 CHUNK = 1 << 16
+#: Elements of a parameter an optimizer updates and rounds at a time with ``stochastic_rounding=True``
+#: (:func:`state_chunks`; a multiple of every block size: 64 ... 4096).
+SR_CHUNK = 1 << 16
 
 
 def step_generator(seed: int, step: int, index: int, device: torch.device | str = "cpu") -> torch.Generator:
@@ -120,3 +124,29 @@ def stochastic_round_to_bf16(x: torch.Tensor, generator: torch.Generator | None 
         out.copy_(target)
         return out
     return target
+
+
+def state_chunks(n: int, state: dict, moments, fp32_keys=(), chunk: int = SR_CHUNK) -> list[tuple[int, int, dict]]:
+    """``(start, stop, part)`` pieces of an elementwise update of a flat tensor of ``n`` elements, for an
+    optimizer that updates an fp32 copy and rounds it (stochastic rounding) one piece at a time, so the
+    copy is one piece's (``chunk`` elements), not the tensor's.
+
+    ``moments``: ``(codes_key, scales_key, moment)`` of each blockwise state in ``state`` (a moment format
+    with ``blocksize`` and ``codes_numel``; ``chunk`` a multiple of every block size, and of 2 for packed
+    codes); ``fp32_keys``: fp32 states with one value per element. ``part`` holds views of ``state``'s tensors
+    over ``[start, stop)`` (codes ``codes_numel(start) ... codes_numel(stop)``, scales of blocks
+    ``start // B ... ceil(stop / B)``) and its other entries as they are. Blocks are whole in every piece and
+    the update elementwise, so the pieces give the bits of one update of the whole tensor."""
+    if n <= chunk:
+        return [(0, n, state)]
+    pieces = []
+    for a in range(0, n, chunk):
+        b = min(a + chunk, n)
+        part = {k: v for k, v in state.items() if not torch.is_tensor(v)}
+        for codes, scales, moment in moments:
+            part[codes] = state[codes][moment.codes_numel(a): moment.codes_numel(b)]
+            part[scales] = state[scales][a // moment.blocksize: -(-b // moment.blocksize)]
+        for key in fp32_keys:
+            part[key] = state[key].view(-1)[a:b]
+        pieces.append((a, b, part))
+    return pieces

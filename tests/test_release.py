@@ -35,6 +35,10 @@ OPTIMIZERS = {
     "AdamW4bit-bf16-SR": (lambda ps: LowBitAdam(ps, lr=1e-2, weight_decay=0.1, state_format="4bit",
                                                 stochastic_rounding=True, seed=5), BF16),
     "AdamW8bit-bf16-no-SR": (lambda ps: AdamW8bit(ps, lr=1e-2), BF16),
+    # the family core with stochastic rounding: the same public index hook (rounding_offset)
+    "Lion8bit-bf16-SR": (lambda ps: Lion8bit(ps, lr=1e-3, weight_decay=0.1, stochastic_rounding=True, seed=3), BF16),
+    "AdEMAMix8bit-bf16-SR": (lambda ps: AdEMAMix8bit(ps, lr=1e-2, t_alpha=5, t_beta3=5, min_8bit_size=0,
+                                                     stochastic_rounding=True, seed=4), BF16),
     "torch.AdamW": (lambda ps: torch.optim.AdamW(ps, lr=1e-2), torch.float32),
 }
 
@@ -132,7 +136,7 @@ def test_release_follows_a_scheduler(name, kind):
 
 
 @pytest.mark.parametrize("name", ["AdamW8bit", "LowBitAdam-4bit", "AdEMAMix8bit", "AdamW8bit-bf16-SR",
-                                  "AdamW4bit-bf16-SR", "torch.AdamW"])
+                                  "AdamW4bit-bf16-SR", "Lion8bit-bf16-SR", "torch.AdamW"])
 def test_resume_mid_training_equals_an_uninterrupted_run(name):
     uninterrupted = run(name, steps=5, release=True)
     assert_same(uninterrupted, run(name, steps=5, release=True, resume_at=2))
@@ -313,7 +317,7 @@ def test_stochastic_rounding_release_does_one_update_per_parameter(name, monkeyp
     original = LowBitAdam._update
 
     def counting(self, group, p, param, grad, index=0, *rest, **kwargs):
-        calls.append((p.numel(), index))
+        calls.append((p.numel(), index + self.rounding_offset))  # the public hook shifts the index
         return original(self, group, p, param, grad, index, *rest, **kwargs)
 
     monkeypatch.setattr(LowBitAdam, "_update", counting)
@@ -326,7 +330,7 @@ def test_stochastic_rounding_release_does_one_update_per_parameter(name, monkeyp
     n = len(list(model.parameters()))
     assert len(calls) == n and all(size > 0 for size, _ in calls)
     assert sorted(index for _, index in calls) == list(range(n))  # each index once: the full step's
-    assert len(opt.state) == n and "_update" not in vars(opt)
+    assert len(opt.state) == n and "_update" not in vars(opt) and "rounding_offset" not in vars(opt)
     handle.remove()
 
 
