@@ -15,7 +15,8 @@ or when it is ``None`` (the default) and the parameter is 2-D; every other param
 (:class:`~adam8lib.rules.adamw.AdamWRule`, the library's Adam rule: bias-corrected, decoupled decay) with
 the group's ``lr`` and ``weight_decay`` and its ``adamw_betas`` and ``adamw_eps``, its two states in the
 same state format (fp32 under ``min_8bit_size``). Embeddings and output heads are 2-D: put them in a
-group with ``use_muon=False`` (and the AdamW learning rate you want), as torch's documentation advises::
+group with ``use_muon=False`` (and the AdamW learning rate you want), as torch's documentation advises for
+embeddings and Keller Jordan's Muon write-up (which it cites) for the embeddings and the output head::
 
     Muon8bit([{"params": hidden_matrices},
               {"params": embeddings_heads_biases_norms, "use_muon": False, "lr": 3e-4}], lr=0.02)

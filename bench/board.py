@@ -511,6 +511,7 @@ def write(result: dict[str, Any], out: Path, cfg, custom_specs: list[dict[str, A
     import board_report
 
     result["custom"] = custom_specs
+    result["within_rule"] = board_report.within_rule(result)
     path = board_file(out, cfg)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")

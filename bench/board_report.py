@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import board_rows as R
+import stats
 
 from adam8lib.course import board as course_board
 
@@ -51,6 +52,15 @@ def table(result: dict[str, Any], full: bool = True) -> str:
                          f"{e['diverged']}/{e['n']} | {'yes' if e['pareto'] else ''} |")
         else:
             lines.append(f"| {rule} | {e['label']} | {e['bytes_per_param']:.2f} | {_delta(e)} | {_seeds(e)} |")
+    return "\n".join(lines)
+
+
+def within_rule_table(result: dict[str, Any]) -> str:
+    """The paired within-rule comparisons as a Markdown table."""
+    lines = ["| row | against | Δ valid loss vs the rule's fp32 row, paired [95 % CI] | seeds |", "|---|---|---|---|"]
+    for w in result.get("within_rule") or within_rule(result):
+        d = f"{w['mean']:+.2f} % [{w['ci_low']:+.2f}, {w['ci_high']:+.2f}]".replace("-", "−")
+        lines.append(f"| {w['key']} | {w['versus']} | {d} | {w['n']} |")
     return "\n".join(lines)
 
 
@@ -92,13 +102,16 @@ def resolution(result: dict[str, Any]) -> str:
                       f"the other rules'")
         parts.append(f"the paired differences have an sd of {min(sd):.2f}–{max(sd):.2f} % over seeds, so the 95 % "
                      f"half-widths are {min(half):.2f}–{max(half):.2f} % (median {statistics.median(half):.2f} %)"
-                     f"{groups}: a row's difference from AdamW smaller than its half-width is not resolved, and two rows "
-                     f"compared with each other by overlap need a difference of about the sum of their half-widths")
+                     f"{groups}: a row's difference from AdamW smaller than its half-width is not resolved")
     if "threads" in nf:
         t = nf["threads"]
         parts.append(f"the machine's own floor is far below that: {t['label']} moves the loss by at most "
                      f"{t['max_abs_pct']:.4f} % (n = {t['n']})")
     text = "; ".join(parts) + "." if parts else ""
+    if half:
+        text += (" Two rows are not compared by whether their intervals overlap (that would need a difference of about "
+                 "the sum of their half-widths): every row runs on the same seeds, so a format is compared with its "
+                 "rule's fp32 row seed by seed (paired, below).")
     if n:
         hits = result.get("excluding_zero", [])
         text += (f" With {n} comparisons at 95 %, about {n / 20:.1f} would exclude 0 by chance alone even if no "
@@ -115,8 +128,68 @@ def resolution(result: dict[str, Any]) -> str:
             text += (f" Excluding 0 at 95 % only: {', '.join(marginal)}: with ~{n / 20:.1f} such hits expected by chance,"
                      f" one of these alone is weak evidence (the LM benchmark's own write-up discusses bitsandbytes' "
                      f"−0.23 %).")
-        text += (" The Pareto front is drawn through the means: two points whose intervals overlap are not resolved,"
-                 " so the front's order among the near-0 points is not a ranking.")
+        text += (" The Pareto front is drawn through the means, so its order among points whose difference is not "
+                 "resolved is not a ranking.")
+    return text
+
+
+def within_rule(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each row against its own rule's fp32 row, seed by seed: every row runs on the same seeds (same init, same
+    batches), so a format's effect is the mean of the per-seed relative differences of the final validation loss,
+    100 · (loss − fp32 row's loss) / fp32 row's loss, with its 95 % Student-t interval — much tighter than comparing
+    the two rows' intervals against AdamW by overlap. Seeds: those where neither row nor fp32 AdamW diverged (the
+    seeds of each row's own Δ). AdamW's rows are left out (their Δ against fp32 AdamW is already this), and rules
+    with no fp32 row (a custom optimizer)."""
+    by = {e["key"]: e for e in result["rows"]}
+    out = []
+    for e in sorted(result["rows"], key=_order):
+        base = by.get(f"{e['rule']}-fp32")
+        if e["rule"] == "adamw" or base is None or base is e or not e.get("delta_pct") or not base.get("delta_pct"):
+            continue
+        seeds = [s for s in e["delta_pct"]["seeds"] if s in base["delta_pct"]["seeds"]]
+        if len(seeds) < 2:
+            continue
+        loss = {k: dict(zip(by[k]["seeds"], by[k]["valid_loss"])) for k in (e["key"], base["key"])}
+        p = stats.paired([loss[base["key"]][s] for s in seeds], [loss[e["key"]][s] for s in seeds], relative=True)
+        out.append({"key": e["key"], "versus": base["key"], "mean": 100 * p["mean"], "ci_low": 100 * p["ci_low"],
+                    "ci_high": 100 * p["ci_high"], "std": 100 * p["std"], "n": p["n"], "seeds": seeds})
+    return out
+
+
+def within_rule_text(result: dict[str, Any]) -> str:
+    """What the paired within-rule comparisons (:func:`within_rule`) resolve, with the chance caveat."""
+    pairs = result.get("within_rule") or within_rule(result)
+    if not pairs:
+        return ""
+    n = len(pairs)
+    df = max(w["n"] for w in pairs) - 1
+    half = [0.5 * (w["ci_high"] - w["ci_low"]) for w in pairs]
+
+    def shown(w):
+        return f"{w['key']} " + f"{w['mean']:+.2f} % [{w['ci_low']:+.2f}, {w['ci_high']:+.2f}]".replace("-", "−")
+
+    keys = {w["key"] for w in pairs}
+    vs_adamw = [0.5 * (e["delta_pct"]["ci_high"] - e["delta_pct"]["ci_low"]) for e in result["rows"]
+                if e["key"] in keys and e.get("delta_pct")]
+    hits = [w for w in pairs if w["ci_low"] > 0 or w["ci_high"] < 0]
+    rest = [w for w in pairs if w not in hits]
+    text = (f"Formats within a rule, paired by seed: each row against its own rule's fp32 row on the same seeds "
+            f"(mean of per-seed (loss − fp32 row's loss) / fp32 row's loss, 95 % interval; half-widths "
+            f"{min(half):.2f}–{max(half):.2f} %"
+            + (f", against {min(vs_adamw):.2f}–{max(vs_adamw):.2f} % for the same rows' Δ vs AdamW" if vs_adamw else "")
+            + "). ")
+    if hits:
+        text += "Resolved: " + "; ".join(map(shown, hits)) + ". "
+    if rest:
+        text += f"Not resolved ({len(rest)}): " + "; ".join(map(shown, rest)) + ". "
+    strong = [w["key"] for w in hits if _excludes_zero_at({"delta_pct": w, "n": w["n"]}, 0.99)]
+    text += (f"With {n} such comparisons at 95 %, about {n / 20:.1f} would exclude 0 by chance alone even if no format "
+             f"mattered; {len(hits)} do")
+    if hits:
+        text += (f": still excluding 0 at 99 % (|t| above {_t_quantile(0.995, df):.2f}): "
+                 f"{', '.join(strong) if strong else 'none'}; the others are weak evidence one by one.")
+    else:
+        text += "."
     return text
 
 
@@ -225,6 +298,8 @@ def readme_block(result: dict[str, Any]) -> str:
         "",
         resolution(result) + (" " + not_run(result) if not_run(result) else ""),
         "",
+        within_rule_text(result),
+        "",
         f"Machine: {machine(result)}. Command: `{COMMAND}` (resumable; `--report` redraws from the stored runs; "
         f"`--optimizer package.module:Class --lr 1e-3 --kwargs '{{...}}'` adds your optimizer: `--lr` its peak lr, 2e-3 by "
         f"default, `--kwargs` the other arguments). The full table, the lr sweep and "
@@ -248,6 +323,10 @@ def bench_section(result: dict[str, Any]) -> str:
         table(result),
         "",
         "**Reading it.** " + resolution(result) + (" " + not_run(result) if not_run(result) else ""),
+        "",
+        "**" + within_rule_text(result).replace(": each row", "**: each row", 1),
+        "",
+        within_rule_table(result),
         "",
         "**Bytes.** " + small_tensors(result) + " bitsandbytes' states also point at its two 256-entry fp32 code maps, one storage each shared "
         "by every tensor (counted once: 2 KiB, its 0.005 bytes/param over adam8lib's 8-bit row); adam8lib's state holds codes and "

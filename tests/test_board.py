@@ -186,10 +186,38 @@ def test_the_report_says_what_the_intervals_resolve_and_what_is_missing():
     assert "Still excluding 0 at 99 % (|t| above 3.50 with 7 degrees of freedom; ~0.03 such hits expected by " \
            "chance): lion-fp32: real differences." in text
     assert "Excluding 0 at 95 % only: lion-8bit:" in text
-    assert "two rows compared with each other by overlap need a difference of about the sum of their half-widths" in text
+    assert "Two rows are not compared by whether their intervals overlap" in text
+    assert "a format is compared with its rule's fp32 row seed by seed (paired, below)" in text
     missing = board_report.not_run(result)
     assert "adamw-8bit (5 of 8 seeds)" in missing and "muon-fp8" in missing and "lion-fp32," not in missing
     assert "5 of 8 (incomplete)" in board_report.table(result)
+
+
+def test_within_rule_pairs_each_format_with_its_rules_fp32_row_seed_by_seed():
+    import board_report
+
+    def row(key, losses, seeds=(0, 1, 2, 3)):
+        return {"key": key, "label": key, "rule": R.ROWS[key].rule, "state_format": R.ROWS[key].state_format,
+                "library": R.ROWS[key].library, "bytes_per_param": 1.0, "seeds": list(seeds),
+                "valid_loss": list(losses),
+                "delta_pct": None if key == "adamw" else {"seeds": list(seeds), "ci_low": -1.0, "ci_high": 1.0}}
+
+    fp32, four = [2.0, 2.2, 2.1, 2.3], [2.02, 2.21, 2.13, 2.31]
+    result = {"rows": [row("adamw", [2.0] * 4), row("adamw-8bit", [2.0] * 4), row("lion-fp32", fp32),
+                       row("lion-4bit", four), row("lion-8bit", [2.0, 2.2, 2.1], seeds=(0, 1, 2)),
+                       row("muon-8bit", [2.0] * 4)]}  # no muon-fp32 row: nothing to pair with
+    got = {w["key"]: w for w in board_report.within_rule(result)}
+    assert set(got) == {"lion-4bit", "lion-8bit"}  # AdamW's rows are their Δ already
+    d = [100 * (b - a) / a for a, b in zip(fp32, four)]
+    half = 3.182446305284263 * statistics.stdev(d) / 2  # t(0.975, 3)
+    w = got["lion-4bit"]
+    assert w["versus"] == "lion-fp32" and w["n"] == 4 and w["seeds"] == [0, 1, 2, 3]
+    assert w["mean"] == pytest.approx(statistics.fmean(d), rel=1e-12)
+    mean = statistics.fmean(d)
+    assert (w["ci_low"], w["ci_high"]) == pytest.approx((mean - half, mean + half), rel=1e-9)
+    assert got["lion-8bit"]["n"] == 3 and got["lion-8bit"]["mean"] == pytest.approx(0.0, abs=1e-12)  # common seeds only
+    text = board_report.within_rule_text(result)
+    assert "Resolved: lion-4bit +" in text and "With 2 such comparisons at 95 %, about 0.1 would exclude 0" in text
 
 
 def test_the_machine_line_names_every_machine_the_runs_ran_on():
@@ -223,6 +251,16 @@ def test_the_packaged_board_is_the_compact_form_of_the_full_one_and_plots():
         d = e["delta_pct"]
         assert (d is None) == (e["key"] == "adamw")
         assert d is None or d["ci_low"] < d["mean"] < d["ci_high"]
+    # the paired within-rule comparisons, recomputed from the full board's per-seed losses
+    pairs = {w["key"]: w for w in shipped["within_rule"]}
+    assert set(pairs) == {k for k, r in R.ROWS.items() if r.rule != "adamw" and r.state_format != "fp32"}
+    by = {e["key"]: e for e in full["rows"]}
+    for key, w in pairs.items():
+        base, mine = by[w["versus"]], by[key]
+        d = [100 * (b - a) / a for a, b in zip(base["valid_loss"], mine["valid_loss"])]
+        assert base["seeds"] == mine["seeds"] and w["n"] == len(d)
+        assert w["mean"] == pytest.approx(statistics.fmean(d), rel=1e-9, abs=1e-12)
+    assert "+0.76 % [+0.19, +1.33]" in course_board.paired_table(shipped)
     text = course_board.table(shipped)
     assert len(text.splitlines()) == 1 + len(R.ROWS) and "+4.98 % [+3.89, +6.07]" in text
     with pytest.raises(KeyError, match="no row 'lion-2bit'"):

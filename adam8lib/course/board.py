@@ -19,7 +19,7 @@ import math
 from importlib import resources
 from typing import Any
 
-__all__ = ["COLORS", "MARKERS", "compact", "delta_text", "load", "order_key", "row", "table", "plot"]
+__all__ = ["COLORS", "MARKERS", "compact", "delta_text", "load", "order_key", "paired_table", "row", "table", "plot"]
 
 #: One colour per update rule, one marker per library.
 COLORS = {"adamw": "#1f77b4", "lion": "#d62728", "ademamix": "#2ca02c", "rmsprop": "#9467bd", "muon": "#ff7f0e",
@@ -28,6 +28,9 @@ MARKERS = {"torch": "*", "adam8lib": "o", "bitsandbytes": "s", "torchao": "^", "
 #: What the compact copy keeps of each row.
 ROW_KEYS = ("key", "label", "rule", "state_format", "library", "lr", "n", "n_wanted", "diverged", "bytes_per_param",
             "large_tensors_bytes_per_param", "pareto")
+
+#: What it keeps of each paired within-rule comparison (a format against its rule's fp32 row, seed by seed).
+WITHIN_KEYS = ("key", "versus", "mean", "ci_low", "ci_high", "std", "n")
 
 
 def compact(result: dict[str, Any], rule_labels: dict[str, str]) -> dict[str, Any]:
@@ -41,7 +44,8 @@ def compact(result: dict[str, Any], rule_labels: dict[str, str]) -> dict[str, An
     desc = result["description"]
     return {"parameters": desc["parameters"], "steps": desc["config"]["steps"], "seeds": list(result["seeds"]),
             "rule_labels": dict(rule_labels), "lrs": {r: s["used_lr"] for r, s in result["sweep"].items() if s},
-            "noise_floor": result.get("noise_floor", {}), "rows": rows}
+            "noise_floor": result.get("noise_floor", {}), "rows": rows,
+            "within_rule": [{k: w[k] for k in WITHIN_KEYS} for w in result.get("within_rule", [])]}
 
 
 def load() -> dict[str, Any] | None:
@@ -86,27 +90,66 @@ def table(board: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def paired_table(board: dict[str, Any]) -> str:
+    """The paired within-rule comparisons (each format against its own rule's fp32 row, seed by seed): one line
+    each, Δ [95 % CI] and the seeds."""
+    head = "Δ valid loss vs the rule's fp32 row, paired [95 % CI]"
+    lines = [f"{'row':18s} {'against':14s} {head:54s} seeds"]
+    for w in board.get("within_rule", []):
+        lines.append(f"{w['key']:18s} {w['versus']:14s} "
+                     f"{w['mean']:+.2f} % [{w['ci_low']:+.2f}, {w['ci_high']:+.2f}]".ljust(89) + f"{w['n']:5d}")
+    return "\n".join(lines)
+
+
+def _stack(desired: list[float], line: float) -> list[float]:
+    """Bottoms of names stacked in the order given (top first): the lowest stays where it is wanted, each name above
+    it as near its wanted bottom as it can be without overlapping the one below (moved up only), so the names
+    keep the vertical order of their points and none moves below its own."""
+    out = list(desired)
+    for k in range(len(out) - 2, -1, -1):
+        out[k] = max(out[k], out[k + 1] + line)
+    return out
+
+
 def _place_labels(ax, labels: list[tuple[float, float, str]], fontsize: float = 7) -> None:
-    """Write each point's name beside it, moved up or down (with a thin leader line) until it overlaps neither an
-    earlier name nor another point's marker; positions are worked out in points on the axes' final scale."""
+    """Write each point's name just above its marker's right (above the Pareto staircase, which runs right from
+    its points). Points at the same x (a column: one rule's formats, or an anchor and the row it matches) get their
+    names stacked in the order of the points, the lowest beside its marker and each other one moved up only as far
+    as the names' height needs, so a name never sits beside a neighbour's marker out of order; a name that would
+    cover another point's marker or an earlier name is then moved up or down. A name moved more than about half a line gets a thin leader line.
+    Positions are worked out in points on the axes' final scale."""
     ax.autoscale_view()
     to_points = 72.0 / ax.figure.dpi
     line = 1.25 * fontsize  # the height one name takes
     anchors = [tuple(v * to_points for v in ax.transData.transform((x, y))) for x, y, _ in labels]
+    order = sorted(range(len(labels)), key=lambda i: (anchors[i][0], -anchors[i][1]))
+    columns: list[list[int]] = []
+    for i in order:  # points less than 3 points apart in x share a column
+        if columns and anchors[i][0] - anchors[columns[-1][0]][0] < 3:
+            columns[-1].append(i)
+        else:
+            columns.append([i])
+    wanted: dict[int, float] = {}
+    for col in columns:
+        col.sort(key=lambda i: -anchors[i][1])
+        for i, y0 in zip(col, _stack([anchors[i][1] + 1 for i in col], line)):
+            wanted[i] = y0
     boxes: list[tuple[float, float, float, float]] = []  # x0, x1, y0, y1 of the names placed so far
-    for (x, y, name), (px, py) in sorted(zip(labels, anchors), key=lambda item: -item[1][1]):
+    for i in sorted(range(len(labels)), key=lambda i: -anchors[i][1]):
+        (x, y, name), (px, py) = labels[i], anchors[i]
         width = 0.55 * fontsize * len(name)
         x0, x1 = px + 6, px + 6 + width
         for shift in [0] + [s * k * line for k in range(1, 12) for s in (1, -1)]:
-            y0 = py + 1 + shift
+            y0 = wanted[i] + shift
             y1 = y0 + line
             clear = all(x1 <= b0 or x0 >= b1 or y1 <= c0 or y0 >= c1 for b0, b1, c0, c1 in boxes)
             clear = clear and all(not (x0 - 4 <= qx <= x1 and y0 - 3 <= qy <= y1 + 3)
-                                  for qx, qy in anchors if (qx, qy) != (px, py))
+                                  for k, (qx, qy) in enumerate(anchors) if k != i)
             if clear:
                 break
         boxes.append((x0, x1, y0, y1))
-        arrow = dict(arrowstyle="-", color="0.5", lw=0.5, shrinkA=0, shrinkB=3) if abs(shift) > 0 else None
+        beside = abs(y0 - (py + 1)) <= 0.6 * line  # the name sits just above its marker's right, as if unmoved
+        arrow = None if beside else dict(arrowstyle="-", color="0.5", lw=0.5, shrinkA=0, shrinkB=3)
         ax.annotate(name, (x, y), textcoords="offset points", xytext=(6, y0 - py), fontsize=fontsize, va="bottom",
                     arrowprops=arrow)
 

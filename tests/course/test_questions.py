@@ -224,6 +224,12 @@ def test_lesson_13_answers_agree_with_the_library():
     assert muon == 90_871_408
     assert QUESTIONS["13.e"].is_right(muon / n)
     assert not any(QUESTIONS["13.e"].is_right(x) for x in (lion / n, 2 * lion / n, 1.0))  # one state or two everywhere
+    # two decimals around 1.381 (embeddings only on AdamW: 1.372) are right; the codes-only estimate is not
+    on_muon = sum(math.prod(s) for i, s in enumerate(shapes_list) if len(s) == 2 and i not in adamw_owned)
+    codes_only = (on_muon + 2 * (n - on_muon)) / n  # 1 byte per state everywhere: no scales, no fp32 small tensors
+    assert round(codes_only, 3) == 1.354
+    assert all(QUESTIONS["13.e"].is_right(x) for x in (1.37, 1.372, 1.38, 1.39))
+    assert not any(QUESTIONS["13.e"].is_right(x) for x in (codes_only, 1.354, 1.36, 1.40))
     small = (768, 3072)  # a shape of the model, measured: codes + scales, as the count above
     p = torch.nn.Parameter(torch.zeros(small))
     st = materialize_state(Lion8bit([p])).state[p]

@@ -156,7 +156,7 @@ QUESTIONS: dict[str, Question] = {
     "13.b": Question("b", choices="abc", shown="(b) far fewer: under 0.3 % of the entries"),
     "13.c": Question("b", choices="abc", shown="(b) several times larger: the slow EMA keeps its rounding errors"),
     "13.d": Question("c", choices="abc", shown="(c) most of the matrix: the orthogonalization mixes every entry"),
-    "13.e": Question(90_871_408 / DISTILBERT, rel_tol=0.02,
+    "13.e": Question(90_871_408 / DISTILBERT, rel_tol=0.01,
                      shown="≈ 1.38 (90,871,408 bytes: the embeddings and the head keep AdamW's two states)"),
     # 14 · the whole bill
     "14.a": Question("a", choices="abc", shown="(a) about 0.4: 0.443 bytes per parameter (a feed-forward matrix + a part of the tied embedding)"),
