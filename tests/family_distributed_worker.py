@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from distributed_worker import full_params, local_states, shard  # the same model helpers as Adam's worker
+
 STEPS = 3
 MORE = 2
 
@@ -89,27 +91,6 @@ def train(model, opt, steps, first_step=0):
         model(batch(s, dtype)).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-
-
-def full_params(model) -> dict[str, torch.Tensor]:
-    from adam8lib.distributed import is_dtensor
-
-    return {k: (v.full_tensor() if is_dtensor(v) else v).detach().clone() for k, v in model.named_parameters()}
-
-
-def local_states(model, opt) -> dict[str, dict]:
-    names = {p: k for k, p in model.named_parameters()}
-    return {names[p]: {k: (v.clone() if torch.is_tensor(v) else v) for k, v in st.items()} for p, st in opt.state.items()}
-
-
-def shard(model):
-    from torch.distributed.fsdp import fully_shard
-
-    for m in model.net:
-        if isinstance(m, torch.nn.Linear):
-            fully_shard(m)
-    fully_shard(model)
-    return model
 
 
 def run(rank: int, world: int, out: str, port: int) -> None:

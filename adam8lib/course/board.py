@@ -116,7 +116,8 @@ def _place_labels(ax, labels: list[tuple[float, float, str]], fontsize: float = 
     its points). Points at the same x (a column: one rule's formats, or an anchor and the row it matches) get their
     names stacked in the order of the points, the lowest beside its marker and each other one moved up only as far
     as the names' height needs, so a name never sits beside a neighbour's marker out of order; a name that would
-    cover another point's marker or an earlier name is then moved up or down. A name moved more than about half a line gets a thin leader line.
+    cover another point's marker or an earlier name is then moved up or down. A name moved more than about half a line
+    gets a thin leader line from its lower left corner, left of the names stacked below it.
     Positions are worked out in points on the axes' final scale."""
     ax.autoscale_view()
     to_points = 72.0 / ax.figure.dpi
@@ -149,7 +150,7 @@ def _place_labels(ax, labels: list[tuple[float, float, str]], fontsize: float = 
                 break
         boxes.append((x0, x1, y0, y1))
         beside = abs(y0 - (py + 1)) <= 0.6 * line  # the name sits just above its marker's right, as if unmoved
-        arrow = None if beside else dict(arrowstyle="-", color="0.5", lw=0.5, shrinkA=0, shrinkB=3)
+        arrow = None if beside else dict(arrowstyle="-", color="0.5", lw=0.5, shrinkA=0, shrinkB=3, relpos=(0, 0))
         ax.annotate(name, (x, y), textcoords="offset points", xytext=(6, y0 - py), fontsize=fontsize, va="bottom",
                     arrowprops=arrow)
 
@@ -192,6 +193,8 @@ def plot(board: dict[str, Any], ax=None):
         ax.plot(xs, ys, color="k", lw=1, ls="--", zorder=2)
     ax.set_xscale("log", base=2)
     ax.set_xticks([0.5, 1, 2, 4, 8, 16])
+    widest = [e["bytes_per_param"] for e in pts]
+    ax.set_xlim(min(widest) / 1.25, max(widest) * 1.9)  # room right of the last point for its name
     ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.set_xlabel("optimizer state, bytes per parameter (measured on the LM's allocated states)")
     ax.set_ylabel("Δ final validation loss vs fp32 AdamW, % (mean, 95 % CI)")
