@@ -14,6 +14,10 @@ floating-point results the way another machine would:
 * one thread (``OMP_NUM_THREADS=1``): reductions split differently than with the two threads
   that made the stored outputs;
 * ``ADAM8LIB_CPU_CFLAGS=-mno-avx512f``: adam8lib's C++ kernel built without AVX-512.
+* ``TORCHINDUCTOR_CACHE_DIR``: a cache of ``torch.compile``'s kernels of its own. Inductor's cache is keyed
+  without ``ATEN_CPU_CAPABILITY``, so in the shared one a kernel generated for this CPU's AVX-512 (16 lanes)
+  is rebuilt against the capped vector headers (8 lanes) and computes wrong numbers (or does not compile):
+  a fault of the emulation, never of a real machine, which has one capability.
 
 ``tests/course/test_second_machine.py`` shows that it bites: quantities the lessons compute
 change in their last digits, and a planted over-precise print fails under it.
@@ -24,11 +28,22 @@ environment (the variables above override the caller's); ``--print`` shows them.
 
 from __future__ import annotations
 
+import getpass
 import os
 import sys
+import tempfile
 from typing import Sequence
 
 __all__ = ["SECOND_MACHINE_ENV", "second_machine_env", "main"]
+
+def _inductor_cache() -> str:
+    """This configuration's own ``torch.compile`` cache folder (inductor's default is ``<tmp>/torchinductor_<user>``)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no user name (a container without a passwd entry)
+        user = str(os.getuid()) if hasattr(os, "getuid") else "user"
+    return os.path.join(tempfile.gettempdir(), f"torchinductor_{user}_second_machine")
+
 
 #: The second numeric configuration (added to, and overriding, the caller's environment).
 SECOND_MACHINE_ENV: dict[str, str] = {
@@ -39,6 +54,7 @@ SECOND_MACHINE_ENV: dict[str, str] = {
     "MKL_NUM_THREADS": "1",
     "OPENBLAS_NUM_THREADS": "1",
     "ADAM8LIB_CPU_CFLAGS": "-mno-avx512f",
+    "TORCHINDUCTOR_CACHE_DIR": _inductor_cache(),
 }
 
 

@@ -151,3 +151,29 @@ def test_nbval_output_wait_is_set_by_the_plugin(tmp_path):
 def test_nbval_output_wait_must_be_positive_seconds(bad):
     with pytest.raises(pytest.UsageError, match="--adam8-output-wait must be"):
         _positive_seconds(bad)
+
+
+#: A compiled forward next to the eager one (what tests/test_torch_optim_conventions.py compiles).
+COMPILED = """
+import json, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+x = torch.randn(16, 16)
+with torch.no_grad():
+    print(json.dumps({"max |compiled - eager|": (torch.compile(model)(x) - model(x)).abs().max().item()}))
+"""
+
+
+@needs_a_vector_path
+@pytest.mark.slow
+def test_torch_compile_after_a_native_compile_stays_right_on_the_second_machine(tmp_path):
+    """Inductor's kernel cache is keyed without ATEN_CPU_CAPABILITY: a kernel cached by a native run (AVX-512's 16
+    lanes) and rebuilt against the second machine's vector headers computed logits off by 0.3 (or failed to build).
+    The second machine keeps its own cache (TORCHINDUCTOR_CACHE_DIR), so a native compile first cannot poison it."""
+    native = {**NATIVE, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}  # the cache a native run fills
+    second = second_machine_env(native)
+    assert second["TORCHINDUCTOR_CACHE_DIR"] != native["TORCHINDUCTOR_CACHE_DIR"]
+    for env in (native, second):
+        out = subprocess.run([sys.executable, "-c", COMPILED], env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert json.loads(out.stdout.strip().splitlines()[-1])["max |compiled - eager|"] <= 1e-5
