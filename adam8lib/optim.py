@@ -492,8 +492,12 @@ class LowBitAdam(torch.optim.Optimizer):
         return kernels.find_step(_ADAMW, fmt, self.backend, device)
 
     def _step_map_codes_many(self, group: dict[str, Any], entries: list[tuple[torch.Tensor, torch.Tensor, dict]]) -> None:
-        """The 8-bit update of several (non-empty) parameters of one group on one device, in one
-        call of :func:`adam8lib.kernels.adam8bit_step_many`, each stepped as if on its own."""
+        """The 8-bit update of several (non-empty) parameters of one group on one device, each stepped as if
+        on its own: the batched form (``many``) of the one registry's fused AdamW step for this format and
+        backend (:func:`adam8lib.kernels.find_step`; one call of the backend's ``step_many`` where it has one),
+        or, with ``backend="torch"`` (no fused step: the map-code reference kernel) or maps other than the
+        format's (:class:`~adam8lib.variants.Adam8bitVariant`'s linear ones),
+        :func:`adam8lib.kernels.adam8bit_step_many` with this optimizer's maps."""
         beta1, beta2 = group["betas"]
         tensors, copies = [], []
         for p, grad, state in entries:
@@ -504,14 +508,32 @@ class LowBitAdam(torch.optim.Optimizer):
             if not grad.is_contiguous():
                 grad = grad.contiguous()
             tensors.append((flat, grad, state["state1"], state["state2"], state["absmax1"], state["absmax2"]))
-        qmap1, qmap2 = self._maps(entries[0][0].device)
-        kernels.adam8bit_step_many(
-            tensors, qmap1, qmap2, steps=[state["step"] for _, _, state in entries], lr=group["lr"], beta1=beta1,
-            beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"], blocksize=self.format.blocksize,
-            backend=self.backend,
-        )
+        device, steps = entries[0][0].device, [state["step"] for _, _, state in entries]
+        fused = self._fused_step(self.format, device) if self._format_maps() else None
+        if fused is not None and fused.many is not None:
+            fused.many([(p, g, ((c1, a1), (c2, a2))) for p, g, c1, c2, a1, a2 in tensors], rule=_ADAMW, fmt=self.format,
+                       shapes=[tuple(p.shape) for p, _, _ in entries], steps=steps, group=group)
+        else:
+            qmap1, qmap2 = self._maps(device)
+            kernels.adam8bit_step_many(
+                tensors, qmap1, qmap2, steps=steps, lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                weight_decay=group["weight_decay"], blocksize=self.format.blocksize, backend=self.backend,
+            )
         for p, flat in copies:
             p.copy_(flat.view(p.shape))
+
+    def _format_maps(self) -> bool:
+        """Whether this optimizer's maps are its format's (what the registry's fused steps decode with); the
+        answer is kept for the map tensors it was given for (one comparison, not one per step)."""
+        known = self.__dict__.get("_format_maps_known")
+        if known is not None and known[0] is self.qmap1 and known[1] is self.qmap2 and known[2] is self.format:
+            return known[3]
+        m, v = self.format.m.qmap(), self.format.v.qmap()
+        same = all(ours is theirs or (theirs is not None and ours.shape == theirs.shape and ours.dtype == theirs.dtype
+                                      and ours.device == theirs.device and torch.equal(ours, theirs))
+                   for ours, theirs in ((self.qmap1, m), (self.qmap2, v)))
+        self.__dict__["_format_maps_known"] = (self.qmap1, self.qmap2, self.format, same)
+        return same
 
     def _step_map_codes(self, group: dict[str, Any], p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any]) -> None:
         """The 8-bit update of one parameter (what a subclass overrides to change the step)."""
@@ -536,6 +558,7 @@ class LowBitAdam(torch.optim.Optimizer):
     # ------------------------------------------------------------------ copy / pickle
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()  # defaults, state, param_groups (as torch.optim)
+        state = {k: v for k, v in state.items() if k != "_format_maps_known"}  # a cache, made again on use
         state.update(backend=self.backend, qmap1=self.qmap1, qmap2=self.qmap2, format=self.format,
                      stochastic_rounding=self.stochastic_rounding, seed=self.seed)
         return state
