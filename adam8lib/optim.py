@@ -499,7 +499,7 @@ class LowBitAdam(torch.optim.Optimizer):
         format's (:class:`~adam8lib.variants.Adam8bitVariant`'s linear ones),
         :func:`adam8lib.kernels.adam8bit_step_many` with this optimizer's maps."""
         beta1, beta2 = group["betas"]
-        tensors, copies = [], []
+        items, copies = [], []
         for p, grad, state in entries:
             flat = p.view(-1) if p.is_contiguous() else p.contiguous().view(-1)
             if not p.is_contiguous():
@@ -507,20 +507,32 @@ class LowBitAdam(torch.optim.Optimizer):
             grad = grad.reshape(-1)
             if not grad.is_contiguous():
                 grad = grad.contiguous()
-            tensors.append((flat, grad, state["state1"], state["state2"], state["absmax1"], state["absmax2"]))
+            items.append((flat, grad, ((state["state1"], state["absmax1"]), (state["state2"], state["absmax2"]))))
         device, steps = entries[0][0].device, [state["step"] for _, _, state in entries]
-        fused = self._fused_step(self.format, device) if self._format_maps() else None
+        fused = self._map_codes_step(device) if self._format_maps() else None
         if fused is not None and fused.many is not None:
-            fused.many([(p, g, ((c1, a1), (c2, a2))) for p, g, c1, c2, a1, a2 in tensors], rule=_ADAMW, fmt=self.format,
-                       shapes=[tuple(p.shape) for p, _, _ in entries], steps=steps, group=group)
+            fused.many(items, rule=_ADAMW, fmt=self.format, shapes=[p.shape for p, _, _ in entries], steps=steps,
+                       group=group)
         else:
             qmap1, qmap2 = self._maps(device)
             kernels.adam8bit_step_many(
-                tensors, qmap1, qmap2, steps=steps, lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                [(p, g, c1, c2, a1, a2) for p, g, ((c1, a1), (c2, a2)) in items], qmap1, qmap2, steps=steps, lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
                 weight_decay=group["weight_decay"], blocksize=self.format.blocksize, backend=self.backend,
             )
         for p, flat in copies:
             p.copy_(flat.view(p.shape))
+
+    def _map_codes_step(self, device: torch.device):
+        """:meth:`_fused_step` of this optimizer's format on ``device``, remembered until the backend, the format
+        or the registry changes (a batched step of many small tensors does not look it up again each time)."""
+        key = (kernels.find_step, kernels.registry.version(), self.backend, device, self.format)
+        known = self.__dict__.get("_map_codes_step_known")
+        if known is not None and len(known[0]) == len(key) and all(a is b or a == b for a, b in zip(known[0], key)):
+            return known[1]
+        fused = self._fused_step(self.format, device)
+        key = (kernels.find_step, kernels.registry.version(), self.backend, device, self.format)
+        self.__dict__["_map_codes_step_known"] = (key, fused)
+        return fused
 
     def _format_maps(self) -> bool:
         """Whether this optimizer's maps are its format's (what the registry's fused steps decode with); the
@@ -558,7 +570,8 @@ class LowBitAdam(torch.optim.Optimizer):
     # ------------------------------------------------------------------ copy / pickle
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()  # defaults, state, param_groups (as torch.optim)
-        state = {k: v for k, v in state.items() if k != "_format_maps_known"}  # a cache, made again on use
+        state = {k: v for k, v in state.items()  # caches, made again on use
+                 if k not in ("_format_maps_known", "_map_codes_step_known")}
         state.update(backend=self.backend, qmap1=self.qmap1, qmap2=self.qmap2, format=self.format,
                      stochastic_rounding=self.stochastic_rounding, seed=self.seed)
         return state
