@@ -189,7 +189,7 @@ def test_a_rule_named_like_the_librarys_but_computing_otherwise_never_gets_its_k
 
 
 @pytest.mark.parametrize("backend", ["cpu", "cpu_fast"])
-def test_adam8bit_batched_step_is_the_registry_entry_many(backend):
+def test_adam8bit_batched_step_is_the_registry_entry_many(backend, monkeypatch):
     """The 8-bit Adam fused steps have a batched form in the registry (``FusedStep.many``: one call of the
     backend's step_many for a group), each tensor stepped as ``fn`` steps it, bit for bit; Adam8bit's batched
     map-code path is that entry's ``many``."""
@@ -231,14 +231,45 @@ def test_adam8bit_batched_step_is_the_registry_entry_many(backend):
 
     ps = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
     opt = AdamW8bit(ps, backend=backend)
-    real_find = kernels.find_step
     import types
-    monkey = lambda *a, **k: types.SimpleNamespace(fn=entry.fn, many=counting, backend=backend)  # noqa: E731
-    kernels.find_step = monkey
+    monkeypatch.setattr(kernels, "find_step",
+                        lambda *a, **k: types.SimpleNamespace(fn=entry.fn, many=counting, backend=backend))
+    for p in ps:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    assert calls == [3]  # the group's three 8-bit tensors in one call
+
+
+def test_adam8bit_sees_a_step_registered_after_it_stepped():
+    """Adam8bit remembers the fused step it found (no look-up per step of many small tensors) until the registry
+    changes: a step registered later for its rule, format and backend is the one its next step runs."""
+    from adam8lib import AdamW8bit
+    from adam8lib.formats import get_format
+    from adam8lib.kernels import registry
+    from adam8lib.rules import AdamWRule
+
+    if "cpu" not in kernels.available_backends("cpu"):
+        pytest.skip("no cpu backend here")
+    entry = kernels.find_step(AdamWRule(), get_format("8bit"), "cpu", "cpu")
+    ps = [torch.nn.Parameter(torch.randn(5000)) for _ in range(3)]
+    opt = AdamW8bit(ps, backend="cpu")
+    for p in ps:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    calls = []
+
+    def counting(items, **kwargs):
+        calls.append(len(items))
+        return entry.many(items, **kwargs)
+
+    before, saved = registry.version(), list(registry._STEPS)
+    registry.register_step("adamw", "cpu", entry.fn, formats=entry.formats, supports=entry.supports, many=counting)
     try:
-        for p in ps:
-            p.grad = torch.randn_like(p)
+        assert registry.version() != before
         opt.step()
     finally:
-        kernels.find_step = real_find
-    assert calls == [3]  # the group's three 8-bit tensors in one call
+        registry._STEPS[:] = saved  # the registry as it was, in its order
+        registry._VERSION[0] += 1
+    assert calls == [3]
+    opt.step()
+    assert calls == [3]  # the original step again
