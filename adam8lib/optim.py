@@ -88,21 +88,27 @@ import torch
 from . import kernels
 from .distributed import (global_offset, local_param_and_grad, local_tensor, rank1_maxima_reducer,
                           to_checkpoint_state, to_local_state)
-from .adam import check_hyperparameters
 from .kernels.contract import PARAM_DTYPES, check_plain_tensor, is_usual_tensor
-from .kernels.reference import adam_update_fp32, adam_update_fp32_many, format_reference_step
+from .kernels.reference import format_reference_step
 from .rules.adamw import AdamWRule
+from .rules.base import StateSpec
 from .formats import FORMATS, StateFormat, get_format
 from .quant import MAP_FINGERPRINTS, check_blocksize, dynamic_map, map_fingerprint
 from .rounding import SR_CHUNK, element_key, state_chunks, stochastic_round_to_bf16
 
-#: The update rule whose fused steps (:mod:`adam8lib.kernels.registry`) step these optimizers' low-bit formats.
+#: The update rule of these optimizers (issue 35: the one core's AdamW rule): its checks of the hyper-parameters,
+#: its fp32 update, and the fused steps (:mod:`adam8lib.kernels.registry`) of their low-bit formats.
 _ADAMW = AdamWRule()
+#: The rule's states as these optimizers store them (their checkpoints' keys): ``m`` quantized as
+#: ``state1``/``absmax1``, ``v`` as ``state2``/``absmax2``; in fp32 (small tensors) ``exp_avg``/``exp_avg_sq``.
+STATE_SPECS = (StateSpec("exp_avg", "m", codes="state1", scales="absmax1"),
+               StateSpec("exp_avg_sq", "v", codes="state2", scales="absmax2"))
+assert tuple((s.name, s.stored_as) for s in STATE_SPECS) == tuple((s.name, s.stored_as) for s in _ADAMW.states)
 
 __all__ = ["LowBitAdam", "Adam8bit", "AdamW8bit", "Adam4bit", "AdamW4bit", "AdamFp8", "AdamWFp8", "UNSUPPORTED_FLAGS"]
 
-_STATE_KEYS_8BIT = ("state1", "state2", "absmax1", "absmax2")
-_STATE_KEYS_32BIT = ("exp_avg", "exp_avg_sq")
+_STATE_KEYS_8BIT = tuple(s.codes_key for s in STATE_SPECS) + tuple(s.scales_key for s in STATE_SPECS)
+_STATE_KEYS_32BIT = tuple(s.name for s in STATE_SPECS)
 _GROUP_KEYS = ("lr", "betas", "eps", "weight_decay", "blocksize", "min_8bit_size")
 #: The key, in the saved state of every parameter with 8-bit states, of the fingerprint of the maps
 #: its codes index (:func:`adam8lib.quant.map_fingerprint` of qmap1 and qmap2). It travels with the
@@ -433,7 +439,8 @@ class LowBitAdam(torch.optim.Optimizer):
                 or fmt.m.uses_rank1(shape) or fmt.v.uses_rank1(shape)
                 or fmt.m.blocksize != fmt.v.blocksize or SR_CHUNK % fmt.m.blocksize):
             return [(0, n, state)]
-        return state_chunks(n, state, (("state1", "absmax1", fmt.m), ("state2", "absmax2", fmt.v)), chunk=SR_CHUNK)
+        return state_chunks(n, state, [(s.codes_key, s.scales_key, fmt.m if s.stored_as == "m" else fmt.v)
+                                       for s in STATE_SPECS], chunk=SR_CHUNK)
 
     def _maxima_reducer(self, group: dict[str, Any], p: torch.Tensor):
         """The all-reduce that gives a shard of a sharded (FSDP2) parameter the rank-1 scales of the
@@ -463,7 +470,7 @@ class LowBitAdam(torch.optim.Optimizer):
         beta1, beta2 = group["betas"]
         if fused is not None:
             flat = p.view(-1) if p.is_contiguous() else p.contiguous().view(-1)
-            states = ((state["state1"], state["absmax1"]), (state["state2"], state["absmax2"]))
+            states = tuple((state[s.codes_key], state[s.scales_key]) for s in STATE_SPECS)
             fused.fn(flat, grad.reshape(-1).contiguous(), states, rule=_ADAMW, fmt=fmt, shape=shape,
                      step=state["step"], group=dict(lr=group["lr"], betas=(beta1, beta2), eps=group["eps"],
                                                     weight_decay=group["weight_decay"]))
@@ -485,10 +492,14 @@ class LowBitAdam(torch.optim.Optimizer):
         return kernels.find_step(_ADAMW, fmt, self.backend, device)
 
     def _step_map_codes_many(self, group: dict[str, Any], entries: list[tuple[torch.Tensor, torch.Tensor, dict]]) -> None:
-        """The 8-bit update of several (non-empty) parameters of one group on one device, in one
-        call of :func:`adam8lib.kernels.adam8bit_step_many`, each stepped as if on its own."""
+        """The 8-bit update of several (non-empty) parameters of one group on one device, each stepped as if
+        on its own: the batched form (``many``) of the one registry's fused AdamW step for this format and
+        backend (:func:`adam8lib.kernels.find_step`; one call of the backend's ``step_many`` where it has one),
+        or, with ``backend="torch"`` (no fused step: the map-code reference kernel) or maps other than the
+        format's (:class:`~adam8lib.variants.Adam8bitVariant`'s linear ones),
+        :func:`adam8lib.kernels.adam8bit_step_many` with this optimizer's maps."""
         beta1, beta2 = group["betas"]
-        tensors, copies = [], []
+        items, copies = [], []
         for p, grad, state in entries:
             flat = p.view(-1) if p.is_contiguous() else p.contiguous().view(-1)
             if not p.is_contiguous():
@@ -496,15 +507,45 @@ class LowBitAdam(torch.optim.Optimizer):
             grad = grad.reshape(-1)
             if not grad.is_contiguous():
                 grad = grad.contiguous()
-            tensors.append((flat, grad, state["state1"], state["state2"], state["absmax1"], state["absmax2"]))
-        qmap1, qmap2 = self._maps(entries[0][0].device)
-        kernels.adam8bit_step_many(
-            tensors, qmap1, qmap2, steps=[state["step"] for _, _, state in entries], lr=group["lr"], beta1=beta1,
-            beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"], blocksize=self.format.blocksize,
-            backend=self.backend,
-        )
+            items.append((flat, grad, ((state["state1"], state["absmax1"]), (state["state2"], state["absmax2"]))))
+        device, steps = entries[0][0].device, [state["step"] for _, _, state in entries]
+        fused = self._map_codes_step(device) if self._format_maps() else None
+        if fused is not None and fused.many is not None:
+            fused.many(items, rule=_ADAMW, fmt=self.format, shapes=[p.shape for p, _, _ in entries], steps=steps,
+                       group=group)
+        else:
+            qmap1, qmap2 = self._maps(device)
+            kernels.adam8bit_step_many(
+                [(p, g, c1, c2, a1, a2) for p, g, ((c1, a1), (c2, a2)) in items], qmap1, qmap2, steps=steps, lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                weight_decay=group["weight_decay"], blocksize=self.format.blocksize, backend=self.backend,
+            )
         for p, flat in copies:
             p.copy_(flat.view(p.shape))
+
+    def _map_codes_step(self, device: torch.device):
+        """:meth:`_fused_step` of this optimizer's format on ``device``, remembered until the backend, the format
+        or the registry changes (a batched step of many small tensors does not look it up again each time)."""
+        key = (kernels.find_step, kernels.registry.version(), self.backend, device, self.format)
+        known = self.__dict__.get("_map_codes_step_known")
+        if known is not None and len(known[0]) == len(key) and all(a is b or a == b for a, b in zip(known[0], key)):
+            return known[1]
+        fused = self._fused_step(self.format, device)
+        key = (kernels.find_step, kernels.registry.version(), self.backend, device, self.format)
+        self.__dict__["_map_codes_step_known"] = (key, fused)
+        return fused
+
+    def _format_maps(self) -> bool:
+        """Whether this optimizer's maps are its format's (what the registry's fused steps decode with); the
+        answer is kept for the map tensors it was given for (one comparison, not one per step)."""
+        known = self.__dict__.get("_format_maps_known")
+        if known is not None and known[0] is self.qmap1 and known[1] is self.qmap2 and known[2] is self.format:
+            return known[3]
+        m, v = self.format.m.qmap(), self.format.v.qmap()
+        same = all(ours is theirs or (theirs is not None and ours.shape == theirs.shape and ours.dtype == theirs.dtype
+                                      and ours.device == theirs.device and torch.equal(ours, theirs))
+                   for ours, theirs in ((self.qmap1, m), (self.qmap2, v)))
+        self.__dict__["_format_maps_known"] = (self.qmap1, self.qmap2, self.format, same)
+        return same
 
     def _step_map_codes(self, group: dict[str, Any], p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any]) -> None:
         """The 8-bit update of one parameter (what a subclass overrides to change the step)."""
@@ -512,25 +553,16 @@ class LowBitAdam(torch.optim.Optimizer):
             self._step_map_codes_many(group, [(p, grad, state)])
 
     def _step_32bit(self, group: dict[str, Any], p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any]) -> None:
-        """fp32 states for small tensors: the reference's fp32 update, non-finite rule included."""
-        beta1, beta2 = group["betas"]
-        new = adam_update_fp32(
-            p.float(), grad.float(), state["exp_avg"], state["exp_avg_sq"], step=state["step"], lr=group["lr"],
-            beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
-        )
-        p.copy_(new)
+        """fp32 states for small tensors: the AdamW rule's fp32 update, non-finite rule included."""
+        p.copy_(_ADAMW.update(p.float(), grad.float(), state, step=state["step"], group=group))
 
     def _step_32bit_many(self, group: dict[str, Any], entries: list[tuple[torch.Tensor, torch.Tensor, dict]]) -> None:
         """:meth:`_step_32bit` for several parameters of one group on one device with the same
-        step count, in one :func:`~adam8lib.kernels.reference.adam_update_fp32_many` (on the CPU
-        bit for bit the same)."""
-        beta1, beta2 = group["betas"]
+        step count, in one :meth:`AdamWRule.update_many <adam8lib.rules.adamw.AdamWRule.update_many>`
+        (:func:`~adam8lib.kernels.reference.adam_update_fp32_many`; on the CPU bit for bit the same)."""
         work = [(p, p.float()) for p, _, _ in entries]  # fp32 p: itself (updated in place)
-        adam_update_fp32_many(
-            [w for _, w in work], [g.float() for _, g, _ in entries], [st["exp_avg"] for _, _, st in entries],
-            [st["exp_avg_sq"] for _, _, st in entries], step=entries[0][2]["step"], lr=group["lr"], beta1=beta1,
-            beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
-        )
+        _ADAMW.update_many([w for _, w in work], [g.float() for _, g, _ in entries], [st for _, _, st in entries],
+                           step=entries[0][2]["step"], group=group)
         for p, w in work:
             if w is not p:
                 p.copy_(w)
@@ -538,6 +570,8 @@ class LowBitAdam(torch.optim.Optimizer):
     # ------------------------------------------------------------------ copy / pickle
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()  # defaults, state, param_groups (as torch.optim)
+        state = {k: v for k, v in state.items()  # caches, made again on use
+                 if k not in ("_format_maps_known", "_map_codes_step_known")}
         state.update(backend=self.backend, qmap1=self.qmap1, qmap2=self.qmap2, format=self.format,
                      stochastic_rounding=self.stochastic_rounding, seed=self.seed)
         return state
@@ -809,7 +843,7 @@ def _check_flags(group: dict[str, Any], where: str, name: str = "LowBitAdam") ->
 
 def _check_group(group: dict[str, Any], where: str, name: str = "LowBitAdam") -> None:
     _check_flags(group, where, name)
-    check_hyperparameters(group["lr"], group["betas"], group["eps"], group["weight_decay"])
+    _ADAMW.check(group)
     check_blocksize(group["blocksize"])
     size = group["min_8bit_size"]
     if isinstance(size, bool) or not isinstance(size, int) or size < 0:

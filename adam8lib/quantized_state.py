@@ -36,8 +36,8 @@ optimizer whose ``quantize`` is overridden always runs the reference step, so th
 Tensors with fewer than ``min_8bit_size`` elements keep fp32 states (as bitsandbytes: 4096).
 
 **State keys.** A state stored in fp32 is ``state[name]`` (the parameter's shape); a quantized one is
-``state[name + "_codes"]`` (flat uint8 codes, two 4-bit codes per byte for 4-bit formats) and
-``state[name + "_absmax"]`` (flat fp32 scales), plus ``state["step"]`` (a Python int). ``state_dict()``
+``state[spec.codes_key]`` (flat uint8 codes, two 4-bit codes per byte for 4-bit formats; by default
+``name + "_codes"``) and ``state[spec.scales_key]`` (flat fp32 scales; ``name + "_absmax"``), plus ``state["step"]`` (a Python int). ``state_dict()``
 adds :data:`FORMAT_KEY` to every state with quantized entries: the format's name and fingerprint (maps,
 bits, block size, sign rule), so a checkpoint loads only where its codes decode to the same values,
 and a refusal names both formats as users write them (``'8bit'``, ``'4bit'``).
@@ -280,8 +280,8 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                 fmt = self.moment(spec)
                 scales = (shard_scales_numel(fmt, shape, local_shape, block_lead(p, fmt.blocksize)) if sharded
                           else fmt.scales_numel(shape))
-                out[spec.name + "_codes"] = ((fmt.codes_numel(local.numel()),), fmt.code_dtype)
-                out[spec.name + "_absmax"] = ((scales,), torch.float32)
+                out[spec.codes_key] = ((fmt.codes_numel(local.numel()),), fmt.code_dtype)
+                out[spec.scales_key] = ((scales,), torch.float32)
             else:
                 out[spec.name] = (local_shape, torch.float32)
         return out
@@ -289,9 +289,10 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
     def _new_state(self, p: torch.Tensor, rule: UpdateRule) -> dict[str, Any]:
         state: dict[str, Any] = {"step": 0}
         device = local_tensor(p).device
+        codes = {s.codes_key: s for s in rule.states}
         for key, (shape, dtype) in self.expected_state(p, rule).items():
-            if key.endswith("_codes"):
-                fmt = self.moment(next(s for s in rule.states if s.name + "_codes" == key))
+            if key in codes:
+                fmt = self.moment(codes[key])
                 state[key] = torch.full(shape, fmt.zero_code(), dtype=dtype, device=device)
             else:
                 state[key] = torch.zeros(shape, dtype=dtype, device=device)
@@ -307,7 +308,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             return values if values.shape == target.shape else values.view(target.shape)
         fmt = self.moment(spec)
         lead = block_lead(p, fmt.blocksize) if is_dtensor(p) else 0
-        values = fmt.dequantize(state[spec.name + "_codes"], state[spec.name + "_absmax"], tuple(target.shape),
+        values = fmt.dequantize(state[spec.codes_key], state[spec.scales_key], tuple(target.shape),
                                 lead=lead)
         return values.view(target.shape)
 
@@ -329,8 +330,8 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             codes, scales = fmt.quantize(x.reshape(-1), tuple(target.shape), rank1_maxima_reducer(p) if rank1 else None,
                                          lead=block_lead(p, fmt.blocksize),
                                          reduce_blocks=None if rank1 else block_edge_reducer(p, fmt.blocksize))
-        state[spec.name + "_codes"].copy_(codes.reshape(-1))
-        state[spec.name + "_absmax"].copy_(scales.reshape(-1))
+        state[spec.codes_key].copy_(codes.reshape(-1))
+        state[spec.scales_key].copy_(scales.reshape(-1))
 
     # ------------------------------------------------------------------ step
     @torch.no_grad()
@@ -484,7 +485,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             fmt = self.moment(spec)
             if fmt.uses_rank1(tuple(param.shape)) or rounding.SR_CHUNK % fmt.blocksize:
                 return [(0, n, state)]
-            moments.append((spec.name + "_codes", spec.name + "_absmax", fmt))
+            moments.append((spec.codes_key, spec.scales_key, fmt))
         return state_chunks(n, state, moments, fp32, chunk=rounding.SR_CHUNK)
 
     def _step_tensor(self, p: torch.Tensor, target: torch.Tensor, grad: torch.Tensor, state: dict[str, Any],
@@ -493,7 +494,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         (its states, or views of the chunk's): the fused step in place, or decode, the rule in fp32, the
         non-finite rule, write ``target``, encode. ``p`` is the parameter (its global shape and layout)."""
         if fused is not None:  # in place, the reference step's bits (the registry's calling convention)
-            states = tuple((state[s.name + "_codes"], state[s.name + "_absmax"]) for s in rule.states)
+            states = tuple((state[s.codes_key], state[s.scales_key]) for s in rule.states)
             fused.fn(target.view(-1), grad.reshape(-1), states, rule=rule, fmt=self.format,
                      shape=tuple(target.shape), step=step, group=hyper)
             return
@@ -549,10 +550,10 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         sd = super().state_dict()
         params = [(group, p) for group in self.param_groups for p in group["params"]]
         for index, saved in sd["state"].items():
-            if self.format is not None and any(str(k).endswith("_codes") for k in saved):
+            group, p = params[index]
+            if self.format is not None and any(k in _codes_keys(self.rule_for(p, group)) for k in saved):
                 saved = {**saved, FORMAT_KEY: self.format_fingerprint()}
-            if index < len(params) and is_dtensor(params[index][1]):
-                group, p = params[index]
+            if is_dtensor(p):
                 saved = to_checkpoint_state(p, saved, None, self.format, **self._state_keys(p, self.rule_for(p, group)))
             sd["state"][index] = saved
         return sd
@@ -561,7 +562,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         """``moments`` (``{codes key: (scales key, moment format)}``) and ``fp32_keys`` of ``p``'s state: what
         :func:`adam8lib.distributed.to_checkpoint_state` and ``to_local_state`` need to know of it."""
         if self.quantized(p):
-            return {"moments": {s.name + "_codes": (s.name + "_absmax", self.moment(s)) for s in rule.states},
+            return {"moments": {s.codes_key: (s.scales_key, self.moment(s)) for s in rule.states},
                     "fp32_keys": ()}
         return {"moments": {}, "fp32_keys": tuple(s.name for s in rule.states)}
 
@@ -634,7 +635,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         if origin and any(k not in self.expected_state(p, rule) and k not in ("step", FORMAT_KEY) for k in map(str, saved)):
             raise ValueError(f"{where} has keys {sorted(map(str, saved))} that a {name} ({rule.name} rule) does not "
                              f"keep{origin}")
-        saved_quantized = any(str(k).endswith("_codes") for k in saved)
+        saved_quantized = any(k in _codes_keys(rule) for k in saved)
         if saved_quantized or FORMAT_KEY in saved:
             fingerprint = saved.get(FORMAT_KEY)
             if self.format is None or fingerprint != self.format_fingerprint():
@@ -654,6 +655,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             got = f"a tensor ({step.dtype})" if torch.is_tensor(step) else repr(step)
             raise ValueError(f"{where}: 'step' must be a Python int >= 0, got {got}{origin}")
         out: dict[str, Any] = {"step": step}
+        codes, scales = {s.codes_key: s for s in rule.states}, {s.scales_key for s in rule.states}
         for key, (shape, dtype) in expected.items():
             value = saved.get(key)
             if not torch.is_tensor(value):
@@ -665,13 +667,12 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             if value.dtype != dtype or value.numel() != math.prod(shape):
                 raise ValueError(f"{where}: {key!r} should be {dtype}[{math.prod(shape)}], got "
                                  f"{value.dtype}[{value.numel()}]{origin}")
-            if key.endswith("_codes"):
-                spec = next(s for s in rule.states if s.name + "_codes" == key)
-                if not self.moment(spec).codes_are_valid(value):
+            if key in codes:
+                if not self.moment(codes[key]).codes_are_valid(value):
                     raise ValueError(f"{where}: {key!r} has codes that decode to NaN (a corrupt checkpoint)")
             elif not bool(torch.isfinite(value).all()):
                 raise ValueError(f"{where}: {key!r} has NaN or Inf values (a corrupt checkpoint)")
-            elif key.endswith("_absmax") and bool((value < 0).any()):
+            elif key in scales and bool((value < 0).any()):
                 raise ValueError(f"{where}: {key!r} has negative scales (a corrupt checkpoint)")
             out[key] = value.detach().to(local_tensor(p).device).reshape(shape).clone(memory_format=torch.contiguous_format)
         return out
@@ -680,6 +681,11 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         if not self.quantized(p):
             return f"fp32 states for it (state format {self.format_name()!r}, min_8bit_size {self.min_8bit_size})"
         return f"{self.format.name!r} (blocks of {self.format.m.blocksize})"
+
+
+def _codes_keys(rule: UpdateRule) -> set[str]:
+    """The keys of ``rule``'s states' codes (:attr:`adam8lib.rules.base.StateSpec.codes_key`)."""
+    return {s.codes_key for s in rule.states}
 
 
 def _sharded(p: torch.Tensor) -> bool:

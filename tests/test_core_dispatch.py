@@ -186,3 +186,90 @@ def test_a_rule_named_like_the_librarys_but_computing_otherwise_never_gets_its_k
     assert bool((w.detach() == 0.5).all())  # its own update ran: p - lr * sign(g)
     with pytest.raises(ValueError, match="no fused step of the lion rule"):
         Learner([w], backend="cpu")
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cpu_fast"])
+def test_adam8bit_batched_step_is_the_registry_entry_many(backend, monkeypatch):
+    """The 8-bit Adam fused steps have a batched form in the registry (``FusedStep.many``: one call of the
+    backend's step_many for a group), each tensor stepped as ``fn`` steps it, bit for bit; Adam8bit's batched
+    map-code path is that entry's ``many``."""
+    from adam8lib import AdamW8bit
+    from adam8lib.formats import get_format
+    from adam8lib.rules import AdamWRule
+
+    if backend not in kernels.available_backends("cpu"):
+        pytest.skip(f"no {backend} backend here")
+    fmt = get_format("8bit")
+    entry = kernels.find_step(AdamWRule(), fmt, backend, "cpu")
+    assert entry is not None and entry.many is not None
+    gen = torch.Generator().manual_seed(5)
+    shapes = [(5000,), (64, 80), (4097,)]
+    group = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
+
+    def fresh():
+        torch.manual_seed(0)
+        return [(torch.randn(s).reshape(-1), fmt.new_state(s, torch.device("cpu"))) for s in shapes]
+
+    one, many = fresh(), fresh()
+    for t in range(1, 4):
+        grads = [torch.randn(s, generator=gen).reshape(-1) for s in shapes]
+        for (p, st), g, s in zip(one, grads, shapes):
+            entry.fn(p, g, ((st["state1"], st["absmax1"]), (st["state2"], st["absmax2"])), rule=AdamWRule(),
+                     fmt=fmt, shape=s, step=t, group=group)
+        entry.many([(p, g, ((st["state1"], st["absmax1"]), (st["state2"], st["absmax2"])))
+                    for (p, st), g in zip(many, grads)], rule=AdamWRule(), fmt=fmt, shapes=shapes, steps=[t] * 3,
+                   group=group)
+    for (p, st), (q, su) in zip(one, many):
+        assert torch.equal(p, q) and all(torch.equal(st[k], su[k]) for k in st)
+
+    calls = []
+    original = entry.many
+
+    def counting(items, **kwargs):
+        calls.append(len(items))
+        return original(items, **kwargs)
+
+    ps = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+    opt = AdamW8bit(ps, backend=backend)
+    import types
+    monkeypatch.setattr(kernels, "find_step",
+                        lambda *a, **k: types.SimpleNamespace(fn=entry.fn, many=counting, backend=backend))
+    for p in ps:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    assert calls == [3]  # the group's three 8-bit tensors in one call
+
+
+def test_adam8bit_sees_a_step_registered_after_it_stepped():
+    """Adam8bit remembers the fused step it found (no look-up per step of many small tensors) until the registry
+    changes: a step registered later for its rule, format and backend is the one its next step runs."""
+    from adam8lib import AdamW8bit
+    from adam8lib.formats import get_format
+    from adam8lib.kernels import registry
+    from adam8lib.rules import AdamWRule
+
+    if "cpu" not in kernels.available_backends("cpu"):
+        pytest.skip("no cpu backend here")
+    entry = kernels.find_step(AdamWRule(), get_format("8bit"), "cpu", "cpu")
+    ps = [torch.nn.Parameter(torch.randn(5000)) for _ in range(3)]
+    opt = AdamW8bit(ps, backend="cpu")
+    for p in ps:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    calls = []
+
+    def counting(items, **kwargs):
+        calls.append(len(items))
+        return entry.many(items, **kwargs)
+
+    before, saved = registry.version(), list(registry._STEPS)
+    registry.register_step("adamw", "cpu", entry.fn, formats=entry.formats, supports=entry.supports, many=counting)
+    try:
+        assert registry.version() != before
+        opt.step()
+    finally:
+        registry._STEPS[:] = saved  # the registry as it was, in its order
+        registry._VERSION[0] += 1
+    assert calls == [3]
+    opt.step()
+    assert calls == [3]  # the original step again

@@ -99,3 +99,57 @@ def test_state_spec_names_a_moment_format():
     assert StateSpec("m").stored_as == "m"
     with pytest.raises(ValueError, match="stored_as"):
         StateSpec("x", "signed")
+
+
+class _AdamWWithLowBitKeys(AdamWRule):
+    """The AdamW rule whose quantized states are stored under Adam8bit's checkpoint keys."""
+
+    states = (StateSpec("exp_avg", "m", codes="state1", scales="absmax1"),
+              StateSpec("exp_avg_sq", "v", codes="state2", scales="absmax2"))
+
+
+class _AdamWOnCoreLowBitKeys(AdamWOnCore):
+    rule = _AdamWWithLowBitKeys()
+
+
+@pytest.mark.parametrize("state_format", ["8bit", "4bit", "fp8"])
+def test_state_specs_name_their_storage_keys(state_format):
+    """A StateSpec's ``codes``/``scales`` keys are where the core stores a quantized state (its fp32 form keeps
+    the state's name): the AdamW rule with Adam8bit's keys gives LowBitAdam's states under LowBitAdam's keys,
+    bit for bit, and its checkpoints round-trip (tagged with the format, refused in another format)."""
+    gen = torch.Generator().manual_seed(3)
+    w0 = [torch.randn(70, 61, generator=gen), torch.randn(61, generator=gen)]
+    ours = [torch.nn.Parameter(t.clone()) for t in w0]
+    ref = [torch.nn.Parameter(t.clone()) for t in w0]
+    opt = _AdamWOnCoreLowBitKeys(ours, lr=1e-2, weight_decay=0.1, state_format=state_format, backend="torch")
+    lowbit = optim.LowBitAdam(ref, lr=1e-2, weight_decay=0.1, state_format=state_format, backend="torch")
+    for _ in range(5):
+        for a, b in zip(ours, ref):
+            g = torch.randn(a.shape, generator=gen)
+            a.grad, b.grad = g.clone(), g.clone()
+        opt.step()
+        lowbit.step()
+    for a, b in zip(ours, ref):
+        assert torch.equal(a.detach(), b.detach())
+        assert set(opt.state[a]) == set(lowbit.state[b])
+        for key, value in opt.state[a].items():
+            assert value == lowbit.state[b][key] if key == "step" else torch.equal(value, lowbit.state[b][key]), key
+    sd = opt.state_dict()
+    assert "state_format" in sd["state"][0] and "state_format" not in sd["state"][1]
+    again = _AdamWOnCoreLowBitKeys([torch.nn.Parameter(t.clone()) for t in w0], state_format=state_format)
+    again.load_state_dict(sd)
+    for key, value in opt.state[ours[0]].items():
+        assert value == again.state[again.param_groups[0]["params"][0]][key] if key == "step" else \
+            torch.equal(value, again.state[again.param_groups[0]["params"][0]][key])
+    other = _AdamWOnCoreLowBitKeys([torch.nn.Parameter(t.clone()) for t in w0],
+                                   state_format="4bit-naive" if state_format != "4bit-naive" else "8bit")
+    with pytest.raises(ValueError, match="saved with states in format"):
+        other.load_state_dict(sd)
+
+
+def test_state_spec_storage_keys_are_checked():
+    spec = StateSpec("m")
+    assert (spec.codes_key, spec.scales_key) == ("m_codes", "m_absmax")
+    for bad in ("", "m", "step", 3):
+        with pytest.raises(ValueError, match="storage key"):
+            StateSpec("m", codes=bad)

@@ -208,6 +208,7 @@ def test_a_an_update_that_raises_all_the_same_leaves_the_step_counters(state_for
     their first call) leaves every counter where it was: the next step is counted once, not twice."""
     from adam8lib import kernels
     from adam8lib import optim as optim_module
+    from adam8lib.rules import adamw as adamw_rule
 
     opt, params = _stepped(state_format, "auto")
     snap = _snapshot(opt, params)
@@ -216,9 +217,9 @@ def test_a_an_update_that_raises_all_the_same_leaves_the_step_counters(state_for
         raise RuntimeError("the kernel failed")
 
     monkeypatch.setattr(kernels, "adam8bit_step_many", fail)
-    monkeypatch.setattr(kernels, "find_step", lambda *a, **k: types.SimpleNamespace(fn=fail))
+    monkeypatch.setattr(kernels, "find_step", lambda *a, **k: types.SimpleNamespace(fn=fail, many=fail))
     monkeypatch.setattr(optim_module, "format_reference_step", fail)
-    monkeypatch.setattr(optim_module, "adam_update_fp32_many", fail)
+    monkeypatch.setattr(adamw_rule, "adam_update_fp32_many", fail)  # the AdamW rule's batched fp32 update
     with pytest.raises(RuntimeError, match="the kernel failed"):
         opt.step()
     _assert_unchanged(opt, params, snap)

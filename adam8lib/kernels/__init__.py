@@ -117,7 +117,8 @@ def register_backend(name: str, step: Callable[..., None], supports: Callable[[t
     _BACKENDS[name] = Backend(name, step, supports, step_many)
     _IMPORT_ERRORS.pop(name, None)
     if name != "torch":  # the reference is no fused step: the core's own reference step runs instead
-        register_step("adamw", name, _adam8bit_as_fused(step), formats=_is_adam8bit_layout, supports=supports)
+        register_step("adamw", name, _adam8bit_as_fused(step), formats=_is_adam8bit_layout, supports=supports,
+                      many=_adam8bit_many_as_fused(name))
 
 
 register_backend("torch", reference.adam8bit_step, lambda device: True)
@@ -292,6 +293,27 @@ def _adam8bit_as_fused(step: Callable[..., None]) -> Callable[..., None]:
     step_fn = step
     fused.__doc__ = f"{getattr(step, '__qualname__', step)} in the fused-step convention (:mod:`adam8lib.kernels.registry`)."
     return fused
+
+
+def _adam8bit_many_as_fused(backend: str) -> Callable[..., None]:
+    """An 8-bit Adam backend's batched step (:func:`adam8bit_step_many`: one call of its ``step_many`` where it
+    has one) as the registry's ``many``: ``items`` are ``(p, g, states)`` as ``fn`` takes them, one per tensor,
+    all on one device; each is stepped as ``fn`` would step it, bit for bit."""
+    maps: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def many(items, *, rule, fmt, shapes, steps, group) -> None:
+        if not items:
+            return
+        device = items[0][0].device
+        key = (device, fmt.m.map_builder, fmt.v.map_builder)  # the maps (cached per builder: _cached_map)
+        qmaps = maps.get(key)
+        if qmaps is None:
+            qmaps = maps[key] = (fmt.m.qmap().to(device), fmt.v.qmap().to(device))
+        beta1, beta2 = group["betas"]
+        adam8bit_step_many([(p, g, c1, c2, a1, a2) for p, g, ((c1, a1), (c2, a2)) in items], *qmaps, steps=steps,
+                           lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                           weight_decay=group["weight_decay"], blocksize=fmt.m.blocksize, backend=backend)
+    return many
 
 
 def _adam_format_step_as_fused(step: Callable[..., None]) -> Callable[..., None]:

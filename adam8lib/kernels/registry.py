@@ -29,7 +29,9 @@ the :class:`~adam8lib.formats.StateFormat` (e.g. "blockwise, one byte per code")
 format with the same layout finds the same kernel.
 
 ``many(items, *, rule, fmt, shapes, steps, group)`` (optional at registration) steps several tensors of
-one group in one call, each as ``fn`` would. Registered today: the 8-bit Adam backends and the FP8 and
+one group on one device in one call, each as ``fn`` would: ``items`` holds ``(p, g, states)`` per tensor as
+``fn`` takes them, ``shapes`` and ``steps`` one entry per tensor. The 8-bit Adam steps have one (the backend's
+``step_many``: what Adam8bit's batched step calls). Registered today: the 8-bit Adam backends and the FP8 and
 4-bit Adam kernels as ``"adamw"`` (:func:`adam8lib.kernels.register_adam_step`), and the rule templates
 of Lion, AdEMAMix, RMSprop and Adagrad (:mod:`.cpu_rules`, :mod:`.triton_rules`).
 """
@@ -90,6 +92,12 @@ class FusedStep:
 
 
 _STEPS: list[FusedStep] = []
+_VERSION = [0]
+
+
+def version() -> int:
+    """A number that changes with every registration: what a caller that remembers a found step compares."""
+    return _VERSION[0]
 
 
 def register_step(rule: str, backend: str, fn: Callable[..., None], *,
@@ -110,6 +118,7 @@ def register_step(rule: str, backend: str, fn: Callable[..., None], *,
     entry = FusedStep(rule, backend, fn, formats, supports, many)
     _STEPS[:] = [s for s in _STEPS if not (s.rule == rule and s.backend == backend and s.formats == formats)]
     _STEPS.append(entry)
+    _VERSION[0] += 1
     return entry
 
 

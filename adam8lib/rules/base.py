@@ -26,14 +26,33 @@ __all__ = ["StateSpec", "UpdateRule", "check_number", "check_beta", "check_int"]
 @dataclass(frozen=True)
 class StateSpec:
     """One state of a rule: its key in the optimizer's state, and the moment format that stores it
-    (``"m"``: the state format's signed one, ``"v"``: its one for values that are never negative)."""
+    (``"m"``: the state format's signed one, ``"v"``: its one for values that are never negative).
+
+    Where it is stored: kept in fp32, ``state[name]``; quantized, its codes ``state[codes_key]`` and its
+    scales ``state[scales_key]`` (by default ``name + "_codes"`` and ``name + "_absmax"``; a rule whose
+    checkpoints have other keys names them, e.g. the low-bit Adam classes' ``"state1"``/``"absmax1"``)."""
 
     name: str
     stored_as: str = "m"
+    codes: str | None = None
+    scales: str | None = None
 
     def __post_init__(self) -> None:
         if self.stored_as not in ("m", "v"):
             raise ValueError(f"StateSpec.stored_as must be 'm' or 'v', got {self.stored_as!r}")
+        for what in (self.codes, self.scales):
+            if what is not None and (not isinstance(what, str) or not what or what in (self.name, "step")):
+                raise ValueError(f"StateSpec {self.name!r}: a storage key must be a new non-empty string, got {what!r}")
+
+    @property
+    def codes_key(self) -> str:
+        """The key of this state's codes when it is quantized."""
+        return self.name + "_codes" if self.codes is None else self.codes
+
+    @property
+    def scales_key(self) -> str:
+        """The key of this state's scales when it is quantized."""
+        return self.name + "_absmax" if self.scales is None else self.scales
 
 
 class UpdateRule:
