@@ -498,7 +498,6 @@ class LowBitAdam(torch.optim.Optimizer):
         or, with ``backend="torch"`` (no fused step: the map-code reference kernel) or maps other than the
         format's (:class:`~adam8lib.variants.Adam8bitVariant`'s linear ones),
         :func:`adam8lib.kernels.adam8bit_step_many` with this optimizer's maps."""
-        beta1, beta2 = group["betas"]
         items, copies = [], []
         for p, grad, state in entries:
             flat = p.view(-1) if p.is_contiguous() else p.contiguous().view(-1)
@@ -514,11 +513,8 @@ class LowBitAdam(torch.optim.Optimizer):
             fused.many(items, rule=_ADAMW, fmt=self.format, shapes=[p.shape for p, _, _ in entries], steps=steps,
                        group=group)
         else:
-            qmap1, qmap2 = self._maps(device)
-            kernels.adam8bit_step_many(
-                [(p, g, c1, c2, a1, a2) for p, g, ((c1, a1), (c2, a2)) in items], qmap1, qmap2, steps=steps, lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                weight_decay=group["weight_decay"], blocksize=self.format.blocksize, backend=self.backend,
-            )
+            kernels.adam8bit_step_items(items, *self._maps(device), steps=steps, group=group,
+                                        blocksize=self.format.blocksize, backend=self.backend)
         for p, flat in copies:
             p.copy_(flat.view(p.shape))
 
@@ -527,10 +523,11 @@ class LowBitAdam(torch.optim.Optimizer):
         or the registry changes (a batched step of many small tensors does not look it up again each time)."""
         key = (kernels.find_step, kernels.registry.version(), self.backend, device, self.format)
         known = self.__dict__.get("_map_codes_step_known")
-        if known is not None and len(known[0]) == len(key) and all(a is b or a == b for a, b in zip(known[0], key)):
+        if known is not None and known[0] == key:
             return known[1]
         fused = self._fused_step(self.format, device)
-        key = (kernels.find_step, kernels.registry.version(), self.backend, device, self.format)
+        key = (kernels.find_step, kernels.registry.version(), self.backend, device, self.format)  # the lookup may
+        # have imported an optional backend, which registers its steps (a new version)
         self.__dict__["_map_codes_step_known"] = (key, fused)
         return fused
 

@@ -64,6 +64,7 @@ __all__ = [
     "run_eagerly",
     "AUTO_ORDER",
     "register_adam_step",
+    "adam8bit_step_items",
     "register_step",
     "find_step",
     "registered_steps",
@@ -309,11 +310,19 @@ def _adam8bit_many_as_fused(backend: str) -> Callable[..., None]:
         qmaps = maps.get(key)
         if qmaps is None:
             qmaps = maps[key] = (fmt.m.qmap().to(device), fmt.v.qmap().to(device))
-        beta1, beta2 = group["betas"]
-        adam8bit_step_many([(p, g, c1, c2, a1, a2) for p, g, ((c1, a1), (c2, a2)) in items], *qmaps, steps=steps,
-                           lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                           weight_decay=group["weight_decay"], blocksize=fmt.m.blocksize, backend=backend)
+        adam8bit_step_items(items, *qmaps, steps=steps, group=group, blocksize=fmt.m.blocksize, backend=backend)
     return many
+
+
+def adam8bit_step_items(items, qmap1: torch.Tensor, qmap2: torch.Tensor, *, steps, group, blocksize: int,
+                        backend: str = "auto") -> None:
+    """:func:`adam8bit_step_many` for tensors given as the registry's steps take them, ``items`` of
+    ``(p, g, ((state1, absmax1), (state2, absmax2)))``, with a param group's ``lr``, ``betas``, ``eps`` and
+    ``weight_decay``."""
+    beta1, beta2 = group["betas"]
+    adam8bit_step_many([(p, g, c1, c2, a1, a2) for p, g, ((c1, a1), (c2, a2)) in items], qmap1, qmap2, steps=steps,
+                       lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                       weight_decay=group["weight_decay"], blocksize=blocksize, backend=backend)
 
 
 def _adam_format_step_as_fused(step: Callable[..., None]) -> Callable[..., None]:
