@@ -144,6 +144,18 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
 
     rule: UpdateRule
     state_format: str = "8bit"
+    #: Which of the optimizer-level settings (:data:`OPTIMIZER_LEVEL`) the param groups hold and show
+    #: (``()``: none, every group that sets one is refused). The low-bit Adam classes keep ``blocksize``
+    #: (read-only: the format's) and ``min_8bit_size`` (a group may set its own) in every group.
+    group_settings: tuple[str, ...] = ()
+    #: Where a shard of a sharded (FSDP2) parameter takes its blocks: ``"global"`` (the whole tensor's blocks,
+    #: :mod:`adam8lib.global_blocks`: the same bits as unsharded on any split) or ``"local"`` (the shard cut into
+    #: its own blocks, as bitsandbytes and torchao do; the low-bit Adam classes, lesson 11, and their DCP form
+    #: :func:`adam8lib.distributed.to_checkpoint_state` with a block size).
+    block_layout: str = "global"
+    #: The key, in every saved state with quantized entries, of what its codes need to be decoded
+    #: (:meth:`format_tag`).
+    format_tag_key: str = FORMAT_KEY
     #: Added to each parameter's index in the stochastic rounding key (see :class:`~adam8lib.optim.LowBitAdam`):
     #: the public hook :func:`adam8lib.release.release_gradients` sets while it steps one parameter.
     rounding_offset: int = 0
@@ -243,7 +255,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
 
     def _check_group(self, group: dict[str, Any], where: str) -> None:
         for key in OPTIMIZER_LEVEL:
-            if key in group:
+            if key in group and key not in self.group_settings:
                 raise ValueError(f"{where} sets {key!r}: it is a setting of the whole {type(self).__name__} "
                                  f"(its constructor's argument), not of a param group")
         for key, instead in TORCH_FLAGS.items():
@@ -259,38 +271,72 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                 raise type(exc)(f"{exc} ({where})") from None
 
     # ------------------------------------------------------------------ states
-    def quantized(self, p: torch.Tensor) -> bool:
-        """Whether ``p``'s states are stored in :attr:`format` (else in fp32)."""
-        return self.format is not None and p.numel() >= self.min_8bit_size
+    def state_specs(self, rule: UpdateRule) -> tuple[StateSpec, ...]:
+        """``rule``'s states as this optimizer stores them (their keys): the rule's own by default; the low-bit
+        Adam classes keep AdamW's ``m``/``v`` under ``state1``/``absmax1`` and ``state2``/``absmax2``."""
+        return rule.states
+
+    def _codes_keys(self, rule: UpdateRule) -> set[str]:
+        """The keys of ``rule``'s states' codes (:attr:`adam8lib.rules.base.StateSpec.codes_key`)."""
+        return {s.codes_key for s in self.state_specs(rule)}
+
+    def min_size(self, group: dict[str, Any] | None) -> int:
+        """The ``min_8bit_size`` that counts for a parameter of ``group``: the group's where groups hold it
+        (:attr:`group_settings`), else the optimizer's."""
+        if group is not None and "min_8bit_size" in self.group_settings:
+            return group.get("min_8bit_size", self.min_8bit_size)
+        return self.min_8bit_size
+
+    def group_of(self, p: torch.Tensor) -> dict[str, Any] | None:
+        """The param group that holds ``p`` (None if none does)."""
+        for group in self.param_groups:
+            if any(q is p for q in group["params"]):
+                return group
+        return None
+
+    def quantized(self, p: torch.Tensor, group: dict[str, Any] | None = None) -> bool:
+        """Whether ``p``'s states are stored in :attr:`format` (else in fp32): ``p`` (the whole parameter, for a
+        shard) has at least :meth:`min_size` elements. ``group``: ``p``'s (found if not given)."""
+        if self.format is None:
+            return False
+        if group is None and "min_8bit_size" in self.group_settings:
+            group = self.group_of(p)
+        return p.numel() >= self.min_size(group)
+
+    def _global_blocks(self, p: torch.Tensor) -> bool:
+        """Whether ``p`` is the shard of a sharded parameter that keeps the whole tensor's blocks."""
+        return self.block_layout == "global" and _sharded(p)
 
     def moment(self, spec: StateSpec) -> MomentFormat:
         return self.format.m if spec.stored_as == "m" else self.format.v
 
-    def expected_state(self, p: torch.Tensor, rule: UpdateRule) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    def expected_state(self, p: torch.Tensor, rule: UpdateRule,
+                       group: dict[str, Any] | None = None) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """``{key: (shape, dtype)}`` of every tensor of ``p``'s state (of its local shard for a sharded
         parameter: one code per element, the scales of the global blocks it touches,
-        :mod:`adam8lib.global_blocks`; quantized or fp32 by the whole parameter's size)."""
+        :mod:`adam8lib.global_blocks`, or of its own blocks with :attr:`block_layout` ``"local"``; quantized
+        or fp32 by the whole parameter's size). ``group``: ``p``'s param group (found if not given)."""
         out = {}
-        sharded = _sharded(p)
-        local = p.to_local() if sharded else p
+        sharded = self._global_blocks(p)
+        local = local_tensor(p)
         shape, local_shape = tuple(p.shape), tuple(local.shape)
-        quantized = self.quantized(p)
-        for spec in rule.states:
+        quantized = self.quantized(p, group)
+        for spec in self.state_specs(rule):
             if quantized:
                 fmt = self.moment(spec)
                 scales = (shard_scales_numel(fmt, shape, local_shape, block_lead(p, fmt.blocksize)) if sharded
-                          else fmt.scales_numel(shape))
+                          else fmt.scales_numel(local_shape))
                 out[spec.codes_key] = ((fmt.codes_numel(local.numel()),), fmt.code_dtype)
                 out[spec.scales_key] = ((scales,), torch.float32)
             else:
                 out[spec.name] = (local_shape, torch.float32)
         return out
 
-    def _new_state(self, p: torch.Tensor, rule: UpdateRule) -> dict[str, Any]:
+    def _new_state(self, p: torch.Tensor, rule: UpdateRule, group: dict[str, Any] | None = None) -> dict[str, Any]:
         state: dict[str, Any] = {"step": 0}
         device = local_tensor(p).device
-        codes = {s.codes_key: s for s in rule.states}
-        for key, (shape, dtype) in self.expected_state(p, rule).items():
+        codes = {s.codes_key: s for s in self.state_specs(rule)}
+        for key, (shape, dtype) in self.expected_state(p, rule, group).items():
             if key in codes:
                 fmt = self.moment(codes[key])
                 state[key] = torch.full(shape, fmt.zero_code(), dtype=dtype, device=device)
@@ -307,7 +353,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             values = state[spec.name]
             return values if values.shape == target.shape else values.view(target.shape)
         fmt = self.moment(spec)
-        lead = block_lead(p, fmt.blocksize) if is_dtensor(p) else 0
+        lead = block_lead(p, fmt.blocksize) if self._global_blocks(p) else 0
         values = fmt.dequantize(state[spec.codes_key], state[spec.scales_key], tuple(target.shape),
                                 lead=lead)
         return values.view(target.shape)
@@ -325,6 +371,9 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         fmt = self.moment(spec)
         if not _sharded(p):
             codes, scales = self.quantize(spec, x.reshape(-1), fmt, tuple(target.shape))
+        elif not self._global_blocks(p):  # the shard's own blocks (rank-1 maxima: the whole tensor's)
+            rank1 = fmt.uses_rank1(tuple(p.shape))
+            codes, scales = fmt.quantize(x.reshape(-1), tuple(target.shape), rank1_maxima_reducer(p) if rank1 else None)
         else:  # the shard of a sharded parameter: the whole tensor's blocks (and rank-1 maxima)
             rank1 = fmt.uses_rank1(tuple(p.shape))
             codes, scales = fmt.quantize(x.reshape(-1), tuple(target.shape), rank1_maxima_reducer(p) if rank1 else None,
@@ -369,22 +418,105 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                         raise TypeError(f"{where} is sharded (FSDP2): its shard is quantized in the whole tensor's "
                                         f"blocks by the format itself, so an overridden {type(self).__name__}.quantize "
                                         f"cannot run on it; step it unsharded")
-                if self.state[p]:
-                    self._check_live_state(p, rule, f"the state of parameter {pi} of group {gi}")
-                work.append((group, p, param, grad, rule, self._fused_for(p, rule, param, grad)))
+                if self.state.get(p):  # (not self.state[p]: the defaultdict would make an empty state)
+                    self._check_live_state(p, rule, f"the state of parameter {pi} of group {gi}", group)
+                work.append((group, p, param, grad, rule, self._fused_for(p, rule, param, grad, group)))
+        if self.stochastic_rounding:
+            for index, (group, p, param, grad, rule, fused) in enumerate(work):
+                self._update(group, p, param, grad, rule, fused, index)
+            return
+        self._run_batched(work)
+
+    def _run_batched(self, work: list) -> None:
+        """The step of every parameter in ``work`` (checked), with the same bits as :meth:`_update` on each: the
+        parameters of one group and device that take the same fused step with a batched form (``many``: one call
+        of the C++ kernel for them all, which saves most of the per-tensor cost of crossing into it) go together;
+        so do those with fp32 states of a rule with ``update_many`` (one batch of ``torch._foreach_*`` ops per
+        group, device and step count: on the CPU the same bits); the others one at a time, in order (a step that
+        reduces scales across ranks is a collective, which every rank must run in the same order)."""
+        fused_batches: dict[tuple, tuple] = {}
+        fp32_batches: dict[tuple, tuple] = {}
         for index, (group, p, param, grad, rule, fused) in enumerate(work):
-            self._update(group, p, param, grad, rule, fused, index)
+            if fused is not None and fused.many is not None:
+                key = (id(group), param.device, id(fused), id(rule))
+                fused_batches.setdefault(key, (group, rule, fused, []))[3].append((p, param, grad))
+            elif (fused is None and self._batches_fp32(rule) and not self.quantized(p, group)
+                  and param.device.type in ("cpu", "cuda")):
+                state = self._ready_state(group, p, param, rule)
+                if all(state[s.name].dtype == torch.float32 for s in self.state_specs(rule)):
+                    key = (id(group), param.device, id(rule), state["step"])
+                    fp32_batches.setdefault(key, (group, rule, []))[2].append((p, param, grad, state))
+                else:
+                    self._update(group, p, param, grad, rule, fused, index)
+            else:
+                self._update(group, p, param, grad, rule, fused, index)
+        for group, rule, entries in fp32_batches.values():
+            hyper, step = self.rule_group(rule, group), entries[0][3]["step"] + 1
+            work32 = [(param, param.detach().float()) for _, param, _, _ in entries]
+            rule.update_many([w for _, w in work32], [g.detach().float() for _, _, g, _ in entries],
+                             [{s.name: st[s.name] for s in self.state_specs(rule)} for *_, st in entries],
+                             step=step, group=hyper)
+            for (param, w), (*_, state) in zip(work32, entries):
+                if w is not param:
+                    param.detach().copy_(w)
+                state["step"] = step
+        for group, rule, fused, entries in fused_batches.values():
+            items, states, copies, steps, shapes = [], [], [], [], []
+            for p, param, grad in entries:
+                state = self._ready_state(group, p, param, rule)
+                flat = param.detach()
+                flat = flat.view(-1) if flat.is_contiguous() else flat.contiguous().view(-1)
+                if flat.data_ptr() != param.data_ptr():
+                    copies.append((param, flat))
+                items.append((flat, grad.detach().reshape(-1),
+                              tuple((state[s.codes_key], state[s.scales_key]) for s in self.state_specs(rule))))
+                states.append(state)
+                steps.append(state["step"] + 1)
+                shapes.append(tuple(param.shape))
+            fused.many(items, rule=rule, fmt=self.format, shapes=shapes, steps=steps, group=self.rule_group(rule, group))
+            for param, flat in copies:
+                param.detach().copy_(flat.view(param.shape))
+            for state, step in zip(states, steps):
+                state["step"] = step
+
+    def _batches_fp32(self, rule: UpdateRule) -> bool:
+        """Whether parameters with fp32 states of ``rule`` step in batches (:meth:`_run_batched`): the rule has
+        ``update_many`` and an fp32 step the core's (the non-finite rule is the rule's own there)."""
+        return (getattr(rule, "update_many", None) is not None
+                and type(rule).update_unquantized is UpdateRule.update_unquantized)
+
+    def _ready_state(self, group: dict[str, Any], p: torch.Tensor, param: torch.Tensor, rule: UpdateRule) -> dict:
+        """``p``'s state, made (as the first step does) or moved to the device of ``param`` (its local tensor)."""
+        state = self.state[p]
+        if not state:
+            state.update(self._new_state(p, rule, group))
+        for key, value in state.items():
+            if torch.is_tensor(value) and value.device != param.device:  # the model moved after the states were made
+                state[key] = value.to(param.device)
+        return state
+
+    def init_state(self, params: Iterable[torch.Tensor] | None = None) -> "QuantizedStateOptimizer":
+        """Create the states of ``params`` (default: every parameter) now, as the first ``step()`` would
+        (codes and scales, or fp32 states; ``step = 0``). Parameters that already have a state keep it.
+        Returns the optimizer (for chaining). Useful to measure an optimizer's memory before training, or to
+        shard or save states."""
+        wanted = None if params is None else {id(p) for p in params}
+        for group in self.param_groups:
+            for p in group["params"]:
+                if (wanted is None or id(p) in wanted) and not self.state.get(p):
+                    self.state[p].update(self._new_state(p, self.rule_for(p, group), group))
+        return self
 
     def fused_step(self, p: torch.Tensor) -> kernels.FusedStep | None:
         """The fused step (:class:`adam8lib.kernels.FusedStep`) that steps ``p`` now, or None: the reference
         step (see the module docstring). ``p`` must be a parameter of this optimizer."""
         for group in self.param_groups:
             if any(q is p for q in group["params"]):
-                return self._fused_for(p, self.rule_for(p, group))
+                return self._fused_for(p, self.rule_for(p, group), group=group)
         raise ValueError(f"the tensor of shape {tuple(p.shape)} is not a parameter of this {type(self).__name__}")
 
     def _fused_for(self, p: torch.Tensor, rule: UpdateRule, local: torch.Tensor | None = None,
-                   grad: torch.Tensor | None = None) -> kernels.FusedStep | None:
+                   grad: torch.Tensor | None = None, group: dict[str, Any] | None = None) -> kernels.FusedStep | None:
         """Which fused step ``p`` takes (None: the reference step). Decided before anything changes: a named
         backend that cannot run on ``p``'s device raises ValueError here. The shard of a sharded parameter
         takes one only where it gives the same bits: no moment with rank-1 scales and no shard boundary
@@ -393,20 +525,21 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         if local is None:
             local = local_tensor(p)
             grad = None if p.grad is None else local_tensor(p.grad)
-        if (self.backend == "torch" or not rule.elementwise or not self.quantized(p) or not local.numel()
+        if (self.backend == "torch" or not rule.elementwise or not self.quantized(p, group) or not local.numel()
                 or not local.is_contiguous() or (grad is not None and not grad.is_contiguous())
                 or getattr(self.quantize, "__func__", None) is not QuantizedStateOptimizer.quantize
-                or self._needs_reduction(p, rule)):
+                or self._needs_reduction(p, rule, group)):
             return None
         return kernels.find_step(rule, self.format, self.backend, local.device)
 
-    def _needs_reduction(self, p: torch.Tensor, rule: UpdateRule) -> bool:
+    def _needs_reduction(self, p: torch.Tensor, rule: UpdateRule, group: dict[str, Any] | None = None) -> bool:
         """Whether a step of the sharded parameter ``p`` reduces scales across its shards (rank-1 maxima,
         or blocks cut by a shard boundary): then it takes the reference step, on the whole shard."""
-        if not is_dtensor(p) or not _sharded(p) or not self.quantized(p):
+        if not is_dtensor(p) or not _sharded(p) or not self.quantized(p, group):
             return False
-        moments = {self.moment(spec) for spec in rule.states}
-        return any(m.uses_rank1(tuple(p.shape)) or block_edge_reducer(p, m.blocksize) is not None for m in moments)
+        moments = {self.moment(spec) for spec in self.state_specs(rule)}
+        return any(m.uses_rank1(tuple(p.shape)) or (self._global_blocks(p) and block_edge_reducer(p, m.blocksize) is not None)
+                   for m in moments)
 
     def _check_param_and_grad(self, p: torch.Tensor, grad: torch.Tensor, where: str) -> None:
         if (is_usual_tensor(p) and is_usual_tensor(grad) and p.dtype in PARAM_DTYPES and grad.dtype in PARAM_DTYPES
@@ -428,10 +561,10 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         if grad.device != p.device:
             raise ValueError(f"the gradient of {where} is on {grad.device}, the parameter on {p.device}")
 
-    def _check_live_state(self, p: torch.Tensor, rule: UpdateRule, where: str) -> None:
+    def _check_live_state(self, p: torch.Tensor, rule: UpdateRule, where: str, group: dict[str, Any] | None = None) -> None:
         """The state a step is about to read has the keys and sizes this optimizer and rule expect."""
         state = self.state[p]
-        for key, (shape, dtype) in self.expected_state(p, rule).items():
+        for key, (shape, dtype) in self.expected_state(p, rule, group).items():
             value = state.get(key)
             if not torch.is_tensor(value) or value.dtype != dtype or value.numel() != math.prod(shape):
                 raise ValueError(f"{where} has no {dtype} {key!r} of {math.prod(shape)} elements: it was not made "
@@ -449,19 +582,14 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         fused step (which cannot round stochastically) on the fp32 copy of each chunk, so the copy is one
         chunk's. Rank-1 scales, a shard whose blocks are reduced across ranks, or a rule that is not
         elementwise: one fp32 copy of the whole (local) tensor."""
-        state = self.state[p]
-        if not state:
-            state.update(self._new_state(p, rule))
-        for key, value in state.items():
-            if torch.is_tensor(value) and value.device != param.device:  # the model moved after the states were made
-                state[key] = value.to(param.device)
+        state = self._ready_state(group, p, param, rule)
         step = state["step"] + 1
         hyper = self.rule_group(rule, group)
         if not self.stochastic_rounding:
             self._step_tensor(p, param.detach(), grad.detach(), state, rule, hyper, step, fused)
         else:
             key, offset = element_key(self.seed, step, self.rounding_offset + index), global_offset(p)
-            for a, b, part in self._rounding_chunks(p, param, state, rule):
+            for a, b, part in self._rounding_chunks(p, param, state, rule, group):
                 flat = param.detach() if part is state else param.detach().view(-1)[a:b]
                 target = flat.float()
                 g = grad.detach() if part is state else grad.detach().reshape(-1)[a:b]
@@ -469,16 +597,17 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                 stochastic_round_to_bf16(target, key=key, start=offset + a, out=flat)
         state["step"] = step
 
-    def _rounding_chunks(self, p: torch.Tensor, param: torch.Tensor, state: dict[str, Any], rule: UpdateRule):
+    def _rounding_chunks(self, p: torch.Tensor, param: torch.Tensor, state: dict[str, Any], rule: UpdateRule,
+                         group: dict[str, Any] | None = None):
         """The pieces a stochastically rounded update steps (:func:`adam8lib.rounding.state_chunks`):
         ``[(0, n, state)]``, or chunks of whole blocks for an elementwise rule with blockwise or fp32 states
         on a contiguous parameter whose scales need nothing from other shards."""
         n = param.numel()
-        if (not rule.elementwise or not param.is_contiguous() or self._needs_reduction(p, rule)
+        if (not rule.elementwise or not param.is_contiguous() or self._needs_reduction(p, rule, group)
                 or getattr(self.quantize, "__func__", None) is not QuantizedStateOptimizer.quantize):
             return [(0, n, state)]
         moments, fp32 = [], []
-        for spec in rule.states:
+        for spec in self.state_specs(rule):
             if spec.name in state:
                 fp32.append(spec.name)
                 continue
@@ -494,12 +623,13 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         (its states, or views of the chunk's): the fused step in place, or decode, the rule in fp32, the
         non-finite rule, write ``target``, encode. ``p`` is the parameter (its global shape and layout)."""
         if fused is not None:  # in place, the reference step's bits (the registry's calling convention)
-            states = tuple((state[s.codes_key], state[s.scales_key]) for s in rule.states)
+            states = tuple((state[s.codes_key], state[s.scales_key]) for s in self.state_specs(rule))
             fused.fn(target.view(-1), grad.reshape(-1), states, rule=rule, fmt=self.format,
                      shape=tuple(target.shape), step=step, group=hyper)
             return
-        values = {spec.name: self.decode(state, spec, p, target) for spec in rule.states}
-        update = rule.update if self.quantized(p) else rule.update_unquantized
+        values = {spec.name: self.decode(state, spec, p, target) for spec in self.state_specs(rule)}
+        quantized = any(s.codes_key in state for s in self.state_specs(rule))
+        update = rule.update if quantized else rule.update_unquantized
         new = update(target.to(torch.float32, copy=True), grad.float(), values, step=step, group=hyper)
         if rule.elementwise:
             ok = None
@@ -511,7 +641,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                     x.masked_fill_(~ok, 0.0)
                 new = torch.where(ok, new, target.float())  # target itself is not written yet
         target.copy_(new)
-        for spec in rule.states:
+        for spec in self.state_specs(rule):
             self._encode(state, spec, values[spec.name], p, target)
 
     # ------------------------------------------------------------------ copy / pickle
@@ -551,20 +681,38 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         params = [(group, p) for group in self.param_groups for p in group["params"]]
         for index, saved in sd["state"].items():
             group, p = params[index]
-            if self.format is not None and any(k in _codes_keys(self.rule_for(p, group)) for k in saved):
-                saved = {**saved, FORMAT_KEY: self.format_fingerprint()}
-            if is_dtensor(p):
-                saved = to_checkpoint_state(p, saved, None, self.format, **self._state_keys(p, self.rule_for(p, group)))
+            rule = self.rule_for(p, group)
+            tagged = self.format is not None and any(k in self._codes_keys(rule) for k in saved)
+            if self.block_layout == "local":  # the shard's own blocks: the DCP form of lesson 11
+                if is_dtensor(p):
+                    saved = to_checkpoint_state(p, saved, self.format.blocksize, self.format)
+                if tagged:
+                    saved = {**saved, self.format_tag_key: self.format_tag()}
+            else:
+                if tagged:
+                    saved = {**saved, self.format_tag_key: self.format_tag()}
+                if is_dtensor(p):
+                    saved = to_checkpoint_state(p, saved, None, self.format, **self._state_keys(p, rule, group))
             sd["state"][index] = saved
         return sd
 
-    def _state_keys(self, p: torch.Tensor, rule: UpdateRule) -> dict[str, Any]:
+    def format_tag(self) -> str:
+        """What a saved state's codes need to be decoded, saved under :attr:`format_tag_key`: the format's name
+        and fingerprint (maps, bits, block size, sign rule)."""
+        return self.format_fingerprint()
+
+    def codes_maps(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The maps the codes of ``m`` and ``v`` index (what a checkpoint in the local-block form is requantized
+        with on another world size)."""
+        return self.format.m.qmap(), self.format.v.qmap()
+
+    def _state_keys(self, p: torch.Tensor, rule: UpdateRule, group: dict[str, Any] | None = None) -> dict[str, Any]:
         """``moments`` (``{codes key: (scales key, moment format)}``) and ``fp32_keys`` of ``p``'s state: what
         :func:`adam8lib.distributed.to_checkpoint_state` and ``to_local_state`` need to know of it."""
-        if self.quantized(p):
-            return {"moments": {s.codes_key: (s.scales_key, self.moment(s)) for s in rule.states},
+        if self.quantized(p, group):
+            return {"moments": {s.codes_key: (s.scales_key, self.moment(s)) for s in self.state_specs(rule)},
                     "fp32_keys": ()}
-        return {"moments": {}, "fp32_keys": tuple(s.name for s in rule.states)}
+        return {"moments": {}, "fp32_keys": tuple(s.name for s in self.state_specs(rule))}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a checkpoint of this class, keeping codes and fp32 scales as they are. Everything is
@@ -590,21 +738,25 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]
         if not isinstance(saved_groups, (list, tuple)) or not isinstance(saved_state, dict):
             raise ValueError("state_dict['param_groups'] must be a list and state_dict['state'] a dict")
-        origin = _foreign_origin(state_dict)
+        origin = self.foreign_origin(state_dict)
         if len(saved_groups) != len(self.param_groups):
             raise ValueError(f"the checkpoint has {len(saved_groups)} parameter groups, this {name} has "
                              f"{len(self.param_groups)}{origin}")
+        for pid, saved in saved_state.items():  # states in another format: say so first, in the user's terms
+            if isinstance(saved, dict) and (self.format_tag_key in saved
+                                            or any(isinstance(k, str) and k in self._codes_keys(self.rule) for k in saved)):
+                self._check_format_tag(saved.get(self.format_tag_key), f"the state of parameter {pid!r}", origin)
         new_groups, by_id = [], {}
         for gi, (current, saved) in enumerate(zip(self.param_groups, saved_groups)):
             where = f"param group {gi} of the checkpoint"
             if not isinstance(saved, dict) or not isinstance(saved.get("params"), (list, tuple)):
                 raise ValueError(f"{where} must be a dict with a 'params' list")
-            if any(k in saved for k in OPTIMIZER_LEVEL):
-                raise ValueError(f"{where} sets {', '.join(repr(k) for k in OPTIMIZER_LEVEL if k in saved)}: not a "
-                                 f"{name} checkpoint{origin}")
+            refused = [k for k in OPTIMIZER_LEVEL if k in saved and k not in self.group_settings]
+            if refused:
+                raise ValueError(f"{where} sets {', '.join(map(repr, refused))}: not {_a(name)} checkpoint{origin}")
             missing = [k for k in self.defaults if k not in saved]
             if missing:
-                raise ValueError(f"{where} has no {', '.join(map(repr, missing))}: not a {name} checkpoint{origin}")
+                raise ValueError(f"{where} has no {', '.join(map(repr, missing))}: not {_a(name)} checkpoint{origin}")
             if len(saved["params"]) != len(current["params"]):
                 raise ValueError(f"{where} has {len(saved['params'])} parameters, this {name}'s group has "
                                  f"{len(current['params'])}")
@@ -612,6 +764,11 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             group["params"] = current["params"]
             if "param_names" in current and "param_names" not in group:
                 group["param_names"] = current["param_names"]
+            if "betas" in group and not isinstance(group["betas"], tuple):
+                try:
+                    group["betas"] = tuple(group["betas"])
+                except TypeError:
+                    raise ValueError(f"{where}: betas must be a pair of floats, got {group['betas']!r}") from None
             self._check_group(group, where)
             new_groups.append(group)
             for pid, p in zip(saved["params"], current["params"]):
@@ -624,30 +781,57 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             where = f"the state of parameter {pid!r} (shape {tuple(p.shape)}) in the checkpoint"
             rule = self.rule_for(p, group)
             if isinstance(saved, dict):  # DCP, or another world size: this rank's plain local state
-                saved = to_local_state(p, saved, None, None, self.format, **self._state_keys(p, rule))
-            new_state[p] = self._checked_state(p, rule, saved, where, origin)
+                saved = self._local_state(p, saved, rule, group)
+            new_state[p] = self._checked_state(p, rule, saved, where, origin, group)
         return new_groups, new_state
 
-    def _checked_state(self, p: torch.Tensor, rule: UpdateRule, saved: Any, where: str, origin: str) -> dict:
-        name = type(self).__name__
+    def _local_state(self, p: torch.Tensor, saved: dict[str, Any], rule: UpdateRule, group: dict[str, Any]) -> dict:
+        """A saved state as this rank keeps it (:func:`adam8lib.distributed.to_local_state`; a plain parameter's
+        as it is): in the whole tensor's blocks, or, with :attr:`block_layout` ``"local"``, the shard's own
+        (requantized on another world size)."""
+        if self.block_layout == "local":
+            tag = saved.get(self.format_tag_key)
+            local = to_local_state(p, {k: v for k, v in saved.items() if k != self.format_tag_key},
+                                   self.format.blocksize if self.format is not None else None, self.codes_maps(),
+                                   self.format)
+            return local if tag is None else {**local, self.format_tag_key: tag}
+        return to_local_state(p, saved, None, None, self.format, **self._state_keys(p, rule, group))
+
+    def _check_format_tag(self, saved: Any, where: str, origin: str) -> None:
+        """ValueError unless a saved state's :attr:`format_tag_key` is this optimizer's :meth:`format_tag`; the
+        refusal names both formats as users write them (``'8bit'``, ``'4bit' (blocks of 128)``)."""
+        if self.format is not None and saved == self.format_tag():
+            return
+        theirs = _describe_fingerprint(saved)
+        own = "fp32 states" if self.format is None else f"{self.format.name!r} (blocks of {self.format.m.blocksize})"
+        raise ValueError(f"{where} was saved with states in format {theirs}; this {type(self).__name__} stores "
+                         f"{own}: decoded in this format, every state would change. Load it into an optimizer "
+                         f"with the state format (and blocksize) that saved it.")
+
+    def foreign_origin(self, state_dict: dict[str, Any]) -> str:
+        """A hint naming the optimizer a checkpoint that is not this class's probably comes from ('' if none)."""
+        return _foreign_origin(state_dict)
+
+    def _checked_state(self, p: torch.Tensor, rule: UpdateRule, saved: Any, where: str, origin: str,
+                       group: dict[str, Any] | None = None) -> dict:
+        """A saved state checked against what this optimizer keeps for ``p`` (keys, dtypes, sizes, its format tag,
+        finite scales, valid codes, the step count) and made this rank's: ValueError naming what is wrong."""
+        name, tag_key = type(self).__name__, self.format_tag_key
         if not isinstance(saved, dict):
             raise ValueError(f"{where} must be a dict, got {type(saved).__name__}")
-        if origin and any(k not in self.expected_state(p, rule) and k not in ("step", FORMAT_KEY) for k in map(str, saved)):
+        if origin and any(k not in self.expected_state(p, rule, group) and k not in ("step", tag_key) for k in map(str, saved)):
             raise ValueError(f"{where} has keys {sorted(map(str, saved))} that a {name} ({rule.name} rule) does not "
                              f"keep{origin}")
-        saved_quantized = any(k in _codes_keys(rule) for k in saved)
-        if saved_quantized or FORMAT_KEY in saved:
-            fingerprint = saved.get(FORMAT_KEY)
-            if self.format is None or fingerprint != self.format_fingerprint():
-                theirs = _describe_fingerprint(fingerprint)
-                raise ValueError(f"{where} was saved with states in format {theirs}; this {name} stores "
-                                 f"{self._describe_own(p)}: decoded in this format, every state would change. "
-                                 f"Load it into an optimizer with the state format (and blocksize) that saved it.")
-        elif self.quantized(p):
+        saved_quantized = any(k in self._codes_keys(rule) for k in saved)
+        if saved_quantized or tag_key in saved:
+            self._check_format_tag(saved.get(tag_key), where, origin)
+            if not self.quantized(p, group):
+                raise ValueError(f"{where} has low-bit states; this {name} keeps {self._describe_own(p, group)}{origin}")
+        elif self.quantized(p, group):
             raise ValueError(f"{where} has fp32 states; this {name} stores this parameter's states in format "
-                             f"{self.format_name()!r} (min_8bit_size {self.min_8bit_size}){origin}")
-        expected = self.expected_state(p, rule)
-        unknown = sorted(set(map(str, saved)) - set(expected) - {"step", FORMAT_KEY})
+                             f"{self.format_name()!r} (min_8bit_size {self.min_size(group)}){origin}")
+        expected = self.expected_state(p, rule, group)
+        unknown = sorted(set(map(str, saved)) - set(expected) - {"step", tag_key})
         if unknown:
             raise ValueError(f"{where} has keys {unknown} that a {name} ({rule.name} rule) does not keep{origin}")
         step = saved.get("step")
@@ -655,7 +839,8 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             got = f"a tensor ({step.dtype})" if torch.is_tensor(step) else repr(step)
             raise ValueError(f"{where}: 'step' must be a Python int >= 0, got {got}{origin}")
         out: dict[str, Any] = {"step": step}
-        codes, scales = {s.codes_key: s for s in rule.states}, {s.scales_key for s in rule.states}
+        specs = self.state_specs(rule)
+        codes, scales = {s.codes_key: s for s in specs}, {s.scales_key for s in specs}
         for key, (shape, dtype) in expected.items():
             value = saved.get(key)
             if not torch.is_tensor(value):
@@ -677,15 +862,16 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             out[key] = value.detach().to(local_tensor(p).device).reshape(shape).clone(memory_format=torch.contiguous_format)
         return out
 
-    def _describe_own(self, p: torch.Tensor) -> str:
-        if not self.quantized(p):
-            return f"fp32 states for it (state format {self.format_name()!r}, min_8bit_size {self.min_8bit_size})"
+    def _describe_own(self, p: torch.Tensor, group: dict[str, Any] | None = None) -> str:
+        if not self.quantized(p, group):
+            return (f"fp32 states for it (state format {self.format_name()!r}, min_8bit_size "
+                    f"{self.min_size(group)})")
         return f"{self.format.name!r} (blocks of {self.format.m.blocksize})"
 
 
-def _codes_keys(rule: UpdateRule) -> set[str]:
-    """The keys of ``rule``'s states' codes (:attr:`adam8lib.rules.base.StateSpec.codes_key`)."""
-    return {s.codes_key for s in rule.states}
+def _a(name: str) -> str:
+    """``name`` with its indefinite article: 'an Adam8bit', 'a Lion8bit'."""
+    return ("an " if name[:1].lower() in "aeiou" else "a ") + name
 
 
 def _sharded(p: torch.Tensor) -> bool:

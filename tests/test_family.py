@@ -257,7 +257,7 @@ def test_a_checkpoint_in_another_format_is_refused_naming_both_formats():
     with pytest.raises(ValueError, match="has fp32 states; this Lion8bit stores"):
         fresh.load_state_dict(Lion(_model()).state_dict() | {"state": {0: {"step": 1, "exp_avg": torch.zeros(70, 61)}}})
     assert fresh.state_dict() == fresh_state  # refused: unchanged
-    with pytest.raises(ValueError, match="not a AdEMAMix8bit checkpoint"):
+    with pytest.raises(ValueError, match="not an AdEMAMix8bit checkpoint"):
         AdEMAMix8bit(_model()).load_state_dict(ckpt)
 
 

@@ -19,7 +19,14 @@ def count_fused_calls(monkeypatch, backend: str) -> list[tuple[str, int]]:
             return entry.fn(p, g, states, **kwargs)
 
         fn.counted_step = entry.fn
-        return dataclasses.replace(entry, fn=fn)
+        if entry.many is None:
+            return dataclasses.replace(entry, fn=fn)
+
+        def many(items, **kwargs):  # the batched form: one record per tensor it steps
+            calls.extend((entry.rule, p.numel()) for p, _, _ in items)
+            return entry.many(items, **kwargs)
+
+        return dataclasses.replace(entry, fn=fn, many=many)
 
     monkeypatch.setattr(registry, "_STEPS", [counted(s) if s.backend == backend else s for s in registry._STEPS])
     return calls
