@@ -86,15 +86,13 @@ from typing import Any, Iterable
 import torch
 
 from . import kernels
-from .distributed import (global_offset, local_param_and_grad, local_tensor, rank1_maxima_reducer,
-                          to_checkpoint_state, to_local_state)
+from .distributed import local_tensor
 from .kernels.contract import PARAM_DTYPES, check_plain_tensor, is_usual_tensor
-from .kernels.reference import format_reference_step
+from .quantized_state import QuantizedStateOptimizer
 from .rules.adamw import AdamWRule
 from .rules.base import StateSpec
 from .formats import FORMATS, StateFormat, get_format
 from .quant import MAP_FINGERPRINTS, check_blocksize, dynamic_map, map_fingerprint
-from .rounding import SR_CHUNK, element_key, state_chunks, stochastic_round_to_bf16
 
 #: The update rule of these optimizers (issue 35: the one core's AdamW rule): its checks of the hyper-parameters,
 #: its fp32 update, and the fused steps (:mod:`adam8lib.kernels.registry`) of their low-bit formats.
@@ -109,6 +107,8 @@ __all__ = ["LowBitAdam", "Adam8bit", "AdamW8bit", "Adam4bit", "AdamW4bit", "Adam
 
 _STATE_KEYS_8BIT = tuple(s.codes_key for s in STATE_SPECS) + tuple(s.scales_key for s in STATE_SPECS)
 _STATE_KEYS_32BIT = tuple(s.name for s in STATE_SPECS)
+#: The order of a new low-bit state's keys (:meth:`~adam8lib.formats.StateFormat.new_state`'s, as lessons print them).
+_KEY_ORDER_8BIT = tuple(s.codes_key for s in STATE_SPECS) + tuple(s.scales_key for s in STATE_SPECS)
 _GROUP_KEYS = ("lr", "betas", "eps", "weight_decay", "blocksize", "min_8bit_size")
 #: The key, in the saved state of every parameter with 8-bit states, of the fingerprint of the maps
 #: its codes index (:func:`adam8lib.quant.map_fingerprint` of qmap1 and qmap2). It travels with the
@@ -125,8 +125,11 @@ UNSUPPORTED_FLAGS = {
 }
 
 
-class LowBitAdam(torch.optim.Optimizer):
-    """Adam with low-bit, blockwise-scaled states (decoupled weight decay), in a given state format.
+class LowBitAdam(QuantizedStateOptimizer):
+    """Adam with low-bit, blockwise-scaled states (decoupled weight decay), in a given state format: the AdamW
+    rule (:class:`~adam8lib.rules.adamw.AdamWRule`) on the one core,
+    :class:`~adam8lib.quantized_state.QuantizedStateOptimizer`, with the keys, param groups, FSDP2 blocks and
+    checkpoints of lessons 07, 11 and 12.
 
     Args:
         params: parameters or param groups (each group may set ``lr``, ``betas``, ``eps``,
@@ -148,12 +151,14 @@ class LowBitAdam(torch.optim.Optimizer):
             false value (what this optimizer does); anything else raises ValueError.
     """
 
+    rule = _ADAMW
     #: The format of the classes below (``Adam8bit``: "8bit", ``Adam4bit``: "4bit", ...).
     state_format: str = "8bit"
-    #: Added to each parameter's index (its place among the parameters of one step) in the stochastic
-    #: rounding key: the public hook :func:`adam8lib.release.release_gradients` sets while it steps one
-    #: parameter, so that it rounds with the index it has in a full step.
-    rounding_offset: int = 0
+    #: Every group shows ``blocksize`` (the format's; no group may change it) and its ``min_8bit_size``.
+    group_settings = ("blocksize", "min_8bit_size")
+    #: A shard of a sharded (FSDP2) parameter is cut into its own blocks (lesson 11).
+    block_layout = "local"
+    format_tag_key = MAPS_KEY
 
     def __init__(
         self,
@@ -181,10 +186,6 @@ class LowBitAdam(torch.optim.Optimizer):
         if backend not in kernels_here:
             raise ValueError(f"state_format={fmt.name!r} has the backends {', '.join(map(repr, kernels_here))}; "
                              f"backend {backend!r} has no step for its states")
-        if not isinstance(stochastic_rounding, bool):
-            raise TypeError(f"stochastic_rounding must be a bool, got {type(stochastic_rounding).__name__}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
         if blocksize is not None:  # the block size has one home: the format (the groups show it)
             fmt = fmt.with_blocksize(check_blocksize(blocksize))
         defaults = dict(
@@ -193,55 +194,30 @@ class LowBitAdam(torch.optim.Optimizer):
         )
         self.format = fmt
         self._check_group(defaults, "the defaults")
-        self.backend = backend
-        self.stochastic_rounding = stochastic_rounding
-        self.seed = seed
         self.qmap1 = dynamic_map(signed=True)
         self.qmap2 = dynamic_map(signed=False)
-        self._device_maps: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
-        super().__init__(params, defaults)
+        super().__init__(params, defaults, state_format=fmt, min_8bit_size=min_8bit_size, backend=backend,
+                         stochastic_rounding=stochastic_rounding, seed=seed)
 
-    # ------------------------------------------------------------------ groups
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        super().add_param_group(param_group)
-        group = self.param_groups[-1]
-        try:
-            group["betas"] = tuple(group["betas"])
-            self._check_group(group, f"param group {len(self.param_groups) - 1}")
-            for p in group["params"]:
-                if p.dtype not in PARAM_DTYPES:
-                    raise TypeError(
-                        f"{type(self).__name__} supports fp32, bf16 and fp16 parameters; got one of shape "
-                        f"{tuple(p.shape)} with dtype {p.dtype}"
-                    )
-                if self.stochastic_rounding and p.dtype != torch.bfloat16:
-                    raise TypeError(
-                        f"stochastic_rounding=True writes bf16 parameters; got one of shape {tuple(p.shape)} with "
-                        f"dtype {p.dtype} (cast the model with .to(torch.bfloat16), or turn stochastic rounding off)"
-                    )
-        except (ValueError, TypeError):
-            self.param_groups.pop()
-            raise
+    # ------------------------------------------------------------------ what differs from the core's defaults
+    def state_specs(self, rule):
+        """AdamW's ``m`` and ``v`` under this class's keys (:data:`STATE_SPECS`)."""
+        return STATE_SPECS if rule is _ADAMW else rule.states
 
-    # ------------------------------------------------------------------ state
-    def init_state(self, params: Iterable[torch.Tensor] | None = None) -> "LowBitAdam":
-        """Create the states of ``params`` (default: every parameter) now, as the first
-        ``step()`` would (codes and absmax, or fp32 moments; ``step = 0``). Parameters that
-        already have a state keep it. Returns the optimizer (for chaining).
-
-        Useful to measure an optimizer's memory before training, or to shard/save states.
-        """
-        wanted = None if params is None else {id(p) for p in params}
-        for group in self.param_groups:
-            for p in group["params"]:
-                if (wanted is None or id(p) in wanted) and not self.state[p]:
-                    self.state[p].update(self._new_state(group, p))
-        return self
+    def _find_fused(self, rule, device: torch.device):
+        """The core's fused step; with ``backend="torch"`` and states in the 8-bit layout, the map-code kernel of
+        plain PyTorch (:func:`adam8lib.kernels.map_codes_reference_step`: lesson 07's step, one chunk of blocks at a
+        time) rather than decoding whole tensors: the same bits, with fp32 temporaries of one chunk."""
+        if self.backend == "torch" and rule is _ADAMW and map_kernels_step(self.format):
+            return kernels.map_codes_reference_step()
+        return super()._find_fused(rule, device)
 
     def _check_group(self, group: dict[str, Any], where: str) -> None:
         """ValueError naming the setting unless ``group`` is one this optimizer can step with: its
         hyper-parameters valid, and its ``blocksize`` the optimizer's (the format's: one block size for
         the whole optimizer, which every group shows and none may change)."""
+        if isinstance(group.get("betas"), list):
+            group["betas"] = tuple(group["betas"])
         _check_group(group, where, type(self).__name__)
         if group["blocksize"] != self.format.blocksize:
             raise ValueError(
@@ -249,131 +225,22 @@ class LowBitAdam(torch.optim.Optimizer):
                 f"of {self.format.blocksize}: the block size is a setting of the whole optimizer (its state format), "
                 f"not of a group; build the optimizer with blocksize={group['blocksize']!r} instead")
 
-    def _new_state(self, group: dict[str, Any], p: torch.Tensor) -> dict[str, Any]:
-        # a sharded (DTensor) parameter: low-bit or not by the FULL size, states sized to the local shard
-        # (blocks of the shard; rank-1 row maxima of its rows and column maxima of the whole tensor, see
-        # _step_by_format); every moment starts at 0: the codes of 0, scales 0 (8-bit: codes 127 and 0)
-        full, p = p.numel(), local_tensor(p)
-        if full >= group["min_8bit_size"]:
-            return {"step": 0, **self.format.new_state(tuple(p.shape), p.device)}
-        return {
-            "step": 0,
-            "exp_avg": torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format),
-            "exp_avg_sq": torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format),
-        }
+    def _check_param_and_grad(self, p: torch.Tensor, grad: torch.Tensor, where: str) -> None:
+        _check_param_and_grad(p, grad, where, type(self).__name__)
 
-    def _maps(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The two quantization maps on ``device`` (one copy per device, made on first use)."""
-        maps = self._device_maps.get(device)
-        if maps is None:
-            maps = self._device_maps[device] = (self.qmap1.to(device), self.qmap2.to(device))
-        return maps
+    def _new_state(self, p: torch.Tensor, rule, group: dict[str, Any] | None = None) -> dict[str, Any]:
+        state = super()._new_state(p, rule, group)
+        if _STATE_KEYS_8BIT[0] in state:  # the keys in the order lessons 00 and 07 print them
+            state = {"step": state["step"], **{k: state[k] for k in _KEY_ORDER_8BIT}}
+        return state
 
-    # ------------------------------------------------------------------ step
-    @torch.no_grad()
-    def step(self, closure=None):
-        """One optimizer step. Checks every parameter and gradient first, so a bad one changes nothing."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        self._check_and_update()
-        return loss
-
-    @kernels.run_eagerly
-    def _check_and_update(self) -> None:
-        """The step proper, always eager (under torch.compile: one graph break, real tensors)."""
-        # everything a step reads is checked before the first state or parameter changes: every group's
-        # settings, every parameter and gradient, every existing state's keys and sizes
-        work = []
-        for gi, group in enumerate(self.param_groups):
-            self._check_group(group, f"param group {gi}")
-            for pi, p in enumerate(group["params"]):
-                if p.grad is None:
-                    continue
-                work.append((group, p, *self._local_tensors(p, gi, pi)))
-                state = self.state.get(p)  # (not self.state[p]: a defaultdict would make an empty one)
-                if state:
-                    self._check_live_state(p, state, f"the state of parameter {pi} of group {gi}")
-        pending: dict[int, dict] = {}  # states counted but not yet updated: uncounted if the update raises
-        try:
-            self._run(work, pending)
-        except BaseException:
-            for state in pending.values():
-                state["step"] -= 1
-            raise
-
-    def _run(self, work: list, pending: dict[int, dict]) -> None:
-        if type(self)._step_map_codes is not LowBitAdam._step_map_codes or not self._map_kernels or self.stochastic_rounding:
-            # a subclass with its own 8-bit step, a format the map-code kernels do not step, or stochastic
-            # rounding: one parameter at a time
-            for index, (group, p, param, grad) in enumerate(work):
-                self._update(group, p, param, grad, index, pending)
-            return
-        # the 8-bit tensors of each group (and device) go to the backend together: one call for
-        # the group where the backend can take them at once (the cpu backends), which saves most
-        # of the per-tensor cost of crossing into the kernel; the same result, bit for bit
-        # (and the small tensors with fp32 states likewise, per group, device and step count,
-        # with torch's _foreach ops: the same operations as one tensor at a time, bit for bit on
-        # the CPU)
-        batches: dict[tuple[int, torch.device], tuple[dict[str, Any], list]] = {}
-        small: dict[tuple[int, torch.device, int], tuple[dict[str, Any], list]] = {}
-        own_32bit = type(self)._step_32bit is not LowBitAdam._step_32bit
-        for group, p, param, grad in work:
-            state = self._prepare(group, p, param)
-            pending[id(state)] = state
-            if "state1" not in state:
-                if own_32bit or not _fp32_batchable(param, state):
-                    self._step_32bit(group, param, grad, state)
-                    del pending[id(state)]
-                else:
-                    key = (id(group), param.device, state["step"])
-                    small.setdefault(key, (group, []))[1].append((param, grad, state))
-            elif param.numel():  # an empty shard (more ranks than rows): nothing to update here
-                batches.setdefault((id(group), param.device), (group, []))[1].append((param, grad, state))
-            else:
-                del pending[id(state)]
-        for step_many, groups in ((self._step_32bit_many, small), (self._step_map_codes_many, batches)):
-            for group, entries in groups.values():
-                step_many(group, entries)
-                for _, _, state in entries:
-                    del pending[id(state)]
-
-    def _local_tensors(self, p: torch.Tensor, group_index: int, param_index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(parameter, gradient)`` as the update sees them, after checking them.
-
-        A plain parameter is ``(p, p.grad)``; a sharded one (an FSDP2 DTensor, with a DTensor
-        gradient placed alike) is its local shard ``(p.to_local(), p.grad.to_local())``. This is
-        the one place where sharding is mapped; the update only ever sees plain dense tensors.
-        """
-        param, grad = local_param_and_grad(p)  # TypeError for a DTensor/plain mix
-        _check_param_and_grad(param, grad, group_index, param_index, p.shape, type(self).__name__)
-        return param, grad
-
-    @property
-    def _map_kernels(self) -> bool:
-        """Whether the low-bit states go through the map-code kernels of :mod:`adam8lib.kernels`
-        (:func:`~adam8lib.kernels.adam8bit_step_many`, every registered backend, batched per group): a
-        format whose codes align with the elements (one byte per code into a map, blockwise scales), keeps
-        signs and has one block size (:func:`map_kernels_step`). Other formats take :meth:`_step_by_format`."""
-        return map_kernels_step(self.format)
-
-    def _state_spec(self, shape: tuple[int, ...]) -> dict[str, tuple[int, torch.dtype]]:
-        """``{key: (elements, dtype)}`` of the low-bit state of a (local) tensor of ``shape``: the format's
-        (:meth:`~adam8lib.formats.StateFormat.state_spec`); a subclass with other scales says so here."""
-        return self.format.state_spec(shape)
-
-    def _check_live_state(self, p: torch.Tensor, state: dict[str, Any], where: str) -> None:
+    def _check_live_state(self, p: torch.Tensor, rule, where: str, group: dict[str, Any] | None = None) -> None:
         """ValueError unless the state a step is about to read has the keys, dtypes and sizes this
         optimizer makes for ``p`` (its state format and block size, on the local shard): a state edited by
         hand, or a group's block size changed after the states exist, is found before anything changes."""
-        local = local_tensor(p)
-        if "state1" in state:
-            expected = self._state_spec(tuple(local.shape))
-        else:
-            expected = {k: (local.numel(), torch.float32) for k in _STATE_KEYS_32BIT}
-        for key, (count, dtype) in expected.items():
-            value = state.get(key)
+        local, state = local_tensor(p), self.state[p]
+        for key, (shape, dtype) in self.expected_state(p, rule, group).items():
+            count, value = math.prod(shape), state.get(key)
             if not torch.is_tensor(value) or value.numel() != count or (key in _STATE_KEYS_8BIT and value.dtype != dtype):
                 got = f"{value.dtype}[{value.numel()}]" if torch.is_tensor(value) else type(value).__name__
                 raise ValueError(
@@ -384,323 +251,52 @@ class LowBitAdam(torch.optim.Optimizer):
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"{where}: 'step' must be a Python int >= 0, got {step!r}")
 
-    def _prepare(self, group: dict[str, Any], p: torch.Tensor, param: torch.Tensor) -> dict[str, Any]:
-        """A parameter's states, created or moved to its device, with the step counted."""
-        state = self.state[p]
-        if not state:
-            state.update(self._new_state(group, p))
-        else:
-            _follow_device(state, param.device)
-        state["step"] += 1
-        return state
-
-    def _update(self, group: dict[str, Any], p: torch.Tensor, param: torch.Tensor, grad: torch.Tensor,
-                index: int = 0, pending: dict[int, dict] | None = None) -> None:
-        """Update one parameter: create or move its states, count the step, run the update. With
-        stochastic rounding the update works on an fp32 copy of the (bf16) parameter, which is then
-        rounded stochastically, keyed by the step count, the parameter's ``index`` and each element's
-        index in the whole parameter; a parameter with blockwise low-bit states is updated and rounded
-        :data:`SR_CHUNK` elements at a time (whole blocks: the same bits as at once), so the fp32 copy
-        is one chunk's, not the parameter's."""
-        state = self._prepare(group, p, param)
-        if pending is not None:
-            pending[id(state)] = state
-        if not self.stochastic_rounding:
-            self._step_state(group, p, param, grad, state)
-        else:
-            key, offset = element_key(self.seed, state["step"], self.rounding_offset + index), global_offset(p)
-            for a, b, part in self._rounding_chunks(p, param, state):
-                flat = param if part is state else param.view(-1)[a:b]
-                target = flat.float()
-                self._step_state(group, p, target, grad if part is state else grad.reshape(-1)[a:b], part)
-                stochastic_round_to_bf16(target, key=key, start=offset + a, out=flat)
-        if pending is not None:
-            del pending[id(state)]
-
-    def _step_state(self, group: dict[str, Any], p: torch.Tensor, target: torch.Tensor, grad: torch.Tensor,
-                    state: dict[str, Any]) -> None:
-        """The update of ``target`` (the local parameter, its fp32 copy, or a chunk of that) with ``state``."""
-        if "state1" in state and not self._map_kernels:
-            self._step_by_format(group, target, grad, state, reduce_maxima=self._maxima_reducer(group, p))
-        elif "state1" in state:
-            self._step_map_codes(group, target, grad, state)
-        else:
-            self._step_32bit(group, target, grad, state)
-
-    def _rounding_chunks(self, p: torch.Tensor, param: torch.Tensor, state: dict[str, Any]):
-        """``(start, stop, state)`` pieces a stochastically rounded update steps: ``[(0, n, state)]`` (the
-        whole tensor), or, for blockwise low-bit states of a contiguous parameter larger than
-        :data:`SR_CHUNK`, chunks of whole blocks with views of the states' codes and scales (blocks are
-        independent, the rule elementwise, the rounding keyed by the element: the same bits). Rank-1
-        scales need the whole tensor, and a subclass with its own 8-bit step may scale otherwise."""
-        n, fmt, shape = param.numel(), self.format, tuple(p.shape)
-        if ("state1" not in state or n <= SR_CHUNK or not param.is_contiguous()
-                or type(self)._step_map_codes is not LowBitAdam._step_map_codes
-                or fmt.m.uses_rank1(shape) or fmt.v.uses_rank1(shape)
-                or fmt.m.blocksize != fmt.v.blocksize or SR_CHUNK % fmt.m.blocksize):
-            return [(0, n, state)]
-        return state_chunks(n, state, [(s.codes_key, s.scales_key, fmt.m if s.stored_as == "m" else fmt.v)
-                                       for s in STATE_SPECS], chunk=SR_CHUNK)
-
-    def _maxima_reducer(self, group: dict[str, Any], p: torch.Tensor):
-        """The all-reduce that gives a shard of a sharded (FSDP2) parameter the rank-1 scales of the
-        whole tensor (:func:`adam8lib.distributed.rank1_maxima_reducer`), or None: a plain
-        parameter, or no moment of this format with rank-1 scales for ``p``'s (full) shape."""
-        fmt = self.format
-        if not (fmt.m.uses_rank1(tuple(p.shape)) or fmt.v.uses_rank1(tuple(p.shape))):
-            return None
-        return rank1_maxima_reducer(p)
-
-    def _step_by_format(self, group: dict[str, Any], p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any],
-                     reduce_maxima=None) -> None:
-        """The reference step of any state format: decode m and v, the fp32 update, encode them again.
-        (fp32 temporaries the size of the tensor; the 8-bit format has fused backends instead.)
-
-        ``reduce_maxima`` (the local shard of a sharded parameter with rank-1 scales): the hook that
-        all-reduces the shard's axis maxima into the whole tensor's (:meth:`_maxima_reducer`). Such a
-        step takes part in a collective on every rank, an empty shard too, and always runs the
-        reference step (a fused kernel computes its scales from the shard alone)."""
-        fmt, shape = self.format, tuple(p.shape)
-        if not p.numel():
-            if reduce_maxima is not None:  # nothing to update, but this rank's part of the all-reduce
-                empty = torch.zeros(0, dtype=torch.float32, device=p.device)
-                fmt.encode_(state, empty, empty, shape, reduce_maxima)
-            return
-        fused = None if reduce_maxima is not None else self._fused_step(fmt, p.device)
-        beta1, beta2 = group["betas"]
-        if fused is not None:
-            flat = p.view(-1) if p.is_contiguous() else p.contiguous().view(-1)
-            states = tuple((state[s.codes_key], state[s.scales_key]) for s in STATE_SPECS)
-            fused.fn(flat, grad.reshape(-1).contiguous(), states, rule=_ADAMW, fmt=fmt, shape=shape,
-                     step=state["step"], group=dict(lr=group["lr"], betas=(beta1, beta2), eps=group["eps"],
-                                                    weight_decay=group["weight_decay"]))
-            if flat.data_ptr() != p.data_ptr():
-                p.copy_(flat.view(shape))
-            return
-        format_reference_step(p, grad, state, fmt, shape=shape, reduce_maxima=reduce_maxima, step=state["step"],
-                              lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                              weight_decay=group["weight_decay"])
-
-    def _fused_step(self, fmt: StateFormat, device: torch.device):
-        """The fused step (:class:`adam8lib.kernels.FusedStep`) this low-bit step runs, or None for the
-        reference step: the one registry's ``("adamw", fmt, backend)`` step
-        (:func:`adam8lib.kernels.find_step`): the backend named, or with ``"auto"`` the first of
-        :data:`adam8lib.kernels.AUTO_ORDER` that has one and runs on ``device`` (never the Triton
-        interpreter). Both moments need one block size."""
-        if self.backend == "torch" or fmt.m.blocksize != fmt.v.blocksize:
-            return None
-        return kernels.find_step(_ADAMW, fmt, self.backend, device)
-
-    def _step_map_codes_many(self, group: dict[str, Any], entries: list[tuple[torch.Tensor, torch.Tensor, dict]]) -> None:
-        """The 8-bit update of several (non-empty) parameters of one group on one device, each stepped as if
-        on its own: the batched form (``many``) of the one registry's fused AdamW step for this format and
-        backend (:func:`adam8lib.kernels.find_step`; one call of the backend's ``step_many`` where it has one),
-        or, with ``backend="torch"`` (no fused step: the map-code reference kernel) or maps other than the
-        format's (:class:`~adam8lib.variants.Adam8bitVariant`'s linear ones),
-        :func:`adam8lib.kernels.adam8bit_step_many` with this optimizer's maps."""
-        items, copies = [], []
-        for p, grad, state in entries:
-            flat = p.view(-1) if p.is_contiguous() else p.contiguous().view(-1)
-            if not p.is_contiguous():
-                copies.append((p, flat))  # we work on a contiguous copy: written back below
-            grad = grad.reshape(-1)
-            if not grad.is_contiguous():
-                grad = grad.contiguous()
-            items.append((flat, grad, ((state["state1"], state["absmax1"]), (state["state2"], state["absmax2"]))))
-        device, steps = entries[0][0].device, [state["step"] for _, _, state in entries]
-        fused = self._map_codes_step(device) if self._format_maps() else None
-        if fused is not None and fused.many is not None:
-            fused.many(items, rule=_ADAMW, fmt=self.format, shapes=[p.shape for p, _, _ in entries], steps=steps,
-                       group=group)
-        else:
-            kernels.adam8bit_step_items(items, *self._maps(device), steps=steps, group=group,
-                                        blocksize=self.format.blocksize, backend=self.backend)
-        for p, flat in copies:
-            p.copy_(flat.view(p.shape))
-
-    def _map_codes_step(self, device: torch.device):
-        """:meth:`_fused_step` of this optimizer's format on ``device``, remembered until the backend, the format
-        or the registry changes (a batched step of many small tensors does not look it up again each time)."""
-        key = (kernels.find_step, kernels.registry.version(), self.backend, device, self.format)
-        known = self.__dict__.get("_map_codes_step_known")
-        if known is not None and known[0] == key:
-            return known[1]
-        fused = self._fused_step(self.format, device)
-        key = (kernels.find_step, kernels.registry.version(), self.backend, device, self.format)  # the lookup may
-        # have imported an optional backend, which registers its steps (a new version)
-        self.__dict__["_map_codes_step_known"] = (key, fused)
-        return fused
-
-    def _format_maps(self) -> bool:
-        """Whether this optimizer's maps are its format's (what the registry's fused steps decode with); the
-        answer is kept for the map tensors it was given for (one comparison, not one per step)."""
-        known = self.__dict__.get("_format_maps_known")
-        if known is not None and known[0] is self.qmap1 and known[1] is self.qmap2 and known[2] is self.format:
-            return known[3]
-        m, v = self.format.m.qmap(), self.format.v.qmap()
-        same = all(ours is theirs or (theirs is not None and ours.shape == theirs.shape and ours.dtype == theirs.dtype
-                                      and ours.device == theirs.device and torch.equal(ours, theirs))
-                   for ours, theirs in ((self.qmap1, m), (self.qmap2, v)))
-        self.__dict__["_format_maps_known"] = (self.qmap1, self.qmap2, self.format, same)
-        return same
-
-    def _step_map_codes(self, group: dict[str, Any], p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any]) -> None:
-        """The 8-bit update of one parameter (what a subclass overrides to change the step)."""
-        if p.numel():  # an empty shard (more ranks than rows): nothing to update here
-            self._step_map_codes_many(group, [(p, grad, state)])
-
-    def _step_32bit(self, group: dict[str, Any], p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any]) -> None:
-        """fp32 states for small tensors: the AdamW rule's fp32 update, non-finite rule included."""
-        p.copy_(_ADAMW.update(p.float(), grad.float(), state, step=state["step"], group=group))
-
-    def _step_32bit_many(self, group: dict[str, Any], entries: list[tuple[torch.Tensor, torch.Tensor, dict]]) -> None:
-        """:meth:`_step_32bit` for several parameters of one group on one device with the same
-        step count, in one :meth:`AdamWRule.update_many <adam8lib.rules.adamw.AdamWRule.update_many>`
-        (:func:`~adam8lib.kernels.reference.adam_update_fp32_many`; on the CPU bit for bit the same)."""
-        work = [(p, p.float()) for p, _, _ in entries]  # fp32 p: itself (updated in place)
-        _ADAMW.update_many([w for _, w in work], [g.float() for _, g, _ in entries], [st for _, _, st in entries],
-                           step=entries[0][2]["step"], group=group)
-        for p, w in work:
-            if w is not p:
-                p.copy_(w)
-
     # ------------------------------------------------------------------ copy / pickle
     def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()  # defaults, state, param_groups (as torch.optim)
-        state = {k: v for k, v in state.items()  # caches, made again on use
-                 if k not in ("_format_maps_known", "_map_codes_step_known")}
-        state.update(backend=self.backend, qmap1=self.qmap1, qmap2=self.qmap2, format=self.format,
-                     stochastic_rounding=self.stochastic_rounding, seed=self.seed)
+        state = super().__getstate__()
+        state.update(qmap1=self.qmap1, qmap2=self.qmap2)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         state = dict(state)
-        backend = state.pop("backend", "auto")
         qmap1, qmap2 = state.pop("qmap1", None), state.pop("qmap2", None)
-        self.format = get_format(state.pop("format", type(self).state_format))
-        self.stochastic_rounding = state.pop("stochastic_rounding", False)
-        self.seed = state.pop("seed", 0)
+        state.setdefault("format", type(self).state_format)  # pickled before the format was kept
+        state["format"] = get_format(state["format"])
+        defaults = state.get("defaults", {})
+        state.setdefault("min_8bit_size", defaults.get("min_8bit_size", 4096))
         super().__setstate__(state)
-        self.defaults.pop("differentiable", None)  # torch adds it; not a hyperparameter here
         blocksize = self.defaults.get("blocksize", self.format.blocksize)
         if blocksize != self.format.blocksize:  # pickled before the block size lived in the format
             self.format = self.format.with_blocksize(blocksize)
-        self.backend = backend
         self.qmap1 = dynamic_map(signed=True) if qmap1 is None else qmap1
         self.qmap2 = dynamic_map(signed=False) if qmap2 is None else qmap2
-        self._device_maps = {}
 
     # ------------------------------------------------------------------ checkpoints
-    def state_dict(self) -> dict[str, Any]:
-        """As ``torch.optim``; the 8-bit states of a DTensor (FSDP2) parameter come as DTensors
-        that ``torch.distributed.checkpoint`` can save and reshard (see :mod:`adam8lib.distributed`).
-
-        The saved state of every parameter with 8-bit states also carries ``"qmap_fingerprint"``,
-        the fingerprint of the two maps its codes index (:func:`adam8lib.quant.map_fingerprint`):
-        a checkpoint is loaded only into an optimizer with the same maps, so its codes decode to
-        the same values on any machine."""
-        sd = super().state_dict()
-        params = [(group, p) for group in self.param_groups for p in group["params"]]
-        for index, (group, p) in enumerate(params):
-            if index in sd["state"]:
-                saved = to_checkpoint_state(p, sd["state"][index], self.format.blocksize, self.format)
-                if "state1" in saved:
-                    saved = {**saved, MAPS_KEY: self._codes_fingerprint()}
-                sd["state"][index] = saved
-        return sd
-
-    def _codes_fingerprint(self) -> str:
-        """What a saved state's codes need to be decoded (:func:`codes_fingerprint` of this optimizer's
-        format and maps)."""
+    def format_tag(self) -> str:
+        """The saved ``"qmap_fingerprint"``: :func:`codes_fingerprint` of this optimizer's format and maps."""
         return codes_fingerprint(self.format, self.qmap1, self.qmap2)
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a checkpoint of this class (``state_dict()``), keeping uint8 codes and fp32 absmax
-        as they are (torch would cast states to the parameter dtype).
+    def codes_maps(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.qmap1, self.qmap2
 
-        As torch does, the load-state-dict pre-hooks see (and may replace) the checkpoint first
-        and the post-hooks run once the state is in place. Everything is checked before anything
-        changes: a checkpoint of another optimizer (torch.optim.AdamW, bitsandbytes), or one with
-        wrong sizes or dtypes, unknown keys, a non-finite absmax or a bad step count raises
-        ValueError naming the problem and leaves this optimizer as it was.
-        """
-        if not isinstance(state_dict, dict):
-            raise ValueError(f"state_dict must be a dict from Optimizer.state_dict(), got {type(state_dict).__name__}")
-        state_dict = state_dict.copy()  # as torch does: hooks may edit the top level freely
-        for hook in self._optimizer_load_state_dict_pre_hooks.values():
-            result = hook(self, state_dict)
-            if result is not None:
-                state_dict = result
-        groups, state = self._checked_checkpoint(state_dict)
-        self.param_groups = groups
-        self.state = defaultdict(dict, state)
-        for hook in self._optimizer_load_state_dict_post_hooks.values():
-            hook(self)
+    def foreign_origin(self, state_dict: dict[str, Any]) -> str:
+        return _foreign_origin(state_dict)
 
-    def _checked_checkpoint(self, state_dict: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[torch.Tensor, dict]]:
-        """Validate a checkpoint; return (new param_groups, new state) without changing anything."""
-        if not isinstance(state_dict, dict) or "state" not in state_dict or "param_groups" not in state_dict:
-            raise ValueError("state_dict must have 'state' and 'param_groups' (from Optimizer.state_dict())")
-        saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]
-        if not isinstance(saved_groups, (list, tuple)) or not isinstance(saved_state, dict):
-            raise ValueError("state_dict['param_groups'] must be a list and state_dict['state'] a dict")
-        origin = _foreign_origin(state_dict)
-        if len(saved_groups) != len(self.param_groups):
-            raise ValueError(
-                f"loaded state dict has {len(saved_groups)} parameter groups, this optimizer has {len(self.param_groups)}"
-            )
-        for pid, saved in saved_state.items():  # states in another format: say so first, in the user's terms
-            if isinstance(saved, dict) and "state1" in saved:
-                self._check_maps(saved.get(MAPS_KEY), f"the state of parameter {pid!r}", origin)
-        new_groups, id_to_param, id_to_group = [], {}, {}
-        for gi, (current, saved) in enumerate(zip(self.param_groups, saved_groups)):
-            where = f"param group {gi} of the loaded state dict"
-            if not isinstance(saved, dict) or not isinstance(saved.get("params"), (list, tuple)):
-                raise ValueError(f"{where} must be a dict with a 'params' list")
-            missing = [k for k in _GROUP_KEYS if k not in saved]
-            if missing:
-                raise ValueError(f"{where} has no {', '.join(map(repr, missing))}: not an "
-                                 f"{type(self).__name__} checkpoint{origin}")
-            if len(saved["params"]) != len(current["params"]):
-                raise ValueError(
-                    f"{where} has {len(saved['params'])} parameters, this optimizer's group has {len(current['params'])}"
-                )
-            group = {k: v for k, v in saved.items() if k != "params"}
-            group["params"] = current["params"]
-            if "param_names" in current and "param_names" not in group:
-                group["param_names"] = current["param_names"]
-            try:
-                group["betas"] = tuple(group["betas"])
-            except TypeError:
-                raise ValueError(f"{where}: betas must be a pair of floats, got {group['betas']!r}") from None
-            self._check_group(group, where)
-            new_groups.append(group)
-            for pid, p in zip(saved["params"], current["params"]):
-                id_to_param[pid], id_to_group[pid] = p, group
-        new_state = {}
-        for pid, saved in saved_state.items():
-            if pid not in id_to_param:
-                raise ValueError(f"state for unknown parameter id {pid!r}")
-            p = id_to_param[pid]
-            where = f"state of parameter {pid!r} (shape {tuple(p.shape)})"
-            if isinstance(saved, dict) and "state1" in saved:
-                self._check_maps(saved.get(MAPS_KEY), where, origin)
-                saved = {k: v for k, v in saved.items() if k != MAPS_KEY}
-            if isinstance(saved, dict):  # DCP / another world size: this rank's plain local state
-                saved = to_local_state(p, saved, self.format.blocksize, (self.qmap1, self.qmap2),
-                                       self.format)
-            _check_saved_state(p, saved, self.format, where, origin)
-            new_state[p] = {
-                k: (v.detach().to(p.device).reshape(local_tensor(p).shape if k in _STATE_KEYS_32BIT else -1).clone(
+    def _checked_state(self, p: torch.Tensor, rule, saved: Any, where: str, origin: str,
+                       group: dict[str, Any] | None = None) -> dict:
+        if isinstance(saved, dict) and "state1" in saved:
+            self._check_format_tag(saved.get(MAPS_KEY), where, origin)
+            saved = {k: v for k, v in saved.items() if k != MAPS_KEY}
+        _check_saved_state(p, saved, self.format, where, origin)
+        local = local_tensor(p)
+        return {k: (v.detach().to(local.device).reshape(local.shape if k in _STATE_KEYS_32BIT else -1).clone(
                     memory_format=torch.contiguous_format) if torch.is_tensor(v) else v)
-                for k, v in saved.items()
-            }
-        return new_groups, new_state
+                for k, v in saved.items()}
 
-    def _check_maps(self, saved: Any, where: str, origin: str) -> None:
+    def _check_format_tag(self, saved: Any, where: str, origin: str) -> None:
         """ValueError unless a saved state's codes are in this optimizer's format, with its maps (the same
         fingerprint). The refusal names both formats as a user writes them (``'8bit'``, ``'4bit'``)."""
-        ours = self._codes_fingerprint()
+        ours = self.format_tag()
         if saved == ours:
             return
         name, fmt = type(self).__name__, self.format
@@ -737,7 +333,8 @@ class LowBitAdam(torch.optim.Optimizer):
         )
 
     def __repr__(self) -> str:
-        return super().__repr__().replace(type(self).__name__ + " (", f"{type(self).__name__} (backend: {self.backend}", 1)
+        return torch.optim.Optimizer.__repr__(self).replace(type(self).__name__ + " (",
+                                                            f"{type(self).__name__} (backend: {self.backend}", 1)
 
 
 class Adam8bit(LowBitAdam):
@@ -847,16 +444,13 @@ def _check_group(group: dict[str, Any], where: str, name: str = "LowBitAdam") ->
         raise ValueError(f"Invalid min_8bit_size: {size!r} (must be an int >= 0)")
 
 
-def _check_param_and_grad(
-    p: torch.Tensor, grad: torch.Tensor, group_index: int, param_index: int, shape: torch.Size, name: str = "LowBitAdam"
-) -> None:
-    """Checks of the (local) parameter and gradient a step will update; ``shape`` is the full one.
-    The usual case (plain dense tensors that fit) is a few cheap tests; the messages are built
-    only for a failing check (this runs for every parameter at every step)."""
+def _check_param_and_grad(p: torch.Tensor, grad: torch.Tensor, where: str, name: str = "LowBitAdam") -> None:
+    """Checks of the (local) parameter and gradient a step will update (``where``: which parameter, with its full
+    shape). The usual case (plain dense tensors that fit) is a few cheap tests; the messages are built only for
+    a failing check (this runs for every parameter at every step)."""
     if (is_usual_tensor(p) and is_usual_tensor(grad) and p.dtype in PARAM_DTYPES and grad.is_floating_point()
             and grad.shape == p.shape and grad.device == p.device):
         return
-    where = f"parameter {param_index} of group {group_index} (shape {tuple(shape)})"
     if grad.is_sparse or grad.layout != torch.strided:
         raise RuntimeError(f"{name} does not support sparse gradients: {where}; use torch.optim.SparseAdam")
     if grad.is_complex() or p.is_complex():
@@ -871,21 +465,6 @@ def _check_param_and_grad(
         raise TypeError(f"gradient of {where} must be floating point, got {grad.dtype}")
     if grad.device != p.device:
         raise ValueError(f"gradient of {where} is on {grad.device}, the parameter on {p.device}")
-
-
-def _fp32_batchable(param: torch.Tensor, state: dict[str, Any]) -> bool:
-    """Whether a parameter with fp32 states can join the batched fp32 update: fp32 states as
-    created (anything else, e.g. states loaded in another dtype, goes one at a time), on a CPU
-    or CUDA device (``_prepare`` has already moved them to the parameter's)."""
-    return (state["exp_avg"].dtype == torch.float32 and state["exp_avg_sq"].dtype == torch.float32
-            and param.device.type in ("cpu", "cuda"))
-
-
-def _follow_device(state: dict[str, Any], device: torch.device) -> None:
-    """Move a parameter's states to ``device`` (the model was moved after the states were made)."""
-    for key, value in state.items():
-        if torch.is_tensor(value) and value.device != device:
-            state[key] = value.to(device)
 
 
 def _foreign_origin(state_dict: dict[str, Any]) -> str:

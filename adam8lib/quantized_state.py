@@ -364,6 +364,11 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         hook to plug another rounding into (tests/test_family_bnb.py plugs in bitsandbytes')."""
         return fmt.quantize(x, shape)
 
+    def _custom_quantize(self) -> bool:
+        """Whether :meth:`quantize` is not the format's own coding (overridden, on the class or the instance): then
+        the reference step runs, so that the hook is what codes the states."""
+        return getattr(self.quantize, "__func__", None) is not QuantizedStateOptimizer.quantize
+
     def _encode(self, state: dict[str, Any], spec: StateSpec, x: torch.Tensor, p: torch.Tensor,
                 target: torch.Tensor) -> None:
         if spec.name in state:
@@ -414,7 +419,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                 if distributed and _sharded(p):
                     self._check_shardable(p, rule, group, pi, gi)
                     local_range(p)  # NotImplementedError for a layout other than FSDP2's (dim 0 of a 1-D mesh)
-                    if getattr(self.quantize, "__func__", None) is not QuantizedStateOptimizer.quantize:
+                    if self._custom_quantize():
                         raise TypeError(f"{where} is sharded (FSDP2): its shard is quantized in the whole tensor's "
                                         f"blocks by the format itself, so an overridden {type(self).__name__}.quantize "
                                         f"cannot run on it; step it unsharded")
@@ -438,7 +443,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         fp32_batches: dict[tuple, tuple] = {}
         for index, (group, p, param, grad, rule, fused) in enumerate(work):
             if fused is not None and fused.many is not None:
-                key = (id(group), param.device, id(fused), id(rule))
+                key = (id(group), param.device, id(fused.many), id(rule))
                 fused_batches.setdefault(key, (group, rule, fused, []))[3].append((p, param, grad))
             elif (fused is None and self._batches_fp32(rule) and not self.quantized(p, group)
                   and param.device.type in ("cpu", "cuda")):
@@ -525,12 +530,25 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         if local is None:
             local = local_tensor(p)
             grad = None if p.grad is None else local_tensor(p.grad)
-        if (self.backend == "torch" or not rule.elementwise or not self.quantized(p, group) or not local.numel()
+        if (not rule.elementwise or not self.quantized(p, group) or not local.numel()
                 or not local.is_contiguous() or (grad is not None and not grad.is_contiguous())
-                or getattr(self.quantize, "__func__", None) is not QuantizedStateOptimizer.quantize
+                or self._custom_quantize()
                 or self._needs_reduction(p, rule, group)):
             return None
-        return kernels.find_step(rule, self.format, self.backend, local.device)
+        return self._find_fused(rule, local.device)
+
+    def _find_fused(self, rule: UpdateRule, device: torch.device) -> kernels.FusedStep | None:
+        """The fused step of ``rule`` for this optimizer's format and backend on ``device`` (None: the reference
+        step): the one registry's (:func:`adam8lib.kernels.find_step`; ``backend="torch"``: None)."""
+        key = (kernels.find_step, kernels.registry.version(), rule, self.format, self.backend, device)
+        known = self.__dict__.setdefault("_found_steps", {})
+        if key not in known:
+            if len(known) > 64:  # (registry versions come and go in tests; keep it small)
+                known.clear()
+            known[key] = kernels.find_step(rule, self.format, self.backend, device)
+            # the look-up may have imported an optional backend, which registers its steps (a new version)
+            known[(kernels.find_step, kernels.registry.version()) + key[2:]] = known[key]
+        return known[key]
 
     def _needs_reduction(self, p: torch.Tensor, rule: UpdateRule, group: dict[str, Any] | None = None) -> bool:
         """Whether a step of the sharded parameter ``p`` reduces scales across its shards (rank-1 maxima,
@@ -604,7 +622,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         on a contiguous parameter whose scales need nothing from other shards."""
         n = param.numel()
         if (not rule.elementwise or not param.is_contiguous() or self._needs_reduction(p, rule, group)
-                or getattr(self.quantize, "__func__", None) is not QuantizedStateOptimizer.quantize):
+                or self._custom_quantize()):
             return [(0, n, state)]
         moments, fp32 = [], []
         for spec in self.state_specs(rule):
@@ -647,6 +665,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
     # ------------------------------------------------------------------ copy / pickle
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
+        state.pop("_found_steps", None)  # a cache, made again on use
         state.update(format=self.format, min_8bit_size=self.min_8bit_size, backend=self.backend,
                      stochastic_rounding=self.stochastic_rounding, seed=self.seed)
         return state

@@ -4,7 +4,8 @@ The 8-bit optimizers paper attributes 8-bit Adam's stability to two ideas: the *
 map** (lesson 05: fine steps near 0, coarse near ±1) and **blockwise** scales (lesson 06:
 one ``absmax`` per block of 256, so an outlier only coarsens its own block). To see what
 each buys, :class:`Adam8bitVariant` switches them off one at a time, reusing the library's
-own step (:mod:`adam8lib.kernels`) unchanged:
+own step unchanged: a variant is ``Adam8bit`` with another state format (the maps, the sign rule) and, for
+per-tensor scales, the core's decode and quantize hooks (:class:`~adam8lib.quantized_state.QuantizedStateOptimizer`):
 
 * ``quantization="linear"``: the two maps become :func:`adam8lib.quant.linear_map`
   (256 evenly spaced values; signed ``[-1, 1]`` for ``m``, unsigned ``[0, 1]`` for ``v``),
@@ -27,9 +28,9 @@ not takes the step ``lr * m_hat / eps`` next time. With the linear map (first st
 the absmax) that happens to every ``v`` below 1/510 of its absmax, and the LM in
 ``bench/convergence.py ablation`` diverges on every seed (bench/README.md, "Convergence").
 
-Every variant other than the default one runs the reference step's phases (dequantize, the fp32
-update :func:`~adam8lib.kernels.reference.adam_update_fp32` with its non-finite rule,
-requantize) from the library's pieces, on the whole tensor at once (fp32 temporaries the
+A variant with blockwise scales and signs kept (the dynamic or the linear map) runs the fused kernels of
+:mod:`adam8lib.kernels` with its format's maps. Every other variant runs the core's reference step (dequantize,
+the fp32 AdamW update with its non-finite rule, requantize), on the whole tensor at once (fp32 temporaries the
 size of the tensor: an experiment's tool, not a memory saver). The requantization is one
 method, :meth:`Adam8bitVariant._requantize`; a subclass that overrides it (and sets
 ``custom_requantize = True``) can try another rounding rule, e.g. another library's
@@ -38,18 +39,44 @@ quantizer, with everything else unchanged.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import Any
 
 import torch
 
+from .formats import StateFormat, get_format
 from .optim import Adam8bit
-from .kernels.reference import adam_update_fp32
 from .quant import dequantize_blocks, linear_map, quantize_blocks
 
 __all__ = ["Adam8bitVariant", "QUANTIZATIONS"]
 
 #: The quantization maps a variant can use.
 QUANTIZATIONS = ("dynamic", "linear")
+
+
+def _linear_signed() -> torch.Tensor:
+    return linear_map(signed=True)
+
+
+def _linear_unsigned() -> torch.Tensor:
+    return linear_map(signed=False)
+
+
+@functools.lru_cache(maxsize=None)
+def variant_format(quantization: str, keep_sign: bool, blocksize: int) -> StateFormat:
+    """The 8-bit format with ``quantization``'s maps and the sign rule ``keep_sign`` (``"8bit"`` itself for the
+    dynamic maps with signs kept), blocks of ``blocksize``."""
+    fmt = get_format("8bit").with_blocksize(blocksize)
+    if quantization == "dynamic" and keep_sign:
+        return fmt
+    m, v = fmt.m, fmt.v
+    if quantization == "linear":
+        m = dataclasses.replace(m, map_builder=_linear_signed, map_name="linear-signed")
+        v = dataclasses.replace(v, map_builder=_linear_unsigned, map_name="linear-unsigned")
+    m, v = dataclasses.replace(m, keep_sign=keep_sign), dataclasses.replace(v, keep_sign=keep_sign)
+    name = "8bit-" + quantization + ("" if keep_sign else "-nearest")
+    return StateFormat(name, m, v, f"{fmt.summary} ({quantization} maps{'' if keep_sign else ', plain nearest code'})")
 
 
 class Adam8bitVariant(Adam8bit):
@@ -64,7 +91,7 @@ class Adam8bitVariant(Adam8bit):
         other arguments: as :class:`~adam8lib.optim.Adam8bit`.
     """
 
-    #: Set by a subclass that overrides :meth:`_requantize` (its step then runs the phases here).
+    #: Set by a subclass that overrides :meth:`_requantize` (its step then runs the reference step).
     custom_requantize = False
 
     def __init__(self, params, *args: Any, quantization: str = "dynamic", blockwise: bool = True,
@@ -74,6 +101,9 @@ class Adam8bitVariant(Adam8bit):
         for name, value in (("blockwise", blockwise), ("keep_sign", keep_sign)):
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+        if "state_format" in kwargs:
+            raise TypeError(f"{type(self).__name__} makes its own state format (quantization=, keep_sign=); "
+                            f"state_format is not one of its arguments")
         own_phases = not blockwise or not keep_sign or self.custom_requantize
         if own_phases:
             if kwargs.get("backend", "torch") not in ("torch", "auto"):
@@ -81,51 +111,42 @@ class Adam8bitVariant(Adam8bit):
                         else f"{type(self).__name__} (its own requantization)")
                 raise ValueError(f"{what} runs the reference backend only (backend='torch')")
             kwargs["backend"] = "torch"
-        super().__init__(params, *args, **kwargs)
+        blocksize = kwargs.get("blocksize")
+        fmt = variant_format(quantization, keep_sign, get_format("8bit").blocksize if blocksize is None else blocksize)
         self.quantization = quantization
         self.blockwise = blockwise
         self.keep_sign = keep_sign
         self._own_phases = own_phases
-        if quantization == "linear":
-            self.qmap1, self.qmap2 = linear_map(signed=True), linear_map(signed=False)
+        super().__init__(params, *args, state_format=fmt, **kwargs)
+        self.qmap1, self.qmap2 = fmt.m.qmap(), fmt.v.qmap()
 
-    def _new_state(self, group: dict[str, Any], p: torch.Tensor) -> dict[str, Any]:
-        state = super()._new_state(group, p)
-        if not self.blockwise and "state1" in state:
-            state["absmax1"] = state["absmax1"][:1].clone()  # one scale for the whole tensor
-            state["absmax2"] = state["absmax2"][:1].clone()
-        return state
+    # the core's hooks: per-tensor scales, and the requantization a subclass may override
+    def _custom_quantize(self) -> bool:
+        return self._own_phases
 
-    def _state_spec(self, shape: tuple[int, ...]) -> dict[str, tuple[int, torch.dtype]]:
-        spec = super()._state_spec(shape)
+    def expected_state(self, p, rule, group=None):
+        expected = super().expected_state(p, rule, group)
         if not self.blockwise:  # one scale for the whole tensor
-            spec = {**spec, "absmax1": (1, torch.float32), "absmax2": (1, torch.float32)}
-        return spec
+            for spec in self.state_specs(rule):
+                if spec.scales_key in expected:
+                    expected[spec.scales_key] = ((1,), torch.float32)
+        return expected
+
+    def decode(self, state, spec, p, target=None):
+        if not self._own_phases or spec.name in state:
+            return super().decode(state, spec, p, target)
+        target = p if target is None else target
+        n = target.numel()
+        values = dequantize_blocks(state[spec.codes_key], state[spec.scales_key], self.moment(spec).qmap().to(target.device),
+                                   self.format.blocksize if self.blockwise else max(n, 1))
+        return values.view(target.shape)
+
+    def quantize(self, spec, x, fmt, shape):
+        return self._requantize(x, fmt.qmap().to(x.device), fmt.blocksize if self.blockwise else max(x.numel(), 1))
 
     def _requantize(self, x: torch.Tensor, code: torch.Tensor, blocksize: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Requantize a flat fp32 state: ``(codes uint8, absmax per block)``, with this variant's sign rule."""
         return quantize_blocks(x, code, blocksize, keep_sign=self.keep_sign)
-
-    def _step_map_codes(self, group: dict[str, Any], p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any]) -> None:
-        if not self._own_phases:
-            super()._step_map_codes(group, p, grad, state)
-            return
-        # The reference step's phases (dequantize, fp32 update with the non-finite rule,
-        # requantize) from the library's own pieces; one block = the whole tensor when per-tensor.
-        n = p.numel()
-        if n == 0:
-            return
-        blocksize = group["blocksize"] if self.blockwise else n
-        beta1, beta2 = group["betas"]
-        qmap1, qmap2 = self._maps(p.device)
-        m = dequantize_blocks(state["state1"], state["absmax1"], qmap1, blocksize)
-        v = dequantize_blocks(state["state2"], state["absmax2"], qmap2, blocksize)
-        new = adam_update_fp32(p.reshape(-1).float(), grad.reshape(-1).float(), m, v, step=state["step"],
-                               lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                               weight_decay=group["weight_decay"])
-        p.copy_(new.view(p.shape))
-        state["state1"], state["absmax1"] = self._requantize(m, qmap1, blocksize)
-        state["state2"], state["absmax2"] = self._requantize(v, qmap2, blocksize)
 
     def __repr__(self) -> str:
         scales = "blockwise" if self.blockwise else "per-tensor"

@@ -316,9 +316,9 @@ def test_stochastic_rounding_release_does_one_update_per_parameter(name, monkeyp
     calls = []
     original = LowBitAdam._update
 
-    def counting(self, group, p, param, grad, index=0, *rest, **kwargs):
+    def counting(self, group, p, param, grad, rule, fused=None, index=0):
         calls.append((p.numel(), index + self.rounding_offset))  # the public hook shifts the index
-        return original(self, group, p, param, grad, index, *rest, **kwargs)
+        return original(self, group, p, param, grad, rule, fused, index)
 
     monkeypatch.setattr(LowBitAdam, "_update", counting)
     make, dtype = OPTIMIZERS[name]

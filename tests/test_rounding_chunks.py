@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from adam8lib import AdamW8bit
-from adam8lib import optim as optim_module
+from adam8lib import rounding
 from adam8lib.memory_tracker import track_step
 from adam8lib.optim import LowBitAdam
 
 
 def _run(state_format, backend, shape, chunk, monkeypatch, steps=3):
-    monkeypatch.setattr(optim_module, "SR_CHUNK", chunk)
+    monkeypatch.setattr(rounding, "SR_CHUNK", chunk)
     gen = torch.Generator().manual_seed(3)
     p = torch.nn.Parameter(torch.randn(shape, generator=gen).to(torch.bfloat16))
     opt = LowBitAdam([p], lr=1e-3, weight_decay=0.1, state_format=state_format, backend=backend,
@@ -39,7 +39,7 @@ def test_chunked_rounding_gives_the_bits_of_the_whole_tensor(state_format, shape
 
 
 def _step_transient(monkeypatch, chunk):
-    monkeypatch.setattr(optim_module, "SR_CHUNK", chunk)
+    monkeypatch.setattr(rounding, "SR_CHUNK", chunk)
     n = 1 << 18
     emb = torch.nn.Embedding(n // 256, 256).to(torch.bfloat16)
     opt = AdamW8bit(emb.parameters(), stochastic_rounding=True)

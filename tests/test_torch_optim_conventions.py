@@ -24,6 +24,7 @@ from torch import nn
 
 from adam8lib import (AdEMAMix8bit, Adagrad8bit, Adam4bit, Adam8bit, AdamW4bit, AdamW8bit, AdamWFp8, Lion, Lion4bit,
                       Lion8bit, Muon8bit, RMSprop8bit, SGD8bit, kernels)
+from adam8lib.optim import LowBitAdam
 from adam8lib.quantized_state import QuantizedStateOptimizer
 
 CLASSES = [Adam8bit, AdamW8bit]
@@ -87,7 +88,7 @@ def train(model, opt, batches, sched=None):
 def twin_adamw(model, make_opt, **kwargs):
     """torch.optim.AdamW with the same hyperparameters as ``make_opt`` would use (for the family: the
     same class with fp32 states)."""
-    if issubclass(make_opt.cls, QuantizedStateOptimizer):
+    if issubclass(make_opt.cls, QuantizedStateOptimizer) and not issubclass(make_opt.cls, LowBitAdam):
         return make_opt.cls(model.parameters(), state_format="fp32", **kwargs)
     wd = inspect.signature(make_opt.cls.__init__).parameters["weight_decay"].default
     return torch.optim.AdamW(model.parameters(), weight_decay=kwargs.pop("weight_decay", wd), **kwargs)

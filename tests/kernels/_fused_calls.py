@@ -29,6 +29,8 @@ def count_fused_calls(monkeypatch, backend: str) -> list[tuple[str, int]]:
         return dataclasses.replace(entry, fn=fn, many=many)
 
     monkeypatch.setattr(registry, "_STEPS", [counted(s) if s.backend == backend else s for s in registry._STEPS])
+    monkeypatch.setattr(registry, "_VERSION", [registry.version() + 1])  # the registry changed: steps found before
+    # (an optimizer remembers what it found, per registry version) are looked up again
     return calls
 
 

@@ -153,7 +153,7 @@ def test_auto_picks_cpu_and_resume(cls, fmt, monkeypatch):
 
     p = torch.nn.Parameter(torch.randn(64, 80))
     opt = cls([p])
-    found = opt._fused_step(opt.format, p.device)
+    found = opt.fused_step(p)
     assert found is kernels.find_step("adamw", opt.format, "cpu", p.device) and found.backend == "cpu"
     grads = _grads((64, 80), 4, 5, special=False)
     # two steps with one backend, resume from its state_dict with each backend: the same bits
