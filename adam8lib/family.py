@@ -19,7 +19,7 @@ Their arguments and defaults are bitsandbytes 0.50.2's, but two of ``SGD8bit``: 
 bitsandbytes' ``args``, ``optim_bits`` and ``is_paged`` are not taken (no paging here).
 Every class takes ``state_format`` (any format of :mod:`adam8lib.formats`, or ``"fp32"``), ``blocksize``,
 ``min_8bit_size`` (4096), ``backend`` (the reference step), and ``stochastic_rounding``/``seed`` (bf16 weights, as
-``LowBitAdam``); every class steps FSDP2 (DTensor) shards with the unsharded run's bits (see
+``AdamW8bit``: the same core); every class steps FSDP2 (DTensor) shards with the unsharded run's bits (see
 :mod:`adam8lib.quantized_state`). On the CPU, with bitsandbytes' rounding plugged into
 :meth:`~adam8lib.quantized_state.QuantizedStateOptimizer.quantize`, their states and parameters equal
 bitsandbytes' classes bit for bit (tests/test_family_bnb.py). Options bitsandbytes does not implement

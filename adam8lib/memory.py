@@ -228,16 +228,16 @@ def saved_activation_bytes(model: nn.Module, batch: dict[str, torch.Tensor], dty
 
 
 def materialize_state(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """Create every per-parameter state of a low-bit Adam (or AdamW) now, without a step.
+    """Create every per-parameter state of a low-bit optimizer (Adam, AdamW or the family's) now, without a step.
 
     Optimizers create their states lazily, at the first ``step()``. To *measure* the state of
-    a big model (``compute_optimizer_size``) no update is needed: for a low-bit Adam this
-    allocates exactly what the first step would (codes, absmax or fp32 moments); other
+    a big model (``compute_optimizer_size``) no update is needed: for an optimizer on the one core
+    (:class:`~adam8lib.quantized_state.QuantizedStateOptimizer`) this allocates exactly what the first step would (codes, absmax or fp32 moments); other
     optimizers take one step on zero gradients with ``lr`` set to 0 for that step.
     """
-    from .optim import LowBitAdam
+    from .quantized_state import QuantizedStateOptimizer
 
-    if isinstance(optimizer, LowBitAdam):
+    if isinstance(optimizer, QuantizedStateOptimizer):  # the low-bit Adams and the family: init_state()
         optimizer.init_state()
         return optimizer
     saved = [(g["lr"], g.get("weight_decay")) for g in optimizer.param_groups]

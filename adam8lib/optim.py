@@ -1,21 +1,29 @@
 """Adam with low-bit states: ``Adam8bit``/``AdamW8bit`` (lesson 07), ``Adam4bit``/``AdamW4bit`` and
 ``AdamFp8``/``AdamWFp8`` (lesson 12) — one optimizer, :class:`LowBitAdam`, with a *state format*.
 
-The step, the parameter groups, checkpoints, torch.optim's conventions and FSDP2 support are written
-once, here; how the two moments are stored is the state format's business (:mod:`adam8lib.formats`:
-``"8bit"``, ``"4bit"``, ``"4bit-naive"``, ``"fp8"``), and what the optimizer does with a format is
-decided by what the format stores, never by its name. A format of one byte per element into a map,
-blockwise scales and the keep-sign rule (``"8bit"``; :func:`map_kernels_step`) runs through the
-map-code backends of :mod:`adam8lib.kernels`; the others through the fused steps the one registry
-has for the AdamW rule and their format (:func:`adam8lib.kernels.find_step`):
-the C++ ``"cpu"`` kernel (``"auto"`` on the CPU; :mod:`adam8lib.kernels.cpu_formats`) and a Triton
-kernel (``"auto"`` on CUDA; :mod:`adam8lib.kernels.triton_fp8`, :mod:`~adam8lib.kernels.triton_4bit`) for ``"fp8"``, ``"4bit"`` and
-``"4bit-naive"``, else the reference step (``backend="torch"``: decode, the fp32 update, encode, in
-plain PyTorch). Every fused step stores the reference step's codes and scales bit for bit; the CPU
-kernel its parameters too. The Triton kernel's fp32 parameters (in the interpreter, on the CPU) are
-within 64 units of 2^-23 (2^-17 relative) of the larger of ``|p|`` and the step's ``|update|``
-(bf16/fp16 ones: see tests/kernels/test_triton*.py): the two compute the decay, the update and the
-square root in different orders and roundings (torch's CPU square root is not correctly rounded, the
+:class:`LowBitAdam` is the AdamW update rule (:class:`~adam8lib.rules.adamw.AdamWRule`) on the one core of the
+optimizer family, :class:`~adam8lib.quantized_state.QuantizedStateOptimizer` (issue 35), as ``Lion8bit`` or
+``AdEMAMix8bit`` are their rules on it: the checks, the step, stochastic rounding, FSDP2 and checkpoints are the
+core's. What this module adds are the forms lessons 07, 11 and 12 teach and that earlier checkpoints hold: the
+state keys ``state1``/``absmax1``/``state2``/``absmax2`` (:data:`STATE_SPECS`), ``blocksize`` and
+``min_8bit_size`` in every param group, a shard's own blocks under FSDP2 (``block_layout = "local"``), the
+``"qmap_fingerprint"`` of each saved state, torch's Adam flags, and the messages in these classes' terms.
+
+How the two moments are stored is the state format's business (:mod:`adam8lib.formats`: ``"8bit"``,
+``"4bit"``, ``"4bit-naive"``, ``"fp8"``), and what the optimizer does with a format is decided by what the
+format stores, never by its name. Every format steps through the one registry of fused steps
+(:func:`adam8lib.kernels.find_step`, keyed by rule, format and device): for the 8-bit layout (one byte per
+element into a map, blockwise scales, signs kept) the map-code backends of :mod:`adam8lib.kernels` (``"cpu"``,
+``"cpu_fast"``, ``"triton"``; with ``backend="torch"`` lesson 07's map-code step in plain PyTorch,
+:func:`adam8lib.kernels.map_codes_reference_step`), many small tensors of a group in one call; for ``"fp8"``,
+``"4bit"`` and ``"4bit-naive"`` the C++ ``"cpu"`` kernel (``"auto"`` on the CPU;
+:mod:`adam8lib.kernels.cpu_formats`) and a Triton kernel (``"auto"`` on CUDA;
+:mod:`adam8lib.kernels.triton_fp8`, :mod:`~adam8lib.kernels.triton_4bit`), else the core's reference step
+(``backend="torch"``: decode, the fp32 update, encode, in plain PyTorch). Every fused step stores the reference
+step's codes and scales bit for bit; the CPU kernel its parameters too. The Triton kernel's fp32 parameters (in
+the interpreter, on the CPU) are within 64 units of 2^-23 (2^-17 relative) of the larger of ``|p|`` and the
+step's ``|update|`` (bf16/fp16 ones: see tests/kernels/test_triton*.py): the two compute the decay, the update
+and the square root in different orders and roundings (torch's CPU square root is not correctly rounded, the
 kernel's is). Measured (4 formats, 6 steps, lr 1e-2, weight decay 0.1): up to 25-45 of those units.
 Counted in ulps of the parameter itself that is thousands where a parameter is near 0 (absolute
 differences up to 2.4e-7 there), and for ``"4bit-naive"``, whose ``v`` can decode to 0 (an update of
@@ -41,9 +49,8 @@ What is 8-bit (or 4-bit), and what is not:
   (see :mod:`adam8lib.kernels.reference` for the exact maths). Both kinds of state go through
   the same fp32 update, :func:`adam8lib.kernels.reference.adam_update_fp32` (the small
   tensors of a group that share a device and a step count in one batch of
-  ``torch._foreach_*`` operations, :func:`~adam8lib.kernels.reference.adam_update_fp32_many`:
-  on the CPU the same result bit for bit, without ~18 separate torch calls, or GPU kernel
-  launches, per bias or LayerNorm weight).
+  ``torch._foreach_*`` operations, the AdamW rule's ``update_many``: on the CPU the same result
+  bit for bit, without ~18 separate torch calls, or GPU kernel launches, per bias or LayerNorm weight).
 
 Weight decay is *decoupled* (AdamW style) in both classes, as in bitsandbytes, where
 ``Adam8bit`` and ``AdamW8bit`` differ only in the default ``weight_decay`` (0 vs 1e-2).
@@ -65,7 +72,8 @@ traced-away tensor). Flags of torch's Adam it does not implement (``maximize``, 
 constructor, in an added group, in a loaded checkpoint or at ``step()``.
 
 FSDP2 (DTensor parameters): every state format steps each rank's local shard, with states sized
-to the shard and low-bit or fp32 decided by the full size; blocks are local to the shard. The
+to the shard and low-bit or fp32 decided by the full size; blocks are local to the shard (the core's
+``block_layout = "local"``; the family's classes keep the whole tensor's blocks instead). The
 4-bit format's rank-1 scales of ``v`` all-reduce (MAX) their column maxima across the shards at
 every step (a collective in ``step()``; an empty shard takes part too), so a sharded run equals
 the unsharded one bit for bit wherever the shards start on block boundaries. ``state_dict()`` and
@@ -202,13 +210,13 @@ class LowBitAdam(QuantizedStateOptimizer):
     # ------------------------------------------------------------------ what differs from the core's defaults
     def state_specs(self, rule):
         """AdamW's ``m`` and ``v`` under this class's keys (:data:`STATE_SPECS`)."""
-        return STATE_SPECS if rule is _ADAMW else rule.states
+        return STATE_SPECS if rule == _ADAMW else rule.states
 
     def _find_fused(self, rule, device: torch.device):
         """The core's fused step; with ``backend="torch"`` and states in the 8-bit layout, the map-code kernel of
         plain PyTorch (:func:`adam8lib.kernels.map_codes_reference_step`: lesson 07's step, one chunk of blocks at a
         time) rather than decoding whole tensors: the same bits, with fp32 temporaries of one chunk."""
-        if self.backend == "torch" and rule is _ADAMW and map_kernels_step(self.format):
+        if self.backend == "torch" and rule == _ADAMW and map_kernels_step(self.format):
             return kernels.map_codes_reference_step()
         return super()._find_fused(rule, device)
 

@@ -1,6 +1,9 @@
 """One optimizer for every update rule and every state format: decode each state, the rule in fp32, encode.
 
-:class:`QuantizedStateOptimizer` is the core of the optimizer family (issue 35). An optimizer is
+:class:`QuantizedStateOptimizer` is the one core of every optimizer of the library (issue 35): the family
+(Lion8bit, AdEMAMix8bit, RMSprop8bit, Adagrad8bit, SGD8bit, Muon8bit, :mod:`adam8lib.family`) and the low-bit
+Adams of lessons 07 and 12 (:class:`~adam8lib.optim.LowBitAdam`: the AdamW rule with the keys, groups, FSDP2
+blocks and checkpoint tags those lessons teach, set through the hooks below). An optimizer is
 
 * an **update rule** (:mod:`adam8lib.rules`: the states it keeps, its hyper-parameters and their checks,
   its step in fp32),
@@ -31,14 +34,23 @@ test or an experiment overrides to plug in another rounding, e.g. bitsandbytes' 
 optimizer whose ``quantize`` is overridden always runs the reference step, so the hook is what runs).
 
 **Where things live.** The block size is the optimizer's: ``blocksize`` sets it in the format
-(:attr:`format`), the one place a step reads it; param groups do not hold it (a group that sets
-``blocksize`` or ``min_8bit_size`` is refused, in the constructor, ``add_param_group`` and ``step``).
+(:attr:`format`), the one place a step reads it; the family's param groups do not hold it (a group that sets
+``blocksize`` or ``min_8bit_size`` is refused, in the constructor, ``add_param_group`` and ``step``); a class
+that lists them in :attr:`~QuantizedStateOptimizer.group_settings` (the low-bit Adams) shows both in every
+group, the block size read-only and ``min_8bit_size`` per group.
 Tensors with fewer than ``min_8bit_size`` elements keep fp32 states (as bitsandbytes: 4096).
+
+**Batches.** Without stochastic rounding, the parameters of a group on one device that take the same fused step
+with a batched form (``many``: the 8-bit Adam kernels) are stepped in one call, and those with fp32 states of a
+rule with ``update_many`` (AdamW) in one batch of ``torch._foreach_*`` operations per step count: on the CPU the
+bits of one tensor at a time, without the per-tensor cost (most of a step of many small tensors).
 
 **State keys.** A state stored in fp32 is ``state[name]`` (the parameter's shape); a quantized one is
 ``state[spec.codes_key]`` (flat uint8 codes, two 4-bit codes per byte for 4-bit formats; by default
-``name + "_codes"``) and ``state[spec.scales_key]`` (flat fp32 scales; ``name + "_absmax"``), plus ``state["step"]`` (a Python int). ``state_dict()``
-adds :data:`FORMAT_KEY` to every state with quantized entries: the format's name and fingerprint (maps,
+``name + "_codes"``) and ``state[spec.scales_key]`` (flat fp32 scales; ``name + "_absmax"``), plus ``state["step"]``
+(a Python int); :meth:`~QuantizedStateOptimizer.state_specs` gives the specs with the keys a class stores (the
+low-bit Adams: ``state1``/``absmax1``, ``state2``/``absmax2``). ``state_dict()``
+adds :data:`FORMAT_KEY` (a class's :attr:`~QuantizedStateOptimizer.format_tag_key`) to every state with quantized entries: the format's name and fingerprint (maps,
 bits, block size, sign rule), so a checkpoint loads only where its codes decode to the same values,
 and a refusal names both formats as users write them (``'8bit'``, ``'4bit'``).
 
@@ -54,8 +66,8 @@ optimizers it does not implement (``maximize``, ``foreach``, ``fused``, ``captur
 
 **FSDP2 (DTensor) parameters** (:mod:`adam8lib.global_blocks`). A sharded parameter is stepped on its local
 shard (``p.to_local()``, ``p.grad.to_local()``), with states sized to the shard and quantized or fp32 by the
-*whole* parameter's size (``p.numel()`` of the DTensor, as :class:`~adam8lib.optim.LowBitAdam`; not by the
-shard). Unlike LowBitAdam, whose blocks are local to the shard, a shard keeps the whole tensor's blocks:
+*whole* parameter's size (``p.numel()`` of the DTensor; not by the shard). With ``block_layout = "global"``
+(the family's), a shard keeps the whole tensor's blocks:
 element ``i`` of the parameter is in block ``⌊i/B⌋`` on any world size, a block cut by a shard boundary is
 kept by both ranks with the scale of the whole block (an all-reduce (MAX) of each rank's edge maxima, ``2·W``
 floats per state per step), rank-1 scales take the whole tensor's column maxima
@@ -69,15 +81,18 @@ naming it (keep such matrices unsharded, or in Muon8bit's AdamW group, ``use_muo
 gives a sharded parameter's states in the form ``torch.distributed.checkpoint`` saves
 (:func:`adam8lib.distributed.to_checkpoint_state` with the rule's keys), and ``load_state_dict`` (so
 :func:`adam8lib.distributed.load_checkpoint`) loads it on the same or another world size bit for bit. An
-overridden :meth:`QuantizedStateOptimizer.quantize` cannot run on a shard (TypeError at the step).
+overridden :meth:`QuantizedStateOptimizer.quantize` cannot run on a shard (TypeError at the step). With
+``block_layout = "local"`` (the low-bit Adams, lesson 11) a shard is cut into its own blocks, as bitsandbytes and
+torchao cut theirs: the same bits as unsharded where every shard starts on a block boundary, and a checkpoint in
+:mod:`adam8lib.distributed`'s local-block form, requantized (within ``reshard_tolerance``) on another world size.
 
 **Stochastic rounding** (``stochastic_rounding=True``, ``seed``: the arguments, checks and errors of
-LowBitAdam). Every parameter must be bf16; the step computes the new parameter in fp32 and rounds it
+every class). Every parameter must be bf16; the step computes the new parameter in fp32 and rounds it
 stochastically (:mod:`adam8lib.rounding`) with the key of ``(seed, step, rounding_offset + index)``
 (``index``: the parameter's place among those with a gradient in this step; ``rounding_offset``: the public
 hook :func:`adam8lib.release.release_gradients` sets) and each element's index in the *whole* parameter
-(:func:`adam8lib.distributed.global_offset`), exactly as LowBitAdam: the same bits as LowBitAdam for the same
-rule (Muon8bit's AdamW group) and, under FSDP2, as the unsharded run. The registry's fused steps cannot round
+(:func:`adam8lib.distributed.global_offset`): the same bits for the same rule in any class (Muon8bit's AdamW
+group and AdamW8bit) and, under FSDP2, as the unsharded run. The registry's fused steps cannot round
 stochastically, so they run on an fp32 copy of the parameter and the result is rounded: an elementwise rule
 with blockwise or fp32 states, on a contiguous parameter whose scales need nothing from other shards, is
 updated and rounded :data:`adam8lib.rounding.SR_CHUNK` elements at a time (:func:`adam8lib.rounding.state_chunks`:
@@ -139,7 +154,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             reference step), or a backend of :mod:`adam8lib.kernels` with fused steps of these rules
             (``"cpu"``, ``"triton"``).
         stochastic_rounding: write bf16 parameters with stochastic rounding (every parameter must then be
-            bf16); ``seed`` seeds it (the same seed gives the same bits). As :class:`~adam8lib.optim.LowBitAdam`.
+            bf16); ``seed`` seeds it (the same seed gives the same bits).
     """
 
     rule: UpdateRule
@@ -156,7 +171,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
     #: The key, in every saved state with quantized entries, of what its codes need to be decoded
     #: (:meth:`format_tag`).
     format_tag_key: str = FORMAT_KEY
-    #: Added to each parameter's index in the stochastic rounding key (see :class:`~adam8lib.optim.LowBitAdam`):
+    #: Added to each parameter's index in the stochastic rounding key (see the module docstring):
     #: the public hook :func:`adam8lib.release.release_gradients` sets while it steps one parameter.
     rounding_offset: int = 0
 
@@ -594,7 +609,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         """Update one parameter (``param``, ``grad``: its local tensors). With stochastic rounding the update
         works on an fp32 copy of the (bf16) parameter, rounded stochastically with the key of
         ``(seed, step, rounding_offset + index)`` (``index``: its place among the parameters of this step)
-        and each element's index in the whole parameter, as :class:`~adam8lib.optim.LowBitAdam` does; an
+        and each element's index in the whole parameter; an
         elementwise rule with blockwise (or fp32) states on a contiguous parameter is updated and rounded
         :data:`adam8lib.rounding.SR_CHUNK` elements at a time (whole blocks: the same bits as at once), the
         fused step (which cannot round stochastically) on the fp32 copy of each chunk, so the copy is one

@@ -21,8 +21,8 @@ One thing of the ordinary step depends on the other parameters: with ``stochasti
 place among the parameters stepped together. The hook gives ``p`` the index it has in a full step
 where every parameter has a gradient: during its one-parameter step the optimizer's per-parameter update
 is given that index (the optimizer's ``rounding_offset``, added to the index 0 it would get alone: the
-public hook of both cores, :class:`~adam8lib.optim.LowBitAdam` and
-:class:`~adam8lib.quantized_state.QuantizedStateOptimizer`), one update per parameter;
+public hook of the one core, :class:`~adam8lib.quantized_state.QuantizedStateOptimizer`, and so of
+:class:`~adam8lib.optim.LowBitAdam` and the family), one update per parameter;
 a parameter that gets no gradient in some backward (unused in the forward) would shift the later indices
 of an ordinary step, not of this one.
 

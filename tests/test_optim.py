@@ -138,18 +138,29 @@ def test_small_tensors_use_fp32_states_equal_to_torch_adamw():
 
 
 class _OneSmallTensorAtATime(AdamW8bit):
-    """The optimizer with its per-tensor fp32 path (a subclass that overrides _step_32bit is
-    stepped one small tensor at a time): the reference for the batched path."""
+    """The optimizer without batches: every parameter through the core's one-tensor update (fp32 states: the
+    AdamW rule's ``update``; 8-bit ones: the fused step's ``fn``), the reference for the batched step."""
 
-    def _step_32bit(self, group, p, grad, state):
-        super()._step_32bit(group, p, grad, state)
+    def _run_batched(self, work):
+        for index, (group, p, param, grad, rule, fused) in enumerate(work):
+            self._update(group, p, param, grad, rule, fused, index)
 
 
-def test_small_tensors_are_stepped_together_exactly_as_one_at_a_time():
+def test_small_tensors_are_stepped_together_exactly_as_one_at_a_time(monkeypatch):
     """The small (fp32-state) CPU tensors of a group are stepped with one batch of _foreach ops
     per step count: bit for bit what one tensor at a time gives, for fp32/bf16/fp16 parameters,
     a non-contiguous one, two groups, parameters without a gradient on some steps (so their
     step counts differ), a NaN in one gradient, and the 8-bit tensors beside them."""
+    from adam8lib.rules.adamw import AdamWRule
+
+    batched = []
+    original = AdamWRule.update_many
+
+    def counted(self, ps, *args, **kwargs):
+        batched.append(len(ps))
+        return original(self, ps, *args, **kwargs)
+
+    monkeypatch.setattr(AdamWRule, "update_many", counted)
     torch.manual_seed(0)
 
     def model():
@@ -181,6 +192,7 @@ def test_small_tensors_are_stepped_together_exactly_as_one_at_a_time():
                 a, b = o.state[p][key], r.state[q][key]
                 assert (a == b if isinstance(a, int) else torch.equal(a, b)), f"step {step}: {key} of {i} differs"
     assert {o.state[p]["step"] for p in ours if "exp_avg" in o.state[p]} == {4, 6}  # batches of two step counts
+    assert batched and max(batched) >= 2  # the batched path ran (the reference never calls update_many)
     assert not ours[2].is_contiguous() and ours[1].dtype == torch.bfloat16
     assert o.state[ours[0]]["exp_avg"][2] != 0 and torch.isfinite(ours[0]).all()  # reset at step 3, moved since
 
