@@ -104,6 +104,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from types import MappingProxyType
 from typing import Any, Iterable
 
 import torch
@@ -314,9 +315,11 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         shard) has at least :meth:`min_size` elements. ``group``: ``p``'s (found if not given)."""
         if self.format is None:
             return False
-        if group is None and "min_8bit_size" in self.group_settings:
+        if "min_8bit_size" not in self.group_settings:
+            return p.numel() >= self.min_8bit_size
+        if group is None:
             group = self.group_of(p)
-        return p.numel() >= self.min_size(group)
+        return p.numel() >= (self.min_8bit_size if group is None else group.get("min_8bit_size", self.min_8bit_size))
 
     def _global_blocks(self, p: torch.Tensor) -> bool:
         """Whether ``p`` is the shard of a sharded parameter that keeps the whole tensor's blocks."""
@@ -331,11 +334,20 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         parameter: one code per element, the scales of the global blocks it touches,
         :mod:`adam8lib.global_blocks`, or of its own blocks with :attr:`block_layout` ``"local"``; quantized
         or fp32 by the whole parameter's size). ``group``: ``p``'s param group (found if not given)."""
+        quantized = self.quantized(p, group)
+        plain = type(p) in _PLAIN or not is_dtensor(p)
+        if plain:  # the same for every plain tensor of a shape: remembered (this runs for every parameter and step)
+            key = (id(rule), p.shape, quantized)
+            known = self.__dict__.get("_expected_states")
+            if known is None or known[0] is not self.format or len(known[1]) > 4096:
+                known = self.__dict__["_expected_states"] = (self.format, {})
+            found = known[1].get(key)
+            if found is not None and found[0] is rule:
+                return found[1]  # a read-only view (remembered): dict(...) it to change it
         out = {}
         sharded = self._global_blocks(p)
         local = local_tensor(p)
         shape, local_shape = tuple(p.shape), tuple(local.shape)
-        quantized = self.quantized(p, group)
         for spec in self.state_specs(rule):
             if quantized:
                 fmt = self.moment(spec)
@@ -345,6 +357,9 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                 out[spec.scales_key] = ((scales,), torch.float32)
             else:
                 out[spec.name] = (local_shape, torch.float32)
+        if plain:
+            out = MappingProxyType(out)
+            known[1][key] = (rule, out)
         return out
 
     def _new_state(self, p: torch.Tensor, rule: UpdateRule, group: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -382,7 +397,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
     def _custom_quantize(self) -> bool:
         """Whether :meth:`quantize` is not the format's own coding (overridden, on the class or the instance): then
         the reference step runs, so that the hook is what codes the states."""
-        return getattr(self.quantize, "__func__", None) is not QuantizedStateOptimizer.quantize
+        return "quantize" in self.__dict__ or type(self).quantize is not QuantizedStateOptimizer.quantize
 
     def _encode(self, state: dict[str, Any], spec: StateSpec, x: torch.Tensor, p: torch.Tensor,
                 target: torch.Tensor) -> None:
@@ -421,8 +436,8 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             for pi, p in enumerate(group["params"]):
                 if p.grad is None:
                     continue
-                where = f"parameter {pi} of group {gi} (shape {tuple(p.shape)})"
-                distributed = is_dtensor(p) or is_dtensor(p.grad)
+                where = _Where("parameter {} of group {} (shape {})", pi, gi, p)  # (the text: only for a message)
+                distributed = not (type(p) in _PLAIN and type(p.grad) in _PLAIN) and (is_dtensor(p) or is_dtensor(p.grad))
                 if distributed:
                     param, grad = local_param_and_grad(p)  # TypeError for a DTensor/plain mix
                 else:
@@ -439,7 +454,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                                         f"blocks by the format itself, so an overridden {type(self).__name__}.quantize "
                                         f"cannot run on it; step it unsharded")
                 if self.state.get(p):  # (not self.state[p]: the defaultdict would make an empty state)
-                    self._check_live_state(p, rule, f"the state of parameter {pi} of group {gi}", group)
+                    self._check_live_state(p, rule, _Where("the state of parameter {} of group {}", pi, gi), group)
                 work.append((group, p, param, grad, rule, self._fused_for(p, rule, param, grad, group)))
         if self.stochastic_rounding:
             for index, (group, p, param, grad, rule, fused) in enumerate(work):
@@ -460,10 +475,10 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             if fused is not None and fused.many is not None:
                 key = (id(group), param.device, id(fused.many), id(rule))
                 fused_batches.setdefault(key, (group, rule, fused, []))[3].append((p, param, grad))
-            elif (fused is None and self._batches_fp32(rule) and not self.quantized(p, group)
-                  and param.device.type in ("cpu", "cuda")):
+            elif fused is None and self._batches_fp32(rule) and param.device.type in ("cpu", "cuda"):
                 state = self._ready_state(group, p, param, rule)
-                if all(state[s.name].dtype == torch.float32 for s in self.state_specs(rule)):
+                names = [s.name for s in self.state_specs(rule)]
+                if all(name in state and state[name].dtype == torch.float32 for name in names):  # fp32 states
                     key = (id(group), param.device, id(rule), state["step"])
                     fp32_batches.setdefault(key, (group, rule, []))[2].append((p, param, grad, state))
                 else:
@@ -472,47 +487,50 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                 self._update(group, p, param, grad, rule, fused, index)
         for group, rule, entries in fp32_batches.values():
             hyper, step = self.rule_group(rule, group), entries[0][3]["step"] + 1
-            work32 = [(param, param.detach().float()) for _, param, _, _ in entries]
-            rule.update_many([w for _, w in work32], [g.detach().float() for _, _, g, _ in entries],
+            work32 = [(param, param.float()) for _, param, _, _ in entries]  # (under no_grad: the step's)
+            rule.update_many([w for _, w in work32], [g.float() for _, _, g, _ in entries],
                              [{s.name: st[s.name] for s in self.state_specs(rule)} for *_, st in entries],
                              step=step, group=hyper)
             for (param, w), (*_, state) in zip(work32, entries):
                 if w is not param:
-                    param.detach().copy_(w)
+                    param.copy_(w)
                 state["step"] = step
         for group, rule, fused, entries in fused_batches.values():
             items, states, copies, steps, shapes = [], [], [], [], []
             for p, param, grad in entries:
                 state = self._ready_state(group, p, param, rule)
-                flat = param.detach()
-                flat = flat.view(-1) if flat.is_contiguous() else flat.contiguous().view(-1)
-                if flat.data_ptr() != param.data_ptr():
+                if param.is_contiguous():
+                    flat = param.view(-1)
+                else:  # we work on a contiguous copy: written back below
+                    flat = param.contiguous().view(-1)
                     copies.append((param, flat))
-                items.append((flat, grad.detach().reshape(-1),
+                items.append((flat, grad.reshape(-1),
                               tuple((state[s.codes_key], state[s.scales_key]) for s in self.state_specs(rule))))
                 states.append(state)
                 steps.append(state["step"] + 1)
                 shapes.append(tuple(param.shape))
             fused.many(items, rule=rule, fmt=self.format, shapes=shapes, steps=steps, group=self.rule_group(rule, group))
             for param, flat in copies:
-                param.detach().copy_(flat.view(param.shape))
+                param.copy_(flat.view(param.shape))
             for state, step in zip(states, steps):
                 state["step"] = step
 
-    def _batches_fp32(self, rule: UpdateRule) -> bool:
+    @staticmethod
+    def _batches_fp32(rule: UpdateRule) -> bool:
         """Whether parameters with fp32 states of ``rule`` step in batches (:meth:`_run_batched`): the rule has
         ``update_many`` and an fp32 step the core's (the non-finite rule is the rule's own there)."""
-        return (getattr(rule, "update_many", None) is not None
-                and type(rule).update_unquantized is UpdateRule.update_unquantized)
+        kind = type(rule)
+        return getattr(kind, "update_many", None) is not None and kind.update_unquantized is UpdateRule.update_unquantized
 
     def _ready_state(self, group: dict[str, Any], p: torch.Tensor, param: torch.Tensor, rule: UpdateRule) -> dict:
         """``p``'s state, made (as the first step does) or moved to the device of ``param`` (its local tensor)."""
         state = self.state[p]
         if not state:
             state.update(self._new_state(p, rule, group))
+        device = param.device
         for key, value in state.items():
-            if torch.is_tensor(value) and value.device != param.device:  # the model moved after the states were made
-                state[key] = value.to(param.device)
+            if key != "step" and torch.is_tensor(value) and value.device != device:  # the model moved since
+                state[key] = value.to(device)
         return state
 
     def init_state(self, params: Iterable[torch.Tensor] | None = None) -> "QuantizedStateOptimizer":
@@ -555,20 +573,31 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
     def _find_fused(self, rule: UpdateRule, device: torch.device) -> kernels.FusedStep | None:
         """The fused step of ``rule`` for this optimizer's format and backend on ``device`` (None: the reference
         step): the one registry's (:func:`adam8lib.kernels.find_step`; ``backend="torch"``: None)."""
-        key = (kernels.find_step, kernels.registry.version(), rule, self.format, self.backend, device)
-        known = self.__dict__.setdefault("_found_steps", {})
-        if key not in known:
-            if len(known) > 64:  # (registry versions come and go in tests; keep it small)
-                known.clear()
-            known[key] = kernels.find_step(rule, self.format, self.backend, device)
+        # remembered (a step of many small tensors does not look it up for each): keyed by what the answer
+        # depends on, the format by identity (the whole cache is dropped when the format object changes)
+        version, find = kernels.registry.version(), kernels.find_step
+        last = self.__dict__.get("_found_last")  # the answer of the last call (a step asks for one rule again and again)
+        if (last is not None and last[0] is rule and last[1] == device and last[2] == version and last[3] is find
+                and last[4] is self.format and last[5] == self.backend):
+            return last[6]
+        key = (find, version, id(rule), self.backend, device)
+        known = self.__dict__.get("_found_steps")
+        if known is None or known[0] is not self.format or len(known[1]) > 64:
+            known = self.__dict__["_found_steps"] = (self.format, {})
+        found = known[1].get(key, _MISSING)
+        if found is _MISSING or found[0] is not rule:
+            found = (rule, kernels.find_step(rule, self.format, self.backend, device))
+            known[1][key] = found
             # the look-up may have imported an optional backend, which registers its steps (a new version)
-            known[(kernels.find_step, kernels.registry.version()) + key[2:]] = known[key]
-        return known[key]
+            known[1][(kernels.find_step, kernels.registry.version()) + key[2:]] = found
+        self.__dict__["_found_last"] = (rule, device, kernels.registry.version(), kernels.find_step, self.format,
+                                        self.backend, found[1])
+        return found[1]
 
     def _needs_reduction(self, p: torch.Tensor, rule: UpdateRule, group: dict[str, Any] | None = None) -> bool:
         """Whether a step of the sharded parameter ``p`` reduces scales across its shards (rank-1 maxima,
         or blocks cut by a shard boundary): then it takes the reference step, on the whole shard."""
-        if not is_dtensor(p) or not _sharded(p) or not self.quantized(p, group):
+        if type(p) in _PLAIN or not is_dtensor(p) or not _sharded(p) or not self.quantized(p, group):
             return False
         moments = {self.moment(spec) for spec in self.state_specs(rule)}
         return any(m.uses_rank1(tuple(p.shape)) or (self._global_blocks(p) and block_edge_reducer(p, m.blocksize) is not None)
@@ -680,7 +709,8 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
     # ------------------------------------------------------------------ copy / pickle
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        state.pop("_found_steps", None)  # a cache, made again on use
+        for cache in ("_found_steps", "_found_last", "_expected_states"):  # caches, made again on use
+            state.pop(cache, None)
         state.update(format=self.format, min_8bit_size=self.min_8bit_size, backend=self.backend,
                      stochastic_rounding=self.stochastic_rounding, seed=self.seed)
         return state
@@ -901,6 +931,34 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             return (f"fp32 states for it (state format {self.format_name()!r}, min_8bit_size "
                     f"{self.min_size(group)})")
         return f"{self.format.name!r} (blocks of {self.format.m.blocksize})"
+
+
+_MISSING = object()
+#: Tensor types that are never DTensors (a fast first test, for every parameter at every step).
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+class _Where:
+    """Which parameter a message is about, made into text only when a message is written (the checks run for
+    every parameter at every step): ``str(where)``, or ``f"{where}"``."""
+
+    __slots__ = ("text", "args")
+
+    def __init__(self, text: str, *args: Any) -> None:
+        self.text, self.args = text, args
+
+    def __str__(self) -> str:
+        args = [tuple(a.shape) if torch.is_tensor(a) else a for a in self.args]
+        return self.text.format(*args)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+    def __add__(self, other: str) -> str:
+        return str(self) + other
+
+    def __radd__(self, other: str) -> str:
+        return other + str(self)
 
 
 def _a(name: str) -> str:

@@ -125,7 +125,7 @@ class Adam8bitVariant(Adam8bit):
         return self._own_phases
 
     def expected_state(self, p, rule, group=None):
-        expected = super().expected_state(p, rule, group)
+        expected = dict(super().expected_state(p, rule, group))  # (the core's answer is remembered: a copy)
         if not self.blockwise:  # one scale for the whole tensor
             for spec in self.state_specs(rule):
                 if spec.scales_key in expected:

@@ -4,6 +4,8 @@ the core's hooks, and each hook does what it says."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -24,7 +26,9 @@ CORE = ["step", "_check_and_update", "_run_batched", "_update", "_rounding_chunk
 def test_the_low_bit_adams_are_the_adamw_rule_on_the_one_core(cls):
     assert issubclass(cls, QuantizedStateOptimizer)
     assert cls.rule == AdamWRule()
-    own = [name for name in CORE if getattr(cls, name) is not getattr(QuantizedStateOptimizer, name)]
+    # (torch.optim wraps a class's step in its profiling hook once an instance exists: compare what is wrapped)
+    own = [name for name in CORE
+           if inspect.unwrap(getattr(cls, name)) is not inspect.unwrap(getattr(QuantizedStateOptimizer, name))]
     assert own == []
 
 
