@@ -270,6 +270,16 @@ class MomentFormat:
 _MAPS: dict[Callable[[], torch.Tensor], torch.Tensor] = {}
 
 
+class FixedMap:
+    """A map builder that gives one given table (:meth:`StateFormat.with_maps`); picklable, compared by identity."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        self.table = table
+
+    def __call__(self) -> torch.Tensor:
+        return self.table
+
+
 def _cached_map(builder: Callable[[], torch.Tensor]) -> torch.Tensor:
     table = _MAPS.get(builder)
     if table is None:
@@ -316,6 +326,31 @@ class StateFormat:
         the codes by their two maps (the number of scales gives the block size). Packed (4-bit) codes,
         rank-1 scales and float8 bytes take the flat form instead."""
         return all(mf.coding == "map" and mf.bits == 8 and not mf.rank1 for mf in (self.m, self.v))
+
+    def with_maps(self, m: torch.Tensor | None = None, v: torch.Tensor | None = None) -> "StateFormat":
+        """The same format with other maps (256 fp32 entries each) for ``m`` and/or ``v``: a map-coded format's codes
+        then index these (the optimizer's ``qmap1``/``qmap2``); the kernels read the maps from the format."""
+        from dataclasses import replace
+
+        moments = []
+        for name, moment, table in (("m", self.m, m), ("v", self.v, v)):
+            if table is None:
+                moments.append(moment)
+                continue
+            if moment.coding != "map":
+                raise ValueError(f"state format {self.name!r} codes {name} as {moment.coding!r}, not into a map")
+            if not torch.is_tensor(table) or table.dtype != torch.float32 or table.shape != (2 ** moment.bits,):
+                got = f"{table.dtype}{tuple(table.shape)}" if torch.is_tensor(table) else type(table).__name__
+                raise ValueError(f"a map for {name} of format {self.name!r} must be a float32 tensor of "
+                                 f"{2 ** moment.bits} entries, got {got}")
+            if moment.qmap() is not None and torch.equal(table.cpu(), moment.qmap().cpu()):
+                moments.append(moment)  # the format's own map
+                continue
+            moments.append(replace(moment, map_builder=FixedMap(table.detach().cpu().clone()),
+                                   map_name=f"custom-{map_fingerprint(table)[:8]}"))
+        if moments[0] is self.m and moments[1] is self.v:
+            return self
+        return StateFormat(self.name, moments[0], moments[1], self.summary)
 
     def with_blocksize(self, blocksize: int) -> "StateFormat":
         """The same format with another block size for both moments (the optimizer's ``blocksize``)."""

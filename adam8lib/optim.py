@@ -202,10 +202,35 @@ class LowBitAdam(QuantizedStateOptimizer):
         )
         self.format = fmt
         self._check_group(defaults, "the defaults")
-        self.qmap1 = dynamic_map(signed=True)
-        self.qmap2 = dynamic_map(signed=False)
         super().__init__(params, defaults, state_format=fmt, min_8bit_size=min_8bit_size, backend=backend,
                          stochastic_rounding=stochastic_rounding, seed=seed)
+
+    # ------------------------------------------------------------------ the maps
+    @property
+    def qmap1(self) -> torch.Tensor:
+        """The map the codes of ``m`` index: the format's (:meth:`~adam8lib.formats.StateFormat.with_maps` when set;
+        the 8-bit dynamic map for formats that do not code bytes into maps, as their checkpoints never name it)."""
+        return self.format.m.qmap() if self.format.byte_codes_into_maps else dynamic_map(signed=True)
+
+    @qmap1.setter
+    def qmap1(self, table: torch.Tensor) -> None:
+        self._set_maps(m=table)
+
+    @property
+    def qmap2(self) -> torch.Tensor:
+        """The map the codes of ``v`` index (see :attr:`qmap1`)."""
+        return self.format.v.qmap() if self.format.byte_codes_into_maps else dynamic_map(signed=False)
+
+    @qmap2.setter
+    def qmap2(self, table: torch.Tensor) -> None:
+        self._set_maps(v=table)
+
+    def _set_maps(self, m: torch.Tensor | None = None, v: torch.Tensor | None = None) -> None:
+        """Other maps for the codes (the step, the checkpoint tag and a reshard all read them from the format)."""
+        if not self.format.byte_codes_into_maps:
+            raise ValueError(f"state format {self.format.name!r} does not code bytes into two maps; its coding is "
+                             f"part of the format (choose another state_format instead)")
+        self.format = self.format.with_maps(m, v)
 
     # ------------------------------------------------------------------ what differs from the core's defaults
     def state_specs(self, rule):
@@ -247,9 +272,10 @@ class LowBitAdam(QuantizedStateOptimizer):
         optimizer makes for ``p`` (its state format and block size, on the local shard): a state edited by
         hand, or a group's block size changed after the states exist, is found before anything changes."""
         local, state = local_tensor(p), self.state[p]
-        for key, (shape, dtype) in self.expected_state(p, rule, group).items():
+        for key, (shape, dtype) in self._expected_state(p, rule, group, self._state_kind(p, rule, group, state)).items():
             count, value = math.prod(shape), state.get(key)
-            if not torch.is_tensor(value) or value.numel() != count or (key in _STATE_KEYS_8BIT and value.dtype != dtype):
+            if not torch.is_tensor(value) or value.numel() != count or (
+                    key in _STATE_KEYS_8BIT and (value.dtype != dtype or not value.is_contiguous())):
                 got = f"{value.dtype}[{value.numel()}]" if torch.is_tensor(value) else type(value).__name__
                 raise ValueError(
                     f"{where}: {key!r} is {got}, but this {type(self).__name__} (state format {self.format.name!r}, "
@@ -267,7 +293,7 @@ class LowBitAdam(QuantizedStateOptimizer):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         state = dict(state)
-        qmap1, qmap2 = state.pop("qmap1", None), state.pop("qmap2", None)
+        qmap1, qmap2 = state.pop("qmap1", None), state.pop("qmap2", None)  # the maps it stepped with
         state.setdefault("format", type(self).state_format)  # pickled before the format was kept
         state["format"] = get_format(state["format"])
         defaults = state.get("defaults", {})
@@ -276,8 +302,8 @@ class LowBitAdam(QuantizedStateOptimizer):
         blocksize = self.defaults.get("blocksize", self.format.blocksize)
         if blocksize != self.format.blocksize:  # pickled before the block size lived in the format
             self.format = self.format.with_blocksize(blocksize)
-        self.qmap1 = dynamic_map(signed=True) if qmap1 is None else qmap1
-        self.qmap2 = dynamic_map(signed=False) if qmap2 is None else qmap2
+        if self.format.byte_codes_into_maps and (qmap1 is not None or qmap2 is not None):
+            self.format = self.format.with_maps(qmap1, qmap2)  # (the format's own: the same format)
 
     # ------------------------------------------------------------------ checkpoints
     def format_tag(self) -> str:
@@ -481,6 +507,9 @@ def _foreign_origin(state_dict: dict[str, Any]) -> str:
     keys = set().union(*(g.keys() for g in groups if isinstance(g, dict))) if groups else set()
     states = state_dict.get("state") or {}
     state_keys = set().union(*(s.keys() for s in states.values() if isinstance(s, dict))) if states else set()
+    if "state_format" in state_keys or any(isinstance(k, str) and k.endswith("_codes") for k in state_keys):
+        return (" (it looks like a checkpoint of the family's optimizers, e.g. Lion8bit or AdEMAMix8bit: another "
+                "update rule, other state keys)")
     bnb_group_keys = {"optim_bits", "percentile_clipping", "block_wise", "max_unorm", "is_paged", "t_alpha", "t_beta3"}
     if keys & bnb_group_keys or state_keys & {"qmap1", "__bnb_optimizer_quant_state__"}:
         return " (it looks like a bitsandbytes optimizer's checkpoint; its states use other maps and layouts)"

@@ -16,9 +16,11 @@ blocks and checkpoint tags those lessons teach, set through the hooks below). An
   template of the elementwise rules (Lion, AdEMAMix, RMSprop, Adagrad) and AdamW's kernels on the CPU,
   ``"triton"`` on CUDA. ``"auto"`` takes the first backend of :data:`adam8lib.kernels.AUTO_ORDER` with
   a step for the parameter's rule, format and device (never the Triton interpreter for CPU tensors),
-  else the reference step: fp32 states, tensors under ``min_8bit_size``, non-contiguous parameters,
-  rules with no fused step (Muon's orthogonalization, SGD with momentum) and formats no kernel stores
-  (the 4-bit formats for the family's rules). A named backend must have a fused step for every
+  else the reference step: fp32 states, tensors under ``min_8bit_size``, rules with no fused step (Muon's
+  orthogonalization, SGD with momentum) and formats no kernel stores (the 4-bit formats for the family's rules).
+  A parameter (or gradient) that is not contiguous, e.g. a ``channels_last`` convolution weight, takes the
+  fused step on a contiguous copy, written back. Whether a parameter's states are quantized is decided when
+  they are made (by ``min_8bit_size``) and stays so: a state keeps its kind. A named backend must have a fused step for every
   elementwise rule of the optimizer in its format (else ValueError at construction); the other
   parameters take the reference step. Every fused step gives the reference step's states and
   parameters bit for bit on the CPU (tests/kernels/test_cpu_rules.py, test_core_dispatch.py).
@@ -105,7 +107,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from types import MappingProxyType
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import torch
 
@@ -333,8 +335,27 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         """``{key: (shape, dtype)}`` of every tensor of ``p``'s state (of its local shard for a sharded
         parameter: one code per element, the scales of the global blocks it touches,
         :mod:`adam8lib.global_blocks`, or of its own blocks with :attr:`block_layout` ``"local"``; quantized
-        or fp32 by the whole parameter's size). ``group``: ``p``'s param group (found if not given)."""
-        quantized = self.quantized(p, group)
+        or fp32 by the whole parameter's size, or as its existing state is). ``group``: ``p``'s param group
+        (found if not given)."""
+        return dict(self._expected_state(p, rule, group, self._state_kind(p, rule, group)))
+
+    def _state_kind(self, p: torch.Tensor, rule: UpdateRule, group: dict[str, Any] | None,
+                    state: dict[str, Any] | None = None) -> bool:
+        """Whether ``p``'s states are quantized: as its existing state is (a state made, or loaded, before a
+        group's ``min_8bit_size`` changed keeps its kind), else :meth:`quantized`."""
+        state = self.state.get(p) if state is None else state
+        if state:
+            for spec in self.state_specs(rule):
+                if spec.codes_key in state:
+                    return True
+                if spec.name in state:
+                    return False
+        return self.quantized(p, group)
+
+    def _expected_state(self, p: torch.Tensor, rule: UpdateRule, group: dict[str, Any] | None,
+                        quantized: bool) -> Mapping[str, tuple[tuple[int, ...], torch.dtype]]:
+        """:meth:`expected_state` for states quantized or not, remembered for plain tensors (a read-only view:
+        this runs for every parameter at every step)."""
         plain = type(p) in _PLAIN or not is_dtensor(p)
         if plain:  # the same for every plain tensor of a shape: remembered (this runs for every parameter and step)
             key = (id(rule), p.shape, quantized)
@@ -343,7 +364,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                 known = self.__dict__["_expected_states"] = (self.format, {})
             found = known[1].get(key)
             if found is not None and found[0] is rule:
-                return found[1]  # a read-only view (remembered): dict(...) it to change it
+                return found[1]
         out = {}
         sharded = self._global_blocks(p)
         local = local_tensor(p)
@@ -366,7 +387,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         state: dict[str, Any] = {"step": 0}
         device = local_tensor(p).device
         codes = {s.codes_key: s for s in self.state_specs(rule)}
-        for key, (shape, dtype) in self.expected_state(p, rule, group).items():
+        for key, (shape, dtype) in self._expected_state(p, rule, group, self.quantized(p, group)).items():
             if key in codes:
                 fmt = self.moment(codes[key])
                 state[key] = torch.full(shape, fmt.zero_code(), dtype=dtype, device=device)
@@ -473,8 +494,9 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         fp32_batches: dict[tuple, tuple] = {}
         for index, (group, p, param, grad, rule, fused) in enumerate(work):
             if fused is not None and fused.many is not None:
+                state = self._ready_state(group, p, param, rule)  # (made in the parameters' order, as one at a time)
                 key = (id(group), param.device, id(fused.many), id(rule))
-                fused_batches.setdefault(key, (group, rule, fused, []))[3].append((p, param, grad))
+                fused_batches.setdefault(key, (group, rule, fused, []))[3].append((p, param, grad, state))
             elif fused is None and self._batches_fp32(rule) and param.device.type in ("cpu", "cuda"):
                 state = self._ready_state(group, p, param, rule)
                 names = [s.name for s in self.state_specs(rule)]
@@ -497,14 +519,13 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                 state["step"] = step
         for group, rule, fused, entries in fused_batches.values():
             items, states, copies, steps, shapes = [], [], [], [], []
-            for p, param, grad in entries:
-                state = self._ready_state(group, p, param, rule)
+            for p, param, grad, state in entries:
                 if param.is_contiguous():
                     flat = param.view(-1)
                 else:  # we work on a contiguous copy: written back below
                     flat = param.contiguous().view(-1)
                     copies.append((param, flat))
-                items.append((flat, grad.reshape(-1),
+                items.append((flat, grad.reshape(-1).contiguous(),
                               tuple((state[s.codes_key], state[s.scales_key]) for s in self.state_specs(rule))))
                 states.append(state)
                 steps.append(state["step"] + 1)
@@ -563,24 +584,24 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         if local is None:
             local = local_tensor(p)
             grad = None if p.grad is None else local_tensor(p.grad)
-        if (not rule.elementwise or not self.quantized(p, group) or not local.numel()
-                or not local.is_contiguous() or (grad is not None and not grad.is_contiguous())
-                or self._custom_quantize()
-                or self._needs_reduction(p, rule, group)):
-            return None
+        if (not rule.elementwise or not local.numel() or not self._state_kind(p, rule, group)
+                or self._custom_quantize() or self._needs_reduction(p, rule, group)):
+            return None  # (a parameter or gradient that is not contiguous: the step works on a contiguous copy)
         return self._find_fused(rule, local.device)
 
     def _find_fused(self, rule: UpdateRule, device: torch.device) -> kernels.FusedStep | None:
         """The fused step of ``rule`` for this optimizer's format and backend on ``device`` (None: the reference
-        step): the one registry's (:func:`adam8lib.kernels.find_step`; ``backend="torch"``: None)."""
+        step): the one registry's (:func:`adam8lib.kernels.find_step`; ``backend="torch"``: None). Looked up again
+        whenever the registry, :data:`adam8lib.kernels.AUTO_ORDER`, the format or the backend changes (a backend's
+        ``supports(device)`` is taken to stay what it was)."""
         # remembered (a step of many small tensors does not look it up for each): keyed by what the answer
         # depends on, the format by identity (the whole cache is dropped when the format object changes)
-        version, find = kernels.registry.version(), kernels.find_step
+        version, find, order = kernels.registry.version(), kernels.find_step, kernels.AUTO_ORDER
         last = self.__dict__.get("_found_last")  # the answer of the last call (a step asks for one rule again and again)
         if (last is not None and last[0] is rule and last[1] == device and last[2] == version and last[3] is find
-                and last[4] is self.format and last[5] == self.backend):
-            return last[6]
-        key = (find, version, id(rule), self.backend, device)
+                and last[4] is self.format and last[5] == self.backend and last[6] is order):
+            return last[7]
+        key = (find, version, id(rule), self.backend, device, order)
         known = self.__dict__.get("_found_steps")
         if known is None or known[0] is not self.format or len(known[1]) > 64:
             known = self.__dict__["_found_steps"] = (self.format, {})
@@ -591,13 +612,13 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             # the look-up may have imported an optional backend, which registers its steps (a new version)
             known[1][(kernels.find_step, kernels.registry.version()) + key[2:]] = found
         self.__dict__["_found_last"] = (rule, device, kernels.registry.version(), kernels.find_step, self.format,
-                                        self.backend, found[1])
+                                        self.backend, kernels.AUTO_ORDER, found[1])
         return found[1]
 
     def _needs_reduction(self, p: torch.Tensor, rule: UpdateRule, group: dict[str, Any] | None = None) -> bool:
         """Whether a step of the sharded parameter ``p`` reduces scales across its shards (rank-1 maxima,
         or blocks cut by a shard boundary): then it takes the reference step, on the whole shard."""
-        if type(p) in _PLAIN or not is_dtensor(p) or not _sharded(p) or not self.quantized(p, group):
+        if type(p) in _PLAIN or not is_dtensor(p) or not _sharded(p) or not self._state_kind(p, rule, group):
             return False
         moments = {self.moment(spec) for spec in self.state_specs(rule)}
         return any(m.uses_rank1(tuple(p.shape)) or (self._global_blocks(p) and block_edge_reducer(p, m.blocksize) is not None)
@@ -624,11 +645,13 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             raise ValueError(f"the gradient of {where} is on {grad.device}, the parameter on {p.device}")
 
     def _check_live_state(self, p: torch.Tensor, rule: UpdateRule, where: str, group: dict[str, Any] | None = None) -> None:
-        """The state a step is about to read has the keys and sizes this optimizer and rule expect."""
+        """The state a step is about to read has the keys and sizes this optimizer and rule expect (of the kind
+        it has: quantized or fp32), codes and scales contiguous (the kernels read them through pointers)."""
         state = self.state[p]
-        for key, (shape, dtype) in self.expected_state(p, rule, group).items():
+        for key, (shape, dtype) in self._expected_state(p, rule, group, self._state_kind(p, rule, group, state)).items():
             value = state.get(key)
-            if not torch.is_tensor(value) or value.dtype != dtype or value.numel() != math.prod(shape):
+            if (not torch.is_tensor(value) or value.dtype != dtype or value.numel() != math.prod(shape)
+                    or (value.dim() == 1 and not value.is_contiguous())):
                 raise ValueError(f"{where} has no {dtype} {key!r} of {math.prod(shape)} elements: it was not made "
                                  f"by this {type(self).__name__} (state format {self.format_name()!r}, "
                                  f"min_8bit_size {self.min_8bit_size})")
@@ -686,8 +709,12 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         non-finite rule, write ``target``, encode. ``p`` is the parameter (its global shape and layout)."""
         if fused is not None:  # in place, the reference step's bits (the registry's calling convention)
             states = tuple((state[s.codes_key], state[s.scales_key]) for s in self.state_specs(rule))
-            fused.fn(target.view(-1), grad.reshape(-1), states, rule=rule, fmt=self.format,
+            contiguous = target.is_contiguous()  # else: on a contiguous copy, written back
+            flat = target.view(-1) if contiguous else target.contiguous().view(-1)
+            fused.fn(flat, grad.reshape(-1).contiguous(), states, rule=rule, fmt=self.format,
                      shape=tuple(target.shape), step=step, group=hyper)
+            if not contiguous:
+                target.copy_(flat.view(target.shape))
             return
         values = {spec.name: self.decode(state, spec, p, target) for spec in self.state_specs(rule)}
         quantized = any(s.codes_key in state for s in self.state_specs(rule))
@@ -773,7 +800,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
     def _state_keys(self, p: torch.Tensor, rule: UpdateRule, group: dict[str, Any] | None = None) -> dict[str, Any]:
         """``moments`` (``{codes key: (scales key, moment format)}``) and ``fp32_keys`` of ``p``'s state: what
         :func:`adam8lib.distributed.to_checkpoint_state` and ``to_local_state`` need to know of it."""
-        if self.quantized(p, group):
+        if self._state_kind(p, rule, group):
             return {"moments": {s.codes_key: (s.scales_key, self.moment(s)) for s in self.state_specs(rule)},
                     "fp32_keys": ()}
         return {"moments": {}, "fp32_keys": tuple(s.name for s in self.state_specs(rule))}

@@ -118,14 +118,27 @@ class Adam8bitVariant(Adam8bit):
         self.keep_sign = keep_sign
         self._own_phases = own_phases
         super().__init__(params, *args, state_format=fmt, **kwargs)
-        self.qmap1, self.qmap2 = fmt.m.qmap(), fmt.v.qmap()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.update(quantization=self.quantization, blockwise=self.blockwise, keep_sign=self.keep_sign,
+                     own_phases=self._own_phases)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        self.quantization = state.pop("quantization", "dynamic")
+        self.blockwise = state.pop("blockwise", True)
+        self.keep_sign = state.pop("keep_sign", True)
+        self._own_phases = state.pop("own_phases", not self.blockwise or not self.keep_sign or self.custom_requantize)
+        super().__setstate__(state)
 
     # the core's hooks: per-tensor scales, and the requantization a subclass may override
     def _custom_quantize(self) -> bool:
         return self._own_phases
 
-    def expected_state(self, p, rule, group=None):
-        expected = dict(super().expected_state(p, rule, group))  # (the core's answer is remembered: a copy)
+    def _expected_state(self, p, rule, group, quantized):
+        expected = dict(super()._expected_state(p, rule, group, quantized))  # (the core's is remembered: a copy)
         if not self.blockwise:  # one scale for the whole tensor
             for spec in self.state_specs(rule):
                 if spec.scales_key in expected:
