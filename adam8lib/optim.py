@@ -235,7 +235,7 @@ class LowBitAdam(QuantizedStateOptimizer):
     # ------------------------------------------------------------------ what differs from the core's defaults
     def state_specs(self, rule):
         """AdamW's ``m`` and ``v`` under this class's keys (:data:`STATE_SPECS`)."""
-        return STATE_SPECS if rule == _ADAMW else rule.states
+        return STATE_SPECS if rule is _ADAMW or rule == _ADAMW else rule.states
 
     def _find_fused(self, rule, device: torch.device):
         """The core's fused step; with ``backend="torch"`` and states in the 8-bit layout, the map-code kernel of
@@ -267,12 +267,15 @@ class LowBitAdam(QuantizedStateOptimizer):
             state = {"step": state["step"], **{k: state[k] for k in _KEY_ORDER_8BIT}}
         return state
 
-    def _check_live_state(self, p: torch.Tensor, rule, where: str, group: dict[str, Any] | None = None) -> None:
+    def _check_live_state(self, p: torch.Tensor, rule, where: str, group: dict[str, Any] | None = None,
+                          quantized: bool | None = None) -> None:
         """ValueError unless the state a step is about to read has the keys, dtypes and sizes this
         optimizer makes for ``p`` (its state format and block size, on the local shard): a state edited by
         hand, or a group's block size changed after the states exist, is found before anything changes."""
         local, state = local_tensor(p), self.state[p]
-        for key, (shape, dtype) in self._expected_state(p, rule, group, self._state_kind(p, rule, group, state)).items():
+        if quantized is None:
+            quantized = self._state_kind(p, rule, group, state)
+        for key, (shape, dtype) in self._expected_state(p, rule, group, quantized).items():
             count, value = math.prod(shape), state.get(key)
             if not torch.is_tensor(value) or value.numel() != count or (
                     key in _STATE_KEYS_8BIT and (value.dtype != dtype or not value.is_contiguous())):

@@ -474,9 +474,12 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                         raise TypeError(f"{where} is sharded (FSDP2): its shard is quantized in the whole tensor's "
                                         f"blocks by the format itself, so an overridden {type(self).__name__}.quantize "
                                         f"cannot run on it; step it unsharded")
-                if self.state.get(p):  # (not self.state[p]: the defaultdict would make an empty state)
-                    self._check_live_state(p, rule, _Where("the state of parameter {} of group {}", pi, gi), group)
-                work.append((group, p, param, grad, rule, self._fused_for(p, rule, param, grad, group)))
+                state = self.state.get(p)  # (not self.state[p]: the defaultdict would make an empty state)
+                kind = self._state_kind(p, rule, group, state)
+                if state:
+                    self._check_live_state(p, rule, _Where("the state of parameter {} of group {}", pi, gi), group,
+                                           quantized=kind)
+                work.append((group, p, param, grad, rule, self._fused_for(p, rule, param, grad, group, quantized=kind)))
         if self.stochastic_rounding:
             for index, (group, p, param, grad, rule, fused) in enumerate(work):
                 self._update(group, p, param, grad, rule, fused, index)
@@ -492,14 +495,17 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         reduces scales across ranks is a collective, which every rank must run in the same order)."""
         fused_batches: dict[tuple, tuple] = {}
         fp32_batches: dict[tuple, tuple] = {}
+        fp32_names: dict[int, list[str] | None] = {}  # per rule: its states' names if its fp32 states batch
         for index, (group, p, param, grad, rule, fused) in enumerate(work):
+            names = fp32_names.get(id(rule), _MISSING)
+            if names is _MISSING:
+                names = fp32_names[id(rule)] = [s.name for s in self.state_specs(rule)] if self._batches_fp32(rule) else None
             if fused is not None and fused.many is not None:
                 state = self._ready_state(group, p, param, rule)  # (made in the parameters' order, as one at a time)
                 key = (id(group), param.device, id(fused.many), id(rule))
                 fused_batches.setdefault(key, (group, rule, fused, []))[3].append((p, param, grad, state))
-            elif fused is None and self._batches_fp32(rule) and param.device.type in ("cpu", "cuda"):
+            elif fused is None and names and param.device.type in ("cpu", "cuda"):
                 state = self._ready_state(group, p, param, rule)
-                names = [s.name for s in self.state_specs(rule)]
                 if all(name in state and state[name].dtype == torch.float32 for name in names):  # fp32 states
                     key = (id(group), param.device, id(rule), state["step"])
                     fp32_batches.setdefault(key, (group, rule, []))[2].append((p, param, grad, state))
@@ -575,7 +581,8 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         raise ValueError(f"the tensor of shape {tuple(p.shape)} is not a parameter of this {type(self).__name__}")
 
     def _fused_for(self, p: torch.Tensor, rule: UpdateRule, local: torch.Tensor | None = None,
-                   grad: torch.Tensor | None = None, group: dict[str, Any] | None = None) -> kernels.FusedStep | None:
+                   grad: torch.Tensor | None = None, group: dict[str, Any] | None = None,
+                   quantized: bool | None = None) -> kernels.FusedStep | None:
         """Which fused step ``p`` takes (None: the reference step). Decided before anything changes: a named
         backend that cannot run on ``p``'s device raises ValueError here. The shard of a sharded parameter
         takes one only where it gives the same bits: no moment with rank-1 scales and no shard boundary
@@ -584,7 +591,9 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         if local is None:
             local = local_tensor(p)
             grad = None if p.grad is None else local_tensor(p.grad)
-        if (not rule.elementwise or not local.numel() or not self._state_kind(p, rule, group)
+        if quantized is None:
+            quantized = self._state_kind(p, rule, group)
+        if (not rule.elementwise or not local.numel() or not quantized
                 or self._custom_quantize() or self._needs_reduction(p, rule, group)):
             return None  # (a parameter or gradient that is not contiguous: the step works on a contiguous copy)
         return self._find_fused(rule, local.device)
@@ -644,11 +653,15 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         if grad.device != p.device:
             raise ValueError(f"the gradient of {where} is on {grad.device}, the parameter on {p.device}")
 
-    def _check_live_state(self, p: torch.Tensor, rule: UpdateRule, where: str, group: dict[str, Any] | None = None) -> None:
+    def _check_live_state(self, p: torch.Tensor, rule: UpdateRule, where: str, group: dict[str, Any] | None = None,
+                          quantized: bool | None = None) -> None:
         """The state a step is about to read has the keys and sizes this optimizer and rule expect (of the kind
-        it has: quantized or fp32), codes and scales contiguous (the kernels read them through pointers)."""
+        it has, ``quantized`` if given: quantized or fp32), codes and scales contiguous (the kernels read them
+        through pointers)."""
         state = self.state[p]
-        for key, (shape, dtype) in self._expected_state(p, rule, group, self._state_kind(p, rule, group, state)).items():
+        if quantized is None:
+            quantized = self._state_kind(p, rule, group, state)
+        for key, (shape, dtype) in self._expected_state(p, rule, group, quantized).items():
             value = state.get(key)
             if (not torch.is_tensor(value) or value.dtype != dtype or value.numel() != math.prod(shape)
                     or (value.dim() == 1 and not value.is_contiguous())):
