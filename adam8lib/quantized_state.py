@@ -317,11 +317,9 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         shard) has at least :meth:`min_size` elements. ``group``: ``p``'s (found if not given)."""
         if self.format is None:
             return False
-        if "min_8bit_size" not in self.group_settings:
-            return p.numel() >= self.min_8bit_size
-        if group is None:
+        if group is None and "min_8bit_size" in self.group_settings:
             group = self.group_of(p)
-        return p.numel() >= (self.min_8bit_size if group is None else group.get("min_8bit_size", self.min_8bit_size))
+        return p.numel() >= self.min_size(group)
 
     def _global_blocks(self, p: torch.Tensor) -> bool:
         """Whether ``p`` is the shard of a sharded parameter that keeps the whole tensor's blocks."""
@@ -526,13 +524,10 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         for group, rule, fused, entries in fused_batches.values():
             items, states, copies, steps, shapes = [], [], [], [], []
             for p, param, grad, state in entries:
-                if param.is_contiguous():
-                    flat = param.view(-1)
-                else:  # we work on a contiguous copy: written back below
-                    flat = param.contiguous().view(-1)
-                    copies.append((param, flat))
-                items.append((flat, grad.reshape(-1).contiguous(),
-                              tuple((state[s.codes_key], state[s.scales_key]) for s in self.state_specs(rule))))
+                item = self._kernel_item(param, grad, state, rule)
+                if not param.is_contiguous():  # a contiguous copy: written back below
+                    copies.append((param, item[0]))
+                items.append(item)
                 states.append(state)
                 steps.append(state["step"] + 1)
                 shapes.append(tuple(param.shape))
@@ -541,6 +536,14 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                 param.copy_(flat.view(param.shape))
             for state, step in zip(states, steps):
                 state["step"] = step
+
+    def _kernel_item(self, target: torch.Tensor, grad: torch.Tensor, state: dict[str, Any],
+                     rule: UpdateRule) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+        """``(p, g, states)`` as the registry's fused steps take them: flat, contiguous (a copy of ``target`` where
+        it is not contiguous, which the caller writes back), and the ``(codes, scales)`` of each state."""
+        flat = target.view(-1) if target.is_contiguous() else target.contiguous().view(-1)
+        return (flat, grad.reshape(-1).contiguous(),
+                tuple((state[s.codes_key], state[s.scales_key]) for s in self.state_specs(rule)))
 
     @staticmethod
     def _batches_fp32(rule: UpdateRule) -> bool:
@@ -605,12 +608,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         ``supports(device)`` is taken to stay what it was)."""
         # remembered (a step of many small tensors does not look it up for each): keyed by what the answer
         # depends on, the format by identity (the whole cache is dropped when the format object changes)
-        version, find, order = kernels.registry.version(), kernels.find_step, kernels.AUTO_ORDER
-        last = self.__dict__.get("_found_last")  # the answer of the last call (a step asks for one rule again and again)
-        if (last is not None and last[0] is rule and last[1] == device and last[2] == version and last[3] is find
-                and last[4] is self.format and last[5] == self.backend and last[6] is order):
-            return last[7]
-        key = (find, version, id(rule), self.backend, device, order)
+        key = (kernels.find_step, kernels.registry.version(), id(rule), self.backend, device, kernels.AUTO_ORDER)
         known = self.__dict__.get("_found_steps")
         if known is None or known[0] is not self.format or len(known[1]) > 64:
             known = self.__dict__["_found_steps"] = (self.format, {})
@@ -620,8 +618,6 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             known[1][key] = found
             # the look-up may have imported an optional backend, which registers its steps (a new version)
             known[1][(kernels.find_step, kernels.registry.version()) + key[2:]] = found
-        self.__dict__["_found_last"] = (rule, device, kernels.registry.version(), kernels.find_step, self.format,
-                                        self.backend, kernels.AUTO_ORDER, found[1])
         return found[1]
 
     def _needs_reduction(self, p: torch.Tensor, rule: UpdateRule, group: dict[str, Any] | None = None) -> bool:
@@ -721,12 +717,9 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         (its states, or views of the chunk's): the fused step in place, or decode, the rule in fp32, the
         non-finite rule, write ``target``, encode. ``p`` is the parameter (its global shape and layout)."""
         if fused is not None:  # in place, the reference step's bits (the registry's calling convention)
-            states = tuple((state[s.codes_key], state[s.scales_key]) for s in self.state_specs(rule))
-            contiguous = target.is_contiguous()  # else: on a contiguous copy, written back
-            flat = target.view(-1) if contiguous else target.contiguous().view(-1)
-            fused.fn(flat, grad.reshape(-1).contiguous(), states, rule=rule, fmt=self.format,
-                     shape=tuple(target.shape), step=step, group=hyper)
-            if not contiguous:
+            flat, g, states = self._kernel_item(target, grad, state, rule)
+            fused.fn(flat, g, states, rule=rule, fmt=self.format, shape=tuple(target.shape), step=step, group=hyper)
+            if not target.is_contiguous():
                 target.copy_(flat.view(target.shape))
             return
         values = {spec.name: self.decode(state, spec, p, target) for spec in self.state_specs(rule)}
@@ -749,7 +742,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
     # ------------------------------------------------------------------ copy / pickle
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        for cache in ("_found_steps", "_found_last", "_expected_states"):  # caches, made again on use
+        for cache in ("_found_steps", "_expected_states"):  # caches, made again on use
             state.pop(cache, None)
         state.update(format=self.format, min_8bit_size=self.min_8bit_size, backend=self.backend,
                      stochastic_rounding=self.stochastic_rounding, seed=self.seed)
@@ -787,16 +780,12 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             group, p = params[index]
             rule = self.rule_for(p, group)
             tagged = self.format is not None and any(k in self._codes_keys(rule) for k in saved)
-            if self.block_layout == "local":  # the shard's own blocks: the DCP form of lesson 11
-                if is_dtensor(p):
-                    saved = to_checkpoint_state(p, saved, self.format.blocksize, self.format)
-                if tagged:
-                    saved = {**saved, self.format_tag_key: self.format_tag()}
-            else:
-                if tagged:
-                    saved = {**saved, self.format_tag_key: self.format_tag()}
-                if is_dtensor(p):
-                    saved = to_checkpoint_state(p, saved, None, self.format, **self._state_keys(p, rule, group))
+            if is_dtensor(p) and self.block_layout == "local":  # the shard's own blocks: the DCP form of lesson 11
+                saved = to_checkpoint_state(p, saved, self.format.blocksize, self.format)
+            elif is_dtensor(p):
+                saved = to_checkpoint_state(p, saved, None, self.format, **self._state_keys(p, rule, group))
+            if tagged:  # (last: the DCP forms keep other keys as they are, in their place)
+                saved = {**saved, self.format_tag_key: self.format_tag()}
             sd["state"][index] = saved
         return sd
 
@@ -993,12 +982,6 @@ class _Where:
 
     def __format__(self, spec: str) -> str:
         return format(str(self), spec)
-
-    def __add__(self, other: str) -> str:
-        return str(self) + other
-
-    def __radd__(self, other: str) -> str:
-        return other + str(self)
 
 
 def _a(name: str) -> str:

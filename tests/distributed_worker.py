@@ -145,10 +145,15 @@ def shard(model):
     return model
 
 
-def run(rank: int, world: int, out: str, port: int) -> None:
+def join_gloo(rank: int, world: int, port: int) -> None:
+    """Join the test's gloo process group on this machine (one thread per rank)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
+
+
+def run(rank: int, world: int, out: str, port: int) -> None:
+    join_gloo(rank, world, port)
     from adam8lib import AdamW8bit, compute_optimizer_size
     from adam8lib.distributed import load_checkpoint, save_checkpoint
 

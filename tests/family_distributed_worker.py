@@ -20,10 +20,9 @@ import socket
 import sys
 
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from distributed_worker import full_params, local_states, shard  # the same model helpers as Adam's worker
+from distributed_worker import full_params, join_gloo, local_states, shard  # the same helpers as Adam's worker
 
 STEPS = 3
 MORE = 2
@@ -94,9 +93,7 @@ def train(model, opt, steps, first_step=0):
 
 
 def run(rank: int, world: int, out: str, port: int) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.set_num_threads(1)
+    join_gloo(rank, world, port)
     from adam8lib import Muon8bit
     from adam8lib.distributed import end_rank, load_checkpoint, save_checkpoint
 
@@ -205,9 +202,7 @@ def train_small(model, opt, steps, grads=None):
 
 def run_three(rank: int, world: int, out: str, port: int) -> None:
     """3 ranks: blocks shared by three shards (see :class:`Small`); a DCP checkpoint for the test to load."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.set_num_threads(1)
+    join_gloo(rank, world, port)
     from adam8lib.distributed import end_rank, save_checkpoint
 
     from torch.distributed.fsdp import fully_shard

@@ -12,6 +12,7 @@ import torch
 
 from adam8lib import AdEMAMix8bit, AdamW8bit, Lion, Lion8bit, Muon8bit, RMSprop8bit, rounding
 from adam8lib.optim import LowBitAdam
+from tests._random_steps import random_steps
 
 BF16 = torch.bfloat16
 
@@ -22,11 +23,7 @@ def _params(shapes, dtype=BF16, seed=0):
 
 
 def _train(opt, params, steps=4, seed=1):
-    gen = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        for p in params:
-            p.grad = torch.randn(p.shape, generator=gen).to(p.dtype)
-        opt.step()
+    random_steps(opt, params, steps, seed)
 
 
 @pytest.mark.parametrize("backend", ["auto", "torch"])

@@ -13,6 +13,7 @@ from adam8lib import Adam4bit, Adam8bit, AdamFp8, AdamW4bit, AdamW8bit, AdamWFp8
 from adam8lib.quantized_state import QuantizedStateOptimizer
 from adam8lib.rules.adamw import AdamWRule
 from adam8lib.variants import Adam8bitVariant
+from tests._random_steps import random_steps
 
 ADAMS = [LowBitAdam, Adam8bit, AdamW8bit, Adam4bit, AdamW4bit, AdamFp8, AdamWFp8, Adam8bitVariant]
 #: What the core does and no class of the library redoes: the step with its checks, batches, stochastic
@@ -92,11 +93,7 @@ def test_backend_torch_on_the_8bit_layout_is_the_chunked_map_code_step():
 
 # ---------------------------------------------------------------------- what the old class did, kept (review of the re-base)
 def _steps(opt, params, steps=3, seed=1):
-    gen = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        for p in params:
-            p.grad = torch.randn(p.shape, generator=gen).to(p.dtype)
-        opt.step()
+    random_steps(opt, params, steps, seed)
 
 
 @pytest.mark.parametrize("make", [AdamW8bit, Adam4bit, AdamWFp8, Lion8bit], ids=lambda c: c.__name__)

@@ -319,14 +319,11 @@ def map_codes_reference_step() -> FusedStep:
     8-bit Adam step of lesson 07 in plain PyTorch, a chunk of blocks at a time, so its fp32 temporaries are one
     chunk's) in the registry's calling convention. Not in the registry: ``backend="torch"`` means the reference
     step, and for the 8-bit layout of the Adam classes (:class:`~adam8lib.optim.LowBitAdam`) this is it."""
-    global _MAP_CODES_REFERENCE
-    if _MAP_CODES_REFERENCE is None:
-        _MAP_CODES_REFERENCE = FusedStep("adamw", "torch", _adam8bit_as_fused(reference.adam8bit_step),
-                                         _is_adam8bit_layout, lambda device: True, _adam8bit_many_as_fused("torch"))
     return _MAP_CODES_REFERENCE
 
 
-_MAP_CODES_REFERENCE: FusedStep | None = None
+_MAP_CODES_REFERENCE = FusedStep("adamw", "torch", _adam8bit_as_fused(reference.adam8bit_step), _is_adam8bit_layout,
+                                 lambda device: True, _adam8bit_many_as_fused("torch"))
 
 
 def adam8bit_step_items(items, qmap1: torch.Tensor, qmap2: torch.Tensor, *, steps, group, blocksize: int,
