@@ -75,12 +75,13 @@ test: setup
 unit: setup
 	$(ONE_THREAD) $(PYTEST) $(XDIST) tests
 
-# The notebooks (and the C++ kernel's bit-identity tests) as another machine runs them (adam8lib/course/second_machine.py: torch's generic CPU
+# The notebooks (and the unit tests that compare bits: the C++ kernels', the stored checkpoints' continuations) as another machine runs them (adam8lib/course/second_machine.py: torch's generic CPU
 # kernels, MKL/oneDNN at AVX2, one thread, adam8lib's kernel without AVX-512), then the solutions
 # graded as a class under it: compared outputs must hold and correct work must score full marks.
 SECOND = $(PY) -m adam8lib.course.second_machine
 test-second-machine: setup
-	$(SECOND) $(PYTEST) $(XDIST) $(NBVAL) $(NOTEBOOKS) tests/kernels/test_cpu.py tests/kernels/test_cpu_formats.py tests/kernels/test_cpu_rules.py
+	$(SECOND) $(PYTEST) $(XDIST) $(NBVAL) $(NOTEBOOKS) tests/kernels/test_cpu.py tests/kernels/test_cpu_formats.py tests/kernels/test_cpu_rules.py \
+	    tests/test_checkpoint_fixture.py tests/test_quantized_state.py
 	$(SECOND) $(MAKE) --no-print-directory grade-solutions
 
 # The course's own solutions as one learner's submission, graded like a class: every point or exit 3.

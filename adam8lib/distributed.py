@@ -497,6 +497,12 @@ def reshard_tolerance(qmap: torch.Tensor, absmax: torch.Tensor, blocksize: int, 
 
 
 # ---------------------------------------------------------------------- save / load
+#: The key, in a plain parameter's saved state with quantized entries, of the parameter's shape: flat codes and
+#: scales do not say it, and a (70, 61) state decoded into a (61, 70) parameter would step without an error
+#: (adam8lib.quantized_state refuses it at load). A DCP form keeps the shape in its DTensors instead.
+SHAPE_KEY = "param_shape"
+
+
 def save_checkpoint(model: torch.nn.Module, optimizer: torch.optim.Optimizer, checkpoint_id: str) -> None:
     """Save model and optimizer with ``torch.distributed.checkpoint`` (sharded, one file per rank)."""
     import torch.distributed.checkpoint as dcp
@@ -531,6 +537,9 @@ def load_checkpoint(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ch
     # read into copies (state_dict tensors share storage with the live model and optimizer)
     target = tree_map_only(torch.Tensor, lambda t: t.detach().clone(), {"model": model_sd, "optim": optim_sd})
     _fit_to_saved(target, metadata, TensorStorageMetadata)
+    for fqn, state in target["optim"].get("state", {}).items():  # checkpoints of sharded parameters have none
+        if isinstance(state, dict) and SHAPE_KEY in state and f"optim.state.{fqn}.{SHAPE_KEY}" not in metadata:
+            del state[SHAPE_KEY]
     try:
         dcp.load(target, storage_reader=reader)
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - CheckpointException is a BaseException

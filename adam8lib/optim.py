@@ -96,7 +96,7 @@ import torch
 from . import kernels
 from .distributed import local_tensor
 from .kernels.contract import PARAM_DTYPES, check_plain_tensor, is_usual_tensor
-from .quantized_state import QuantizedStateOptimizer
+from .quantized_state import SHAPE_KEY, QuantizedStateOptimizer
 from .rules.adamw import AdamWRule
 from .rules.base import StateSpec
 from .formats import FORMATS, StateFormat, get_format
@@ -323,7 +323,7 @@ class LowBitAdam(QuantizedStateOptimizer):
                        group: dict[str, Any] | None = None) -> dict:
         if isinstance(saved, dict) and "state1" in saved:
             self._check_format_tag(saved.get(MAPS_KEY), where, origin)
-            saved = {k: v for k, v in saved.items() if k != MAPS_KEY}
+            saved = {k: v for k, v in saved.items() if k not in (MAPS_KEY, SHAPE_KEY)}
         _check_saved_state(p, saved, self.format, where, origin)
         local = local_tensor(p)
         return {k: (v.detach().to(local.device).reshape(local.shape if k in _STATE_KEYS_32BIT else -1).clone(

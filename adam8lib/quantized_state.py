@@ -112,7 +112,7 @@ from typing import Any, Iterable, Mapping
 import torch
 
 from . import kernels, rounding
-from .distributed import (global_offset, is_dtensor, local_param_and_grad, local_range, local_tensor,
+from .distributed import (SHAPE_KEY, global_offset, is_dtensor, local_param_and_grad, local_range, local_tensor,
                           rank1_maxima_reducer, to_checkpoint_state, to_local_state)
 from .formats import MomentFormat, StateFormat, get_format
 from .global_blocks import block_edge_reducer, block_lead, shard_scales_numel
@@ -786,6 +786,8 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                 saved = to_checkpoint_state(p, saved, None, self.format, **self._state_keys(p, rule, group))
             if tagged:  # (last: the DCP forms keep other keys as they are, in their place)
                 saved = {**saved, self.format_tag_key: self.format_tag()}
+                if not is_dtensor(p):  # a DCP form keeps the shape in its DTensors
+                    saved[SHAPE_KEY] = list(p.shape)
             sd["state"][index] = saved
         return sd
 
@@ -872,6 +874,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"the checkpoint has a state for unknown parameter id {pid!r}")
             p, group = by_id[pid]
             where = f"the state of parameter {pid!r} (shape {tuple(p.shape)}) in the checkpoint"
+            _check_saved_shape(p, saved, where)
             rule = self.rule_for(p, group)
             if isinstance(saved, dict):  # DCP, or another world size: this rank's plain local state
                 saved = self._local_state(p, saved, rule, group)
@@ -912,7 +915,8 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         name, tag_key = type(self).__name__, self.format_tag_key
         if not isinstance(saved, dict):
             raise ValueError(f"{where} must be a dict, got {type(saved).__name__}")
-        if origin and any(k not in self.expected_state(p, rule, group) and k not in ("step", tag_key) for k in map(str, saved)):
+        if origin and any(k not in self.expected_state(p, rule, group) and k not in ("step", tag_key, SHAPE_KEY)
+                          for k in map(str, saved)):
             raise ValueError(f"{where} has keys {sorted(map(str, saved))} that a {name} ({rule.name} rule) does not "
                              f"keep{origin}")
         saved_quantized = any(k in self._codes_keys(rule) for k in saved)
@@ -924,7 +928,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             raise ValueError(f"{where} has fp32 states; this {name} stores this parameter's states in format "
                              f"{self.format_name()!r} (min_8bit_size {self.min_size(group)}){origin}")
         expected = self.expected_state(p, rule, group)
-        unknown = sorted(set(map(str, saved)) - set(expected) - {"step", tag_key})
+        unknown = sorted(set(map(str, saved)) - set(expected) - {"step", tag_key, SHAPE_KEY})
         if unknown:
             raise ValueError(f"{where} has keys {unknown} that a {name} ({rule.name} rule) does not keep{origin}")
         step = saved.get("step")
@@ -960,6 +964,28 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             return (f"fp32 states for it (state format {self.format_name()!r}, min_8bit_size "
                     f"{self.min_size(group)})")
         return f"{self.format.name!r} (blocks of {self.format.m.blocksize})"
+
+
+def _check_saved_shape(p: torch.Tensor, saved: Any, where: str) -> None:
+    """ValueError when a saved state belongs to a parameter of another shape: its :data:`SHAPE_KEY`, or an fp32
+    state tensor of two or more dimensions, says a shape other than ``p``'s (a transposed weight has as many
+    elements, so sizes alone do not tell)."""
+    if not isinstance(saved, dict):
+        return
+    own = tuple(p.shape)
+    told = saved.get(SHAPE_KEY)
+    if told is not None:
+        if not isinstance(told, (list, tuple)) or not all(isinstance(n, int) and not isinstance(n, bool) for n in told):
+            raise ValueError(f"{where}: {SHAPE_KEY!r} must be a list of ints, got {told!r}")
+        if tuple(told) != own:
+            raise ValueError(f"{where} was saved for a parameter of shape {tuple(told)}; this parameter has shape "
+                             f"{own}: load the checkpoint into the model it was saved from (same parameters, "
+                             f"same order)")
+    for key, value in saved.items():
+        if torch.is_tensor(value) and not is_dtensor(value) and value.dim() >= 2 and value.dtype.is_floating_point \
+                and value.numel() == p.numel() and tuple(value.shape) != own:
+            raise ValueError(f"{where}: {key!r} has shape {tuple(value.shape)}, this parameter has shape {own}: the "
+                             f"checkpoint belongs to another model (or another parameter order)")
 
 
 _MISSING = object()
