@@ -201,6 +201,11 @@ class CompressedMasterWeights:
     must step fp32 parameters; one that rounds bf16 weights stochastically is refused (there is no bf16
     rounding left to do). If a step raises, its parameters stay fp32 until :meth:`restore`.
 
+    ``optimizer.step(closure)`` works too: the optimizer gets a closure that splits any joined parameter back,
+    runs yours (the forward and backward on the bf16 weights; its loss is what ``step`` returns) and joins the
+    parameters that then have a gradient, so the step is on the fp32 master as without a closure. A closure
+    that raises leaves the bf16 weights, their gradients and the corrections as they were.
+
     Memory during a step: each joined parameter is an fp32 tensor (4 bytes per element) with an fp32
     gradient (4 more, for a bf16 gradient) until it is split again, plus one chunk's temporaries of the
     split and the join. With gradient release that is one parameter at a time (the largest sets the peak).
@@ -250,7 +255,29 @@ class CompressedMasterWeights:
         self._hooks = [optimizer.register_step_pre_hook(self._join), optimizer.register_step_post_hook(self._split)]
 
     # ------------------------------------------------------------------ the hooks
-    def _join(self, optimizer, args, kwargs) -> None:
+    def _join(self, optimizer, args, kwargs):
+        self._join_all(optimizer)
+        # (torch passes the step's arguments with the optimizer first: (optimizer, closure) or closure=...)
+        closure = args[1] if len(args) > 1 else kwargs.get("closure")
+        if closure is None:
+            return None
+        stepped = self._on_the_master(closure)
+        if len(args) > 1:
+            return (args[0], stepped, *args[2:]), kwargs
+        return args, {**kwargs, "closure": stepped}
+
+    def _on_the_master(self, closure):
+        """``closure`` for a step on the joined masters: the model computes its loss and gradients with its bf16
+        weights (the parameters joined for the step are split back first), then the parameters that have a
+        gradient are joined again for the step. Called any number of times (L-BFGS evaluates it more than once)."""
+        def closure_on_the_master():
+            self.restore()
+            loss = closure()
+            self._join_all(self.optimizer)
+            return loss
+        return closure_on_the_master
+
+    def _join_all(self, optimizer) -> None:
         for group in optimizer.param_groups:
             for p in group["params"]:
                 if id(p) not in self.corrections or p.grad is None or p.dtype != torch.bfloat16:

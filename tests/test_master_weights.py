@@ -287,11 +287,13 @@ def test_a_step_that_raises_leaves_fp32_parameters_until_restore():
     x, y = batches(1)[0]
     nn.functional.cross_entropy(model(x.bfloat16()).float(), y).backward()
 
-    def closure():
-        raise RuntimeError("a failing closure")
+    def failing(optimizer, args, kwargs):
+        raise RuntimeError("a failing step")
 
-    with pytest.raises(RuntimeError, match="a failing closure"):
-        opt.step(closure)  # the pre-hook joined the masters; the post-hook never ran
+    hook = opt.register_step_pre_hook(failing)  # after the wrapper's: the masters are joined when it raises
+    with pytest.raises(RuntimeError, match="a failing step"):
+        opt.step()  # the pre-hook joined the masters; the post-hook never ran
+    hook.remove()
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert all(np.array_equal(bits_of(p.detach()), bits_of(m)) for p, m in zip(model.parameters(), masters))
     mw.restore()
@@ -299,6 +301,85 @@ def test_a_step_that_raises_leaves_fp32_parameters_until_restore():
     assert all(np.array_equal(bits_of(mw.master(p)), bits_of(m)) for p, m in zip(model.parameters(), masters))
     opt.step()  # and stepping works again
     assert not np.array_equal(bits_of(mw.master(model[0].weight)), bits_of(masters[0]))
+
+
+@pytest.mark.parametrize("name", ["AdamW8bit", "torch.AdamW"])
+@pytest.mark.parametrize("bits", [16, 8])
+def test_a_step_with_a_closure_steps_the_fp32_master(name, bits):
+    """opt.step(closure): the closure runs on the bf16 weights (the model's forward and backward), its loss
+    is returned, and the step is on the joined fp32 master: the explicit fp32 master's bits (it used to step
+    the bf16 weight and keep the old correction: 1.9e-3 off after an update of 1e-3)."""
+    model = mlp()
+    opt = OPTS[name](model.parameters())
+    mw = CompressedMasterWeights(model, opt, bits=bits)
+    for i, (x, y) in enumerate(batches(3)):
+        seen = []
+
+        def closure():
+            assert all(p.dtype == torch.bfloat16 for p in model.parameters())  # the model computes in bf16
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x.bfloat16()).float(), y)
+            loss.backward()
+            seen.append(loss)
+            return loss
+
+        loss = opt.step(closure) if i % 2 else opt.step(closure=closure)  # positional or keyword
+        assert loss is seen[0] and len(seen) == 1
+        assert all(p.dtype == torch.bfloat16 and p.grad.dtype == torch.bfloat16 for p in model.parameters())
+    assert_matches_reference((model, opt, mw), reference(name, bits, steps=3), bits)
+
+
+def test_a_closure_called_twice_and_a_closure_that_raises():
+    """An optimizer that evaluates the closure more than once (as L-BFGS does) gets the bf16 forward each time;
+    a closure that raises leaves the bf16 weights, their gradients and the masters as they were."""
+    torch.manual_seed(0)
+    model = nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    mw = CompressedMasterWeights(model, opt, bits=16)
+    x = torch.randn(4, 8)
+    model(x.bfloat16()).sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    masters = [mw.master(p) for p in model.parameters()]
+
+    def failing():
+        raise RuntimeError("a failing closure")
+
+    with pytest.raises(RuntimeError, match="a failing closure"):
+        opt.step(failing)
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))
+    assert all(np.array_equal(bits_of(mw.master(p)), bits_of(m)) for p, m in zip(model.parameters(), masters))
+
+    class Twice(torch.optim.SGD):
+        """Evaluates the closure twice, as L-BFGS may."""
+        def step(self, closure=None):
+            closure()
+            return super().step(closure)
+
+    results = []
+    for twice in (False, True):
+        torch.manual_seed(0)
+        model = nn.Linear(8, 2)
+        opt = (Twice if twice else torch.optim.SGD)(model.parameters(), lr=1e-3)
+        mw = CompressedMasterWeights(model, opt, bits=16)
+        calls = []
+
+        def closure():
+            calls.append({p.dtype for p in model.parameters()})
+            opt.zero_grad()
+            loss = model(x.bfloat16()).float().square().sum()
+            loss.backward()
+            return loss
+
+        for _ in range(2):
+            if twice:
+                opt.step(closure)
+            else:
+                closure()
+                opt.step()
+        assert calls == [{torch.bfloat16}] * (4 if twice else 2)
+        results.append([mw.master(p) for p in model.parameters()])
+    assert all(np.array_equal(bits_of(a), bits_of(b)) for a, b in zip(*results))
 
 
 def test_exported_from_the_package():

@@ -5,6 +5,7 @@ raise clear errors; accumulation, tied parameters and remove() work."""
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -444,3 +445,289 @@ def test_the_benchmark_builds_the_bill_s_rows():
         else:
             assert opt.stochastic_rounding
         assert opt.format.name == ("8bit" if "8bit" in kind else "4bit")
+
+
+# ---------------------------------------------------------------------- release in real loops (issue 54)
+def _toggle_run(name, release, *, schedule, build="all", steps=6):
+    """Train ``steps`` steps with ``requires_grad`` toggled before some of them: ``schedule`` maps a step
+    index to ``{module index: requires_grad}`` (progressive unfreezing, freezing). ``build``: "all" (every
+    parameter in the optimizer from the start, frozen ones too) or "add_group" (the optimizer starts with the
+    trainable ones and each unfrozen module's parameters come in by ``add_param_group``)."""
+    make, dtype = OPTIMIZERS[name]
+    model = mlp(dtype)
+    for i, flag in schedule.get(-1, {}).items():
+        model[i].requires_grad_(flag)
+    opt = make([p for p in model.parameters() if p.requires_grad or build == "all"])
+    handle = release_gradients(model, opt) if release else None
+    for step, (x, y) in enumerate(batches(steps)):
+        for i, flag in schedule.get(step, {}).items():
+            model[i].requires_grad_(flag)
+            known = {id(q) for g in opt.param_groups for q in g["params"]}
+            if flag and build == "add_group" and id(model[i].weight) not in known:
+                opt.add_param_group({"params": list(model[i].parameters())})
+        loss_of(model, x, y, dtype).backward()
+        if not release:
+            opt.step()
+            opt.zero_grad()
+        else:
+            assert all(p.grad is None for p in model.parameters())  # every gradient stepped and freed
+    if handle:
+        handle.remove()
+    return model, opt
+
+
+#: frozen at the start (-1), unfrozen at step 2 (the first layer) and 3 (the head); the LayerNorm frozen at 4
+UNFREEZE = {-1: {0: False, 5: False}, 2: {0: True}, 3: {5: True}, 4: {1: False}}
+
+
+@pytest.mark.parametrize("name", ["AdamW8bit", "AdamW8bit-bf16-SR", "AdamW4bit-bf16-SR", "Lion8bit", "torch.AdamW"])
+def test_a_parameter_unfrozen_after_release_is_stepped_as_in_an_ordinary_loop(name):
+    """Progressive unfreezing: modules frozen when release_gradients() is called and unfrozen later are
+    stepped from then on, and a module frozen later simply stops; the same bits as the ordinary loop (with
+    stochastic rounding too: each parameter's index is that of the full step at each backward)."""
+    ordinary = _toggle_run(name, False, schedule=UNFREEZE)
+    released = _toggle_run(name, True, schedule=UNFREEZE)
+    assert_same(ordinary, released)
+    model, opt = released
+    steps = [opt.state[p]["step"] for p in model.parameters()]
+    if torch.is_tensor(steps[0]):
+        steps = [int(s) for s in steps]
+    assert steps == [4, 4, 4, 4, 6, 6, 3, 3]  # unfrozen at 2; the LayerNorm frozen at 4; the head unfrozen at 3
+
+
+@pytest.mark.parametrize("name", ["AdamW8bit", "AdamW8bit-bf16-SR", "torch.AdamW"])
+def test_parameters_added_to_the_optimizer_after_release_are_stepped(name):
+    """The other unfreezing recipe: the optimizer gets the unfrozen module's parameters by add_param_group."""
+    schedule = {-1: {0: False, 5: False}, 2: {0: True}, 3: {5: True}}
+    assert_same(_toggle_run(name, False, schedule=schedule, build="add_group"),
+                _toggle_run(name, True, schedule=schedule, build="add_group"))
+
+
+def test_the_optimizer_s_frozen_parameters_are_released_and_stay_frozen():
+    model = mlp()
+    model[0].requires_grad_(False)
+    opt = AdamW8bit(model.parameters(), lr=1e-2)
+    handle = release_gradients(model, opt)
+    assert handle.releases(model[0].weight) and len(handle.params) == len(list(model.parameters()))
+    assert not model[0].weight.requires_grad  # registering its hook left it frozen
+    handle.remove()
+
+
+@pytest.mark.parametrize("name, key, bad, good", [("AdamW8bit", "maximize", True, False),
+                                                  ("Lion8bit", "betas", (0.9, 1.5), (0.9, 0.99))])
+def test_a_bad_setting_is_reported_in_its_own_param_group(name, key, bad, good):
+    """The optimizer's check names the group it found the setting in; under release, the same group (the
+    hook used to show the optimizer one group at a time: every message said 'param group 0')."""
+    from adam8lib import make_param_groups
+
+    x, y = batches(1)[0]
+    messages = []
+    for release in (False, True):
+        model = mlp()
+        opt = OPTIMIZERS[name][0](make_param_groups(model, weight_decay=0.1))
+        opt.param_groups[1][key] = bad
+        handle = release_gradients(model, opt) if release else None
+        with pytest.raises(ValueError, match=r"param group 1\b") as err:
+            loss_of(model, x, y, torch.float32).backward()
+            opt.step()
+        messages.append(str(err.value))
+        assert "param group 0" not in str(err.value)
+        assert not opt.state or all(s["step"] == 0 for s in opt.state.values())  # nothing was stepped
+        if handle:
+            assert handle.interrupted is None  # nothing half-stepped: nothing to say
+            assert all(p.grad is None for p in model.parameters())  # this backward's gradients dropped
+            opt.param_groups[1][key] = good
+            loss_of(model, x, y, torch.float32).backward()  # fixed: the next backward steps everything
+            assert {s["step"] for s in opt.state.values()} == {1}
+            handle.remove()
+    assert messages[0] == messages[1]
+
+
+def test_a_bad_setting_under_release_names_the_parameter_being_stepped():
+    model = mlp()
+    opt = AdamW8bit([{"params": list(model[0].parameters())},
+                     {"params": list(model[1].parameters()) + list(model[3].parameters())
+                      + list(model[5].parameters())}], lr=1e-2)
+    opt.param_groups[1]["maximize"] = True
+    handle = release_gradients(model, opt)
+    x, y = batches(1)[0]
+    with pytest.raises(ValueError) as err:
+        loss_of(model, x, y, torch.float32).backward()
+    assert "gradient release" in "".join(getattr(err.value, "__notes__", []))
+    assert re.search(r"the step of '5\.(weight|bias)' \(shape .*, param group 1\)", "".join(err.value.__notes__))
+    handle.remove()
+
+
+class _FailOnce(torch.autograd.Function):
+    """The identity, whose backward raises when ``armed`` (a failure partway through backward: out of memory,
+    a NaN found by anomaly detection, a hook that raises)."""
+    armed = False
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if _FailOnce.armed:
+            raise RuntimeError("backward failed partway")
+        return grad
+
+
+class _Two(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.first, self.second = nn.Linear(64, 128), nn.Linear(128, 4)
+
+    def forward(self, x):
+        return self.second(_FailOnce.apply(torch.relu(self.first(x))))
+
+
+def _steps(opt, model):
+    return [int(opt.state[p]["step"]) if p in opt.state else 0 for p in model.parameters()]
+
+
+def test_a_backward_that_raises_partway_says_exactly_what_was_stepped():
+    """The second layer is stepped before the failure, the first never gets its gradient: the exception says
+    which were stepped, the handle records it (handle.interrupted), no gradient is left half-summed, and the
+    next backward is refused until handle.resume(): a loop that catches the error goes on knowingly."""
+    model = _Two()
+    opt = AdamW8bit(model.parameters(), lr=1e-2)
+    handle = release_gradients(model, opt)
+    (x, y), (x2, y2) = batches(2)
+    nn.functional.cross_entropy(model(x), y).backward()
+    assert _steps(opt, model) == [1, 1, 1, 1]
+    _FailOnce.armed = True
+    try:
+        with pytest.raises(RuntimeError, match="backward failed partway") as err:
+            nn.functional.cross_entropy(model(x2), y2).backward()
+    finally:
+        _FailOnce.armed = False
+    assert _steps(opt, model) == [1, 1, 2, 2]
+    note = "".join(getattr(err.value, "__notes__", []))
+    assert "2 of 4 parameters" in note and "'second.weight'" in note and "'second.bias'" in note
+    assert "'first.weight'" in note and "resume()" in note
+    record = handle.interrupted
+    assert set(record.stepped) == {"second.weight", "second.bias"}  # (in the order they were stepped)
+    assert record.not_stepped == ("first.weight", "first.bias") and record.dropped == ()
+    assert all(p.grad is None for p in model.parameters())
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(GradientReleasedError, match=r"last backward raised.*'second.weight'.*resume\(\)"):
+        nn.functional.cross_entropy(model(x), y).backward()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # refused before anything ran
+    assert all(p.grad is None for p in model.parameters())
+    assert handle.resume() is record and handle.interrupted is None
+    nn.functional.cross_entropy(model(x), y).backward()
+    assert _steps(opt, model) == [2, 2, 3, 3]
+    handle.remove()
+
+
+def test_a_backward_that_raises_before_any_step_leaves_nothing_to_resume():
+    model = _Two()
+    opt = AdamW8bit(model.parameters(), lr=1e-2)
+    handle = release_gradients(model, opt)
+    x, y = batches(1)[0]
+    out = model(x)
+    with pytest.raises(RuntimeError):
+        out.sum().backward(torch.ones(3))  # a wrong gradient shape: raises before any parameter's gradient
+    assert handle.interrupted is None and not opt.state
+    nn.functional.cross_entropy(out, y).backward()
+    assert _steps(opt, model) == [1, 1, 1, 1]
+    handle.remove()
+
+
+def test_an_interrupted_accumulation_window_starts_again_and_says_what_was_dropped():
+    model = _Two()
+    opt = AdamW8bit(model.parameters(), lr=1e-2)
+    handle = release_gradients(model, opt, accumulate=2)
+    data = batches(4)
+    nn.functional.cross_entropy(model(data[0][0]), data[0][1]).backward()  # micro-batch 1 of 2: summed
+    assert all(p.grad is not None for p in model.parameters())
+    _FailOnce.armed = True
+    try:
+        with pytest.raises(RuntimeError, match="partway"):
+            nn.functional.cross_entropy(model(data[1][0]), data[1][1]).backward()  # 2 of 2: fails partway
+    finally:
+        _FailOnce.armed = False
+    record = handle.interrupted
+    assert set(record.stepped) == {"second.weight", "second.bias"} and record.dropped == ("first.weight", "first.bias")
+    assert all(p.grad is None for p in model.parameters())
+    handle.resume()
+    for x, y in data[2:]:  # a whole new window: everything stepped at its end
+        nn.functional.cross_entropy(model(x), y).backward()
+    assert _steps(opt, model) == [1, 1, 2, 2] and all(p.grad is None for p in model.parameters())
+    handle.remove()
+
+
+@pytest.mark.parametrize("use_reentrant", [True, False])
+def test_activation_checkpointing_is_not_an_interruption(use_reentrant):
+    """Reentrant checkpointing runs a backward inside the backward (the parameters of the checkpointed part get
+    their gradients there): one backward all the same, the same bits as without release."""
+    from torch.utils.checkpoint import checkpoint
+
+    results = []
+    for release in (False, True):
+        model = mlp()
+        opt = AdamW8bit(model.parameters(), lr=1e-2)
+        handle = release_gradients(model, opt) if release else None
+        for x, y in batches(3):
+            x = x.clone().requires_grad_(use_reentrant)  # (reentrant checkpointing needs an input that does)
+            h = checkpoint(model[:3], x, use_reentrant=use_reentrant)
+            nn.functional.cross_entropy(model[3:](h), y).backward()
+            if not release:
+                opt.step()
+                opt.zero_grad()
+        if handle:
+            assert handle.interrupted is None
+            handle.remove()
+        results.append((model, opt))
+    assert_same(*results)
+
+
+def test_the_backward_guard_goes_with_the_last_handle():
+    import gc
+
+    from adam8lib import release
+
+    gc.collect()
+    for leftover in list(release._LIVE):  # handles earlier tests left live (their models are alive still)
+        leftover.remove()
+    original = torch.autograd.backward
+    assert original is not release._guarded_backward
+    model = mlp()
+    a = release_gradients(model[0], AdamW8bit(model[0].parameters()))
+    b = release_gradients(model[1], AdamW8bit(model[1].parameters()))
+    assert torch.autograd.backward is not original
+    a.remove()
+    assert torch.autograd.backward is not original
+    b.remove()
+    assert torch.autograd.backward is original
+
+
+@pytest.mark.parametrize("make", [
+    lambda groups: torch.optim.AdamW(groups, lr=1e-2),
+    lambda groups: torch.optim.Adam(groups, lr=1e-2, amsgrad=True),
+    lambda groups: torch.optim.SGD(groups, lr=1e-2, momentum=0.9, nesterov=True),
+    lambda groups: torch.optim.RMSprop(groups, lr=1e-3, momentum=0.5),
+    lambda groups: torch.optim.Adagrad(groups, lr=1e-2),
+    lambda groups: Lion8bit(groups, lr=1e-3),
+], ids=["AdamW", "Adam-amsgrad", "SGD-nesterov", "RMSprop", "Adagrad", "Lion8bit"])
+def test_every_group_shown_the_others_empty_keeps_torch_s_optimizers_bit_identical(make):
+    """The hook shows the optimizer every param group, the others with no parameters: torch's optimizers
+    step a group without parameters as nothing, so the bits stay the ordinary step's."""
+    results = []
+    for release in (False, True):
+        model = mlp()
+        params = list(model.parameters())
+        opt = make([{"params": params[:3]}, {"params": params[3:], "lr": 3e-3}])
+        handle = release_gradients(model, opt) if release else None
+        for x, y in batches(3):
+            loss_of(model, x, y, torch.float32).backward()
+            if not release:
+                opt.step()
+                opt.zero_grad()
+        if handle:
+            handle.remove()
+        results.append((model, opt))
+    assert_same(*results)
