@@ -34,7 +34,7 @@ import sys
 
 from . import plain
 from .runner import (GradingTimeout, _alarm, _Capped, _disarm, _first_line, _message, _split_check, file_digest,
-                     output_verdict)
+                     kernel_problem, output_verdict)
 
 __all__ = ["main", "LearnerFunction", "Learner", "SPLIT"]
 
@@ -55,7 +55,13 @@ _EXCEPTIONS = {c.__name__: c for c in (ValueError, TypeError, IndexError, KeyErr
 
 
 class LearnerGone(RuntimeError):
-    """The learner process ended (or was stopped) while a check was talking to it."""
+    """The learner process ended (or was stopped) while a check was talking to it. ``unstarted``: it ended
+    before it said ``started``, so before any learner code ran — the grader's problem (sandbox, interpreter,
+    kernel), never the learner's."""
+
+    def __init__(self, text: str, unstarted: bool = False):
+        super().__init__(text)
+        self.unstarted = unstarted
 
 
 def _raise_stub(message: str):
@@ -101,21 +107,31 @@ class Learner:
 
     def ready(self) -> None:
         """Wait for the learner process to have run the exercise cells."""
+        # the first learner process of a workbook starts in a folder no learner code has touched: if it fails
+        # before it says "started", the grader failed; a later one may fail because of what the learner left there
+        first = self.generation == 1
+        if self._receive(unstarted=first) != ("started",):
+            self.stop()
+            raise LearnerGone("the learner process did not say it started", unstarted=first)
         ready = self._receive()
         if ready[0] != "ready":
             raise LearnerGone("the learner process did not start")
         self.notes = [str(n)[:300] for n in ready[1]][:50]
 
-    def _receive(self):
+    def _receive(self, unstarted: bool = False):
         try:
             return plain.receive(self.rep)
         except (EOFError, OSError) as exc:
-            code = self.proc.poll() if self.proc is not None else None
+            try:
+                code = self.proc.wait(timeout=5) if unstarted else self.proc.poll()
+            except subprocess.TimeoutExpired:
+                code = None
             self.stop()
-            raise LearnerGone(f"the learner's process ended ({code}): {exc}") from None
+            raise LearnerGone(f"the learner's process ended ({code}): {exc}", unstarted) from None
         except Exception as exc:  # noqa: BLE001 - bytes that are not a message: out of step for good
             self.stop()
-            raise LearnerGone(f"the learner's process sent something that is not plain data ({type(exc).__name__})") from None
+            raise LearnerGone(f"the learner's process sent something that is not plain data ({type(exc).__name__})",
+                              unstarted) from None
 
     def request(self, message):
         if self.proc is None:
@@ -153,7 +169,10 @@ class Learner:
         try:
             self.request(("end", token))
             self.proc.wait(timeout=10)
-        except (LearnerGone, OSError, subprocess.TimeoutExpired, AttributeError):
+        except LearnerGone as exc:
+            if exc.unstarted:
+                raise
+        except (OSError, subprocess.TimeoutExpired, AttributeError):
             pass
         self.stop()
 
@@ -249,6 +268,12 @@ def main(argv: list[str] | None = None) -> None:
         channel.write(json.dumps({**message, "token": token}) + "\n")
         channel.flush()
 
+    def grader_failed(text: str) -> None:  # no learner code ran: the gradebook stops the run, nobody is scored
+        send(kind="grader", text=text)
+        channel.close()
+        learner.stop()
+        os._exit(0)
+
     cell_timeout = float(job.get("cell_timeout", 120))
     cap = int(job.get("max_output", 65536))
     modules: dict = job.get("modules", {})
@@ -283,12 +308,18 @@ def main(argv: list[str] | None = None) -> None:
             send(kind="result", exercise=exercise, status="error", detail="the checks are not the course's: " + "; ".join(bad)[:300])
         send(kind="done")
         os._exit(0)
+    problem = kernel_problem(job)
+    if problem:
+        grader_failed(f"the check process: {problem}")
+    send(kind="started")
 
     try:
         if learner.proc is None:
             learner.launch()
         learner.ready()
     except LearnerGone as exc:
+        if exc.unstarted:
+            grader_failed(f"the learner's process could not start (sandbox, interpreter or kernel build): {exc}")
         send(kind="note", text=f"the learner process could not run the exercise cells: {exc}")
     for text in learner.notes:
         send(kind="note", text=text)
@@ -319,13 +350,18 @@ def main(argv: list[str] | None = None) -> None:
             status, detail = "timeout", f"Timeout of {cell_timeout:g} s exceeded in the check of {exercise}"
         except BaseException as exc:  # noqa: BLE001
             _disarm()
+            if isinstance(exc, LearnerGone) and exc.unstarted:
+                grader_failed(f"the learner's process could not start again (sandbox, interpreter or kernel build): {exc}")
             status, detail = "failed", f"{type(exc).__name__}: {_first_line(exc)}"
             error = _message(f"{type(exc).__name__}: {exc}")
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
         if status == "passed":
             status, detail = output_verdict(out, spec["expected_output"]) or (status, detail)
         send(kind="result", exercise=exercise, status=status, detail=detail, **({"error": error} if error else {}))
-    learner.end(token)
+    try:
+        learner.end(token)
+    except LearnerGone as exc:
+        grader_failed(f"the learner's process could not start again to end (sandbox, interpreter or kernel build): {exc}")
     send(kind="done")
     channel.close()
     os._exit(0)

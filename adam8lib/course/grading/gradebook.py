@@ -58,6 +58,7 @@ import os
 import secrets
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -83,7 +84,7 @@ from .conventions import (
 from .checker import SPLIT
 from .feedback import write_pages
 
-__all__ = ["LearnerGrade", "Grader", "find_workbooks", "grade_learner", "grade_class", "write_gradebook", "main"]
+__all__ = ["LearnerGrade", "Grader", "GraderFailure", "find_workbooks", "grade_learner", "grade_class", "write_gradebook", "main"]
 
 #: Exercise statuses a child may send; only "passed" scores.
 STATUSES = ("passed", "failed", "timeout", "tampered", "error")
@@ -92,6 +93,28 @@ STATUSES = ("passed", "failed", "timeout", "tampered", "error")
 NOTED = ("timeout", "tampered", "error", "reference")
 #: What a course reference used in an exercise scores: ``zero`` (0 points and a note) or ``note`` (a note only).
 REFERENCE_POLICIES = ("zero", "note")
+
+
+class GraderFailure(RuntimeError):
+    """The grader could not grade: its sandbox or interpreter would not start, its kernel build is
+    missing, a grading process failed before any learner code ran. Never a learner's fault: the run
+    stops (``main`` exits with status 2 and this message) and no learner is scored or marked for it."""
+
+    def __init__(self, problem: str, log: str = ""):
+        self.problem, self.log = problem, log
+        tail = "\n".join(line for line in log.strip().splitlines()[-12:])
+        super().__init__(f"the grader failed, not the learners: {problem}"
+                         + (f"\n--- the grading process said ---\n{tail}" if tail else "")
+                         + "\nNo learner was scored for this; fix the grader's setup and grade again.")
+
+
+def _grader_kernel() -> Path | None:
+    """The folder of adam8lib's CPU kernel build, built (or loaded) here in the gradebook's process, or None
+    where it cannot be built on this machine (the library then computes with its torch backend, in the
+    learners' processes too)."""
+    from adam8lib.kernels import cpu_build
+
+    return None if cpu_build.unavailable_reason() is not None else cpu_build.build_directory()
 
 
 @dataclass
@@ -368,7 +391,50 @@ class Grader:
         self.active: set = set()
         self.lock = threading.Lock()
         self.stopped = threading.Event()
+        self.failure: GraderFailure | None = None
         self.mode = "none" if self.sandbox == "none" else "bwrap"
+        try:
+            self.kernel = _grader_kernel() if self.course_setup else None
+            self.preflight()
+        except BaseException:
+            self.close()
+            raise
+
+    def python(self) -> list[str]:
+        # -s: no user site-packages (HOME is the child's scratch folder: a learner could plant a usercustomize there)
+        return [sys.executable, "-s", *(["-P"] if sys.version_info >= (3, 11) else [])]
+
+    def preflight(self) -> None:
+        """Start the learners' Python once, confined exactly as a learner's process will be, before any
+        learner is graded: a sandbox or an interpreter that cannot start is the grader's problem
+        (:class:`GraderFailure`), never every learner's 0."""
+        probe = ("import importlib.util as u, sys\n"
+                 "missing = [m for m in ('adam8lib', 'torch') if u.find_spec(m) is None]\n"
+                 "sys.exit('cannot import ' + ', '.join(missing) if missing else 0)")  # fmt: skip
+        scratch = Path(tempfile.mkdtemp(prefix="preflight-", dir=self.scratch_root))
+        try:
+            cmd, _, workdir = sandbox.wrap([*self.python(), "-c", probe], scratch=scratch,
+                                           hide=[*self.hide, self.scratch_root], mode=self.mode,
+                                           memory_mb=self.memory_mb, file_mb=256)  # fmt: skip
+            try:
+                proc = subprocess.run(cmd, env=self._env(workdir), cwd=scratch if self.mode == "none" else None,
+                                      stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)  # fmt: skip
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                raise GraderFailure(f"the learners' Python ({sys.executable}) could not be started "
+                                    f"(sandbox: {self.mode}): {type(exc).__name__}: {exc}") from None
+        finally:
+            _remove(scratch)
+        if proc.returncode != 0:
+            where = "in the bubblewrap sandbox" if self.mode == "bwrap" else "as a grading child"
+            raise GraderFailure(f"the learners' Python ({sys.executable}) does not start {where}: it "
+                                f"{_died(proc.returncode)}", proc.stdout + proc.stderr)
+
+    def give_kernel(self, home: Path) -> None:
+        """A copy of the gradebook's kernel build in a child's cache folder (``home/.cache/adam8lib``), so that no
+        learner's process compiles it (and none can fail to): a child that still cannot load it stops the run."""
+        if self.kernel is not None and self.kernel.is_dir():
+            shutil.copytree(self.kernel, home / ".cache" / "adam8lib" / self.kernel.name, symlinks=True,
+                            ignore=shutil.ignore_patterns("lock", "build.flock"))
 
     def close(self) -> None:
         if self.scratch_root.exists():
@@ -381,10 +447,11 @@ class Grader:
             for proc in list(self.active):
                 _kill(proc)
 
-    def _env(self, home: Path) -> dict:
+    def _env(self, home: Path, cache: Path | None = None) -> dict:
         env = {k: v for k, v in os.environ.items() if k in _PASSED_ENV}
         env.update(HOME=str(home), TMPDIR=str(home), PYTHONIOENCODING="utf-8", PYTHONDONTWRITEBYTECODE="1",
-                   PYTHONHASHSEED="0", MPLBACKEND="Agg", LC_ALL="C.UTF-8")  # fmt: skip
+                   PYTHONHASHSEED="0", MPLBACKEND="Agg", LC_ALL="C.UTF-8",
+                   ADAM8LIB_CACHE_DIR=str(cache if cache is not None else Path(home) / ".cache" / "adam8lib"))  # fmt: skip
         return env
 
     def run_workbook(self, name: str, nb: dict, deadline: float, log: list[str]) -> tuple[dict, list[str]]:
@@ -407,11 +474,18 @@ class Grader:
             "course_setup": self.course_setup,
             "library_imports": self.manifest.library_imports(name),
             "implementations": self.manifest.implementations(name),
+            "kernel": self.kernel is not None,
         }
+        split = self.split and name in SPLIT
         scratch = Path(tempfile.mkdtemp(prefix="learner-", dir=self.scratch_root))
+        # the check process's own folder: nothing the learner's process writes (caches, kernels) is ever loaded there
+        home = Path(tempfile.mkdtemp(prefix="checker-", dir=self.scratch_root)) if split else scratch
         try:
-            python = [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else []), "-m"]
-            if self.split and name in SPLIT:
+            self.give_kernel(scratch)
+            if split:
+                self.give_kernel(home)
+            python = [*self.python(), "-m"]
+            if split:
                 # the checks in a check process of their own, the learner's code in a sandboxed learner process
                 argv = [*python, "adam8lib.course.grading.learner", "--requests", "{requests}", "--replies",
                         "{replies}", "--alarm-fd", "{alarm}", *self.learner_flags]  # fmt: skip
@@ -420,8 +494,8 @@ class Grader:
                 job["learner_cwd"] = str(scratch) if self.mode == "none" else None
                 job["learner_env"] = self._env(workdir)
                 job["early_start"] = self.mode == "bwrap"  # read-only files: no need to wait for the checks' import
-                cmd, cwd = [*python, "adam8lib.course.grading.checker", "--result-fd", "{fd}", "--alarm-fd", "{alarm}"], scratch
-                workdir = scratch  # the check process's HOME and TMPDIR: outside the sandbox
+                cmd, cwd = [*python, "adam8lib.course.grading.checker", "--result-fd", "{fd}", "--alarm-fd", "{alarm}"], home
+                workdir = home  # the check process's HOME and TMPDIR: outside the sandbox
             else:
                 argv = [*python, "adam8lib.course.grading.runner", "--result-fd", "{fd}", "--alarm-fd", "{alarm}"]
                 cmd, _, workdir = sandbox.wrap(argv, scratch=scratch, hide=[*self.hide, self.scratch_root],
@@ -432,20 +506,27 @@ class Grader:
                                                                   self.active, self.lock)  # fmt: skip
         finally:
             _remove(scratch)
-        split = "checks in a process of their own" if self.split and name in SPLIT else "one guarded process"
-        log.append(f"===== {name} (sandbox: {self.mode}; {split}) =====\n{text}")
+            if home != scratch:
+                _remove(home)
+        how = "checks in a process of their own" if split else "one guarded process"
+        log.append(f"===== {name} (sandbox: {self.mode}; {how}) =====\n{text}")
         results: dict[str, tuple[str, str, str]] = {}
         if messages is None:
             notes.append(f"{name}: the result channel carried something that is not a result; scores 0")
             return {}, notes
         known = {s.exercise for s in specs}
-        finished = False
+        finished = started = False
+        kinds = ("result", "note", "done", "started", *(("grader",) if split else ()))
         for message in messages:
             kind = message.get("kind") if isinstance(message, dict) else None
-            if finished or kind not in ("result", "note", "done") or message.get("token") != token:
+            if finished or kind not in kinds or message.get("token") != token or (kind == "started" and started):
                 notes.append(f"{name}: unexpected message on the result channel; scores 0")
                 return {}, notes
-            if kind == "done":
+            if kind == "grader":  # the check process (no learner code there) could not do its part
+                raise GraderFailure(f"grading {name}: {str(message.get('text'))[:2000]}", text)
+            if kind == "started":
+                started = True
+            elif kind == "done":
                 finished = True
             elif kind == "note":
                 notes.append(f"{name}: {str(message.get('text'))[:300]}")
@@ -455,6 +536,9 @@ class Grader:
                     notes.append(f"{name}: an invalid or repeated result on the result channel; scores 0")
                     return {}, notes
                 results[exercise] = (status, str(message.get("detail", ""))[:300], str(message.get("error", ""))[:5000])
+        if not started and not finished and not timed_out and not self.stopped.is_set():
+            # no learner code had run yet: the grading process could not start or set up (sandbox, interpreter, kernel)
+            raise GraderFailure(f"grading {name}: the grading process {_died(rc)} before any learner code ran", text)
         results, more = self._guarded(name, specs, results, alarm_text, token, finished)
         notes.extend(more)
         if not finished:
@@ -530,7 +614,14 @@ class Grader:
             if time.monotonic() >= deadline:
                 ungraded("not run", f"{name}: not graded, the learner time limit ({self.learner_timeout:g} s) was used up")
                 continue
-            results, more = self.run_workbook(name, nb, deadline, log)
+            try:
+                results, more = self.run_workbook(name, nb, deadline, log)
+            except GraderFailure as exc:  # stop every other learner's grading too: nobody is scored for it
+                with self.lock:
+                    self.failure = self.failure or exc
+                self.course.restore()
+                self.stop()
+                raise
             grade.notes.extend(more)
             for spec in self.manifest.notebooks[name]:
                 status, detail, error = results.get(spec.exercise, ("not run", "", ""))
@@ -541,6 +632,8 @@ class Grader:
                 if status in NOTED:
                     grade.notes.append(f"{name} {spec.label} {spec.exercise}: {status} ({detail})")
         changed = self.course.restore()
+        if self.failure is not None:  # cut short by the grader's failure elsewhere: no row, no report
+            raise GraderFailure(self.failure.problem, self.failure.log)
         if changed:
             grade.zero(f"course files changed while this learner was graded (restored): {', '.join(changed)}; scores 0")
         grade.validate(self.manifest)
@@ -596,6 +689,10 @@ class GradebookWriter:
 
     def add(self, grade: LearnerGrade) -> None:
         self._write(self.row(grade))
+
+    def close(self) -> None:
+        if not self.fh.closed:
+            self.fh.close()
 
     def finish(self, grades: list[LearnerGrade]) -> None:
         """Rewrite the file with every learner, in name order (atomically)."""
@@ -671,23 +768,36 @@ def grade_class(
             return grade
         try:
             return grader.grade(name, data, notes)
+        except GraderFailure:
+            raise
         except Exception as exc:  # one learner never stops the class
             grade = LearnerGrade(name, {s.exercise: 0 for s in manifest.checks}, list(notes))
             grade.notes.append(f"grading error ({type(exc).__name__}: {str(exc)[:200]}); scores 0")
             return grade
 
     grades: list[LearnerGrade] = []
+    failure: GraderFailure | None = None
     try:
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             futures = [pool.submit(one, folder.name) for folder in folders]
             for future in tqdm(as_completed(futures), total=len(folders), desc="grading", unit="learner",
                                disable=not progress):  # fmt: skip
-                grade = future.result()
-                grades.append(grade)
+                try:
+                    grade = future.result()
+                except GraderFailure as exc:  # the grader's own problem: stop, and score nobody for it
+                    failure = failure or grader.failure or exc
+                    grader.stop()
+                    continue
+                grades.append(grade)  # finished before the grader failed (if it did): a grade like any other
                 if writer is not None:
                     writer.add(grade)
     finally:
         grader.close()
+        if failure is not None and writer is not None:
+            writer.close()
+    if failure is not None:
+        kept = f"; {out} keeps the {len(grades)} learner(s) graded before it" if out is not None and grades else ""
+        raise GraderFailure(failure.problem + kept, failure.log) from failure
     by_name = {g.learner: g for g in grades}
     for folder in folders:  # files changed on disk while grading: the copy read at the start counted
         paths = find_workbooks(folder, manifest)[0]

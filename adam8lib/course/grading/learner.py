@@ -41,8 +41,8 @@ import threading
 
 from . import plain
 from .guard import install, references
-from .runner import (WATCHED, Snapshot, _Capped, _split_check, course_references, trusted_roots, _learner_code,
-                     run_exercise_cells)  # fmt: skip
+from .runner import (WATCHED, Snapshot, _Capped, _split_check, course_references, grader_failed, kernel_problem,
+                     trusted_roots, _learner_code, run_exercise_cells)  # fmt: skip
 
 __all__ = ["main"]
 
@@ -109,6 +109,9 @@ def main(argv: list[str] | None = None) -> None:
             exec(compile(ast.Module(body=imports, type_ignores=[]), "<check imports>", "exec"), {"__builtins__": builtins})
         except Exception:  # noqa: BLE001 - the check process reports a check that does not load
             pass
+    problem = kernel_problem(job)  # before the guard: the kernel is loaded with ctypes
+    if problem:
+        grader_failed(problem)
     origins = {name: info["origin"] for name, info in modules.items()}
     forbidden, allowed = course_references(origins, job.get("library_imports", []), job.get("implementations", []))
     guard = install(alarm_fd, roots=trusted_roots(modules), forbidden=forbidden, allowed=allowed) if guarded else _Unguarded(alarm_fd)
@@ -125,6 +128,7 @@ def main(argv: list[str] | None = None) -> None:
             bad.append("sys.settrace/setprofile hook")
         return bad + guard.modes()
 
+    send(rep, ("started",))  # the check process counts what fails before this as the grader's problem
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     notes: list[str] = []
     run_exercise_cells(job, namespace, _Capped(cap), cell_timeout, notes.append, guard)

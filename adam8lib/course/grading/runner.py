@@ -157,6 +157,25 @@ class _Capped(io.TextIOBase):
         return "".join(self.parts)
 
 
+def kernel_problem(job: dict) -> str | None:
+    """Why the gradebook's build of adam8lib's CPU kernel (copied into this process's cache folder when the
+    job says ``kernel``) does not load here, or None: the grader's problem, reported before any learner code runs."""
+    if not job.get("kernel"):
+        return None
+    from adam8lib.kernels import cpu_build
+
+    reason = cpu_build.unavailable_reason()
+    return None if reason is None else f"the gradebook's build of adam8lib's CPU kernel does not load here: {reason}"
+
+
+def grader_failed(text: str) -> None:
+    """End a grading process that could not set itself up, before any learner code ran (the gradebook
+    sees no ``started`` message and stops the run with the log, which holds ``text``)."""
+    sys.__stderr__.write(f"grader: {text}\n")
+    sys.__stderr__.flush()
+    os._exit(70)
+
+
 def _alarm(seconds: float) -> None:
     def handler(signum, frame):
         raise GradingTimeout()
@@ -348,6 +367,9 @@ def main(argv: list[str] | None = None) -> None:
         except Exception as exc:  # a course error, reported as such
             send(kind="result", exercise=spec["exercise"], status="error",
                  detail=f"the check could not be loaded: {type(exc).__name__}: {exc}")  # fmt: skip
+    problem = kernel_problem(job)  # before the guard: the kernel is loaded with ctypes
+    if problem:
+        grader_failed(problem)
     origins = {name: info["origin"] for name, info in modules.items()}
 
     def files_changed() -> list[str]:
@@ -392,6 +414,8 @@ def main(argv: list[str] | None = None) -> None:
         if sys.gettrace() is not None or sys.getprofile() is not None:
             bad.append("sys.settrace/setprofile hook")
         return bad
+
+    send(kind="started")  # from here on, learner code runs: what goes wrong may be the learner's
 
     # 2. the learner's exercise cells
     namespace = {"__name__": "__main__", "__builtins__": builtins}

@@ -71,15 +71,26 @@ def _inside(path: Path, root: Path) -> bool:
         return False
 
 
-def _bound_back(hidden: list[Path]) -> list[Path]:
-    """What the child needs from inside hidden folders: the package, the venv, PYTHONPATH entries."""
+def _bound_back(hidden: list[Path]) -> list[tuple[Path, Path]]:
+    """What the child needs from inside hidden folders, as ``(path, where it is bound)``: the package,
+    the Python environment and the ``PYTHONPATH`` entries, each at its resolved path and also at the
+    path it is named by when that one goes through a symbolic link the sandbox would not show (a
+    virtual environment reached through a link: its interpreter and ``pyvenv.cfg`` are found there)."""
     import adam8lib
 
-    keep = {Path(adam8lib.__file__).resolve().parent}
-    for entry in [sys.prefix, sys.exec_prefix, *os.environ.get("PYTHONPATH", "").split(os.pathsep)]:
-        if entry:
-            keep.add(Path(entry).resolve())
-    return sorted(p for p in keep if p.exists() and any(_inside(p, h) and p != h for h in hidden))
+    named = [Path(adam8lib.__file__).parent, Path(sys.executable).parent.parent]
+    named += [Path(entry) for entry in [sys.prefix, sys.exec_prefix, *os.environ.get("PYTHONPATH", "").split(os.pathsep)] if entry]
+    binds: dict[Path, Path] = {}
+    for name in named:
+        real = name.resolve()
+        if not real.exists():
+            continue
+        if any(_inside(real, h) and real != h for h in hidden):
+            binds[real] = real
+        shown = Path(os.path.abspath(name))
+        if shown != real and any(_inside(shown, h) and shown != h for h in hidden):
+            binds[shown] = real
+    return sorted(((real, where) for where, real in binds.items()), key=lambda pair: (len(pair[1].parts), str(pair[1])))
 
 
 def wrap(
@@ -122,8 +133,8 @@ def wrap(
         for path in covered:
             box += ["--tmpfs", str(path)]
         box += ["--tmpfs", "/tmp"]  # a private /tmp: hides every other learner's scratch folder
-        for path in _bound_back([*covered, tmp]):
-            box += ["--ro-bind", str(path), str(path)]
+        for path, where in _bound_back([*covered, tmp]):
+            box += ["--ro-bind", str(path), str(where)]
         box += ["--bind", str(scratch.resolve()), SANDBOX_HOME]
         for path in covered:
             box += ["--remount-ro", str(path)]
