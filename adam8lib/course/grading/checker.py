@@ -34,7 +34,7 @@ import sys
 
 from . import plain
 from .runner import (GradingTimeout, _alarm, _Capped, _disarm, _first_line, _message, _split_check, file_digest,
-                     kernel_problem, output_verdict)
+                     kernel_problem, output_verdict, warnings_to_log)
 
 __all__ = ["main", "LearnerFunction", "Learner", "SPLIT"]
 
@@ -263,6 +263,7 @@ def main(argv: list[str] | None = None) -> None:
     except (OSError, AttributeError):
         pass
     real_stdout, real_stderr = sys.stdout, sys.stderr
+    warnings_to_log(real_stderr)
 
     def send(**message) -> None:
         channel.write(json.dumps({**message, "token": token}) + "\n")

@@ -42,7 +42,7 @@ import threading
 from . import plain
 from .guard import install, references
 from .runner import (WATCHED, Snapshot, _Capped, _split_check, course_references, grader_failed, kernel_problem,
-                     trusted_roots, _learner_code, run_exercise_cells)  # fmt: skip
+                     trusted_roots, _learner_code, run_exercise_cells, warnings_to_log)  # fmt: skip
 
 __all__ = ["main"]
 
@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     guarded = "--no-guard" not in argv
     job = json.loads(sys.stdin.read())
     real_stdout, real_stderr = sys.stdout, sys.stderr
+    warnings_to_log(real_stderr)  # a warning in here never travels back as what the learner's function printed
     receive, send = plain.receive, plain.send
     cap = int(job.get("max_output", 65536))
     cell_timeout = float(job.get("cell_timeout", 120))

@@ -157,6 +157,27 @@ class _Capped(io.TextIOBase):
         return "".join(self.parts)
 
 
+def warnings_to_log(stream) -> None:
+    """Send every warning (``warnings.warn``: a library's ``RuntimeWarning: adam8lib cpu backend unavailable …``,
+    torch's) and logging's last-resort messages to ``stream`` — the grading process's own stderr, which is the
+    gradebook's log — instead of ``sys.stderr`` at the time, which during a check is the output compared with
+    the success line. A warning is never the learner's output, so it never costs a point."""
+    import logging
+    import warnings
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        try:
+            stream.write(warnings.formatwarning(message, category, filename, lineno, line))
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a log that cannot be written loses the warning, nothing else
+            pass
+
+    warnings.showwarning = show
+    handler = logging.StreamHandler(stream)
+    handler.setLevel(logging.WARNING)
+    logging.lastResort = handler
+
+
 def kernel_problem(job: dict) -> str | None:
     """Why the gradebook's build of adam8lib's CPU kernel (copied into this process's cache folder when the
     job says ``kernel``) does not load here, or None: the grader's problem, reported before any learner code runs."""
@@ -331,6 +352,7 @@ def main(argv: list[str] | None = None) -> None:
     job = json.loads(sys.stdin.read())
     channel = os.fdopen(fd, "w", encoding="utf-8")
     real_stdout, real_stderr = sys.stdout, sys.stderr
+    warnings_to_log(real_stderr)
     dumps, write, flush = json.dumps, channel.write, channel.flush
 
     def sender(token: str):
