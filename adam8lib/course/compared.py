@@ -6,7 +6,8 @@ machine (Intel or AMD with or without AVX-512, Apple silicon, one thread or many
 * exact integers and counts, shapes and dtypes, sizes computed from them;
 * words from assertions: a claim and its band (:mod:`adam8lib.course.bands`), ``True``/``False``
   of a comparison that cannot flip (e.g. an exact equality the library guarantees);
-* numbers written in the cell's own source (a band's limits, a hyperparameter).
+* numbers written in the cell's own source (a band's limits, a hyperparameter);
+* the line ``reveal()`` prints: a question's stored answer, not the measurement it checked.
 
 Anything that depends on the order or rounding of floating-point operations, the BLAS path,
 the thread count, the device or timing (losses, accuracies, errors of trained states, drift,
@@ -37,6 +38,9 @@ PORTABLE_KEY = "portable"
 _IGNORE_TAGS = {"nbval-ignore-output", "nbval-skip"}
 _IGNORE_MARKERS = re.compile(r"^\s*#\s*NBVAL_(IGNORE_OUTPUT|SKIP)\b", re.M)
 _CHECK_CALL = re.compile(r"^[ \t]*check_\w+\(", re.M)
+_REVEAL_CALL = re.compile(r"^[ \t]*reveal\(", re.M)
+#: the line reveal() prints: the stored answer (adam8lib.course.checks.questions), the same on every machine
+_REVEAL_LINE = re.compile(r"^▶ Question \d\d\.[a-z]: .*$", re.M)
 #: a number on its own (not part of a name such as float32 or sm_90): 1,234  0.5  1e-6  -3
 _NUMBER = re.compile(r"(?<![A-Za-z_\d.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?(?![A-Za-z_\d])")
 _MIN_REASON = 12
@@ -84,7 +88,10 @@ def unexplained_numbers(cell: Any) -> list[str]:
     if isinstance(reason, str) and len(reason.strip()) >= _MIN_REASON:
         return []
     written = {_value(t) for t in _NUMBER.findall(_source(cell))}
-    return [t for t in _NUMBER.findall(compared_text(cell)) if _value(t) not in written]
+    text = compared_text(cell)
+    if _REVEAL_CALL.search(_source(cell)):
+        text = _REVEAL_LINE.sub("", text)
+    return [t for t in _NUMBER.findall(text) if _value(t) not in written]
 
 
 def problems(nb: Any) -> list[str]:

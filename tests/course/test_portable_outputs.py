@@ -39,6 +39,13 @@ def cell(source, text, *, tags=(), reason=None, kind="stream"):
     return c
 
 
+def test_a_reveal_line_is_the_stored_answer_but_the_rest_of_its_cell_is_compared():
+    line = "▶ Question 12.b: the experiment says 10,000 (lr x m / eps = lr x 1e-4 / 1e-8) (you made no prediction above)."
+    assert compared.unexplained_numbers(cell('reveal("12.b", x)', line + "\n")) == []
+    assert compared.unexplained_numbers(cell('reveal("12.b", x, shown)', line + "\nloss 0.0551\n")) == ["0.0551"]
+    assert compared.unexplained_numbers(cell("print(x)", line + "\n")) != []  # only a cell that calls reveal
+
+
 @pytest.mark.parametrize("c, flagged", [
     (cell("print(f'loss {loss:.3f}')", "loss 0.055\n"), ["0.055"]),
     (cell("print(f'drift {d:.0f} %')", "drift 14 %\n"), ["14"]),

@@ -7,10 +7,12 @@ below it and runs it::
     prediction = None  # your answer: a number
     ask("05.a", prediction)
 
-:func:`ask` prints one line: no prediction yet (nothing is revealed), right, or not quite (with
-the answer). It never raises for a wrong answer — a lesson keeps running — only for a question
-id that does not exist or an answer of the wrong kind. The explanation follows in the lesson,
-after the cell. Answers live here, in :data:`QUESTIONS`, so the lesson's source does not give
+:func:`ask` prints one line and never the answer of a question that an experiment answers: for a
+prediction it says what it recorded ("recorded: you predict 0.1 — now run the experiment below"); only
+:func:`reveal`, after the experiment ran, judges it. A recap (a question answered from the text, at a
+lesson's end; :data:`RECAPS`) is judged at once: right, or not quite with the answer. It never raises for
+a wrong answer — a lesson keeps running — only for a question id that does not exist or an answer of the
+wrong kind. Answers live here, in :data:`QUESTIONS`, so the lesson's source does not give
 them away; ``tests/course/test_questions.py`` checks each one against the library.
 
 Predict before the reveal: a question placed *before* the experiment that answers it is asked
@@ -53,7 +55,7 @@ import math
 import numbers
 from dataclasses import dataclass
 
-__all__ = ["Question", "QUESTIONS", "Revealed", "Withheld", "ask", "verdict", "reveal", "reveal_line", "withheld"]
+__all__ = ["Question", "QUESTIONS", "RECAPS", "Revealed", "Withheld", "ask", "verdict", "reveal", "reveal_line", "withheld"]
 
 
 @dataclass(frozen=True)
@@ -133,7 +135,7 @@ QUESTIONS: dict[str, Question] = {
     "08.d": Question(0, rel_tol=0, shown="0 (the table is the search's answer, sampled wherever it changes)"),
     # 09 · memory maths
     "09.a": Question(2 * DISTILBERT + 104, rel_tol=0, shown="131,566,188"),
-    "09.b": Question(22_662_144 / DISTILBERT, rel_tol=0.02, shown="0.34 (34 %)"),
+    "09.b": Question(22_662_144 / DISTILBERT, rel_tol=0.04, shown="0.34 (34 %)"),
     "09.c": Question(2 * DISTILBERT / MiB, rel_tol=0.005, shown="125.5 MiB"),
     # 10 · mixed precision fine-tuning
     "10.a": Question("b", choices="abc"),
@@ -144,7 +146,7 @@ QUESTIONS: dict[str, Question] = {
     "11.b": Question(8, rel_tol=0),
     "11.c": Question("b", choices="abc"),
     "11.d": Question(8, rel_tol=0),
-    "11.e": Question((2 * 2**19 + 8 * 2**19 // 256) / MiB, rel_tol=0.01, shown="1.015625 MiB"),
+    "11.e": Question((2 * 2**19 + 8 * 2**19 // 256) / MiB, rel_tol=0.02, shown="1.015625 MiB"),
     # 12 · beyond 8 bits
     "12.a": Question(768 * 3072, rel_tol=0, shown="2,359,296 (two half-byte codes per parameter: 1 byte)"),
     "12.b": Question(1e4, rel_tol=0.01, shown="10,000 (lr x m / eps = lr x 1e-4 / 1e-8)"),
@@ -166,14 +168,25 @@ QUESTIONS: dict[str, Question] = {
 }
 
 
+#: Questions answered from the text (a lesson's recap): no experiment reveals them, so :func:`ask` judges them
+#: at once. Every other question is a prediction: :func:`ask` records it and :func:`reveal` judges it.
+RECAPS = frozenset({"00.b", "01.c", "02.c", "03.b", "04.d", "04.e", "05.b", "06.b", "07.a", "07.c", "08.a", "08.c",
+                    "09.c", "11.a", "11.c"})
+
+
 def verdict(question_id: str, prediction) -> str:
-    """The one line :func:`ask` prints."""
+    """The one line :func:`ask` prints: for a prediction, what was recorded (never the answer)."""
     if question_id not in QUESTIONS:
         raise ValueError(f"unknown question {question_id!r}; known: {', '.join(QUESTIONS)}")
     q = QUESTIONS[question_id]
     if prediction is None:
         kind = "a letter" if q.choices else "a number"
         return f"✎ Question {question_id}: no prediction yet — set `prediction` to {kind} and run this cell again."
+    if question_id not in RECAPS:
+        q.is_right(prediction)  # the kind of answer is checked now (a TypeError names it), the value after the run
+        shown = prediction.strip().lower() if isinstance(prediction, str) else f"{prediction!r}"
+        return (f"✎ Question {question_id}: recorded — you predict {shown}. Now run the experiment below; its "
+                f"reveal judges your prediction.")
     if q.is_right(prediction):
         return f"✔ Question {question_id}: right — {q.display()}."
     return f"✘ Question {question_id}: not quite — you said {prediction!r}; the answer is {q.display()}. See why below."
