@@ -635,7 +635,7 @@ def adversarial_class(root: Path) -> dict[str, dict]:
         # a loop in one exercise, an edited check cell and a library import: 2/3 with notes
         "loop": {"square": "def square(x):\n    while True:\n        pass", "edit_check": "\nprint('mine')",
                  "clamp": "from adam8lib.quant import dynamic_map\n" + SOLVED_CLAMP},
-        # a check that swallows the per-cell timeout: stopped at the learner time limit
+        # a check that swallows the per-cell timeout: stopped from outside by the gradebook's clock (issue 53), the rest graded
         "a_stubborn": {"square": "import time\ndef square(x):\n    while True:\n        try:\n            time.sleep(0.2)\n        except BaseException:\n            pass",
                      "clamp": SOLVED_CLAMP},
         # a 50 MB print inside the check: capped, fails that exercise only
@@ -687,7 +687,7 @@ def test_gradebook_adversarial_class_in_the_sandbox(tiny_course, capsys):
     assert sorted(rows) == sorted(learners)
     got = {name: (int(r["square"]), int(r["clamp"]), int(r["total"])) for name, r in rows.items()}
     assert got == {"ada": (1, 2, 3), "c1": (0, 0, 0), "c2": (0, 0, 0), "c4_c9_c10": (1, 2, 3), "c4b": (0, 0, 0),
-                   "c8": (0, 0, 0), "c11": (0, 0, 0), "loop": (0, 2, 2), "a_stubborn": (0, 0, 0), "huge": (0, 2, 2)}, {n: r["notes"] for n, r in rows.items()}  # fmt: skip
+                   "c8": (0, 0, 0), "c11": (0, 0, 0), "loop": (0, 2, 2), "a_stubborn": (0, 2, 2), "huge": (0, 2, 2)}, {n: r["notes"] for n, r in rows.items()}  # fmt: skip
     notes = {name: r["notes"] for name, r in rows.items()}
     assert notes["ada"] == "" and notes["c4_c9_c10"] == ""
     assert "square: tampered" in notes["c1"] and "tiny_checks.check_square" in notes["c1"]
@@ -697,7 +697,7 @@ def test_gradebook_adversarial_class_in_the_sandbox(tiny_course, capsys):
     assert "MemoryError" in notes["c8"] and "killed by SIGKILL (out of memory, or killed)" in notes["c8"]
     assert "square: timeout (Timeout of 5 s" in notes["loop"] and "check cell edited (graded with the original check)" in notes["loop"]
     assert "uses adam8lib.quant.dynamic_map" in notes["loop"]
-    assert "learner time limit (30 s)" in notes["a_stubborn"]
+    assert "the check of square ran past 5 s, ignoring its time limit, and was stopped from outside" in notes["a_stubborn"]
     assert notes["huge"] == "01_tiny.ipynb: clamp taken from cell 2, which is not an exercise cell"
     huge = json.loads(  # 4 calls x (50 MB + newline) + the success line (44)
         (root / "grades" / "reports" / "huge.json").read_text())["statuses"]["square"]

@@ -32,7 +32,7 @@ import signal
 import subprocess
 import sys
 
-from . import plain
+from . import plain, reaper
 from .runner import (GradingTimeout, _alarm, _Capped, _disarm, _first_line, _message, _split_check, file_digest,
                      kernel_problem, output_verdict, warnings_to_log)
 
@@ -77,6 +77,10 @@ class Learner:
 
     def __init__(self, job: dict, alarm_fd: int):
         self.job, self.alarm_fd, self.proc, self.notes, self.generation = job, alarm_fd, None, [], 0
+        #: cells stopped by this process's clock (they ignored the learner process's own alarm): not run again
+        self.skip: list[int] = []
+        self.stopped_notes: list[str] = []
+        self.since, self.subreaper = reaper.now(), reaper.become_subreaper()
 
     def start(self) -> None:
         self.launch()
@@ -99,6 +103,7 @@ class Learner:
         job = {k: v for k, v in self.job.items() if k in ("notebook", "cells", "modules", "cell_timeout", "max_output",
                                                           "course_setup", "library_imports", "implementations")}
         job["checks"] = [{"exercise": c["exercise"], "source": c["source"]} for c in self.job["checks"]]
+        job["skip_cells"] = list(self.skip)
         try:
             self.proc.stdin.write(json.dumps(job).encode())
             self.proc.stdin.close()
@@ -113,10 +118,32 @@ class Learner:
         if self._receive(unstarted=first) != ("started",):
             self.stop()
             raise LearnerGone("the learner process did not say it started", unstarted=first)
-        ready = self._receive()
-        if ready[0] != "ready":
+        timeout = float(self.job.get("cell_timeout", 120))
+        limit = float(self.job.get("phase_limit", timeout + 10))
+        cell = None
+        while True:
+            try:
+                message = self._receive()
+            except GradingTimeout:  # this process's clock: a cell that ignored its own process's alarm
+                _disarm()
+                self.stop()
+                self.skip.append(cell)
+                self.stopped_notes.append(f"cell {cell} (exercise cell) ran past {timeout:g} s, ignoring its time limit, "
+                                          "and was stopped from outside by the grader; graded again without it")  # fmt: skip
+                self.launch()
+                if self._receive() != ("started",):
+                    self.stop()
+                    raise LearnerGone("the learner process did not say it started") from None
+                continue
+            if type(message) is tuple and len(message) == 2 and message[0] == "cell" and type(message[1]) is int:
+                cell = message[1]
+                _alarm(limit)
+                continue
+            _disarm()
+            break
+        if type(message) is not tuple or not message or message[0] != "ready":
             raise LearnerGone("the learner process did not start")
-        self.notes = [str(n)[:300] for n in ready[1]][:50]
+        self.notes = self.stopped_notes + [str(n)[:300] for n in message[1]][:50]
 
     def _receive(self, unstarted: bool = False):
         try:
@@ -156,11 +183,14 @@ class Learner:
             except OSError:
                 pass
         try:
+            if self.proc.poll() is None:
+                reaper.kill_tree(self.proc.pid)  # everything it started, whatever its session or group
             self.proc.kill()
             self.proc.wait(timeout=10)
         except (OSError, subprocess.TimeoutExpired):
             pass
         self.proc = None
+        reaper.sweep(since=self.since)  # and the orphans re-parented here (this process starts nothing else now)
 
     def end(self, token: str) -> None:
         """Have the learner process write the guard's end marker and exit. One that is not running

@@ -69,7 +69,8 @@ from pathlib import Path
 
 from ..second_machine import SECOND_MACHINE_ENV
 from . import sandbox
-from .channel import converse as _converse, died as _died, kill as _kill, signal_name as _signal_name
+from . import reaper
+from .channel import Phases as _Phases, converse as _converse, died as _died, kill as _kill, signal_name as _signal_name
 from .conventions import (
     MANIFEST_NAME,
     CheckSpec,
@@ -393,6 +394,9 @@ class Grader:
         self.stopped = threading.Event()
         self.failure: GraderFailure | None = None
         self.mode = "none" if self.sandbox == "none" else "bwrap"
+        # orphans of learners' processes (a double fork, setsid) become this process's children: ended after each
+        # grading process and before the gradebook is written (reaper); processes older than this are never touched
+        self.since, self.subreaper = reaper.now(), reaper.become_subreaper()
         try:
             self.kernel = _grader_kernel() if self.course_setup else None
             self.preflight()
@@ -437,6 +441,11 @@ class Grader:
                             ignore=shutil.ignore_patterns("lock", "build.flock"))
 
     def close(self) -> None:
+        with self.lock:
+            reaper.sweep(keep={p.pid for p in self.active}, since=self.since)
+        if self.subreaper:
+            self.subreaper = False
+            reaper.release_subreaper()
         if self.scratch_root.exists():
             _remove(self.scratch_root)
 
@@ -477,6 +486,88 @@ class Grader:
             "kernel": self.kernel is not None,
         }
         split = self.split and name in SPLIT
+        # a learner's code that ignores its own process's alarm is stopped by this process's clock (Phases) and
+        # the workbook graded again without that cell or check: at most one more run per phase, within the deadline
+        skip_cells: list[int] = []
+        skip_checks: dict[str, str] = {}
+        earlier_alarms = ""
+        limit = self.phase_limit()
+        while True:
+            job["skip_cells"], job["skip_checks"] = list(skip_cells), list(skip_checks)
+            phases = None if split else _Phases([c["index"] for c in cells if c["index"] not in skip_cells],
+                                               [s.exercise for s in specs if s.exercise not in skip_checks], limit, token)
+            messages, text, rc, timed_out, alarm_text = self._attempt(name, job, split, deadline, phases)
+            how = "checks in a process of their own" if split else "one guarded process"
+            log.append(f"===== {name} (sandbox: {self.mode}; {how}) =====\n{text}")
+            expired = phases.expired if phases is not None else None
+            if expired is None or self.stopped.is_set() or time.monotonic() >= deadline:
+                break
+            kind, key = expired
+            if kind == "cell":
+                skip_cells.append(key)
+                notes.append(f"{name}: cell {key} (exercise cell) ran past {self.cell_timeout:g} s, ignoring its time "
+                             "limit, and was stopped from outside by the grader; graded again without it")  # fmt: skip
+            else:
+                skip_checks[key] = (f"the check of {key} ran past {self.cell_timeout:g} s, ignoring its time limit, "
+                                    "and was stopped from outside by the grader")  # fmt: skip
+            earlier_alarms += "".join(line + "\n" for line in alarm_text.splitlines() if line.startswith(("alarm ", "ref ")))
+        results: dict[str, tuple[str, str, str]] = {}
+        if messages is None:
+            notes.append(f"{name}: the result channel carried something that is not a result; scores 0")
+            return {}, notes
+        known = {s.exercise for s in specs}
+        finished = started = False
+        kinds = ("result", "note", "done", "started", "phase", *(("grader",) if split else ()))
+        for message in messages:
+            kind = message.get("kind") if isinstance(message, dict) else None
+            if finished or kind not in kinds or message.get("token") != token or (kind == "started" and started):
+                notes.append(f"{name}: unexpected message on the result channel; scores 0")
+                return {}, notes
+            if kind == "grader":  # the check process (no learner code there) could not do its part
+                raise GraderFailure(f"grading {name}: {str(message.get('text'))[:2000]}", text)
+            if kind == "phase":  # the clock's (Phases)
+                continue
+            if kind == "started":
+                started = True
+            elif kind == "done":
+                finished = True
+            elif kind == "note":
+                notes.append(f"{name}: {str(message.get('text'))[:300]}")
+            else:
+                exercise, status = message.get("exercise"), message.get("status")
+                if exercise not in known or exercise in results or status not in STATUSES:
+                    notes.append(f"{name}: an invalid or repeated result on the result channel; scores 0")
+                    return {}, notes
+                results[exercise] = (status, str(message.get("detail", ""))[:300], str(message.get("error", ""))[:5000])
+        if not started and not finished and not timed_out and not self.stopped.is_set():
+            # no learner code had run yet: the grading process could not start or set up (sandbox, interpreter, kernel)
+            raise GraderFailure(f"grading {name}: the grading process {_died(rc)} before any learner code ran", text)
+        for exercise, detail in skip_checks.items():
+            results.setdefault(exercise, ("timeout", detail, ""))
+        results, more = self._guarded(name, specs, results, earlier_alarms + alarm_text, token, finished)
+        notes.extend(more)
+        if not finished:
+            if expired is not None and not self.stopped.is_set():
+                what = f"cell {expired[1]}" if expired[0] == "cell" else f"the check of {expired[1]}"
+                notes.append(f"{name}: {what} ran past {self.cell_timeout:g} s, ignoring its time limit, and was stopped "
+                             "from outside by the grader at the learner time limit; exercises without a result score 0")
+            elif self.stopped.is_set():
+                notes.append(f"{name}: grading was interrupted; exercises without a result score 0")
+            elif timed_out:
+                notes.append(f"{name}: grading stopped at the learner time limit ({self.learner_timeout:g} s); "
+                             "exercises without a result score 0")  # fmt: skip
+            else:
+                notes.append(f"{name}: the grading process {_died(rc)} before it finished; "
+                             "exercises without a result score 0")  # fmt: skip
+        return results, notes
+
+    def phase_limit(self) -> float:
+        """Seconds a cell or a check may run, by this process's clock, before its grading process is killed from
+        outside: the cell timeout (which the process enforces itself first) and a margin."""
+        return self.cell_timeout + max(2.0, min(10.0, 0.1 * self.cell_timeout))
+
+    def _attempt(self, name: str, job: dict, split: bool, deadline: float, phases):
+        """One grading process (and its learner process) for a workbook, in fresh scratch folders."""
         scratch = Path(tempfile.mkdtemp(prefix="learner-", dir=self.scratch_root))
         # the check process's own folder: nothing the learner's process writes (caches, kernels) is ever loaded there
         home = Path(tempfile.mkdtemp(prefix="checker-", dir=self.scratch_root)) if split else scratch
@@ -494,6 +585,7 @@ class Grader:
                 job["learner_cwd"] = str(scratch) if self.mode == "none" else None
                 job["learner_env"] = self._env(workdir)
                 job["early_start"] = self.mode == "bwrap"  # read-only files: no need to wait for the checks' import
+                job["phase_limit"] = self.phase_limit()
                 cmd, cwd = [*python, "adam8lib.course.grading.checker", "--result-fd", "{fd}", "--alarm-fd", "{alarm}"], home
                 workdir = home  # the check process's HOME and TMPDIR: outside the sandbox
             else:
@@ -502,55 +594,12 @@ class Grader:
                                                mode=self.mode, memory_mb=self.memory_mb, file_mb=256)  # fmt: skip
                 cwd = scratch if self.mode == "none" else None
             env = self._env(workdir)
-            messages, text, rc, timed_out, alarm_text = _converse(cmd, env, cwd, json.dumps(job).encode(), deadline,
-                                                                  self.active, self.lock)  # fmt: skip
+            return _converse(cmd, env, cwd, json.dumps(job).encode(), deadline, self.active, self.lock, phases=phases,
+                             since=self.since)  # fmt: skip
         finally:
             _remove(scratch)
             if home != scratch:
                 _remove(home)
-        how = "checks in a process of their own" if split else "one guarded process"
-        log.append(f"===== {name} (sandbox: {self.mode}; {how}) =====\n{text}")
-        results: dict[str, tuple[str, str, str]] = {}
-        if messages is None:
-            notes.append(f"{name}: the result channel carried something that is not a result; scores 0")
-            return {}, notes
-        known = {s.exercise for s in specs}
-        finished = started = False
-        kinds = ("result", "note", "done", "started", *(("grader",) if split else ()))
-        for message in messages:
-            kind = message.get("kind") if isinstance(message, dict) else None
-            if finished or kind not in kinds or message.get("token") != token or (kind == "started" and started):
-                notes.append(f"{name}: unexpected message on the result channel; scores 0")
-                return {}, notes
-            if kind == "grader":  # the check process (no learner code there) could not do its part
-                raise GraderFailure(f"grading {name}: {str(message.get('text'))[:2000]}", text)
-            if kind == "started":
-                started = True
-            elif kind == "done":
-                finished = True
-            elif kind == "note":
-                notes.append(f"{name}: {str(message.get('text'))[:300]}")
-            else:
-                exercise, status = message.get("exercise"), message.get("status")
-                if exercise not in known or exercise in results or status not in STATUSES:
-                    notes.append(f"{name}: an invalid or repeated result on the result channel; scores 0")
-                    return {}, notes
-                results[exercise] = (status, str(message.get("detail", ""))[:300], str(message.get("error", ""))[:5000])
-        if not started and not finished and not timed_out and not self.stopped.is_set():
-            # no learner code had run yet: the grading process could not start or set up (sandbox, interpreter, kernel)
-            raise GraderFailure(f"grading {name}: the grading process {_died(rc)} before any learner code ran", text)
-        results, more = self._guarded(name, specs, results, alarm_text, token, finished)
-        notes.extend(more)
-        if not finished:
-            if self.stopped.is_set():
-                notes.append(f"{name}: grading was interrupted; exercises without a result score 0")
-            elif timed_out:
-                notes.append(f"{name}: grading stopped at the learner time limit ({self.learner_timeout:g} s); "
-                             "exercises without a result score 0")  # fmt: skip
-            else:
-                notes.append(f"{name}: the grading process {_died(rc)} before it finished; "
-                             "exercises without a result score 0")  # fmt: skip
-        return results, notes
 
     def _guarded(self, name: str, specs, results: dict, alarm_text: str, token: str, finished: bool):
         """Apply what the guard reported (:mod:`adam8lib.course.grading.guard`): any alarm makes every

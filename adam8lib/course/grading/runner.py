@@ -224,12 +224,18 @@ def _message(text: str, lines: int = 12, width: int = 300) -> str:
     return "\n".join(ln if len(ln) <= width else ln[: width - 3] + "..." for ln in kept)
 
 
-def run_exercise_cells(job: dict, namespace: dict, sink: "_Capped", cell_timeout: float, note, guard) -> None:
+def run_exercise_cells(job: dict, namespace: dict, sink: "_Capped", cell_timeout: float, note, guard, announce=None) -> None:
     """Execute the learner's exercise cells in ``namespace`` (output into ``sink``), each under ``cell_timeout``;
     ``note(text)`` gets what went wrong in a cell, and a guard (if any) raises its alarm for a torch mode a cell
-    left pushed."""
+    left pushed. ``announce(index)`` tells the parent (whose clock stops a cell that ignores this process's
+    alarm) that a cell starts; the cells of ``job["skip_cells"]`` (stopped that way before) are not run."""
     real_stdout, real_stderr = sys.stdout, sys.stderr
+    skipped = {int(i) for i in job.get("skip_cells", ())}
     for cell in job["cells"]:
+        if cell["index"] in skipped:
+            continue
+        if announce is not None:
+            announce(cell["index"])
         sys.stdout = sys.stderr = sink
         try:
             _alarm(cell_timeout)
@@ -441,13 +447,16 @@ def main(argv: list[str] | None = None) -> None:
 
     # 2. the learner's exercise cells
     namespace = {"__name__": "__main__", "__builtins__": builtins}
-    run_exercise_cells(job, namespace, _Capped(cap), cell_timeout, lambda text: send(kind="note", text=text), guard)
+    run_exercise_cells(job, namespace, _Capped(cap), cell_timeout, lambda text: send(kind="note", text=text), guard,
+                       announce=lambda index: send(kind="phase", phase="cell", index=index))  # fmt: skip
 
     # 3. the checks
+    skipped = set(job.get("skip_checks", ()))
     for spec in checks:
         exercise = spec["exercise"]
-        if exercise not in resolved:
+        if exercise not in resolved or exercise in skipped:
             continue
+        send(kind="phase", phase="check", exercise=exercise)
         changed = snapshot.changes() + files_changed() + hooks_changed() + (guard.modes() if guard else [])
         if changed:
             send(kind="result", exercise=exercise, status="tampered",
