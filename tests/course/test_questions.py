@@ -14,7 +14,8 @@ from adam8lib import AdamW8bit
 from adam8lib.course.checks.questions import PREDICTIONS, QUESTIONS, RECAPS, Question, ask, reveal_line, verdict
 from adam8lib.course.checks.ex09_memory_maths import _ShapesModel, distilbert_shapes
 from adam8lib.memory import MB, estimate_optimizer_memory
-from adam8lib.quant import absmax_quantize, dynamic_map, num_blocks
+from adam8lib.ema import ema_series
+from adam8lib.quant import absmax_dequantize, absmax_quantize, dynamic_map, num_blocks
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -122,9 +123,17 @@ def test_numeric_answers_agree_with_the_library():
     m1 = b1 * m0 + (1 - b1) * g
     v1 = 0.999 * 0.0 + (1 - 0.999) * g**2
     m1_hat, v1_hat = m1 / (1 - b1), v1 / (1 - 0.999)
-    assert math.isclose(a["02.a"], m1) and math.isclose(a["02.b"], (m1 / math.sqrt(v1)) / (m1_hat / math.sqrt(v1_hat)))
-    levels = torch.round(torch.tensor([0.001]) / (1.27 / 127)) * (1.27 / 127)
-    assert math.isclose(a["04.a"], 1.27 / 127) and float(levels) == a["04.b"]
+    assert math.isclose(a["02.b"], (m1 / math.sqrt(v1)) / (m1_hat / math.sqrt(v1_hat)))
+    # 02.a: v after 1000 steps of g = 1 with beta2 = 0.999, as the library's EMA computes it in float32
+    assert math.isclose(a["02.a"], float(ema_series(torch.ones(1000), 0.999)[-1]), rel_tol=1e-4)
+    # 04.b: 0.004 in [1.27, -0.5, 0.004] is under half a step (0.005) and comes back as 0
+    assert float(absmax_dequantize(*absmax_quantize(torch.tensor([1.27, -0.5, 0.004])))[2]) == a["04.b"]
+    # 04.a: one outlier 100x the largest of 100,000 normal weights: over 60 % of the rest are stored as 0
+    torch.manual_seed(0)
+    weights = 0.02 * torch.randn(100_000)
+    weights[0] = 100 * weights.abs().max()
+    codes, _ = absmax_quantize(weights)
+    assert a["04.a"] == "c" and 100 * (codes[1:] == 0).float().mean().item() > 60
     # 04.d: the threshold below which int8 stores 0 sits log10(254) decades under the absmax
     x = torch.tensor([3.0, 3.0 / 254 * 0.999, 3.0 / 254 * 1.001])
     q, scale = absmax_quantize(x)

@@ -99,8 +99,9 @@ QUESTIONS: dict[str, Question] = {
     "01.a": Question(16 * DISTILBERT / MiB, rel_tol=0.005, shown="1003.8 MiB (16 bytes per parameter: 4 + 4 + 8)"),
     "01.b": Question(768 * 8, rel_tol=0, shown="6,144 bytes (fp32 m and v: below min_8bit_size, 768 is not quantized)"),
     "01.c": Question(8 / (2 + 8 / 256), rel_tol=0.01, shown="≈ 3.9 (8 / 2.03)"),
+    "01.d": Question("c", choices="abc", shown="(c) over 10 %: a real layer's v is not rank 1"),
     # 02 · EMA
-    "02.a": Question(0.1, rel_tol=1e-6),
+    "02.a": Question(1 - 0.999**1000, rel_tol=0.02, shown="≈ 0.632 (1 − 0.999^1000 ≈ 1 − 1/e: over a third short)"),
     "02.b": Question(0.1 / math.sqrt(0.001), rel_tol=0.02, shown="3.16 (0.1 / √0.001: too large, not too small)"),
     "02.c": Question(1000, rel_tol=0.01),
     # 03 · the Adam rule
@@ -108,7 +109,7 @@ QUESTIONS: dict[str, Question] = {
     "03.b": Question(1 - 1e-3 * 0.01, rel_tol=1e-9, shown="0.99999"),
     "03.c": Question("a", choices="ab"),
     # 04 · linear quantization
-    "04.a": Question(0.01, rel_tol=1e-6),
+    "04.a": Question("c", choices="abc", shown="(c) over 60 %: half a step now reaches 1.8 standard deviations"),
     "04.b": Question(0.0, rel_tol=0, shown="0.0"),
     "04.c": Question("c", choices="abc"),
     "04.d": Question(math.log10(254), rel_tol=0.02, shown="≈ 2.4 (log10 254: absmax / (Δ/2) = 254)"),
@@ -170,8 +171,8 @@ QUESTIONS: dict[str, Question] = {
 
 #: Questions answered from the text (a lesson's recap): no experiment reveals them, so :func:`ask` judges them
 #: at once. Every other question is a prediction: :func:`ask` records it and :func:`reveal` judges it.
-RECAPS = frozenset({"00.b", "01.c", "02.c", "03.b", "04.d", "04.e", "05.b", "06.b", "07.a", "07.c", "08.a", "08.c",
-                    "09.c", "11.a", "11.c"})
+RECAPS = frozenset({"00.b", "01.a", "01.c", "02.c", "03.b", "04.b", "04.d", "04.e", "05.b", "06.b", "07.a", "07.c",
+                    "08.a", "08.c", "09.c", "11.a", "11.c"})
 
 
 def verdict(question_id: str, prediction) -> str:
