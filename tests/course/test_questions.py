@@ -142,6 +142,34 @@ def test_numeric_answers_agree_with_the_library():
     assert math.isclose(float(m_kept / (torch.tensor(0.0).sqrt() + 1e-8)) / 1e-5, a["04.e"], rel_tol=1e-6)
 
 
+def test_04c_few_lost_v_explode_because_their_m_is_lost_too():
+    """04.c: lesson 04's run (digits MLP, 300 steps of adam_step): with absmax int8 states between 5 and 30 % of
+    the updates explode, fewer than the share of v stored as 0, since where v is lost m mostly is too."""
+    from sklearn.datasets import load_digits
+    from torch import nn
+
+    from adam8lib.adam import adam_step
+
+    digits = load_digits()
+    X, y = torch.tensor(digits.data, dtype=torch.float32) / 16.0, torch.tensor(digits.target)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+    states = [(torch.zeros_like(p), torch.zeros_like(p)) for p in model.parameters()]
+    generator = torch.Generator().manual_seed(0)
+    for t in range(1, 301):
+        idx = torch.randint(0, len(X), (32,), generator=generator)
+        model.zero_grad()
+        nn.functional.cross_entropy(model(X[idx]), y[idx]).backward()
+        for p, (m, v) in zip(model.parameters(), states):
+            adam_step(p.data, p.grad, m, v, step=t, lr=1e-3, weight_decay=0.01)
+    m, v = (torch.cat([s[i].flatten() for s in states]) for i in (0, 1))
+    keep = (v > 0) & (m != 0)
+    int8 = lambda x: absmax_dequantize(*absmax_quantize(x))  # noqa: E731
+    ratio = ((int8(m) / (int8(v).sqrt() + 1e-8)) / (m / (v.sqrt() + 1e-8)))[keep]
+    exploded, v_lost = (100 * x.float().mean().item() for x in (ratio > 100, (int8(v) == 0)[keep]))
+    assert QUESTIONS["04.c"].answer == "b" and 5 < exploded < 30 and exploded < v_lost
+
+
 def test_every_lesson_asks_three_to_five_questions_that_exist():
     asked = []
     for path in sorted((REPO / "notebooks").glob("*.ipynb")):

@@ -111,7 +111,7 @@ QUESTIONS: dict[str, Question] = {
     # 04 · linear quantization
     "04.a": Question("c", choices="abc", shown="(c) over 60 %: half a step now reaches 1.8 standard deviations"),
     "04.b": Question(0.0, rel_tol=0, shown="0.0"),
-    "04.c": Question("c", choices="abc"),
+    "04.c": Question("b", choices="abc", shown="(b) between 5 % and 30 %: where v is lost, m mostly is too"),
     "04.d": Question(math.log10(254), rel_tol=0.02, shown="≈ 2.4 (log10 254: absmax / (Δ/2) = 254)"),
     "04.e": Question(1e8, rel_tol=0.01, shown="10^8 (1 / eps: the denominator is sqrt(0) + 1e-8)"),
     # 05 · dynamic map
