@@ -172,3 +172,29 @@ def test_a_virtual_environment_reached_through_a_symbolic_link_grades(tiny_cours
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r["learner"]: r for r in csv.DictReader(out.open(encoding="utf-8"))}
     assert {name: (r["total"], r["notes"]) for name, r in rows.items()} == {"ada": ("3", ""), "bo": ("3", "")}
+
+
+@needs_bwrap
+def test_checks_changed_on_disk_under_the_sandbox_stop_the_run_and_are_not_written_over(tiny_course, monkeypatch, capsys):
+    """Under bubblewrap no learner can write the course's files: checks that change on disk while grading
+    (someone editing the checkout) are the grader's problem — exit 2, nobody scored or marked tampered, and the
+    edit is not overwritten with the bytes read at the start."""
+    checks = tiny_course["checks"]
+    edit = "\n# edited by someone else while grading\n"
+    preflight = gradebook.Grader.preflight
+
+    def preflight_then_edit(self):  # after the gradebook read and hashed the checks, before any learner runs
+        preflight(self)
+        with open(checks, "a", encoding="utf-8") as fh:
+            fh.write(edit)
+
+    monkeypatch.setattr(gradebook.Grader, "preflight", preflight_then_edit)
+    out = tiny_course["root"] / "grades" / "gradebook.csv"
+    rc = gradebook.main([str(_class(tiny_course["root"])), "--out", str(out), "--manifest", str(tiny_course["manifest"]),
+                         "--sandbox", "bwrap", "--cell-timeout", "20"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "the grader failed, not the learners" in err and "the checks are not the course's" in err, err
+    assert "tiny_checks.py changed" in err and "tampered" not in err, err
+    assert checks.read_text(encoding="utf-8").endswith(edit)
+    _no_learner_marked(out)

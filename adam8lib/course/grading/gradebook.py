@@ -222,6 +222,18 @@ class CourseFiles:
         self.original = {Path(p): Path(p).read_bytes() for p in paths if Path(p).is_file()}
         self.lock = threading.Lock()
 
+    def changed(self) -> list[str]:
+        """Names of the files that differ from the bytes read at the start (nothing is written)."""
+        names = []
+        for path, data in self.original.items():
+            try:
+                same = path.is_file() and not path.is_symlink() and path.read_bytes() == data
+            except OSError:
+                same = False
+            if not same:
+                names.append(path.name)
+        return names
+
     def restore(self) -> list[str]:
         """Names of the files that changed (each rewritten with its original bytes)."""
         changed = []
@@ -640,7 +652,10 @@ class Grader:
         grade = LearnerGrade(learner, {spec.exercise: 0 for spec in self.manifest.checks}, list(notes))
         deadline = time.monotonic() + self.learner_timeout
         log: list[str] = []
+        changed_before: list[str] = []
         for name in self.manifest.notebooks:
+            if self.mode == "none":  # what this learner's earlier workbook changed is put back before the next one runs
+                changed_before += self.course.restore()
 
             def ungraded(status: str, note: str, name: str = name) -> None:  # the workbook's exercises: 0, noted once
                 grade.notes.append(note)
@@ -668,7 +683,8 @@ class Grader:
             except GraderFailure as exc:  # stop every other learner's grading too: nobody is scored for it
                 with self.lock:
                     self.failure = self.failure or exc
-                self.course.restore()
+                if self.mode == "none":
+                    self.course.restore()
                 self.stop()
                 raise
             grade.notes.extend(more)
@@ -680,7 +696,18 @@ class Grader:
                 grade.points[spec.exercise] = spec.points if status == "passed" else 0
                 if status in NOTED:
                     grade.notes.append(f"{name} {spec.label} {spec.exercise}: {status} ({detail})")
-        changed = self.course.restore()
+        if self.mode == "none":
+            changed = list(dict.fromkeys(changed_before + self.course.restore()))
+        else:  # the sandbox shows the course read-only: a change is someone else's (never restored over, never scored)
+            changed = self.course.changed()
+            if changed:
+                failure = GraderFailure(f"course files changed on disk while {learner} was graded, not by the learner (the "
+                                        f"sandbox shows them read-only): {', '.join(changed)}; grade from a checkout "
+                                        "nobody edits")  # fmt: skip
+                with self.lock:
+                    self.failure = self.failure or failure
+                self.stop()
+                raise failure
         if self.failure is not None:  # cut short by the grader's failure elsewhere: no row, no report
             raise GraderFailure(self.failure.problem, self.failure.log)
         if changed:
@@ -811,6 +838,8 @@ def grade_class(
 
     def one(name: str) -> LearnerGrade:
         data, notes = read[name]
+        if grader.failure is not None:  # the grader failed: nobody after is graded, and no row says otherwise
+            raise GraderFailure(grader.failure.problem, grader.failure.log)
         if grader.stopped.is_set():
             grade = LearnerGrade(name, {s.exercise: 0 for s in manifest.checks})
             grade.notes.append("not graded (grading was interrupted)")
