@@ -31,3 +31,16 @@ def test_08d_the_code_table_equals_the_binary_search():
     entry = table[bits >> 16] & 0xFFFFFFFF
     codes = torch.where(((bits << 16) & 0xFFFFFFFF) > entry, (entry >> 8) & 0xFF, entry & 0xFF)
     assert QUESTIONS["08.d"].answer == int((codes != nearest_code(x, q, keep_sign=True).long()).sum()) == 0
+
+
+def test_08e_a_table_of_12_bits_would_need_more_than_one_compare():
+    """08.e: with the top 12 bits as the index, more than 10 buckets would hold two or more changes of code (51);
+    at 15 and 16 bits none does. Counted from the change points of the binary search itself."""
+    from adam8lib.quant import dynamic_map
+
+    q = dynamic_map(signed=True)
+    mids = ((q[1:] + q[:-1]) / 2).view(torch.int32).long() & 0xFFFFFFFF  # where nearest_code changes (bar keep-sign at 0)
+    def crowded(bits):
+        _, counts = torch.unique(mids >> (32 - bits), return_counts=True)
+        return int((counts >= 2).sum())
+    assert QUESTIONS["08.e"].answer == "c" and crowded(12) > 10 and crowded(15) == crowded(16) == 0

@@ -134,23 +134,25 @@ QUESTIONS: dict[str, Question] = {
     "08.b": Question(391, rel_tol=0),
     "08.c": Question(20, rel_tol=0.25, shown="≈ 20"),
     "08.d": Question(0, rel_tol=0, shown="0 (the table is the search's answer, sampled wherever it changes)"),
+    "08.e": Question("c", choices="abc", shown="(c) more than 10: 51 buckets, up to 5 changes in one"),
     # 09 · memory maths
     "09.a": Question(2 * DISTILBERT + 104, rel_tol=0, shown="131,566,188"),
     "09.b": Question(22_662_144 / DISTILBERT, rel_tol=0.04, shown="0.34 (34 %)"),
     "09.c": Question(2 * DISTILBERT / MiB, rel_tol=0.005, shown="125.5 MiB"),
+    "09.d": Question(7.06, rel_tol=0.08, shown="≈ 7 (the attention scores grow 16×, the rest 4×)"),
     # 10 · mixed precision fine-tuning
     "10.a": Question("b", choices="abc"),
     "10.b": Question(0.78, rel_tol=0.05),
     "10.c": Question(0.0, rel_tol=0, shown="0.0"),
     # 11 · at scale
     "11.a": Question((2 * 2**20 + 8 * 2**20 // 256) / MiB, rel_tol=0.01, shown="2.03125 MiB"),
-    "11.b": Question(8, rel_tol=0),
+    "11.b": Question(0.0829, rel_tol=0.15, shown="≈ 0.08 (8 %: 58.7 → 53.8 GiB per rank)"),
     "11.c": Question("b", choices="abc"),
     "11.d": Question(8, rel_tol=0),
     "11.e": Question((2 * 2**19 + 8 * 2**19 // 256) / MiB, rel_tol=0.02, shown="1.015625 MiB"),
     # 12 · beyond 8 bits
     "12.a": Question(768 * 3072, rel_tol=0, shown="2,359,296 (two half-byte codes per parameter: 1 byte)"),
-    "12.b": Question(1e4, rel_tol=0.01, shown="10,000 (lr x m / eps = lr x 1e-4 / 1e-8)"),
+    "12.b": Question("c", choices="abc", shown="(c) far more than 1,000 learning rates: m / eps, with v decoded 0"),
     "12.c": Question(0.1, rel_tol=0.25, shown="≈ 0.1 learning rates per step (m restarts from 0 at every step)"),
     "12.d": Question("a", choices="abc", shown="(a) the 8-bit dynamic map: its median error of m is about half e4m3's"),
     "12.e": Question(1.0, rel_tol=0, shown="1.0 (every step is lost)"),
@@ -172,7 +174,7 @@ QUESTIONS: dict[str, Question] = {
 #: Questions answered from the text (a lesson's recap): no experiment reveals them, so :func:`ask` judges them
 #: at once. Every other question is a prediction: :func:`ask` records it and :func:`reveal` judges it.
 RECAPS = frozenset({"00.b", "01.a", "01.c", "02.c", "03.b", "04.b", "04.d", "04.e", "05.b", "06.b", "07.a", "07.c",
-                    "08.a", "08.c", "09.c", "11.a", "11.c"})
+                    "08.a", "08.c", "08.d", "09.b", "09.c", "11.a", "11.c", "12.a"})
 
 
 def verdict(question_id: str, prediction) -> str:
