@@ -111,7 +111,7 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
-from . import kernels, rounding
+from . import kernels, rank1_chunks, rounding
 from .distributed import (SHAPE_KEY, global_offset, is_dtensor, local_param_and_grad, local_range, local_tensor,
                           rank1_maxima_reducer, to_checkpoint_state, to_local_state)
 from .formats import MomentFormat, StateFormat, get_format
@@ -683,6 +683,15 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             self._step_tensor(p, param.detach(), grad.detach(), state, rule, hyper, step, fused)
         else:
             key, offset = element_key(self.seed, step, self.rounding_offset + index), global_offset(p)
+            rows = self._rank1_row_chunks(p, param, state, rule)
+            if rows is not None:  # rank-1 scales: two passes over chunks of rows, not one fp32 copy of the whole
+                specs = self.state_specs(rule)
+                rank1_chunks.step_in_row_chunks(
+                    param.detach(), grad.detach(), state, specs, self.moment,
+                    lambda target, g, values: _rule_update(rule, True, target, g, values, step, hyper),
+                    rows, key=key, offset=offset)
+                state["step"] = step
+                return
             for a, b, part in self._rounding_chunks(p, param, state, rule, group):
                 flat = param.detach() if part is state else param.detach().view(-1)[a:b]
                 target = flat.float()
@@ -724,20 +733,20 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             return
         values = {spec.name: self.decode(state, spec, p, target) for spec in self.state_specs(rule)}
         quantized = any(s.codes_key in state for s in self.state_specs(rule))
-        update = rule.update if quantized else rule.update_unquantized
-        new = update(target.to(torch.float32, copy=True), grad.float(), values, step=step, group=hyper)
-        if rule.elementwise:
-            ok = None
-            for x in values.values():
-                finite = torch.isfinite(x)
-                ok = finite if ok is None else ok & finite
-            if ok is not None and not bool(ok.all()):
-                for x in values.values():
-                    x.masked_fill_(~ok, 0.0)
-                new = torch.where(ok, new, target.float())  # target itself is not written yet
-        target.copy_(new)
+        target.copy_(_rule_update(rule, quantized, target, grad, values, step, hyper))
         for spec in self.state_specs(rule):
             self._encode(state, spec, values[spec.name], p, target)
+
+    def _rank1_row_chunks(self, p: torch.Tensor, param: torch.Tensor, state: dict[str, Any], rule: UpdateRule):
+        """Row chunks for :func:`adam8lib.rank1_chunks.step_in_row_chunks`, or None: a plain contiguous parameter,
+        an elementwise rule, the format's own coding and a quantized moment with rank-1 scales on this shape."""
+        if (self.format is None or is_dtensor(p) or not rule.elementwise or not param.is_contiguous()
+                or self._custom_quantize()):
+            return None
+        moments = [self.moment(s) for s in self.state_specs(rule) if s.name not in state]
+        if not any(m.uses_rank1(tuple(param.shape)) for m in moments):
+            return None
+        return rank1_chunks.row_chunks(tuple(param.shape), moments, rank1_chunks.RANK1_CHUNK)
 
     # ------------------------------------------------------------------ copy / pickle
     def __getstate__(self) -> dict[str, Any]:
@@ -964,6 +973,25 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             return (f"fp32 states for it (state format {self.format_name()!r}, min_8bit_size "
                     f"{self.min_size(group)})")
         return f"{self.format.name!r} (blocks of {self.format.m.blocksize})"
+
+
+def _rule_update(rule: UpdateRule, quantized: bool, target: torch.Tensor, grad: torch.Tensor,
+                 values: dict[str, torch.Tensor], step: int, hyper: dict[str, Any]) -> torch.Tensor:
+    """The rule's fp32 step of ``target`` (not written) with its decoded states ``values`` (updated in place), and
+    the non-finite rule of an elementwise rule: where a state turned NaN/Inf, the states restart from 0 and the
+    parameter keeps its value."""
+    update = rule.update if quantized else rule.update_unquantized
+    new = update(target.to(torch.float32, copy=True), grad.float(), values, step=step, group=hyper)
+    if rule.elementwise:
+        ok = None
+        for x in values.values():
+            finite = torch.isfinite(x)
+            ok = finite if ok is None else ok & finite
+        if ok is not None and not bool(ok.all()):
+            for x in values.values():
+                x.masked_fill_(~ok, 0.0)
+            new = torch.where(ok, new, target.float())  # target itself is not written yet
+    return new
 
 
 def _check_saved_shape(p: torch.Tensor, saved: Any, where: str) -> None:
