@@ -79,9 +79,13 @@ unit: setup
 # kernels, MKL/oneDNN at AVX2, one thread, adam8lib's kernel without AVX-512), then the solutions
 # graded as a class under it: compared outputs must hold and correct work must score full marks.
 SECOND = $(PY) -m adam8lib.course.second_machine
+# unit tests that compare bits with stored numbers (keyed by the numeric path: tests/_continuations.py), run again
+# under MKL's one path for every x86 CPU (MKL_CBWR=COMPATIBLE: what an Intel Xeon's vector sqrt is not natively)
+BIT_TESTS = tests/test_checkpoint_fixture.py tests/test_quantized_state.py tests/test_rank1_chunks.py
 test-second-machine: setup
 	$(SECOND) $(PYTEST) $(XDIST) $(NBVAL) $(NOTEBOOKS) tests/kernels/test_cpu.py tests/kernels/test_cpu_formats.py tests/kernels/test_cpu_rules.py \
-	    tests/test_checkpoint_fixture.py tests/test_quantized_state.py
+	    $(BIT_TESTS)
+	MKL_CBWR=COMPATIBLE $(ONE_THREAD) $(PYTEST) $(XDIST) $(BIT_TESTS)
 	$(SECOND) $(MAKE) --no-print-directory grade-solutions
 
 # The course's own solutions as one learner's submission, graded like a class: every point or exit 3.

@@ -206,9 +206,13 @@ class CompressedMasterWeights:
     parameters that then have a gradient, so the step is on the fp32 master as without a closure. A closure
     that raises leaves the bf16 weights, their gradients and the corrections as they were.
 
-    Memory during a step: each joined parameter is an fp32 tensor (4 bytes per element) with an fp32
-    gradient (4 more, for a bf16 gradient) until it is split again, plus one chunk's temporaries of the
-    split and the join. With gradient release that is one parameter at a time (the largest sets the peak).
+    Memory during a step: an optimizer of the quantized-state core (:mod:`adam8lib.quantized_state`: the
+    library's Adams and the 8-bit family) adopts the masters (``adopt_master_weights``) and steps each parameter
+    on its fp32 master a chunk at a time (join, step, split; a moment with rank-1 scales in two passes,
+    :mod:`adam8lib.rank1_chunks`): a chunk's temporaries, the same bits. Any other optimizer (torch's): each
+    joined parameter is an fp32 tensor (4 bytes per element) with an fp32 gradient (4 more, for a bf16
+    gradient) until it is split again, plus one chunk's temporaries of the split and the join. With gradient
+    release that is one parameter at a time (the largest sets the peak).
 
     Checkpoints: ``state_dict()`` holds the corrections (with the model's bf16 state dict and the
     optimizer's, the whole master); ``load_state_dict`` puts them back.
@@ -253,6 +257,23 @@ class CompressedMasterWeights:
             self.corrections[id(p)] = lo
         self._joined: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._hooks = [optimizer.register_step_pre_hook(self._join), optimizer.register_step_post_hook(self._split)]
+        # an optimizer of the quantized-state core steps the masters itself, chunk by chunk (no whole fp32 copy)
+        adopt = getattr(optimizer, "adopt_master_weights", None)
+        self._adopted = bool(adopt(self)) if callable(adopt) else False
+
+    # ------------------------------------------------------------------ for an optimizer that adopts them
+    def join(self, hi: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
+        """The fp32 master of a piece of a parameter (``hi``) and of its correction (``lo``): a new tensor."""
+        return join_master(hi, lo)
+
+    def split(self, x: torch.Tensor, hi: torch.Tensor, lo: torch.Tensor) -> None:
+        """Write the fp32 master ``x`` of a piece of a parameter into its bf16 half ``hi`` and correction ``lo``."""
+        if hi.is_contiguous() and lo.is_contiguous():
+            split_master(x, self.bits, out=(hi, lo))
+        else:
+            h, c = split_master(x, self.bits)
+            hi.copy_(h)
+            lo.copy_(c)
 
     # ------------------------------------------------------------------ the hooks
     def _join(self, optimizer, args, kwargs):
@@ -278,6 +299,8 @@ class CompressedMasterWeights:
         return closure_on_the_master
 
     def _join_all(self, optimizer) -> None:
+        if self._adopted:  # the optimizer joins and splits each chunk itself
+            return
         for group in optimizer.param_groups:
             for p in group["params"]:
                 if id(p) not in self.corrections or p.grad is None or p.dtype != torch.bfloat16:
@@ -336,6 +359,9 @@ class CompressedMasterWeights:
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
+        if self._adopted:
+            self.optimizer.adopt_master_weights(None)
+            self._adopted = False
 
     def __repr__(self) -> str:
         return f"CompressedMasterWeights({len(self.params)} parameters, bits={self.bits})"

@@ -478,7 +478,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                     self._check_live_state(p, rule, _Where("the state of parameter {} of group {}", pi, gi), group,
                                            quantized=kind)
                 work.append((group, p, param, grad, rule, self._fused_for(p, rule, param, grad, group, quantized=kind)))
-        if self.stochastic_rounding:
+        if self.stochastic_rounding or self.__dict__.get("_compressed_masters") is not None:
             for index, (group, p, param, grad, rule, fused) in enumerate(work):
                 self._update(group, p, param, grad, rule, fused, index)
             return
@@ -679,26 +679,50 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         state = self._ready_state(group, p, param, rule)
         step = state["step"] + 1
         hyper = self.rule_group(rule, group)
-        if not self.stochastic_rounding:
+        codec = self._param_codec(p, param, step, index)
+        if codec is None:
             self._step_tensor(p, param.detach(), grad.detach(), state, rule, hyper, step, fused)
         else:
-            key, offset = element_key(self.seed, step, self.rounding_offset + index), global_offset(p)
             rows = self._rank1_row_chunks(p, param, state, rule)
             if rows is not None:  # rank-1 scales: two passes over chunks of rows, not one fp32 copy of the whole
                 specs = self.state_specs(rule)
                 rank1_chunks.step_in_row_chunks(
                     param.detach(), grad.detach(), state, specs, self.moment,
-                    lambda target, g, values: _rule_update(rule, True, target, g, values, step, hyper),
-                    rows, key=key, offset=offset)
+                    lambda target, g, values: _rule_update(rule, True, target, g, values, step, hyper), rows, codec)
                 state["step"] = step
                 return
             for a, b, part in self._rounding_chunks(p, param, state, rule, group):
-                flat = param.detach() if part is state else param.detach().view(-1)[a:b]
-                target = flat.float()
-                g = grad.detach() if part is state else grad.detach().reshape(-1)[a:b]
+                whole = part is state
+                flat = param.detach() if whole else param.detach().view(-1)[a:b]
+                target = codec.load(flat, a, b, whole)
+                g = grad.detach() if whole else grad.detach().reshape(-1)[a:b]
                 self._step_tensor(p, target, g, part, rule, hyper, step, fused)
-                stochastic_round_to_bf16(target, key=key, start=offset + a, out=flat)
+                codec.store(flat, target, a, b, whole)
         state["step"] = step
+
+    def _param_codec(self, p: torch.Tensor, param: torch.Tensor, step: int, index: int):
+        """How a low-precision parameter is stepped in fp32, chunk by chunk (None: in its own dtype): its compressed
+        master's join and split (:meth:`adopt_master_weights`), or stochastic rounding."""
+        masters = self.__dict__.get("_compressed_masters")
+        if masters is not None and param.dtype == torch.bfloat16 and not is_dtensor(p):
+            corrections = masters.corrections.get(id(p))
+            if corrections is not None:
+                return _MasterCodec(masters, corrections)
+        if self.stochastic_rounding:
+            return _RoundingCodec(element_key(self.seed, step, self.rounding_offset + index), global_offset(p))
+        return None
+
+    def adopt_master_weights(self, masters) -> bool:
+        """Called by :class:`adam8lib.master_weights.CompressedMasterWeights` (``None``: let go): this optimizer
+        steps the bf16 parameters that have a correction there on their fp32 master itself, chunk by chunk (the
+        join, the step and the split of :data:`adam8lib.rounding.SR_CHUNK` elements at a time, rank-1 moments in
+        two passes), instead of the hooks joining each whole parameter into fp32 with an fp32 gradient: the same
+        bits, a chunk's temporaries. Returns True (it takes them)."""
+        if masters is None:
+            self.__dict__.pop("_compressed_masters", None)
+        else:
+            self.__dict__["_compressed_masters"] = masters
+        return True
 
     def _rounding_chunks(self, p: torch.Tensor, param: torch.Tensor, state: dict[str, Any], rule: UpdateRule,
                          group: dict[str, Any] | None = None):
@@ -751,7 +775,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
     # ------------------------------------------------------------------ copy / pickle
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        for cache in ("_found_steps", "_expected_states"):  # caches, made again on use
+        for cache in ("_found_steps", "_expected_states", "_compressed_masters"):  # caches; a master weights' link
             state.pop(cache, None)
         state.update(format=self.format, min_8bit_size=self.min_8bit_size, backend=self.backend,
                      stochastic_rounding=self.stochastic_rounding, seed=self.seed)
@@ -973,6 +997,37 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             return (f"fp32 states for it (state format {self.format_name()!r}, min_8bit_size "
                     f"{self.min_size(group)})")
         return f"{self.format.name!r} (blocks of {self.format.m.blocksize})"
+
+
+class _RoundingCodec:
+    """An fp32 copy of a bf16 chunk, rounded back stochastically with the key of the step and each element's index in
+    the whole parameter (:mod:`adam8lib.rounding`)."""
+
+    def __init__(self, key: torch.Tensor, offset: int) -> None:
+        self.key, self.offset = key, offset
+
+    def load(self, view: torch.Tensor, a: int, b: int, whole: bool) -> torch.Tensor:
+        return view.float()
+
+    def store(self, view: torch.Tensor, target: torch.Tensor, a: int, b: int, whole: bool) -> None:
+        stochastic_round_to_bf16(target, key=self.key, start=self.offset + a, out=view)
+
+
+class _MasterCodec:
+    """The fp32 master of a bf16 chunk, joined with its correction and split back into both
+    (:mod:`adam8lib.master_weights`)."""
+
+    def __init__(self, masters: Any, corrections: torch.Tensor) -> None:
+        self.masters, self.corrections = masters, corrections
+
+    def _lo(self, a: int, b: int, whole: bool) -> torch.Tensor:
+        return self.corrections if whole else self.corrections.view(-1)[a:b]
+
+    def load(self, view: torch.Tensor, a: int, b: int, whole: bool) -> torch.Tensor:
+        return self.masters.join(view, self._lo(a, b, whole))
+
+    def store(self, view: torch.Tensor, target: torch.Tensor, a: int, b: int, whole: bool) -> None:
+        self.masters.split(target, view, self._lo(a, b, whole))
 
 
 def _rule_update(rule: UpdateRule, quantized: bool, target: torch.Tensor, grad: torch.Tensor,

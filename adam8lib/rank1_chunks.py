@@ -32,7 +32,7 @@ from typing import Any, Callable
 import torch
 
 from .formats import MomentFormat, rank1_scales
-from .rounding import SR_CHUNK, stochastic_round_to_bf16
+from .rounding import SR_CHUNK
 
 __all__ = ["RANK1_CHUNK", "row_chunks", "step_in_row_chunks"]
 
@@ -65,9 +65,11 @@ def row_chunks(shape: tuple[int, ...], moments: list[MomentFormat], chunk: int =
 
 
 def step_in_row_chunks(param: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], specs, moment_of: Callable,
-                       update: Callable, chunks: list[tuple[int, int]], *, key: torch.Tensor, offset: int) -> None:
+                       update: Callable, chunks: list[tuple[int, int]], codec) -> None:
     """Step the contiguous bf16 tensor ``param`` (gradient ``grad``) and its ``state`` in ``chunks`` of rows, in two
-    passes (module docstring), rounding the parameter stochastically with ``key`` at element ``offset + i``.
+    passes (module docstring). ``codec`` turns a chunk of the stored parameter into fp32 and back
+    (``codec.load(view, a, b, whole=False)``, ``codec.store(view, target, a, b, whole=False)``: stochastic rounding,
+    or a compressed master's join and split, :mod:`adam8lib.master_weights`).
 
     ``specs``: the rule's state specs; ``moment_of(spec)``: a quantized state's :class:`MomentFormat` (its codes
     and scales under ``spec.codes_key``/``spec.scales_key`` in ``state``; a state stored under ``spec.name`` is
@@ -102,7 +104,7 @@ def step_in_row_chunks(param: torch.Tensor, grad: torch.Tensor, state: dict[str,
     for r0, r1 in chunks:  # pass 1: the new rank-1 maxima
         a, b = r0 * row, r1 * row
         values = decode(r0, r1, writable=False)
-        update(flat_p[a:b].float(), flat_g[a:b], values)
+        update(codec.load(flat_p[a:b], a, b, False), flat_g[a:b], values)
         for s in rank1:
             maxima = rank1_scales(values[s.name].view((r1 - r0,) + shape[1:]))
             kept = new_max[s.name]
@@ -115,9 +117,9 @@ def step_in_row_chunks(param: torch.Tensor, grad: torch.Tensor, state: dict[str,
     for r0, r1 in chunks:  # pass 2: the same step, rounded and coded
         a, b, cshape = r0 * row, r1 * row, (r1 - r0,) + shape[1:]
         values = decode(r0, r1, writable=True)
-        target = flat_p[a:b].float()
+        target = codec.load(flat_p[a:b], a, b, False)
         target.copy_(update(target, flat_g[a:b], values))
-        stochastic_round_to_bf16(target, key=key, start=offset + a, out=flat_p[a:b])
+        codec.store(flat_p[a:b], target, a, b, False)
         for s in specs:
             if s.name in state:
                 continue

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from adam8lib import AdamW8bit, Lion8bit, LowBitAdam
+from adam8lib import AdamW4bit, AdamW8bit, Lion8bit, LowBitAdam
 from adam8lib.master_weights import CompressedMasterWeights, join_master, master_rounding, split_master
 
 
@@ -413,3 +413,77 @@ def test_split_and_join_work_in_chunks_their_temporaries_stay_small(bits):
         split_master(x, bits, out=(out[0], torch.empty(n, dtype=torch.int32)))
     with pytest.raises(ValueError, match="out must be a contiguous torch.float32"):
         join_master(hi, lo, out=torch.empty(n - 1))
+
+
+# ---------------------------------------------------------------------- the core steps the masters in chunks
+def _adopted_run(cls, adopt: bool, bits: int, release: bool = False, steps: int = 3):
+    from adam8lib import release_gradients
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(770, 300), torch.nn.Linear(300, 5))
+    opt = cls(model.parameters(), lr=1e-2, weight_decay=0.1)
+    if not adopt:  # the hooks' whole-tensor join and split, as for any optimizer
+        opt.adopt_master_weights = lambda masters: False
+    masters = CompressedMasterWeights(model, opt, bits=bits)
+    handle = release_gradients(model, opt) if release else None
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x = torch.randn(4, 770, generator=gen).to(torch.bfloat16)
+        model(x).float().pow(2).mean().backward()
+        if not release:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    if handle is not None:
+        handle.remove()
+    return ([masters.master(p) for p in model.parameters()],
+            [{k: v.clone() for k, v in opt.state[p].items() if torch.is_tensor(v)} for p in model.parameters()])
+
+
+@pytest.mark.parametrize("release", [False, True], ids=["step", "release"])
+@pytest.mark.parametrize("bits", [8, 16])
+@pytest.mark.parametrize("cls", [AdamW8bit, AdamW4bit], ids=lambda c: c.__name__)
+def test_the_core_steps_adopted_masters_in_chunks_with_the_same_bits(cls, bits, release, monkeypatch):
+    from adam8lib import rank1_chunks
+
+    calls = []
+    real = rank1_chunks.step_in_row_chunks
+    monkeypatch.setattr(rank1_chunks, "step_in_row_chunks", lambda *a, **k: (calls.append(1), real(*a, **k)))
+    chunked, chunked_state = _adopted_run(cls, True, bits, release)
+    whole, whole_state = _adopted_run(cls, False, bits, release)
+    assert bool(calls) == (cls is AdamW4bit)  # the rank-1 v of the 300 x 770 weight: two passes over rows
+    for a, b in zip(chunked, whole):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+    for s, t in zip(chunked_state, whole_state):
+        assert s.keys() == t.keys() and all(torch.equal(s[k], t[k]) for k in s)
+
+
+def test_adopted_masters_keep_a_step_s_temporaries_to_a_chunk():
+    from adam8lib import MemoryTracker
+
+    def transient(adopt: bool) -> int:
+        p = torch.nn.Parameter(torch.randn(2048, 768))
+        opt = AdamW4bit([p], lr=1e-3)
+        if not adopt:
+            opt.adopt_master_weights = lambda masters: False
+        CompressedMasterWeights([p], opt, bits=8)
+        p.grad = torch.randn(p.shape).to(torch.bfloat16)
+        opt.step()
+        p.grad = torch.randn(p.shape).to(torch.bfloat16)
+        tracker = MemoryTracker([p], opt)
+        with tracker:
+            with tracker.phase("step"):
+                opt.step()
+        return tracker.peak("step", categories=["transient"]).sum(["transient"])
+
+    n = 2048 * 768
+    assert transient(False) >= 8 * n  # an fp32 master and an fp32 gradient of the whole matrix
+    assert transient(True) < n  # a chunk's: under a byte per element here (measured in the note of issue 54)
+
+
+def test_removing_the_masters_gives_the_step_back_to_the_optimizer():
+    p = torch.nn.Parameter(torch.randn(64, 64))
+    opt = AdamW8bit([p], lr=1e-3)
+    masters = CompressedMasterWeights([p], opt, bits=16)
+    assert opt.__dict__.get("_compressed_masters") is masters
+    masters.remove()
+    assert opt.__dict__.get("_compressed_masters") is None

@@ -271,8 +271,12 @@ def test_small_distilbert_24_bit_master_row():
     assert between.bytes["gradients"] == between.bytes["transient"] == 0
     assert between.bytes["optimizer_state"] == compute_optimizer_size(opt.state.values())[0] * MiB
     assert between.bytes_per_param(n) <= 4.1
-    # during one parameter's step its fp32 master is a transient copy
-    assert t.peak("backward", ["transient"]).bytes["transient"] >= 4 * 28_996 * 128
+    # the optimizer steps each master a chunk at a time (join, step, split; adopt_master_weights): the step's
+    # transient bytes are a chunk's (measured 1.3 MB), not the token embedding's fp32 master (14.8 MB)
+    from adam8lib import rank1_chunks
+
+    peak = t.peak("backward", ["transient"]).bytes["transient"]
+    assert peak < 128 * rank1_chunks.RANK1_CHUNK < 4 * 28_996 * 128
 
 
 def test_describe_prints_each_category_and_the_bill():

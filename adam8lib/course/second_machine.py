@@ -11,9 +11,10 @@ floating-point results the way another machine would:
   (other rounding in ``linspace``, ``exp``/``log``, reductions, no fused multiply-adds);
 * ``MKL_ENABLE_INSTRUCTIONS=AVX2`` and ``ONEDNN_MAX_CPU_ISA=AVX2``: MKL's and oneDNN's matrix
   kernels as on a CPU without AVX-512 (other blocking, other sums);
-* ``MKL_CBWR=COMPATIBLE``: MKL's one code path for every x86 CPU, also for its vector math (``torch.sqrt``):
-  an Intel Xeon's native path rounds other elements of a square root than an AMD CPU's (the stored checkpoint
-  continuations of tests/test_checkpoint_fixture.py are keyed by it);
+* (not here: ``MKL_CBWR=COMPATIBLE``, MKL's one code path for every x86 CPU, also for its vector math
+  (``torch.sqrt``). On an AMD CPU it *is* MKL's path, so it would undo the AVX2 variation above; ``make
+  test-second-machine`` runs the unit tests that compare bits with stored numbers under it separately. An Intel
+  Xeon's native path rounds other elements of a square root: tests/_continuations.py keys by it);
 * one thread (``OMP_NUM_THREADS=1``): reductions split differently than with the two threads
   that made the stored outputs;
 * ``ADAM8LIB_CPU_CFLAGS=-mno-avx512f``: adam8lib's C++ kernel built without AVX-512.
@@ -52,7 +53,6 @@ def _inductor_cache() -> str:
 SECOND_MACHINE_ENV: dict[str, str] = {
     "ATEN_CPU_CAPABILITY": "default",
     "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-    "MKL_CBWR": "COMPATIBLE",
     "ONEDNN_MAX_CPU_ISA": "AVX2",
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
