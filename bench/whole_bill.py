@@ -10,7 +10,9 @@ Each row: a model built from config (offline), one warm-up training step untrack
 its state), then one step tracked (batch of 1 x 8 tokens). "between" is weights + gradients + optimizer
 state when backward ends (the gradients an ordinary step holds until ``step()``; none with gradient
 release); "peak bill" the highest weights + gradients + state during the step, with the largest gradient
-alive then; "peak all" everything live at the highest point (activations and transient buffers too).
+alive then; "peak live" the highest weights + gradients + state + the step's temporaries (everything but
+activations: where memory runs out), with its largest part named; "peak all" everything live at the highest
+point (activations too).
 All bytes per parameter, from live tensor storages (not an estimate).
 """
 
@@ -30,6 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from adam8lib import AdamW8bit, LowBitAdam, release_gradients  # noqa: E402
 from adam8lib.course.finetune import build_distilbert  # noqa: E402
 from adam8lib.memory_tracker import BILL, track_step  # noqa: E402
+
+#: everything live but activations: weights, gradients, optimizer state and the step's temporaries
+LIVE = BILL + ("transient",)
 
 
 def _rows():
@@ -78,26 +83,34 @@ def measure(name, dtype, make, release, master_bits, small):
         handle.remove()
     n = t.num_params
     between, bill, top = t.at_end_of("backward"), t.peak(categories=BILL), t.peak()
+    live = t.peak(categories=LIVE)  # where memory runs out, activations apart: the bill + the step's temporaries
+    live_parts = {c: live.bytes[c] for c in LIVE}
     per = {c: round(v / n, 4) for c, v in between.bytes.items()}
     return {"row": name, "num_params": n, "between": round(between.bytes_per_param(n), 4), "parts": per,
             "peak_bill": round(bill.sum() / n, 4), "peak_bill_phase": bill.phase,
             "largest_gradient": bill.largest_gradient, "peak_all": round(top.total / n, 4),
             "peak_all_phase": top.phase, "peak_all_parts": {c: round(v / n, 4) for c, v in top.bytes.items()},
+            "peak_live": round(sum(live_parts.values()) / n, 4), "peak_live_phase": live.phase,
+            "peak_live_parts": {c: round(v / n, 4) for c, v in live_parts.items()},
+            "peak_live_largest": max(live_parts, key=live_parts.get),
+            "peak_live_largest_gradient": live.largest_gradient,
             "seconds_two_steps": round(seconds, 1)}
 
 
 def table(results):
     lines = ["| row | between steps (B/param) | weights | grads | state | peak of weights+grads+state (phase) "
-             "| largest gradient then | peak, all live (phase) |", "|---|---|---|---|---|---|---|---|"]
+             "| largest gradient then | peak of everything but activations (phase; its temporaries) "
+             "| peak, all live (phase) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "skipped" in r:
-            lines.append(f"| {r['row']} | skipped: {r['skipped']} | | | | | | |")
+            lines.append(f"| {r['row']} | skipped: {r['skipped']} | | | | | | | |")
             continue
         p = r["parts"]
         g = r["largest_gradient"]
         gtxt = f"{g[0]} ({g[1] / r['num_params']:.3f} B/param)" if g else "none"
         lines.append(f"| {r['row']} | **{r['between']:.3f}** | {p['parameters']:.3f} | {p['gradients']:.3f} | "
                      f"{p['optimizer_state']:.3f} | {r['peak_bill']:.3f} ({r['peak_bill_phase']}) | {gtxt} | "
+                     f"**{r['peak_live']:.3f}** ({r['peak_live_phase']}; {r['peak_live_parts']['transient']:.3f}) | "
                      f"{r['peak_all']:.3f} ({r['peak_all_phase']}) |")
     return "\n".join(lines)
 
@@ -119,11 +132,13 @@ def evidence_table(lm, bert):
     """The LM's paired evidence for the bill's rows, with DistilBERT's measured bytes per parameter."""
     by = {r["row"]: r for r in bert}
     lines = ["| row | DistilBERT bill between steps (B/param, measured) | peak of the bill during a step | "
-             "Δ valid loss vs AdamW [95 % CI] | diverged |", "|---|---|---|---|---|"]
+             "peak of everything but activations | Δ valid loss vs AdamW [95 % CI] | diverged |",
+             "|---|---|---|---|---|---|"]
     for kind, row in LM_ROWS:
         e, b = lm["optimizers"][kind], by[row]
         delta = "–" if kind == "adamw" else _ci(lm["paired_vs_adamw"][kind]["valid_loss"])
-        lines.append(f"| {row} | {b['between']:.3f} | {b['peak_bill']:.3f} | {delta} | {e['diverged']}/{e['n']} |")
+        lines.append(f"| {row} | {b['between']:.3f} | {b['peak_bill']:.3f} | {b['peak_live']:.3f} | {delta} | "
+                     f"{e['diverged']}/{e['n']} |")
     return "\n".join(lines)
 
 
