@@ -299,11 +299,11 @@ class CompressedMasterWeights:
         return closure_on_the_master
 
     def _join_all(self, optimizer) -> None:
-        if self._adopted:  # the optimizer joins and splits each chunk itself
-            return
         for group in optimizer.param_groups:
             for p in group["params"]:
                 if id(p) not in self.corrections or p.grad is None or p.dtype != torch.bfloat16:
+                    continue
+                if self._adopted and optimizer.steps_own_master(p):  # the optimizer joins and splits it in chunks
                     continue
                 grad = p.grad
                 p.grad = None

@@ -704,13 +704,18 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         """How a low-precision parameter is stepped in fp32, chunk by chunk (None: in its own dtype): its compressed
         master's join and split (:meth:`adopt_master_weights`), or stochastic rounding."""
         masters = self.__dict__.get("_compressed_masters")
-        if masters is not None and param.dtype == torch.bfloat16 and not is_dtensor(p):
+        if masters is not None and self.steps_own_master(p):
             corrections = masters.corrections.get(id(p))
             if corrections is not None:
                 return _MasterCodec(masters, corrections)
         if self.stochastic_rounding:
             return _RoundingCodec(element_key(self.seed, step, self.rounding_offset + index), global_offset(p))
         return None
+
+    def steps_own_master(self, p: torch.Tensor) -> bool:
+        """Whether an adopted compressed master of ``p`` is joined and split by this optimizer's step (a plain bf16
+        parameter); the others (a sharded one) are joined whole by the master weights' hooks, as for any optimizer."""
+        return p.dtype == torch.bfloat16 and not is_dtensor(p)
 
     def adopt_master_weights(self, masters) -> bool:
         """Called by :class:`adam8lib.master_weights.CompressedMasterWeights` (``None``: let go): this optimizer
