@@ -45,10 +45,11 @@ set (exact for quiet NaNs such as torch's; with ``bits=8`` also without its 8 lo
 
 :class:`CompressedMasterWeights` applies any optimizer's fp32 step to the joined master: its step hooks
 join each bf16 parameter with its correction into fp32 right before ``optimizer.step()`` and split it
-right after, so the optimizer's own code is unchanged (and gradient release, which steps one parameter
-at a time, joins one parameter at a time). The fused steps of :mod:`adam8lib.optim` could do the join and
-the split in their kernels instead, with no fp32 copy at all; that integration is not done yet (it is
-for after the refactor of optim.py and the quantized-state core, issue 35, has landed).
+right after, so any optimizer's own code is unchanged (and gradient release, which steps one parameter
+at a time, joins one parameter at a time). An optimizer of the quantized-state core (the library's Adams and
+the 8-bit family) adopts the masters instead (``adopt_master_weights``): its step joins, steps and splits each
+plain bf16 parameter a chunk at a time, so no whole fp32 copy of a parameter or its gradient exists (the same
+bits). A fused kernel that joins and splits inside itself, with no fp32 chunk at all, is not written.
 """
 
 from __future__ import annotations

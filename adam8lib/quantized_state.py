@@ -98,8 +98,12 @@ group and AdamW8bit) and, under FSDP2, as the unsharded run. The registry's fuse
 stochastically, so they run on an fp32 copy of the parameter and the result is rounded: an elementwise rule
 with blockwise or fp32 states, on a contiguous parameter whose scales need nothing from other shards, is
 updated and rounded :data:`adam8lib.rounding.SR_CHUNK` elements at a time (:func:`adam8lib.rounding.state_chunks`:
-whole blocks, the same bits as at once; the fp32 copy is one chunk's); rank-1 scales, a shard whose edge
-blocks are reduced across ranks, and Muon's rule take one fp32 copy of the whole (local) tensor.
+whole blocks, the same bits as at once; the fp32 copy is one chunk's); a plain contiguous tensor with a rank-1
+moment in two passes over chunks of rows (:mod:`adam8lib.rank1_chunks`); a shard whose scales are reduced across
+ranks (rank-1 or edge blocks), a non-contiguous parameter and Muon's rule take one fp32 copy of the whole (local)
+tensor. **Compressed master weights** (:class:`adam8lib.master_weights.CompressedMasterWeights`, adopted with
+:meth:`QuantizedStateOptimizer.adopt_master_weights`) go the same way, with the master's join and split in place of
+the rounding: a plain bf16 parameter is stepped on its fp32 master a chunk at a time.
 """
 
 from __future__ import annotations
@@ -674,8 +678,10 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         elementwise rule with blockwise (or fp32) states on a contiguous parameter is updated and rounded
         :data:`adam8lib.rounding.SR_CHUNK` elements at a time (whole blocks: the same bits as at once), the
         fused step (which cannot round stochastically) on the fp32 copy of each chunk, so the copy is one
-        chunk's. Rank-1 scales, a shard whose blocks are reduced across ranks, or a rule that is not
-        elementwise: one fp32 copy of the whole (local) tensor."""
+        chunk's; rank-1 scales on a plain contiguous tensor: two passes over chunks of rows
+        (:mod:`adam8lib.rank1_chunks`). A shard whose scales are reduced across ranks, a non-contiguous parameter or a
+        rule that is not elementwise: one fp32 copy of the whole (local) tensor. An adopted compressed master
+        (:meth:`adopt_master_weights`) is stepped the same way, joined and split instead of rounded."""
         state = self._ready_state(group, p, param, rule)
         step = state["step"] + 1
         hyper = self.rule_group(rule, group)

@@ -182,6 +182,63 @@ def _params_equal(a, b) -> bool:
     return all(torch.equal(x.detach(), y.detach()) for x, y in zip(a, b))
 
 
+#: How far a right answer's parameters may be from Lion8bit's, in learning rates, after STEPS steps: another order
+#: of the same arithmetic (the paper's ``p -= lr * (sign(c) + wd * p)``, ``torch.lerp`` for the interpolation)
+#: rounds differently, a few 1e-4 lr at most here; every listed mistake is a lr * wd * |p| or lr^2 * wd away per
+#: step (>= 1e-3 lr), or a sign (2 lr).
+RIGHT_TOLERANCE_LR = 5e-4
+
+
+def _params_close(a, b, lr: float) -> bool:
+    """Bit for bit, or within :data:`RIGHT_TOLERANCE_LR` learning rates everywhere (another rounding order)."""
+    if _params_equal(a, b):
+        return True
+    return all(x.shape == y.shape and bool(torch.isfinite(x).all())
+               and float((x.detach() - y.detach()).abs().max()) <= RIGHT_TOLERANCE_LR * lr for x, y in zip(a, b))
+
+
+#: (setting, as printed, the argument a refusal must name): what check(group) must refuse
+BAD_SETTINGS = [
+    (dict(lr=-1e-3), "lr=-1e-3", "lr"),
+    (dict(lr=float("nan")), "lr=nan", "lr"),
+    (dict(lr="1e-3"), "lr='1e-3' (a string)", "lr"),
+    (dict(betas=(0.9, 1.5)), "betas=(0.9, 1.5)", "beta"),
+    (dict(betas=(0.9, 1.0)), "betas=(0.9, 1.0)", "beta"),
+    (dict(betas=(1.0, 0.99)), "betas=(1.0, 0.99)", "beta"),
+    (dict(weight_decay=-0.1), "weight_decay=-0.1", "weight_decay"),
+]
+BAD_HINTS = {
+    "lr=nan": "NaN passes a test written as `if lr < 0: raise`, because every comparison with NaN is False: write "
+              "the test so that NaN fails it (`if not lr >= 0: raise`).",
+    "lr='1e-3' (a string)": "a string is not a learning rate: check the type first (a TypeError naming lr), before "
+                            "comparing it with 0.",
+    "betas=(0.9, 1.0)": "beta = 1.0 means the EMA never moves (m <- 1 * m + 0 * g): each beta must be in [0, 1), "
+                        "1 itself excluded.",
+    "betas=(1.0, 0.99)": "beta = 1.0 means the EMA never moves (m <- 1 * m + 0 * g): each beta must be in [0, 1), "
+                         "1 itself excluded.",
+}
+
+
+def _names(message: str, arg: str) -> bool:
+    text = message.lower()
+    return arg in text or arg.replace("_", " ") in text or (arg == "beta" and "β" in text)
+
+
+def _check_update_returns_p(cls) -> None:
+    """The rule's update, called once on small tensors, returns the parameter tensor (the core writes it back)."""
+    p = torch.zeros(4)
+    out = call(_as_learner(lambda: cls.rule.update(p, torch.ones(4), {"exp_avg": torch.zeros(4)}, step=1,
+                                                   group=dict(DEFAULTS, weight_decay=0.1)), cls))
+    if not torch.is_tensor(out):
+        shown = "None (no return statement reached)" if out is None else f"a {type(out).__name__}"
+        fail(f"{cls.__name__}.rule.update(p, g, states, ...) returned {shown}, not the updated parameter.",
+             hint="update changes p and the state in place and returns p: the core writes what you return into the "
+                  "parameter. End update with `return p`.")
+    if out.shape != p.shape:
+        fail(f"{cls.__name__}.rule.update returned a tensor of shape {tuple(out.shape)} for a parameter of shape "
+             f"{tuple(p.shape)}.", hint="return the parameter itself (p), not the state or a reduction of it.")
+
+
 def _states_track(got: list[dict], want: list[dict]) -> str | None:
     """None when the learner's states are the reference's up to the last bits of the EMA's rounding (fp32
     states within 1e-6, absmax within 1e-5, codes off by at most one in under 1 % of the entries), else why not."""
@@ -267,24 +324,39 @@ def check_lion8bit(cls) -> None:
         fail(f"{cls.__name__}'s defaults are {hyper}, expected {DEFAULTS} (Lion8bit's, bitsandbytes').",
              hint="your class's default arguments are not Lion's: Lion takes a smaller learning rate than Adam and "
                   "a beta2 of 0.99, without decay by default. Look at the __init__ signature and what it passes on.")
-    for bad, what in ((dict(lr=-1e-3), "lr=-1e-3"), (dict(betas=(0.9, 1.5)), "betas=(0.9, 1.5)"),
-                      (dict(weight_decay=-0.1), "weight_decay=-0.1")):
+    for bad, what, arg in BAD_SETTINGS:
         try:
             cls([torch.nn.Parameter(torch.zeros(3))], **bad)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError) as exc:
+            if isinstance(exc, TypeError) and "not supported between" in str(exc):
+                fail(f"{cls.__name__}(params, {what}) crashed inside your check: {exc}",
+                     hint="your check compares the value with a number before making sure it is one: test the type "
+                          "first and raise a TypeError naming the argument.")
+            if not _names(str(exc), arg):
+                fail(f"{cls.__name__}(params, {what}) was refused, but the message does not name the argument: "
+                     f"{type(exc).__name__}: {exc}",
+                     hint=f"a refusal says what was wrong in the user's terms: put the argument's name ({arg!r}) and "
+                          "the value you got in the message.")
             continue
         except Exception as exc:  # noqa: BLE001 - reported to the learner
             fail(f"{cls.__name__}(params, {what}) raised {type(exc).__name__}: {exc}",
                  hint="the rule's check(group) raises ValueError (or TypeError) naming the argument, nothing else.")
         fail(f"{cls.__name__}(params, {what}) was accepted.",
-             hint="the rule's check(group) must refuse it with a ValueError naming the argument: lr and weight_decay "
-                  ">= 0, each beta in [0, 1).")
+             hint=BAD_HINTS.get(what, "the rule's check(group) must refuse it with a ValueError naming the argument: "
+                                      "lr and weight_decay >= 0, each beta in [0, 1)."))
+    try:
+        cls([torch.nn.Parameter(torch.zeros(3))], lr=0.0)
+    except Exception as exc:  # noqa: BLE001 - reported to the learner
+        fail(f"{cls.__name__}(params, lr=0.0) was refused ({type(exc).__name__}: {exc}).",
+             hint="lr = 0 is a valid setting (a warm-up that starts at 0, a frozen group): refuse only what is below "
+                  "0 or not a number.")
+    _check_update_returns_p(cls)
     for kwargs, label in ((dict(lr=1e-2, weight_decay=0.1), "lr=1e-2, weight_decay=0.1"),
                           (dict(lr=3e-3, betas=(0.8, 0.95)), "lr=3e-3, betas=(0.8, 0.95), no decay")):
         ours, ours_opt = call(_as_learner(lambda: _run(lambda ps: cls(ps, **kwargs)), cls))
         ref, ref_opt = _run(lambda ps: Lion8bit(ps, **kwargs))
         what = f"{cls.__name__}({label}) after {STEPS} steps"
-        if not _params_equal(ours, ref):
+        if not _params_close(ours, ref, kwargs["lr"]):
             named = _name_lion_mistake(cls, kwargs)
             if named is None:
                 worst = max(float((a.detach() - b.detach()).abs().max()) for a, b in zip(ours, ref))
@@ -311,7 +383,7 @@ def _check_against_bnb(cls) -> None:
     kwargs = dict(lr=1e-2, betas=(0.9, 0.99), weight_decay=0.1)
     ours, ours_opt = _run(lambda ps: with_bnb_rounding(cls)(ps, **kwargs))
     theirs, theirs_opt = _run(lambda ps: bnb.optim.Lion8bit(ps, **kwargs))
-    if not _params_equal(ours, theirs):
+    if not _params_close(ours, theirs, kwargs["lr"]):
         worst = max(float((a.detach() - b.detach()).abs().max()) for a, b in zip(ours, theirs))
         fail(f"with bitsandbytes' rounding plugged in, {cls.__name__}'s parameters differ from "
              f"bitsandbytes.optim.Lion8bit's by up to {worst:.3g}.",
@@ -357,6 +429,7 @@ def reference_state_bytes(shape: tuple[int, ...], stored_as: str, state_format: 
 STATE_BYTES_CASES = [
     ((768, 3072), "m"), ((768, 3072), "v"), ((4100,), "m"), ((4100,), "v"), ((70, 61), "v"), ((61,), "m"),
     ((4095,), "m"), ((4096,), "v"), ((2, 768), "m"), ((28996, 768), "v"), ((4097,), "m"), ((63, 65), "v"),
+    ((4, 32, 64), "v"), ((4, 32, 64), "m"),  # rank-1 scales for every tensor of two or more dimensions
 ]
 
 
@@ -381,6 +454,10 @@ def _state_bytes_variants(shape, stored_as, fmt) -> list[tuple[str, int]]:
                     ("an absmax is an fp32 number: 4 bytes per block, not 1.", n + blocks(256)),
                     ("an FP8 (e4m3) code is one byte, like an 8-bit code.", 2 * n + 4 * blocks(256))]
         if fmt == "4bit":
+            if len(shape) > 2 and stored_as == "v":
+                out.append((f"rank-1 scales are for every tensor of two or more dimensions, not only matrices: a "
+                            f"{len(shape)}-D 'v' keeps one scale per index of each axis, sum(shape) = {sum(shape)} "
+                            "fp32 numbers, as lesson 12's format does.", codes4 + 4 * blocks(128)))
             out += [("4-bit codes are two per byte: ceil(n / 2) bytes of codes.", n + 4 * scales4),
                     ("the 4-bit format's blocks are 128 elements, not 256.", codes4 + 4 * (sum(shape) if rank1
                                                                                             else blocks(256))),

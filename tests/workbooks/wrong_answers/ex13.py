@@ -148,6 +148,55 @@ def check_accepting_anything(self, group):
     pass
 
 
+def lion_paper_form(p, g, m, group):
+    """The Lion paper's own form: the decay inside the update, update = sign(c) + wd * p; p -= lr * update."""
+    beta1, beta2, lr, wd = _hyper(group)
+    update = torch.sign(beta1 * m + (1 - beta1) * g) + wd * p
+    p.sub_(lr * update)
+    m.mul_(beta2).add_(g, alpha=1 - beta2)
+    return p
+
+
+def lion_without_return(p, g, m, group):
+    beta1, beta2, lr, wd = _hyper(group)
+    p.mul_(1 - lr * wd)
+    p.add_(torch.sign(beta1 * m + (1 - beta1) * g), alpha=-lr)
+    m.mul_(beta2).add_(g, alpha=1 - beta2)
+
+
+def check_beta_up_to_one(self, group):
+    check_number(group["lr"], "lr")
+    check_number(group["weight_decay"], "weight_decay")
+    for beta in group["betas"]:
+        if not 0 <= beta <= 1:
+            raise ValueError(f"each beta must be in [0, 1], got {beta}")
+
+
+def check_refusing_lr_zero(self, group):
+    check_number(group["lr"], "lr")
+    if not group["lr"] > 0:
+        raise ValueError(f"lr must be > 0, got {group['lr']}")
+    check_number(group["weight_decay"], "weight_decay")
+    for i, beta in enumerate(group["betas"]):
+        check_beta(beta, f"betas[{i}]")
+
+
+def check_letting_nan_through(self, group):
+    for key in ("lr", "weight_decay"):
+        if isinstance(group[key], bool) or not isinstance(group[key], (int, float)):
+            raise TypeError(f"{key} must be a number")
+        if group[key] < 0:
+            raise ValueError(f"{key} must be >= 0, got {group[key]}")
+    for i, beta in enumerate(group["betas"]):
+        check_beta(beta, f"betas[{i}]")
+
+
+def check_naming_nothing(self, group):
+    bad = not (group["lr"] >= 0 and group["weight_decay"] >= 0) or not all(0 <= b < 1 for b in group["betas"])
+    if isinstance(group["lr"], str) or bad:
+        raise ValueError("invalid hyper-parameter")
+
+
 _CASE_131 = "13.1"
 WRONG = [
     Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_minus_gradient),
@@ -178,6 +227,16 @@ WRONG = [
           hint="your momentum never changes", names_mistake=True),
     Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_right, check=check_accepting_anything),
           mistake="check(group) accepts a negative learning rate", hint="lr=-1e-3) was accepted", names_mistake=True),
+    Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_without_return),
+          mistake="update() without return p", hint="End update with `return p`", names_mistake=True),
+    Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_right, check=check_beta_up_to_one),
+          mistake="check(group) lets beta = 1.0 through", hint="beta = 1.0 means the EMA never moves", names_mistake=True),
+    Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_right, check=check_refusing_lr_zero),
+          mistake="check(group) refuses lr = 0", hint="lr = 0 is a valid setting", names_mistake=True),
+    Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_right, check=check_letting_nan_through),
+          mistake="check(group) written as lr < 0: NaN passes", hint="NaN passes a test written as", names_mistake=True),
+    Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_right, check=check_naming_nothing),
+          mistake="a refusal that names no argument", hint="does not name the argument", names_mistake=True),
     Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_right, defaults=(1e-3, (0.9, 0.999), 0.0)),
           mistake="Adam's defaults (lr 1e-3, betas (0.9, 0.999))", hint="Lion8bit's, bitsandbytes'", names_mistake=False),
 ]
@@ -185,6 +244,8 @@ RIGHT = [
     Right(_CASE_131, checks.check_lion8bit, lion_class(lion_right), how="the workbook's solution, via a factory"),
     Right(_CASE_131, checks.check_lion8bit, lion_class(lion_written_with_lerp),
           how="torch.lerp for the interpolation and the EMA, decay skipped when weight_decay is 0"),
+    Right(_CASE_131, checks.check_lion8bit, lion_class(lion_paper_form),
+          how="the Lion paper's form: update = sign(c) + wd * p; p -= lr * update (another rounding order)"),
     Right(_CASE_131, checks.check_lion8bit, lion_class(lion_written_out),
           how="the sign written with torch.where, a new parameter tensor returned, m.copy_ of the EMA"),
 ]
@@ -196,7 +257,17 @@ def bytes_right(shape, stored_as, state_format):
     if state_format == "fp32" or n < 4096:
         return 4 * n
     if state_format == "4bit":
-        scales = sum(shape) if (stored_as == "v" and len(shape) == 2) else -(-n // 128)
+        scales = sum(shape) if (stored_as == "v" and len(shape) >= 2) else -(-n // 128)
+        return -(-n // 2) + 4 * scales
+    return n + 4 * -(-n // 256)
+
+
+def bytes_rank1_only_for_matrices(shape, stored_as, state_format):
+    n = math.prod(shape)
+    if state_format == "fp32" or n < 4096:
+        return 4 * n
+    if state_format == "4bit":
+        scales = sum(shape) if (stored_as == "v" and len(shape) == 2) else -(-n // 128)  # 3-D: blocks, wrongly
         return -(-n // 2) + 4 * scales
     return n + 4 * -(-n // 256)
 
@@ -206,7 +277,7 @@ def bytes_without_min_size(shape, stored_as, state_format):
     if state_format == "fp32":
         return 4 * n
     if state_format == "4bit":
-        scales = sum(shape) if (stored_as == "v" and len(shape) == 2) else -(-n // 128)
+        scales = sum(shape) if (stored_as == "v" and len(shape) >= 2) else -(-n // 128)
         return -(-n // 2) + 4 * scales
     return n + 4 * -(-n // 256)
 
@@ -223,7 +294,7 @@ def bytes_blocks_rounded_down(shape, stored_as, state_format):
     if state_format == "fp32" or n < 4096:
         return 4 * n
     if state_format == "4bit":
-        scales = sum(shape) if (stored_as == "v" and len(shape) == 2) else -(-n // 128)
+        scales = sum(shape) if (stored_as == "v" and len(shape) >= 2) else -(-n // 128)
         return -(-n // 2) + 4 * scales
     return n + 4 * (n // 256)
 
@@ -233,7 +304,7 @@ def bytes_four_bit_one_code_per_byte(shape, stored_as, state_format):
     if state_format == "fp32" or n < 4096:
         return 4 * n
     if state_format == "4bit":
-        scales = sum(shape) if (stored_as == "v" and len(shape) == 2) else -(-n // 128)
+        scales = sum(shape) if (stored_as == "v" and len(shape) >= 2) else -(-n // 128)
         return n + 4 * scales
     return n + 4 * -(-n // 256)
 
@@ -252,7 +323,7 @@ def bytes_absmax_one_byte(shape, stored_as, state_format):
     if state_format == "fp32" or n < 4096:
         return 4 * n
     if state_format == "4bit":
-        scales = sum(shape) if (stored_as == "v" and len(shape) == 2) else -(-n // 128)
+        scales = sum(shape) if (stored_as == "v" and len(shape) >= 2) else -(-n // 128)
         return -(-n // 2) + 4 * scales
     return n + -(-n // 256)
 
@@ -262,7 +333,7 @@ def bytes_fp8_two_bytes(shape, stored_as, state_format):
     if state_format == "fp32" or n < 4096:
         return 4 * n
     if state_format == "4bit":
-        scales = sum(shape) if (stored_as == "v" and len(shape) == 2) else -(-n // 128)
+        scales = sum(shape) if (stored_as == "v" and len(shape) >= 2) else -(-n // 128)
         return -(-n // 2) + 4 * scales
     return (2 if state_format == "fp8" else 1) * n + 4 * -(-n // 256)
 
@@ -284,14 +355,17 @@ def bytes_with_numpy(shape, stored_as, state_format):
     if state_format == "fp32" or n < 4096:
         return 4 * n
     codes = (n + 1) // 2 if state_format == "4bit" else n
-    if state_format == "4bit" and stored_as == "v" and len(shape) == 2:
-        return codes + 4 * (shape[0] + shape[1])
+    if state_format == "4bit" and stored_as == "v" and len(shape) >= 2:
+        return codes + 4 * int(np.sum(shape))
     block = 128 if state_format == "4bit" else 256
     return codes + 4 * int(np.ceil(n / block))
 
 
 _CASE_132 = "13.2"
 WRONG += [
+    Wrong(_CASE_132, checks.check_state_bytes, bytes_rank1_only_for_matrices,
+          mistake="rank-1 scales only when len(shape) == 2 (a 3-D v gets blocks)",
+          hint="every tensor of two or more dimensions", names_mistake=True),
     Wrong(_CASE_132, checks.check_state_bytes, bytes_without_min_size, mistake="small tensors quantized too",
           hint="keeps its state in fp32 (4 bytes per element) in every format: min_8bit_size", names_mistake=True),
     Wrong(_CASE_132, checks.check_state_bytes, bytes_without_scales, mistake="codes only, no absmax",
