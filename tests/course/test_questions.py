@@ -447,3 +447,61 @@ def test_withheld_keeps_what_was_printed_when_the_block_fails():
             print("before")
             1 / 0
     assert shown.text == "before\n"
+
+
+def _lone_weight(sigma, weight_decay, decoupled, n_steps=500, lr=1e-2):
+    """Lesson 03: theta at every step of a lone weight, started at 1, whose gradients alternate +sigma, -sigma."""
+    from adam8lib.adam import adam_step
+
+    p, m, v = torch.ones(1), torch.zeros(1), torch.zeros(1)
+    path = [1.0]
+    for t in range(1, n_steps + 1):
+        adam_step(p, torch.tensor([sigma * (-1) ** t]), m, v, step=t, lr=lr, weight_decay=weight_decay,
+                  decoupled=decoupled)
+        path.append(p.item())
+    return path
+
+
+def test_03d_03e_l2_decay_divided_by_the_moments():
+    """03.d: with L2 the busy weight (sigma 10) keeps |theta| > 0.9 after 500 steps, where AdamW's factor alone
+    leaves (1 - lr wd)^500 ~ 0.61. 03.e: the quiet weight (sigma 1e-3) falls below 0.01 at about the same step
+    with lambda 0.1 and 0.01 (lambda cancels out of m_hat / sqrt(v_hat)); AdamW with lambda 0.01 keeps it near 0.97."""
+    assert QUESTIONS["03.d"].answer == "c" and QUESTIONS["03.e"].answer == "c"
+    busy = abs(_lone_weight(10.0, 0.1, decoupled=False)[-1])
+    adamw = abs(_lone_weight(10.0, 0.1, decoupled=True)[-1])
+    assert busy > 0.9 and 0.1 < adamw < 0.9 and abs(adamw - (1 - 1e-3) ** 500) < 0.02
+    first_below = lambda path: next(t for t, x in enumerate(path) if abs(x) < 0.01)  # noqa: E731
+    strong, weak = first_below(_lone_weight(1e-3, 0.1, False)), first_below(_lone_weight(1e-3, 0.01, False))
+    assert 150 <= strong <= 300 and 1 / 1.2 < weak / strong < 1.2
+    assert abs(_lone_weight(1e-3, 0.01, decoupled=True)[-1]) > 0.95
+
+
+def test_06d_blocks_of_256_leave_some_v_at_zero_under_a_live_m():
+    """06.d: lesson 06's run (digits MLP 64-256-256-10, 300 steps of torch.optim.Adam): one scale leaves between
+    300 and 3000 entries with v_hat = 0 but m_hat != 0, blocks of 256 between 20 and 500 (b), and so do blocks of 64."""
+    from sklearn.datasets import load_digits
+
+    from adam8lib.quant import dequantize_blocks, quantize_blocks
+
+    torch.manual_seed(0)
+    X, y = load_digits(return_X_y=True)
+    X, y = torch.tensor(X, dtype=torch.float32) / 16, torch.tensor(y)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                                torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    adam = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(300):
+        batch = torch.randint(0, len(X), (64,))
+        loss = torch.nn.functional.cross_entropy(model(X[batch]), y[batch])
+        adam.zero_grad()
+        loss.backward()
+        adam.step()
+    weights = [p for p in model.parameters() if p.dim() == 2]
+    m = torch.cat([adam.state[p]["exp_avg"].flatten() for p in weights])
+    v = torch.cat([adam.state[p]["exp_avg_sq"].flatten() for p in weights])
+
+    def bad(blocksize):
+        rt = lambda x, q: dequantize_blocks(*quantize_blocks(x, q, blocksize), q, blocksize)  # noqa: E731
+        return ((rt(v, dynamic_map(False)) == 0) & (rt(m, dynamic_map(True)) != 0) & (m != 0)).sum().item()
+
+    one, b256, b64 = bad(m.numel()), bad(256), bad(64)
+    assert QUESTIONS["06.d"].answer == "b" and 300 <= one <= 3000 and 20 <= b256 <= 500 and 20 <= b64 < one

@@ -108,6 +108,8 @@ QUESTIONS: dict[str, Question] = {
     "03.a": Question(1.0, rel_tol=1e-3, shown="1 (the first step moves each weight by lr)"),
     "03.b": Question(1 - 1e-3 * 0.01, rel_tol=1e-9, shown="0.99999"),
     "03.c": Question("a", choices="ab"),
+    "03.d": Question("c", choices="abc", shown="(c) above 0.9: L2's decay is divided by the busy weight's large √v̂"),
+    "03.e": Question("c", choices="abc", shown="(c) at about the same step: with L2, λ cancels out of m̂/√v̂"),
     # 04 · linear quantization
     "04.a": Question("c", choices="abc", shown="(c) over 60 %: half a step now reaches 1.8 standard deviations"),
     "04.b": Question(0.0, rel_tol=0, shown="0.0"),
@@ -123,6 +125,7 @@ QUESTIONS: dict[str, Question] = {
     "06.a": Question(4, rel_tol=0),
     "06.b": Question(4 / 256, rel_tol=1e-9, shown="0.015625 (4 / 256)"),
     "06.c": Question("c", choices="abc"),
+    "06.d": Question("b", choices="abc", shown="(b) between 20 and 500: v spans twice the decades of m inside a block"),
     # 07 · the 8-bit step
     "07.a": Question(127, rel_tol=0),
     "07.b": Question("b", choices="abc"),
@@ -174,6 +177,7 @@ QUESTIONS: dict[str, Question] = {
 #: Questions answered from the text (a lesson's recap): no experiment reveals them, so :func:`ask` judges them
 #: at once. Every other question is a prediction: :func:`ask` records it and :func:`reveal` judges it.
 RECAPS = frozenset({"00.b", "01.a", "01.c", "02.c", "03.b", "04.b", "04.d", "04.e", "05.b", "06.b", "07.a", "07.c",
+                    "03.a", "03.c", "05.c", "06.a",
                     "08.a", "08.c", "08.d", "09.b", "09.c", "11.a", "11.c", "12.a"})
 
 
