@@ -44,3 +44,43 @@ def test_08e_a_table_of_12_bits_would_need_more_than_one_compare():
         _, counts = torch.unique(mids >> (32 - bits), return_counts=True)
         return int((counts >= 2).sum())
     assert QUESTIONS["08.e"].answer == "c" and crowded(12) > 10 and crowded(15) == crowded(16) == 0
+
+
+def test_08b_the_unfused_reference_step_moves_more_than_200_bytes_per_parameter():
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    from adam8lib.kernels.reference import adam8bit_step
+    from adam8lib.quant import dynamic_map, num_blocks
+
+    class Traffic(TorchDispatchMode):  # lesson 08's counter: every aten op's tensors, views skipped
+        def __init__(self):
+            super().__init__()
+            self.ops, self.nbytes, self.by_op = 0, 0, Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns):
+                return out
+            self.ops += 1
+            for t in tree_flatten((args, kwargs))[0] + tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    self.nbytes += t.numel() * t.element_size()
+                    self.by_op[func.overloadpacket.__name__] += t.numel() * t.element_size()
+            return out
+
+    n = 100_003
+    torch.manual_seed(0)
+    p, g = torch.randn(n) * 0.1, torch.randn(n) * 0.01
+    states = [torch.full((n,), 127, dtype=torch.uint8), torch.zeros(n, dtype=torch.uint8),
+              torch.zeros(num_blocks(n, 256)), torch.zeros(num_blocks(n, 256))]
+    with Traffic() as traffic:
+        adam8bit_step(p, g, *states, dynamic_map(True), dynamic_map(False), step=1, lr=1e-3, beta1=0.9,
+                      beta2=0.999, eps=1e-8, weight_decay=0.01, blocksize=256)
+    per_param = traffic.nbytes / n
+    assert QUESTIONS["08.b"].is_right("c") and not QUESTIONS["08.b"].is_right("b")
+    assert per_param > 200 and round(per_param, -1) == 810 and traffic.ops == 192  # the explanation's figures
+    top = dict(traffic.by_op.most_common(2))
+    assert round(top["sub"] / n) == 128 and round(top["index"] / n) == 120

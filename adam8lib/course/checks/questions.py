@@ -134,7 +134,7 @@ QUESTIONS: dict[str, Question] = {
     "07.e": Question(11.1, rel_tol=0.1, shown="≈ 11 (frozen codes times an absmax that grew 1.5×, against fp32's 0.999^2000 ≈ 1 / 7.4)"),
     # 08 · Triton
     "08.a": Question(16, rel_tol=0),
-    "08.b": Question(391, rel_tol=0),
+    "08.b": Question("c", choices="abc", shown="(c) more than 200: about 810 bytes per parameter in 192 torch operations"),
     "08.c": Question(20, rel_tol=0.25, shown="≈ 20"),
     "08.d": Question(0, rel_tol=0, shown="0 (the table is the search's answer, sampled wherever it changes)"),
     "08.e": Question("c", choices="abc", shown="(c) more than 10: 51 buckets, up to 5 changes in one"),
@@ -143,6 +143,7 @@ QUESTIONS: dict[str, Question] = {
     "09.b": Question(22_662_144 / DISTILBERT, rel_tol=0.04, shown="0.34 (34 %)"),
     "09.c": Question(2 * DISTILBERT / MiB, rel_tol=0.005, shown="125.5 MiB"),
     "09.d": Question(7.06, rel_tol=0.08, shown="≈ 7 (the attention scores grow 16×, the rest 4×)"),
+    "09.e": Question(294.4, rel_tol=0.05, shown="≈ 294 MiB (of 423.2: the s × s scores are gone, not only the masks)"),
     # 10 · mixed precision fine-tuning
     "10.a": Question("b", choices="abc"),
     "10.b": Question(0.78, rel_tol=0.05),
@@ -178,7 +179,7 @@ QUESTIONS: dict[str, Question] = {
 #: at once. Every other question is a prediction: :func:`ask` records it and :func:`reveal` judges it.
 RECAPS = frozenset({"00.b", "01.a", "01.c", "02.c", "03.b", "04.b", "04.d", "04.e", "05.b", "06.b", "07.a", "07.c",
                     "03.a", "03.c", "05.c", "06.a",
-                    "08.a", "08.c", "08.d", "09.b", "09.c", "11.a", "11.c", "12.a"})
+                    "08.a", "08.c", "08.d", "09.a", "09.b", "09.c", "11.a", "11.c", "12.a"})
 
 
 def verdict(question_id: str, prediction) -> str:
