@@ -115,6 +115,17 @@ def _variant_rule(**mistake: bool) -> type[UpdateRule]:
                 p.mul_(1.0 - (wd if mistake.get("decay_without_lr") else lr * wd))
             if mistake.get("ema_first"):
                 m.mul_(beta2).add_(g, alpha=1.0 - beta2)
+            if mistake.get("interp_in_m"):  # the interpolation written into m itself
+                b = beta1
+                m.mul_(b).add_(g, alpha=1.0 - b)
+                p.add_(torch.sign(m), alpha=-lr)
+                m.mul_(beta2).add_(g, alpha=1.0 - beta2)
+                return p
+            if mistake.get("g_in_place"):  # the gradient scaled in place by (1 - beta1) before the EMA reads it
+                g.mul_(1.0 - beta1)
+                p.add_(torch.sign(m.mul(beta1) + g), alpha=-lr)
+                m.mul_(beta2).add_(g, alpha=1.0 - beta2)
+                return p
             b = beta2 if mistake.get("beta2_in_sign") else beta1
             if mistake.get("minus_g"):
                 inner = m.mul(b) - g.mul(1.0 - b)
@@ -173,6 +184,12 @@ LION_MISTAKES = [
     ({"no_state_update"}, "your momentum never changes: the optimizer keeps only what your rule writes into the "
                           "tensor it was handed in states; giving the name m a new value makes a new tensor that nobody "
                           "keeps. Look at the line that updates the state: does it change that tensor in place?"),
+    ({"interp_in_m"}, "you compute the interpolation in m itself (m.mul_(beta1).add_(...)): m is the state, so "
+                      "the EMA then starts from the interpolation instead of the old m. Compute beta1 * m + (1 - beta1) "
+                      "* g into a new tensor (m.mul(beta1), without the underscore) and keep m for the EMA."),
+    ({"g_in_place"}, "you scale the gradient in place (g.mul_(1 - beta1)): the state's EMA then reads the scaled "
+                     "gradient. The statement says never change g in place: compute (1 - beta1) * g into a new "
+                     "tensor."),
     ({"unsigned"}, "your state is declared stored_as='v', the map for numbers that are never negative: Lion's "
                    "momentum has both signs, so it takes the signed map ('m'). Look at your rule's states."),
 ]
@@ -446,6 +463,9 @@ def _state_bytes_variants(shape, stored_as, fmt) -> list[tuple[str, int]]:
             out.append(("a tensor under 4,096 elements keeps its state in fp32 (4 bytes per element) in every format: "
                         "min_8bit_size.", quantized[fmt]))
     else:
+        if n == 4096 and fmt != "fp32":
+            out.append(("4,096 elements is already quantized: only a tensor with FEWER than 4,096 elements "
+                        "(n < min_8bit_size) keeps fp32 states.", 4 * n))
         out += [("fp32 keeps 4 bytes per element, not one.", n) if fmt == "fp32" else
                 ("you forgot the scales: one fp32 absmax (4 bytes) per block.", codes4 if fmt == "4bit" else n)]
         if fmt in ("8bit", "fp8"):

@@ -148,6 +148,34 @@ def check_accepting_anything(self, group):
     pass
 
 
+def lion_interpolation_in_m(p, g, m, group):
+    beta1, beta2, lr, wd = _hyper(group)
+    p.mul_(1 - lr * wd)
+    m.mul_(beta1).add_(g, alpha=1 - beta1)  # the interpolation written into the state
+    p.add_(torch.sign(m), alpha=-lr)
+    m.mul_(beta2).add_(g, alpha=1 - beta2)
+    return p
+
+
+def lion_gradient_scaled_in_place(p, g, m, group):
+    beta1, beta2, lr, wd = _hyper(group)
+    p.mul_(1 - lr * wd)
+    g.mul_(1 - beta1)
+    p.add_(torch.sign(beta1 * m + g), alpha=-lr)
+    m.mul_(beta2).add_(g, alpha=1 - beta2)
+    return p
+
+
+def bytes_threshold_inclusive(shape, stored_as, state_format):
+    n = math.prod(shape)
+    if state_format == "fp32" or n <= 4096:
+        return 4 * n
+    if state_format == "4bit":
+        scales = sum(shape) if (stored_as == "v" and len(shape) >= 2) else -(-n // 128)
+        return -(-n // 2) + 4 * scales
+    return n + 4 * -(-n // 256)
+
+
 def lion_paper_form(p, g, m, group):
     """The Lion paper's own form: the decay inside the update, update = sign(c) + wd * p; p -= lr * update."""
     beta1, beta2, lr, wd = _hyper(group)
@@ -227,6 +255,11 @@ WRONG = [
           hint="your momentum never changes", names_mistake=True),
     Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_right, check=check_accepting_anything),
           mistake="check(group) accepts a negative learning rate", hint="lr=-1e-3) was accepted", names_mistake=True),
+    Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_interpolation_in_m),
+          mistake="the interpolation computed in place on m", hint="you compute the interpolation in m itself",
+          names_mistake=True),
+    Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_gradient_scaled_in_place),
+          mistake="g scaled in place by (1 - beta1)", hint="you scale the gradient in place", names_mistake=True),
     Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_without_return),
           mistake="update() without return p", hint="End update with `return p`", names_mistake=True),
     Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_right, check=check_beta_up_to_one),
@@ -363,6 +396,8 @@ def bytes_with_numpy(shape, stored_as, state_format):
 
 _CASE_132 = "13.2"
 WRONG += [
+    Wrong(_CASE_132, checks.check_state_bytes, bytes_threshold_inclusive,
+          mistake="n <= 4096 kept in fp32", hint="4,096 elements is already quantized", names_mistake=True),
     Wrong(_CASE_132, checks.check_state_bytes, bytes_rank1_only_for_matrices,
           mistake="rank-1 scales only when len(shape) == 2 (a 3-D v gets blocks)",
           hint="every tensor of two or more dimensions", names_mistake=True),
