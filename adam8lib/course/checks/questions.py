@@ -162,9 +162,9 @@ QUESTIONS: dict[str, Question] = {
     "12.e": Question(1.0, rel_tol=0, shown="1.0 (every step is lost)"),
     # 13 · one state, many optimizers
     "13.a": Question(3 * 768 * 768, rel_tol=0, shown="1,769,472 (three states, one byte of code per element each)"),
-    "13.b": Question("b", choices="abc", shown="(b) far fewer: under 0.3 % of the entries"),
+    "13.b": Question("c", choices="abc", shown="(c) many, over 10 %: an exact 0 is coded as a tiny positive m"),
     "13.c": Question("b", choices="abc", shown="(b) several times larger: the slow EMA keeps its rounding errors"),
-    "13.d": Question("c", choices="abc", shown="(c) most of the matrix: the orthogonalization mixes every entry"),
+    "13.d": Question("b", choices="abc", shown="(b) most of the matrix, not all: bf16 rounds the smallest changes away"),
     "13.e": Question(90_871_408 / DISTILBERT, rel_tol=0.01,
                      shown="≈ 1.38 (90,871,408 bytes: the embeddings and the head keep AdamW's two states)"),
     # 14 · the whole bill
@@ -179,7 +179,8 @@ QUESTIONS: dict[str, Question] = {
 #: at once. Every other question is a prediction: :func:`ask` records it and :func:`reveal` judges it.
 RECAPS = frozenset({"00.b", "01.a", "01.c", "02.c", "03.b", "04.b", "04.d", "04.e", "05.b", "06.b", "07.a", "07.c",
                     "03.a", "03.c", "05.c", "06.a",
-                    "08.a", "08.c", "08.d", "09.a", "09.b", "09.c", "11.a", "11.c", "12.a"})
+                    "08.a", "08.c", "08.d", "09.a", "09.b", "09.c", "11.a", "11.c", "12.a",
+                    "13.a", "13.e"})
 
 
 def verdict(question_id: str, prediction) -> str:
