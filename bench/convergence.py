@@ -91,9 +91,10 @@ LABELS = {
     "bf16_sr_8bit_release": "bf16 weights + stochastic rounding, 8-bit states, gradient release",
     "bf16_sr_4bit_release": "bf16 weights + stochastic rounding, 4-bit states, gradient release",
     "master24_4bit_release": "24-bit master (bf16 + 8-bit correction), 4-bit states, gradient release",
+    "master32_4bit_release": "exact fp32 master (bf16 + 16-bit correction), 4-bit states, gradient release",
 }
 #: Kinds that step inside backward (``adam8lib.release_gradients``; clipping in two backward passes).
-RELEASE = ("bf16_sr_8bit_release", "bf16_sr_4bit_release", "master24_4bit_release")
+RELEASE = ("bf16_sr_8bit_release", "bf16_sr_4bit_release", "master24_4bit_release", "master32_4bit_release")
 #: Kinds that train bf16 weights (the model is cast when its optimizer is made).
 BF16_WEIGHTS = ("bf16_sr_8bit", "bf16_rne_8bit", "bf16_sr_8bit_release", "bf16_sr_4bit_release")
 #: The root-cause rows: adam8lib's step with another rounding rule, compared with both libraries.
@@ -114,7 +115,10 @@ FP32_SHARED = ("adamw", "adam8bit", "adam4bit")
 #: that keep no fp32 master (or a 24-bit one) against the fp32-weight rows with the same states.
 BILL_PAIRS = (("bf16_sr_8bit_release", "bf16_sr_8bit"), ("bf16_sr_8bit_release", "adam8bit"),
               ("bf16_sr_4bit_release", "adam4bit"), ("master24_4bit_release", "adam4bit"),
-              ("bf16_sr_4bit_release", "master24_4bit_release"))
+              ("bf16_sr_4bit_release", "master24_4bit_release"),
+              # dropping the master with the compute held equal: every row computes in bf16, the last keeps the
+              # exact fp32 master (a 16-bit correction) and steps it as the fp32-weight runs do
+              ("bf16_sr_4bit_release", "master32_4bit_release"), ("master24_4bit_release", "master32_4bit_release"))
 
 
 # ---------------------------------------------------------------------- optimizers
@@ -133,12 +137,13 @@ def make_optimizer(kind: str, groups: list[dict[str, Any]], lr: float, betas: tu
 
             return LowBitAdam(groups, lr=lr, betas=betas, state_format="4bit", stochastic_rounding=True)
         return Adam8bit(groups, lr=lr, betas=betas, stochastic_rounding=kind in ("bf16_sr_8bit", "bf16_sr_8bit_release"))
-    if kind == "master24_4bit_release":  # fp32 weights split into bf16 + an 8-bit correction
+    if kind in ("master24_4bit_release", "master32_4bit_release"):  # fp32 weights split into bf16 + a correction
         from adam8lib import CompressedMasterWeights
         from adam8lib.optim import LowBitAdam
 
         opt = LowBitAdam(groups, lr=lr, betas=betas, state_format="4bit")
-        opt.compressed_master = CompressedMasterWeights([p for g in groups for p in g["params"]], opt, bits=8)
+        bits = 8 if kind == "master24_4bit_release" else 16
+        opt.compressed_master = CompressedMasterWeights([p for g in groups for p in g["params"]], opt, bits=bits)
         return opt
     if kind in ("adam4bit", "adam4bit_naive", "adamfp8"):
         from adam8lib.optim import LowBitAdam

@@ -440,8 +440,9 @@ def test_the_benchmark_builds_the_bill_s_rows():
         opt = convergence.make_optimizer(kind, groups, 1e-3, (0.9, 0.98))
         dtypes = {p.dtype for p in model.parameters()}
         assert dtypes == {BF16}, (kind, dtypes)
-        if kind.startswith("master24"):
-            assert not opt.stochastic_rounding and opt.compressed_master.bits == 8
+        if kind.startswith("master"):
+            assert not opt.stochastic_rounding
+            assert opt.compressed_master.bits == (8 if kind.startswith("master24") else 16)
         else:
             assert opt.stochastic_rounding
         assert opt.format.name == ("8bit" if "8bit" in kind else "4bit")
