@@ -381,6 +381,22 @@ def test_an_independent_count_of_live_storages_agrees_at_the_peak(monkeypatch):
 
     from adam8lib.course.finetune import build_distilbert
 
+    def live_storages() -> dict[int, int]:
+        storages = {}
+        for obj in gc.get_objects():
+            # plain tensors and parameters only (other tests of this process may leave fake or functional tensors)
+            if type(obj) in (torch.Tensor, torch.nn.Parameter) and obj.device.type == "cpu":
+                try:
+                    s = obj.untyped_storage()
+                    ptr, size = s.data_ptr(), s.nbytes()
+                except (RuntimeError, NotImplementedError):
+                    continue
+                storages[ptr] = max(storages.get(ptr, 0), size)
+        return storages
+
+    gc.collect()
+    before = set(live_storages())  # what other tests of this process left alive: not this test's
+
     model = build_distilbert(small=False).to(torch.bfloat16)
     embedding = model.distilbert.embeddings.word_embeddings.weight
     opt = LowBitAdam(model.parameters(), lr=1e-5, weight_decay=0.01, state_format="4bit", stochastic_rounding=True)
@@ -392,20 +408,9 @@ def test_an_independent_count_of_live_storages_agrees_at_the_peak(monkeypatch):
     except BaseException:
         handle.remove()
         raise
-    gc.collect()  # nothing left over from earlier tests in this process
 
     def live_bytes() -> int:
-        storages = {}
-        for obj in gc.get_objects():
-            # plain tensors and parameters only (other tests of this process may leave fake or functional tensors)
-            if type(obj) in (torch.Tensor, torch.nn.Parameter) and obj.device.type == "cpu":
-                try:
-                    s = obj.untyped_storage()
-                    ptr, size = s.data_ptr(), s.nbytes()
-                except (RuntimeError, NotImplementedError):
-                    continue
-                storages[ptr] = max(storages.get(ptr, 0), size)
-        return sum(storages.values())
+        return sum(size for ptr, size in live_storages().items() if ptr not in before)
 
     samples: list[int] = []
     real = rank1_chunks.step_in_row_chunks
