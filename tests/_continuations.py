@@ -68,14 +68,21 @@ def recorded() -> dict[str, dict[str, str]]:
     return {entry["key"]: entry["digests"] for entry in json.loads(RECORDED.read_text())["continuations"]}
 
 
-def adam_continuation(name: str) -> str:
-    """Load the stored checkpoint ``name`` into today's class of that name, take the steps, digest."""
+def loaded(name: str, state_dict: dict | None = None, configs: dict | None = None):
+    """``(params, optimizer)``: today's class of stored checkpoint ``name`` with its parameters, loaded from its saved
+    state (or ``state_dict``). ``configs``: the stored configurations, if already read."""
     from adam8lib import optim
 
-    config = saved()["configs"][name]
+    config = (configs or saved()["configs"])[name]
     params = [torch.nn.Parameter(p.clone()) for p in config["params"]]
     opt = getattr(optim, config["class"])(params, backend="torch", **config["kwargs"])
-    opt.load_state_dict(config["state_dict"])
+    opt.load_state_dict(config["state_dict"] if state_dict is None else state_dict)
+    return params, opt
+
+
+def adam_continuation(name: str) -> str:
+    """Load the stored checkpoint ``name`` into today's class of that name, take the steps, digest."""
+    params, opt = loaded(name)
     assert opt.state[params[0]]["step"] == builder.STEPS_BEFORE
     builder.run_steps(opt, params, builder.STEPS_BEFORE + 1, builder.STEPS_AFTER)
     return builder.digest(params, opt)

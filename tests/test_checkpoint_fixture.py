@@ -17,7 +17,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adam8lib import optim
 from adam8lib.quantized_state import SHAPE_KEY
 
 from tests import _continuations as cont
@@ -37,11 +36,7 @@ def test_fixture_is_small_and_from_main_before_the_core():
 
 
 def _loaded(name: str, state_dict=None):
-    config = SAVED["configs"][name]
-    params = [torch.nn.Parameter(p.clone()) for p in config["params"]]
-    opt = getattr(optim, config["class"])(params, backend="torch", **config["kwargs"])
-    opt.load_state_dict(config["state_dict"] if state_dict is None else state_dict)
-    return params, opt
+    return cont.loaded(name, state_dict, SAVED["configs"])
 
 
 @pytest.mark.parametrize("name", NAMES)

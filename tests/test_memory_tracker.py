@@ -202,22 +202,29 @@ def test_distilbert_bf16_sr_4bit_release_keeps_at_most_3_1_bytes_per_parameter()
     assert top.bytes["transient"] < 128 * rank1_chunks.RANK1_CHUNK
 
 
-@pytest.mark.slow
-def test_distilbert_24_bit_master_4bit_release_peaks_at_most_4_8_bytes_per_parameter():
+def _master_row(small: bool):
+    """bf16 weights + int8 corrections (a 24-bit master) + 4-bit states + gradient release on DistilBERT: one untracked
+    step (the optimizer makes its state), then one tracked. ``(model, optimizer, masters, tracker)``."""
     from adam8lib.course.finetune import build_distilbert
     from adam8lib.master_weights import CompressedMasterWeights
 
-    model = build_distilbert(small=False)
+    model = build_distilbert(small=small)
     opt = LowBitAdam(model.parameters(), lr=1e-5, weight_decay=0.01, state_format="4bit")
     masters = CompressedMasterWeights(model, opt, bits=8)
     handle = release_gradients(model, opt)
     batch = {"input_ids": torch.randint(0, 28996, (1, 8), generator=torch.Generator().manual_seed(0)),
              "labels": torch.tensor([1])}
     try:
-        model(**batch).loss.backward()  # step 1 untracked: the optimizer makes its state
+        model(**batch).loss.backward()
         t = track_step(model, opt, lambda: model(**batch).loss, also={"parameters": masters.corrections.values()})
     finally:
-        handle.remove()
+        handle.remove()  # (a handle left behind would guard every later backward of this process)
+    return model, opt, masters, t
+
+
+@pytest.mark.slow
+def test_distilbert_24_bit_master_4bit_release_peaks_at_most_4_8_bytes_per_parameter():
+    t = _master_row(small=False)[3]
     n = t.num_params
     assert n == 65_783_042
     assert t.at_end_of("backward").bytes_per_param(n) <= 4.1
@@ -284,18 +291,7 @@ def test_extra_tensors_and_a_step_that_gives_a_parameter_new_storage():
 def test_small_distilbert_24_bit_master_row():
     """bf16 weights + int8 corrections (a 24-bit master, adam8lib.master_weights) + 4-bit states + gradient
     release: 3 bytes of weights (corrections counted with them), no gradient, the measured state."""
-    from adam8lib.course.finetune import build_distilbert
-    from adam8lib.master_weights import CompressedMasterWeights
-
-    model = build_distilbert(small=True)
-    opt = LowBitAdam(model.parameters(), lr=1e-5, weight_decay=0.01, state_format="4bit")
-    masters = CompressedMasterWeights(model, opt, bits=8)
-    handle = release_gradients(model, opt)
-    batch = {"input_ids": torch.randint(0, 28996, (1, 8), generator=torch.Generator().manual_seed(0)),
-             "labels": torch.tensor([1])}
-    model(**batch).loss.backward()
-    t = track_step(model, opt, lambda: model(**batch).loss, also={"parameters": masters.corrections.values()})
-    handle.remove()
+    model, opt, masters, t = _master_row(small=True)
     n = t.num_params
     between = t.at_end_of("backward")
     assert between.bytes["parameters"] == 3 * n == sum(masters.nbytes().values())

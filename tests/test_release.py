@@ -60,6 +60,16 @@ def loss_of(model, x, y, dtype):
     return nn.functional.cross_entropy(model(x.to(dtype)).float(), y)
 
 
+def train_step(model, opt, x, y, dtype, release):
+    """One step: backward, then step and zero_grad; with release, backward alone, which steps and frees every gradient."""
+    loss_of(model, x, y, dtype).backward()
+    if not release:
+        opt.step()
+        opt.zero_grad()
+    else:
+        assert all(p.grad is None for p in model.parameters())  # every gradient stepped and freed in backward
+
+
 def run(name, steps=4, release=False, scheduler=None, resume_at=None):
     """Train ``steps`` steps; ordinary (backward, step, zero_grad) or released. Returns (model, optimizer)."""
     make, dtype = OPTIMIZERS[name]
@@ -81,12 +91,7 @@ def run(name, steps=4, release=False, scheduler=None, resume_at=None):
                 sched = scheduler(opt)
                 sched.load_state_dict(ckpt["sched"])
             handle = release_gradients(model, opt) if release else None
-        loss_of(model, x, y, dtype).backward()
-        if not release:
-            opt.step()
-            opt.zero_grad()
-        else:
-            assert all(p.grad is None for p in model.parameters())  # every gradient freed in backward
+        train_step(model, opt, x, y, dtype, release)
         if sched:
             sched.step()
     return model, opt
@@ -466,12 +471,7 @@ def _toggle_run(name, release, *, schedule, build="all", steps=6):
             known = {id(q) for g in opt.param_groups for q in g["params"]}
             if flag and build == "add_group" and id(model[i].weight) not in known:
                 opt.add_param_group({"params": list(model[i].parameters())})
-        loss_of(model, x, y, dtype).backward()
-        if not release:
-            opt.step()
-            opt.zero_grad()
-        else:
-            assert all(p.grad is None for p in model.parameters())  # every gradient stepped and freed
+        train_step(model, opt, x, y, dtype, release)
     if handle:
         handle.remove()
     return model, opt

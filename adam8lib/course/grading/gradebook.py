@@ -215,6 +215,14 @@ def checks_origin(manifest: Manifest) -> dict[str, dict]:
     return out
 
 
+def _differs(path: Path, data: bytes) -> bool:
+    """Whether the course file ``path`` is no longer the plain file with bytes ``data`` (gone, a link, unreadable)."""
+    try:
+        return not (path.is_file() and not path.is_symlink() and path.read_bytes() == data)
+    except OSError:
+        return True
+
+
 class CourseFiles:
     """Bytes of the checks' files and the manifest, read at the start; :meth:`restore` puts them back."""
 
@@ -224,26 +232,14 @@ class CourseFiles:
 
     def changed(self) -> list[str]:
         """Names of the files that differ from the bytes read at the start (nothing is written)."""
-        names = []
-        for path, data in self.original.items():
-            try:
-                same = path.is_file() and not path.is_symlink() and path.read_bytes() == data
-            except OSError:
-                same = False
-            if not same:
-                names.append(path.name)
-        return names
+        return [path.name for path, data in self.original.items() if _differs(path, data)]
 
     def restore(self) -> list[str]:
         """Names of the files that changed (each rewritten with its original bytes)."""
         changed = []
         with self.lock:
             for path, data in self.original.items():
-                try:
-                    same = path.is_file() and not path.is_symlink() and path.read_bytes() == data
-                except OSError:
-                    same = False
-                if not same:
+                if _differs(path, data):
                     changed.append(path.name)
                     if path.is_symlink() or path.is_dir():
                         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink()
