@@ -39,6 +39,18 @@ Helpers
     TypeError when the check was given something that is not a function.
 ``passed(title)``
     Print ``✔ <title>: all checks passed`` (the one fixed success line).
+
+The record a failing check leaves
+---------------------------------
+Every failure raised through these helpers inside a workbook check (``check_*`` of an ``exNN_*``
+module) is recorded for :func:`adam8lib.course.hints.hint`: the exercise ("13.1"), the check,
+``what`` was called, the *property* that failed (``kind``: the stub, no ``return``, the type, an
+error raised, an input changed in place, the shape, the dtype, NaN/Inf, the values, or a property
+the check names in its own words), the check's first line and its hint
+(:func:`last_failure`). The message gets one more line, before its ``Hint:`` (which stays last,
+as the feedback pages read it): the property and the exact call that asks for help, e.g.
+``→ property that failed: the shape · stuck? run  hint("04.1")``. ``passed`` records the pass.
+A failure outside a workbook check is not recorded and its message is unchanged.
 """
 
 from __future__ import annotations
@@ -51,9 +63,12 @@ import re
 import sys
 import sysconfig
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 __all__ = [
+    "Failure",
+    "last_failure",
     "SUCCESS_MARK",
     "success_line",
     "passed",
@@ -82,12 +97,149 @@ def success_line(title: str) -> str:
 
 def passed(title: str) -> None:
     """Print the one success line of a check (nbval compares it with the stored output)."""
-    print(success_line(title))
+    line = success_line(title)
+    _record_pass(title)
+    print(line)
 
 
-def fail(message: str, hint: str | None = None) -> NoReturn:
-    """Raise an AssertionError ``message`` followed by ``Hint: hint``."""
-    text = message.rstrip()
+# ---------------------------------------------------------------------------------------------------------
+# The record a failing check leaves, for hint("NN.k") (adam8lib/course/hints.py)
+# ---------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Failure:
+    """What the last failed run of an exercise's check got wrong.
+
+    ``kind`` is the property that failed: ``"stub"`` (the function is still the workbook's stub),
+    ``"none"`` (nothing returned), ``"type"``, ``"error"`` (the learner's code raised), ``"in_place"`` (an
+    input changed), ``"shape"``, ``"dtype"``, ``"nonfinite"`` (NaN/Inf where there should be none, or the
+    other way round), ``"keys"``, ``"values"``, or ``"check"`` (a property the check states in its own words,
+    e.g. an argument ``check(group)`` must refuse). ``got``/``expected``: the two sides where known (shapes,
+    dtypes, the worst element), as short text. ``serial`` grows with every failure recorded."""
+
+    exercise: str
+    check: str
+    kind: str
+    what: str
+    message: str
+    hint: str | None
+    got: str = ""
+    expected: str = ""
+    serial: int = 0
+
+
+#: exercise id -> its last failure (None after a pass); only exercises whose check ran in this process
+_OUTCOMES: dict[str, Failure | None] = {}
+_LAST: list[Failure] = []  # the last failure recorded (to keep its kind when a check re-raises its message)
+_SERIAL = [0]
+_INVITE_MARK = "→ property that failed:"
+_INVITE_LINE = re.compile(r"^→ property that failed:.*$\n?", re.MULTILINE)
+_TITLE_ID = re.compile(r"\bExercise (\d\d\.\d+)\b")
+
+
+def last_failure(exercise: str) -> Failure | None:
+    """The last failure recorded for ``exercise`` ("13.1"); None when its check has not failed in this
+    process, or passed since. (:func:`outcome` tells the two apart.)"""
+    return _OUTCOMES.get(exercise)
+
+
+def outcome(exercise: str) -> str:
+    """``"failed"``, ``"passed"`` or ``"not run"``: the last run of ``exercise``'s check in this process."""
+    if exercise not in _OUTCOMES:
+        return "not run"
+    return "passed" if _OUTCOMES[exercise] is None else "failed"
+
+
+def forget_outcomes() -> None:
+    """Forget every recorded outcome (tests)."""
+    _OUTCOMES.clear()
+    _LAST.clear()
+
+
+def _exercise_on_stack() -> tuple[str, str] | None:
+    """(exercise id, check name) of the outermost workbook check running now, or None."""
+    try:
+        from ..hint_text import EXERCISE_OF_CHECK
+    except Exception:  # noqa: BLE001 - the record is a help, never a reason for a check to crash
+        return None
+    found = None
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_name
+        module = frame.f_globals.get("__name__", "")
+        if name.startswith("check_") and module.startswith("adam8lib.course.checks.ex"):
+            exercise = EXERCISE_OF_CHECK.get(name[len("check_"):])
+            if exercise is not None:
+                found = (exercise, name[len("check_"):])
+        frame = frame.f_back
+    return found
+
+
+def _record_pass(title: str) -> None:
+    found = _TITLE_ID.search(title) if isinstance(title, str) else None
+    if found:
+        _OUTCOMES[found.group(1)] = None
+
+
+def _hint_call(exercise: str) -> str:
+    """The exact line a learner types for a hint: ``hint("NN.k")`` where that name works in their notebook
+    (it is bound there when free), else with its import."""
+    plain = f'hint("{exercise}")'
+    try:
+        ipython = sys.modules.get("IPython")
+        shell = ipython.get_ipython() if ipython is not None else None
+        if shell is not None:
+            from .. import hint
+
+            namespace = shell.user_ns
+            if "hint" not in namespace:
+                namespace["hint"] = hint
+            if namespace.get("hint") is hint:
+                return plain
+    except Exception:  # noqa: BLE001
+        pass
+    return f"from adam8lib.course import hint; {plain}"
+
+
+def _with_record(message: str, hint: str | None, kind: str | None, what: str | None, got: str = "",
+                 expected: str = "") -> str:
+    """``message`` with the property line, after recording the failure (unchanged outside a workbook check)."""
+    message = _INVITE_LINE.sub("", message).rstrip()
+    try:
+        where = _exercise_on_stack()
+        if where is None:
+            return message
+        exercise, check = where
+        first = next((ln.strip() for ln in message.splitlines() if ln.strip()), "")
+        previous = _LAST[0] if _LAST else None
+        if kind is None and previous is not None and previous.exercise == exercise and previous.message \
+                and first == previous.message:
+            # the check re-raises a message it caught (with a better hint): the property stays the same
+            kind, what = previous.kind, what or previous.what
+            got, expected = got or previous.got, expected or previous.expected
+        _SERIAL[0] += 1
+        failure = Failure(exercise=exercise, check=check, kind=kind or "check", what=what or "", message=first,
+                          hint=hint, got=got, expected=expected, serial=_SERIAL[0])
+        _OUTCOMES[exercise] = failure
+        _LAST[:] = [failure]
+        from ..hints import property_words
+
+        line = f"{_INVITE_MARK} {property_words(failure)} · stuck? run  {_hint_call(exercise)}"
+        lines = message.splitlines()
+        at = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith("Hint:")), len(lines))
+        return "\n".join(lines[:at] + [line] + lines[at:])  # every "Hint:" line stays after it
+    except Exception:  # noqa: BLE001 - the record is a help, never a reason for a check to crash
+        return message
+
+
+def fail(message: str, hint: str | None = None, *, kind: str | None = None, what: str | None = None,
+         got: str = "", expected: str = "") -> NoReturn:
+    """Raise an AssertionError ``message`` followed by ``Hint: hint``.
+
+    Inside a workbook check the failure is recorded for ``hint("NN.k")`` (``kind``: the property that failed,
+    see :class:`Failure`; ``what``: which call; ``got``/``expected``: the two sides), and a line naming the
+    property and the call to type goes before the hint."""
+    text = _with_record(str(message), hint, kind, what, got, expected)
     if hint:
         text += f"\nHint: {hint}"
     raise AssertionError(text)
@@ -279,7 +431,8 @@ def _require_unchanged(fn: Callable, copies: list) -> None:
             n = int((value != before).sum()) if value.shape == before.shape else value.size
             changed = f"{n} of its values changed"
         if changed:
-            fail(f"{_name(fn)} changed its input `{path}` in place: {changed} after the call.",
+            fail(f"{_name(fn)} changed its input `{path}` in place: {changed} after the call.", kind="in_place",
+                 what=f"{_name(fn)}(...)", got=path,
                  hint=f"your function modified its argument `{path}` in place (an in-place method such as "
                       "add_/mul_/div_/abs_/clamp_, an `x[...] = ...` assignment or `+=` on it, or a view of it that "
                       "you then changed): the caller still needs its input as it was. Work on a new tensor "
@@ -331,19 +484,23 @@ def call(fn: Callable, *args: Any, may_change: Any = (), **kwargs: Any) -> Any:
         result = fn(*args, **kwargs)
     except NotImplementedError as exc:
         if is_stub(exc):
-            raise AssertionError(
+            raise AssertionError(_with_record(
                 f"{_name(fn)} is not implemented yet: replace the `raise NotImplementedError(...)` line "
-                "in the exercise cell with your code, run that cell, then run this check again."
+                "in the exercise cell with your code, run that cell, then run this check again.",
+                None, "stub", f"{_name(fn)}(...)")
             ) from exc
         inputs = ", ".join([_short(a) for a in args] + [f"{k}={_short(v)}" for k, v in kwargs.items()])
-        raise AssertionError(f"{_name(fn)}({inputs}) raised NotImplementedError inside torch: {exc}\n"
-                             f"Hint: {torch_not_implemented_hint(exc)}") from exc
+        hint = torch_not_implemented_hint(exc)
+        raise AssertionError(_with_record(f"{_name(fn)}({inputs}) raised NotImplementedError inside torch: {exc}",
+                                          hint, "error", f"{_name(fn)}({inputs})", got="NotImplementedError")
+                             + f"\nHint: {hint}") from exc
     except AssertionError:
         raise
     except Exception as exc:
         inputs = ", ".join([_short(a) for a in args] + [f"{k}={_short(v)}" for k, v in kwargs.items()])
         hint = exception_hint(exc, args, kwargs)
-        raise AssertionError(f"{_name(fn)}({inputs}) raised {type(exc).__name__}: {exc}"
+        raise AssertionError(_with_record(f"{_name(fn)}({inputs}) raised {type(exc).__name__}: {exc}", hint, "error",
+                                          f"{_name(fn)}({inputs})", got=type(exc).__name__)
                              + (f"\nHint: {hint}" if hint else "")) from exc
     _require_unchanged(fn, copies)
     return result
@@ -401,18 +558,22 @@ def require_tensor(value: Any, what: str, *, dtype: Any = None, ndim: int | None
             why = "you returned None: end the function with a `return` of the tensor."
         else:
             why = f"you returned {kind}: the statement asks for a torch tensor."
-        fail(f"{what} is {kind}, expected a torch tensor.", hint=why)
+        fail(f"{what} is {kind}, expected a torch tensor.", hint=why, kind="none" if value is None else "type",
+             what=what, got=kind, expected="a torch tensor")
     if dtype is not None and value.dtype != dtype:
         fail(f"{what} has dtype {value.dtype}, expected {dtype}.",
-             hint=f"your {what.split(':')[-1].strip()} is {value.dtype}: the statement asks for {dtype}.")
+             hint=f"your {what.split(':')[-1].strip()} is {value.dtype}: the statement asks for {dtype}.",
+             kind="dtype", what=what, got=str(value.dtype), expected=str(dtype))
     if ndim is not None and value.dim() != ndim:
         extra = (" — a 0-d tensor (shape ()), not one with a length-1 dimension (keepdim / reshape(1) / [x])"
                  if ndim == 0 and value.numel() == 1 else "")
         fail(f"{what} has shape {tuple(value.shape)}, expected {ndim} dimension(s).",
-             hint=f"the dimensions of your result are off: it should have {ndim}{extra}.")
+             hint=f"the dimensions of your result are off: it should have {ndim}{extra}.",
+             kind="shape", what=what, got=str(tuple(value.shape)), expected=f"{ndim} dimension(s)")
     if shape is not None and tuple(value.shape) != tuple(shape):
         fail(f"{what} has shape {tuple(value.shape)}, expected {tuple(shape)}.",
-             hint=f"the shape of your result is off: {tuple(value.shape)} instead of {tuple(shape)}.")
+             hint=f"the shape of your result is off: {tuple(value.shape)} instead of {tuple(shape)}.",
+             kind="shape", what=what, got=str(tuple(value.shape)), expected=str(tuple(shape)))
     return value
 
 
@@ -426,7 +587,8 @@ def require_type(value: Any, expected: type | tuple, what: str) -> Any:
     if isinstance(value, list) and tuple in (expected if isinstance(expected, tuple) else (expected,)):
         swap = " `[a, b]` is a list and `(a, b)` a tuple: different types, and a caller may depend on which."
     fail(f"{what} is {kind}, expected a {names}.",
-         hint=f"the type of your result is off: you returned {kind} where the statement asks for a {names}.{swap}")
+         hint=f"the type of your result is off: you returned {kind} where the statement asks for a {names}.{swap}",
+         kind="none" if value is None else "type", what=what, got=kind, expected=f"a {names}")
 
 
 def assert_close(
@@ -447,12 +609,14 @@ def assert_close(
     ``check_dtype=True`` requires the dtype of ``expected``.
     """
     if actual is None and expected is not None:
-        fail(f"{what} is None.", hint="did you forget to `return` the result?")
+        fail(f"{what} is None.", hint="did you forget to `return` the result?", kind="none", what=what, got="None")
     if isinstance(expected, Mapping):
         if not isinstance(actual, Mapping):
-            fail(f"{what} should be a dict, got {type(actual).__name__}.", hint)
+            fail(f"{what} should be a dict, got {type(actual).__name__}.", hint, kind="type", what=what,
+                 got=_kind_of(actual), expected="a dict")
         if set(actual) != set(expected):
-            fail(f"{what} has keys {sorted(map(str, actual))}, expected {sorted(map(str, expected))}.", hint)
+            fail(f"{what} has keys {sorted(map(str, actual))}, expected {sorted(map(str, expected))}.", hint,
+                 kind="keys", what=what, got=str(sorted(map(str, actual))), expected=str(sorted(map(str, expected))))
         for key in expected:
             assert_close(actual[key], expected[key], hint=hint, rtol=rtol, atol=atol, what=f"{what}[{key!r}]",
                          dtype=dtype, check_dtype=check_dtype)
@@ -460,9 +624,11 @@ def assert_close(
     if isinstance(expected, (tuple, list)):
         if not isinstance(actual, (tuple, list)):
             fail(f"{what} should be a {type(expected).__name__} of {len(expected)} items, "
-                 f"got {type(actual).__name__}.", hint)
+                 f"got {type(actual).__name__}.", hint, kind="type", what=what, got=_kind_of(actual),
+                 expected=f"a {type(expected).__name__} of {len(expected)} items")
         if len(actual) != len(expected):
-            fail(f"{what} has {len(actual)} items, expected {len(expected)}.", hint)
+            fail(f"{what} has {len(actual)} items, expected {len(expected)}.", hint, kind="type", what=what,
+                 got=f"{len(actual)} items", expected=f"{len(expected)} items")
         for i, (a, e) in enumerate(zip(actual, expected)):
             assert_close(a, e, hint=hint, rtol=rtol, atol=atol, what=f"{what}[{i}]", dtype=dtype,
                          check_dtype=check_dtype)
@@ -476,7 +642,8 @@ def assert_close(
         if act_t is not None and act_t.numel() == 1:
             actual = act_t.item()
         if not _is_number(actual):
-            fail(f"{what} should be a number, got {type(actual).__name__}: {_short(actual)}.", hint)
+            fail(f"{what} should be a number, got {type(actual).__name__}: {_short(actual)}.", hint,
+                 kind="none" if actual is None else "type", what=what, got=_kind_of(actual), expected="a number")
         a, e = complex(actual), complex(expected)
         if a.imag or e.imag:
             ok = abs(a - e) <= atol + rtol * abs(e)
@@ -484,19 +651,24 @@ def assert_close(
             a, e = a.real, e.real
             ok = (math.isnan(a) and math.isnan(e)) or a == e or abs(a - e) <= atol + rtol * abs(e)
         if not ok:
-            fail(f"{what} = {actual!r}, expected {expected!r} (difference {abs(a - e):.3g}).", hint)
+            fail(f"{what} = {actual!r}, expected {expected!r} (difference {abs(a - e):.3g}).", hint,
+                 kind="nonfinite" if isinstance(a, float) and not math.isfinite(a) else "values", what=what,
+                 got=repr(actual), expected=repr(expected))
         return
 
     import torch
 
     act_t = _to_tensor(actual)
     if act_t is None:
-        fail(f"{what} should be a tensor, got {type(actual).__name__}: {_short(actual)}.", hint)
+        fail(f"{what} should be a tensor, got {type(actual).__name__}: {_short(actual)}.", hint, kind="type",
+             what=what, got=_kind_of(actual), expected="a tensor")
     if tuple(act_t.shape) != tuple(exp_t.shape):
-        fail(f"{what} has shape {tuple(act_t.shape)}, expected {tuple(exp_t.shape)}.", hint)
+        fail(f"{what} has shape {tuple(act_t.shape)}, expected {tuple(exp_t.shape)}.", hint, kind="shape",
+             what=what, got=str(tuple(act_t.shape)), expected=str(tuple(exp_t.shape)))
     want_dtype = exp_t.dtype if check_dtype else dtype
     if want_dtype is not None and act_t.dtype != want_dtype:
-        fail(f"{what} has dtype {act_t.dtype}, expected {want_dtype}.", hint)
+        fail(f"{what} has dtype {act_t.dtype}, expected {want_dtype}.", hint, kind="dtype", what=what,
+             got=str(act_t.dtype), expected=str(want_dtype))
     if exp_t.numel() == 0:
         return
     a = act_t.detach().cpu()
@@ -509,7 +681,8 @@ def assert_close(
     if not torch.equal(nan_a, nan_e):
         idx = torch.nonzero(nan_a != nan_e)[0].tolist()
         fail(f"{what} is {a[tuple(idx)].item()} at index {tuple(idx)}, expected {e[tuple(idx)].item()} "
-             "(NaN where there should be none, or the other way round).", hint)
+             "(NaN where there should be none, or the other way round).", hint, kind="nonfinite", what=what,
+             got=f"{a[tuple(idx)].item()} at index {tuple(idx)}", expected=f"{e[tuple(idx)].item()}")
     a = torch.where(nan_a, torch.zeros_like(a), a)
     e = torch.where(nan_e, torch.zeros_like(e), e)
     same = a == e  # equal infinities are fine
@@ -524,21 +697,25 @@ def assert_close(
         fail(
             f"{what} differs from the reference at {n_bad} of {n} elements; worst at index {idx}: "
             f"got {a[idx].item():.6g}, expected {e[idx].item():.6g} (tolerance rtol={rtol:g}, atol={atol:g}).",
-            hint,
+            hint, kind="nonfinite" if not math.isfinite(a[idx].real.item() if a.is_complex() else a[idx].item())
+            else "values", what=what, got=f"{a[idx].item():.6g} at index {idx} ({n_bad} of {n} elements wrong)",
+            expected=f"{e[idx].item():.6g}",
         )
 
 
 def assert_equal(actual: Any, expected: Any, *, hint: str | None = None, what: str = "your result") -> None:
     """Assert exact equality; tensors/arrays element by element (shape and values, dtype-agnostic)."""
     if actual is None and expected is not None:
-        fail(f"{what} is None.", hint="did you forget to `return` the result?")
+        fail(f"{what} is None.", hint="did you forget to `return` the result?", kind="none", what=what, got="None")
     exp_t = _to_tensor(expected)
     if exp_t is not None:
         act_t = _to_tensor(actual)
         if act_t is None:
-            fail(f"{what} should be a tensor, got {type(actual).__name__}: {_short(actual)}.", hint)
+            fail(f"{what} should be a tensor, got {type(actual).__name__}: {_short(actual)}.", hint, kind="type",
+                 what=what, got=_kind_of(actual), expected="a tensor")
         if tuple(act_t.shape) != tuple(exp_t.shape):
-            fail(f"{what} has shape {tuple(act_t.shape)}, expected {tuple(exp_t.shape)}.", hint)
+            fail(f"{what} has shape {tuple(act_t.shape)}, expected {tuple(exp_t.shape)}.", hint, kind="shape",
+                 what=what, got=str(tuple(act_t.shape)), expected=str(tuple(exp_t.shape)))
         import torch
 
         a, e = act_t.detach().cpu(), exp_t.detach().cpu()
@@ -548,7 +725,9 @@ def assert_equal(actual: Any, expected: Any, *, hint: str | None = None, what: s
         if bool(neq.any()):
             idx = tuple(int(i) for i in torch.nonzero(neq)[0]) if neq.dim() else ()
             fail(f"{what} differs at {int(neq.sum())} of {neq.numel()} elements; first at index {idx}: "
-                 f"got {a[idx].item()!r}, expected {e[idx].item()!r}.", hint)
+                 f"got {a[idx].item()!r}, expected {e[idx].item()!r}.", hint, kind="values", what=what,
+                 got=f"{a[idx].item()!r} at index {idx} ({int(neq.sum())} of {neq.numel()} elements wrong)",
+                 expected=f"{e[idx].item()!r}")
         return
     if isinstance(expected, Sequence) and not isinstance(expected, str) and isinstance(actual, Sequence) \
             and not isinstance(actual, str) and len(actual) == len(expected):
@@ -556,4 +735,6 @@ def assert_equal(actual: Any, expected: Any, *, hint: str | None = None, what: s
             assert_equal(a, e, hint=hint, what=f"{what}[{i}]")
         return
     if actual != expected:
-        fail(f"{what} = {_short(actual)}, expected {_short(expected)}.", hint)
+        fail(f"{what} = {_short(actual)}, expected {_short(expected)}.", hint,
+             kind="type" if type(actual) is not type(expected) and not (_is_number(actual) and _is_number(expected))
+             else "values", what=what, got=_short(actual), expected=_short(expected))

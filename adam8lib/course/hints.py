@@ -1,0 +1,304 @@
+"""Hints on request, in three steps: ``hint("13.1")``.
+
+One level per call, per exercise::
+
+    >>> from adam8lib.course import hint
+    >>> hint("02.2")      # 1: the idea to revisit — the lesson section, one sentence, no code
+    >>> hint("02.2")      # 2: what your last failed check got wrong: which property, on which input
+    >>> hint("02.2")      # 3: a nudge for that mistake (never the code); later calls repeat it
+
+Level 2 reads the record the checks leave when they fail (:func:`adam8lib.course.checks._common.last_failure`:
+the exercise, ``what`` was called, the property — the stub, no ``return``, the type, an error, an input
+changed in place, the shape, the dtype, NaN/Inf, the values —, the check's words and its hint). A new failure
+of a different property sends the exercise back to level 2. A failing check ends its message with the line
+to type (``→ property that failed: the shape · stuck? run  hint("04.1")``), and binds ``hint`` in the
+notebook when that name is free.
+
+The words are in :mod:`adam8lib.course.hint_text`; the lesson sections in
+:data:`adam8lib.course.grading.lessons.SECTIONS`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .checks._common import Failure, last_failure, outcome
+from .hint_text import EXERCISES, GENERAL_NUDGES, LESSONS
+
+__all__ = ["hint", "next_hint", "Hint", "property_words", "kind_of", "mistake_of", "reset_hints", "TOPICS"]
+
+#: (topic, words for the learner, pattern in the check's message and hint), first match wins; a failure of
+#: kind "values" or "check" is keyed by the topic its check's words name
+TOPICS: list[tuple[str, str, re.Pattern]] = [(t, w, re.compile(p, re.IGNORECASE)) for t, w, p in [
+    ("refuse", "an argument that must be refused", r"\brefus|\baccept(ed|s)\b|must raise|raise (a )?(ValueError|TypeError)"),
+    ("first_step", "the first step (bias correction, the step count)",
+     r"bias[- ]correct|first step|first update|step ?= ?0|step 1\b|count(s|ing)? from 1|1 - beta\*\*|step count"),
+    ("in_place", "an update in place", r"in place|in-place|copy_\(|modified its argument"),
+    ("order", "the order of two operations", r"\border\b|\bbefore\b|\bafter\b|\bswapped\b"),
+    ("last_block", "the last, short block (a size that is not a multiple)",
+     r"partial|ragged|short last|last block|the tail|ceil\(|not a multiple|round(s|ed)? up|odd (number|count)"),
+    ("sign", "a sign", r"\bsign"),
+    ("decay", "weight decay", r"decay"),
+    ("zero", "zeros (an all-zero block, 0 / 0, a value coded 0)", r"all-zero|0 / 0|divi(de|sion) by zero|coded 0|== 0\b"),
+    ("axis", "an axis or a dimension", r"\baxis|\baxes|dimension|keepdim|transpos|broadcast|\bflat|\brow|\bcolumn"),
+    ("rounding", "rounding (nearest, ties)", r"round|nearest|\btie|one off|truncat"),
+    ("denominator", "eps or the square root", r"\beps\b|sqrt|square root"),
+    ("hook", "the gradient hook", r"\bhook"),
+    ("state", "the optimizer's state", r"self\.state|state dict|state_dict|\bexp_avg"),
+    ("block", "which block an element belongs to", r"\bblock"),
+    ("count", "a count (each thing once, a boundary case)",
+     r"\bcount|off-by-one|\bonce\b|\btwice\b|exactly \d|threshold|min_8bit_size"),
+    ("factor", "a constant factor or a unit", r"factor|\bMiB\b|\bMB\b|\bbytes\b|2\*\*20|times the expected"),
+    ("dtype", "a dtype", r"\bdtype|float32|bfloat16|float16|\bint8\b|\buint8\b"),
+]]
+
+#: the sentences of the checks' property finder (checks/_properties.describe) -> the topic they name
+_PHRASES: list[tuple[str, re.Pattern]] = [(t, re.compile(p, re.IGNORECASE)) for t, p in [
+    ("factor", r"right sign everywhere but the wrong size|up to a constant factor|bytes vs MiB|MB = 10\*\*6"),
+    ("sign", r"opposite sign|absolute value of the expected|wrong sign at|where the (input|gradient) is (negative|positive)"),
+    ("last_block", r"the partial last block|one fewer than the|only the last entry"),
+    ("zero", r"all-zero block|where the (input|gradient) is exactly 0"),
+    ("nonfinite", r"where the (input|gradient) is NaN or Inf"),
+    ("block", r"block boundaries|every block but the first|only the first block"),
+    ("rounding", r"codes are one off|rounded to a whole number"),
+    ("count", r"moved one position|off-by-one"),
+    ("dtype", r"close but not exact: relative error"),
+    ("axis", r"your result is flat|axes are swapped|size-1 dimension|reduced over dimension"),
+    ("in_place", r"did not move at all"),
+]]
+
+_KIND_WORDS = {
+    "stub": "none yet: the function is still the workbook's stub",
+    "none": "nothing returned (None)",
+    "type": "the type of the result",
+    "error": "your code raised an error",
+    "in_place": "an input changed in place",
+    "shape": "the shape",
+    "dtype": "the dtype",
+    "nonfinite": "NaN/Inf values",
+    "keys": "the keys of the dict",
+}
+_STRUCTURAL = set(_KIND_WORDS)
+_TOPIC_WORDS = {topic: words for topic, words, _ in TOPICS}
+
+
+#: a check's own words (a ``fail`` of its exNN module) that name a structural property
+_WORDED_KINDS = [
+    ("none", re.compile(r"\breturned None\b|\bis None\b|\bno `?return")),
+    ("type", re.compile(r"\breturned (a |an )?[\w.]+(, | instead| where)|\bshould (be|return) a\b|"
+                        r"\bexpected a (tensor|tuple|pair|number|dict|list|bool|Python)")),
+    ("shape", re.compile(r"\bhas shape\b|\bshape \(.*\), expected")),
+    ("dtype", re.compile(r"\bhas dtype\b")),
+]
+
+
+def _without_arguments(text: str) -> str:
+    """The words of a message without its call's argument list (``fn(shape=(7,), dtype=...)``)."""
+    for _ in range(3):
+        text = re.sub(r"\([^()]*\)", "", text)
+    return text
+
+
+def kind_of(failure: Failure) -> str:
+    """``failure.kind``, or for a check's own words (``"check"``) the structural property they state."""
+    if failure.kind != "check":
+        return failure.kind
+    words = _without_arguments(failure.message)
+    for kind, pattern in _WORDED_KINDS:
+        if pattern.search(words):
+            return kind
+    return "check"
+
+
+def mistake_of(failure: Failure) -> str:
+    """The key of ``failure``'s mistake: its kind when that says it (shape, dtype, ...), else the topic its
+    check's words name (first step, order, sign, last block, ...), else ``"values"`` / ``"check"``."""
+    kind = kind_of(failure)
+    if kind in _STRUCTURAL:
+        if kind == "error" and failure.hint and re.search(r"dtype", failure.hint):
+            return "dtype_mix"
+        return kind
+    for text in (failure.hint or "", _without_arguments(failure.message)):
+        for topic, pattern in _PHRASES:
+            if pattern.search(text):
+                return topic
+        found = [(m.start(), i, topic) for i, (topic, _, pattern) in enumerate(TOPICS)
+                 for m in [pattern.search(text)] if m]
+        if found:
+            return min(found)[2]  # the mistake the hint names first
+    return kind
+
+
+def property_words(failure: Failure) -> str:
+    """The property that failed, in a few words (the check's message line and level 2 use them)."""
+    kind = kind_of(failure)
+    if kind == "error" and failure.got:
+        return f"your code raised {failure.got}"
+    if kind in _KIND_WORDS:
+        return _KIND_WORDS[kind]
+    topic = mistake_of(failure)
+    head = "the values" if failure.kind == "values" else "a property the check names"
+    return f"{head} — about {_TOPIC_WORDS[topic]}" if topic in _TOPIC_WORDS else head
+
+
+@dataclass(frozen=True)
+class Hint:
+    """One hint: the exercise, its level (1–3) and the text printed."""
+
+    exercise: str
+    level: int
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclass
+class _Progress:
+    level: int = 0
+    mistake: tuple | None = None  # (kind, mistake key) of the failure level 2 or 3 was about
+
+
+_PROGRESS: dict[str, _Progress] = {}
+
+
+def reset_hints() -> None:
+    """Start every exercise's hints again at level 1."""
+    _PROGRESS.clear()
+
+
+def _exercise_id(exercise) -> str:
+    """ "13.1", "13.01", 13.1, "check_lion8bit", "lion8bit" -> "13.1"; ValueError listing the valid ids."""
+    text = str(exercise).strip().strip("\"'")
+    if text.startswith("check_"):
+        text = text[len("check_"):]
+    for key, item in EXERCISES.items():
+        if text == item.check:
+            return key
+    found = re.fullmatch(r"(?:Exercise\s+)?(\d{1,2})\.(\d{1,2})", text)
+    if found:
+        key = f"{int(found.group(1)):02d}.{int(found.group(2))}"
+        if key in EXERCISES:
+            return key
+    raise ValueError(f"no graded exercise {exercise!r}; the exercises with hints are: {', '.join(EXERCISES)}")
+
+
+def _section(exercise: str) -> str:
+    from .grading.lessons import SECTIONS, _plain
+
+    lesson = f"notebooks/{LESSONS[exercise[:2]]}"
+    heading = SECTIONS.get(EXERCISES[exercise].check)
+    return f"{lesson}, section “{_plain(heading)}”" if heading else lesson
+
+
+def _clip(text: str, limit: int = 400) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _level1(exercise: str) -> str:
+    item = EXERCISES[exercise]
+    return (f"Revisit {_section(exercise)}.\n"
+            f"The idea: {item.idea}")
+
+
+def _level2(exercise: str, failure: Failure | None) -> str:
+    if failure is None:
+        if outcome(exercise) == "passed":
+            return (f"The last run of exercise {exercise}'s check in this notebook passed: there is nothing to fix. "
+                    "(Run the check again after a change to see whether it still does.)")
+        return (f"No failed check of exercise {exercise} is recorded in this session: run your exercise cell, then "
+                f"its check cell (the one that calls check_{EXERCISES[exercise].check}), and call hint(\"{exercise}\") "
+                "again — this step then tells you which property failed on which input.")
+    lines = []
+    on = f" on {failure.what}" if failure.what else ""
+    kind = kind_of(failure)
+    if kind != failure.kind and kind != "none":  # the check's own words state it: show them
+        lines.append(f"The {kind} of your result{on}: " + _clip(failure.message, 300))
+        kind = "reported"
+    if kind == "stub":
+        lines.append(f"Your function is still the stub{on}: it raises NotImplementedError, so nothing of yours ran "
+                     "yet. Replace the stub's raise line with your code and run that cell before the check.")
+    elif kind == "none":
+        lines.append(f"Nothing came back{on}: the result is None. Your function computes something but has no "
+                     "`return` of it (or returns before the end).")
+    elif kind == "type":
+        got = f" {failure.got}" if failure.got else " something else"
+        want = f" where the check expects {failure.expected}" if failure.expected else ""
+        lines.append(f"The type of your result{on}: you returned{got}{want}.")
+    elif kind == "error":
+        lines.append(f"Your code raised {failure.got or 'an error'}{on} — an error inside your function, not a wrong "
+                     "number. The check's words: " + _clip(failure.message, 300))
+    elif kind == "in_place":
+        lines.append(f"Your function changed its input `{failure.got}` in place{on}: the caller still needs it as "
+                     "it was.")
+    elif kind in ("shape", "dtype", "keys"):
+        lines.append(f"The {'keys' if kind == 'keys' else kind} of your result{on}: got {failure.got}, expected "
+                     f"{failure.expected}.")
+    elif kind == "nonfinite":
+        lines.append(f"NaN or Inf{on}: your result is {failure.got} where the reference has {failure.expected} — "
+                     "usually a division by zero, or a non-finite input that needs its own rule.")
+    elif kind == "values":
+        detail = f": got {failure.got}, expected {failure.expected}" if failure.got else ""
+        lines.append(f"The values of your result{on}{detail}.")
+    elif kind == "check":
+        lines.append(f"The check found{on}: " + _clip(failure.message, 300))
+    if kind in ("values", "check", "shape", "dtype", "type", "nonfinite"):
+        topic = mistake_of(failure)
+        if topic in _TOPIC_WORDS:
+            lines.append(f"What the check's hint points at: {_TOPIC_WORDS[topic]}.")
+    if failure.hint and kind not in ("stub",):
+        lines.append("The check's hint: " + _clip(failure.hint))
+    return "\n".join(lines)
+
+
+def _level3(exercise: str, failure: Failure | None) -> str:
+    nudges = EXERCISES[exercise].nudges
+    if failure is None:
+        if outcome(exercise) == "passed":
+            return f"The last run of exercise {exercise}'s check passed: there is no mistake to nudge."
+        return (nudges.get("default", GENERAL_NUDGES["values"])
+                + f"\n(Run the check cell first for a nudge aimed at your own mistake.)")
+    key = mistake_of(failure)
+    text = nudges.get(key) or GENERAL_NUDGES.get(key)
+    if text is None or (key in ("values", "check") and "default" in nudges):
+        text = nudges.get("default", GENERAL_NUDGES.get(key, GENERAL_NUDGES["check"]))
+    return text
+
+
+def next_hint(exercise) -> Hint:
+    """The next hint for ``exercise`` (and move its level on): see :func:`hint`."""
+    key = _exercise_id(exercise)
+    failure = last_failure(key)
+    mistake = (kind_of(failure), mistake_of(failure)) if failure is not None else None
+    progress = _PROGRESS.setdefault(key, _Progress())
+    if progress.level >= 2 and mistake is not None and mistake != progress.mistake:
+        level = 2  # a new failure of another property: what is wrong now
+    else:
+        level = min(progress.level + 1, 3)
+    repeat = progress.level == 3 and level == 3
+    progress.level = level
+    if level >= 2:
+        progress.mistake = mistake
+    item = EXERCISES[key]
+    head = f"Hint {level} of 3 · Exercise {key} · {item.title}"
+    if level == 1:
+        body = _level1(key)
+        tail = f'Still stuck? hint("{key}") again says what your last check run got wrong.'
+    elif level == 2:
+        body = _level2(key, failure)
+        tail = f'Still stuck? hint("{key}") again gives a nudge for this mistake.'
+    else:
+        body = _level3(key, failure)
+        tail = (f"That is all the hints for {key}: calling hint(\"{key}\") again repeats this one"
+                + (" (a new failure of another kind starts again at step 2)." if failure is not None else "."))
+        if repeat:
+            head += " (again)"
+    return Hint(key, level, f"{head}\n{body}\n{tail}")
+
+
+def hint(exercise) -> None:
+    """Print the next hint for ``exercise`` ("13.1"): the idea to revisit, then what your last failed check got
+    wrong, then a nudge for that mistake; further calls repeat the nudge. ValueError for an unknown id."""
+    print(next_hint(exercise).text)
