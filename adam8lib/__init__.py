@@ -9,7 +9,7 @@ Modules, in the order the course builds them:
   :mod:`adam8lib.kernels` (reference PyTorch, Triton (08), fast CPU); ``Adam4bit``, ``AdamFp8``
   and bf16 weights with stochastic rounding (12), formats in :mod:`adam8lib.formats`
 * :mod:`adam8lib.family`, :mod:`adam8lib.muon` — ``Lion8bit``, ``AdEMAMix8bit``, ``RMSprop8bit``,
-  ``Adagrad8bit``, ``SGD8bit``, ``Muon8bit``: update rules (:mod:`adam8lib.rules`) on one quantized-state
+  ``Adagrad8bit``, ``SGD8bit``, ``Adan8bit``, ``Muon8bit``: update rules (:mod:`adam8lib.rules`) on one quantized-state
   core (:mod:`adam8lib.quantized_state`; FSDP2 shards in the whole tensor's blocks: :mod:`adam8lib.global_blocks`)
 * :mod:`adam8lib.memory` — estimated and measured optimizer memory (01, 09)
 * :mod:`adam8lib.release` — gradient release: each parameter stepped inside backward, its gradient freed
@@ -21,7 +21,7 @@ Modules, in the order the course builds them:
 
 from .adam import adam_step
 from .ema import adam_moments, bias_correction, ema_update
-from .family import AdEMAMix, AdEMAMix8bit, Adagrad8bit, Lion, Lion4bit, Lion8bit, RMSprop8bit, SGD8bit
+from .family import AdEMAMix, AdEMAMix8bit, Adagrad8bit, Adan, Adan8bit, Lion, Lion4bit, Lion8bit, RMSprop8bit, SGD8bit
 from .memory import compute_optimizer_size, estimate_optimizer_memory
 from .master_weights import CompressedMasterWeights, join_master, split_master
 from .memory_tracker import MemoryTracker, track_step
@@ -55,6 +55,8 @@ __all__ = [
     "RMSprop8bit",
     "Adagrad8bit",
     "SGD8bit",
+    "Adan",
+    "Adan8bit",
     "Muon8bit",
     "adam_step",
     "adam_moments",

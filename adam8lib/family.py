@@ -12,11 +12,16 @@ class              rule                        states (format by default)
 ``RMSprop8bit``    RMSprop                     ``square_avg`` (8-bit, signed map, as bitsandbytes)
 ``Adagrad8bit``    Adagrad                     ``sum`` (8-bit, signed map, as bitsandbytes)
 ``SGD8bit``        SGD with momentum           ``momentum_buffer`` (8-bit, signed map)
+``Adan``           Adan                        ``exp_avg``, ``exp_avg_diff``, ``exp_avg_sq``, ``prev_grad`` (fp32)
+``Adan8bit``       Adan                        the first three 8-bit (signed, signed, unsigned map); ``prev_grad``
+                                               kept in fp32 (not a moment)
 =================  ==========================  =====================================================
 
 Their arguments and defaults are bitsandbytes 0.50.2's, but two of ``SGD8bit``: ``lr`` defaults to 1e-3
 (bitsandbytes requires it) and ``momentum`` to 0.9 (bitsandbytes' default, 0, is refused by its own class).
-bitsandbytes' ``args``, ``optim_bits`` and ``is_paged`` are not taken (no paging here).
+bitsandbytes' ``args``, ``optim_bits`` and ``is_paged`` are not taken (no paging here). bitsandbytes has no Adan:
+``Adan``'s arguments and defaults are pytorch-optimizer 3.11.0's (:mod:`adam8lib.rules.adan`), less its
+global-norm clipping.
 Every class takes ``state_format`` (any format of :mod:`adam8lib.formats`, or ``"fp32"``), ``blocksize``,
 ``min_8bit_size`` (4096), ``backend`` (the reference step), and ``stochastic_rounding``/``seed`` (bf16 weights, as
 ``AdamW8bit``: the same core); every class steps FSDP2 (DTensor) shards with the unsharded run's bits (see
@@ -33,9 +38,10 @@ from __future__ import annotations
 from typing import Any
 
 from .quantized_state import QuantizedStateOptimizer
-from .rules import AdagradRule, AdEMAMixRule, LionRule, RMSpropRule, SGDMomentumRule
+from .rules import AdagradRule, AdanRule, AdEMAMixRule, LionRule, RMSpropRule, SGDMomentumRule
 
-__all__ = ["Lion", "Lion8bit", "Lion4bit", "AdEMAMix", "AdEMAMix8bit", "RMSprop8bit", "Adagrad8bit", "SGD8bit"]
+__all__ = ["Lion", "Lion8bit", "Lion4bit", "AdEMAMix", "AdEMAMix8bit", "RMSprop8bit", "Adagrad8bit", "SGD8bit",
+           "Adan", "Adan8bit"]
 
 
 def _refuse(name: str, value: Any, default: Any, why: str) -> None:
@@ -120,3 +126,26 @@ class SGD8bit(QuantizedStateOptimizer):
         _refuse("dampening", dampening, 0.0, "not implemented, as in bitsandbytes")
         _refuse("nesterov", nesterov, False, "not implemented, as in bitsandbytes")
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay), **kwargs)
+
+
+class Adan(QuantizedStateOptimizer):
+    """Adan (:mod:`adam8lib.rules.adan`, as pytorch-optimizer's ``Adan``) with fp32 states; ``Adan8bit`` stores its
+    three moments in 8 bits. The previous gradient stays fp32 in every format. ``max_grad_norm`` (pytorch-optimizer's
+    global-norm clipping) is refused unless 0: clip the gradients before the step instead."""
+
+    rule = AdanRule()
+    state_format = "fp32"
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float, float] = (0.98, 0.92, 0.99),
+                 weight_decay: float = 0.0, weight_decouple: bool = False, max_grad_norm: float = 0.0,
+                 eps: float = 1e-8, **kwargs: Any) -> None:
+        _refuse("max_grad_norm", max_grad_norm, 0.0, "a global norm, not an elementwise step; clip the gradients "
+                "before the step (torch.nn.utils.clip_grad_norm_)")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                                      weight_decouple=weight_decouple), **kwargs)
+
+
+class Adan8bit(Adan):
+    """:class:`Adan` with its three moments in 8 bits (signed, signed, unsigned map) and the previous gradient in fp32."""
+
+    state_format = "8bit"

@@ -51,7 +51,10 @@ bits of one tensor at a time, without the per-tensor cost (most of a step of man
 ``state[spec.codes_key]`` (flat uint8 codes, two 4-bit codes per byte for 4-bit formats; by default
 ``name + "_codes"``) and ``state[spec.scales_key]`` (flat fp32 scales; ``name + "_absmax"``), plus ``state["step"]``
 (a Python int); :meth:`~QuantizedStateOptimizer.state_specs` gives the specs with the keys a class stores (the
-low-bit Adams: ``state1``/``absmax1``, ``state2``/``absmax2``). ``state_dict()``
+low-bit Adams: ``state1``/``absmax1``, ``state2``/``absmax2``). A state its rule keeps in a plain dtype
+(:attr:`adam8lib.rules.base.StateSpec.kept`, ``"fp32"``/``"bf16"``: Adan's previous gradient) is ``state[name]`` in that
+dtype in every format: the rule gets its fp32 values, a fused step ``(values,)``, the DCP form treats it as an fp32
+state of the shard (one value per element), and it says nothing of whether the others are quantized. ``state_dict()``
 adds :data:`FORMAT_KEY` (a class's :attr:`~QuantizedStateOptimizer.format_tag_key`) to every state with quantized entries: the format's name and fingerprint (maps,
 bits, block size, sign rule), so a checkpoint loads only where its codes decode to the same values,
 and a refusal names both formats as users write them (``'8bit'``, ``'4bit'``).
@@ -348,6 +351,8 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         state = self.state.get(p) if state is None else state
         if state:
             for spec in self.state_specs(rule):
+                if spec.kept is not None:
+                    continue  # (kept in its dtype in every format: says nothing of the kind)
                 if spec.codes_key in state:
                     return True
                 if spec.name in state:
@@ -372,7 +377,9 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         local = local_tensor(p)
         shape, local_shape = tuple(p.shape), tuple(local.shape)
         for spec in self.state_specs(rule):
-            if quantized:
+            if spec.kept is not None:  # kept in its own dtype, whatever the format
+                out[spec.name] = (local_shape, spec.kept_dtype)
+            elif quantized:
                 fmt = self.moment(spec)
                 scales = (shard_scales_numel(fmt, shape, local_shape, block_lead(p, fmt.blocksize)) if sharded
                           else fmt.scales_numel(local_shape))
@@ -402,8 +409,10 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         """The fp32 values of one state, in the shape of ``target`` (default: ``p``'s local tensor; an fp32
         state: the stored tensor itself). ``p`` is the parameter (a DTensor for a shard: its blocks are global)."""
         target = local_tensor(p) if target is None else target
-        if spec.name in state:
+        if spec.name in state:  # fp32 (updated in place), or kept in bf16 (an fp32 copy, stored back by _encode)
             values = state[spec.name]
+            if values.dtype != torch.float32:
+                values = values.float()
             return values if values.shape == target.shape else values.view(target.shape)
         fmt = self.moment(spec)
         lead = block_lead(p, fmt.blocksize) if self._global_blocks(p) else 0
@@ -424,8 +433,11 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
 
     def _encode(self, state: dict[str, Any], spec: StateSpec, x: torch.Tensor, p: torch.Tensor,
                 target: torch.Tensor) -> None:
-        if spec.name in state:
-            return  # fp32: updated in place
+        if spec.name in state:  # fp32: updated in place; kept in another dtype: stored back, rounded to nearest
+            stored = state[spec.name]
+            if stored.dtype != torch.float32:
+                stored.copy_(x.reshape(stored.shape))
+            return
         fmt = self.moment(spec)
         if not _sharded(p):
             codes, scales = self.quantize(spec, x.reshape(-1), fmt, tuple(target.shape))
@@ -544,10 +556,12 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
     def _kernel_item(self, target: torch.Tensor, grad: torch.Tensor, state: dict[str, Any],
                      rule: UpdateRule) -> tuple[torch.Tensor, torch.Tensor, tuple]:
         """``(p, g, states)`` as the registry's fused steps take them: flat, contiguous (a copy of ``target`` where
-        it is not contiguous, which the caller writes back), and the ``(codes, scales)`` of each state."""
+        it is not contiguous, which the caller writes back), and the ``(codes, scales)`` of each state (``(values,)``,
+        flat, of a kept one)."""
         flat = target.view(-1) if target.is_contiguous() else target.contiguous().view(-1)
         return (flat, grad.reshape(-1).contiguous(),
-                tuple((state[s.codes_key], state[s.scales_key]) for s in self.state_specs(rule)))
+                tuple((state[s.name].view(-1),) if s.kept is not None else (state[s.codes_key], state[s.scales_key])
+                      for s in self.state_specs(rule)))
 
     @staticmethod
     def _batches_fp32(rule: UpdateRule) -> bool:
@@ -629,7 +643,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         or blocks cut by a shard boundary): then it takes the reference step, on the whole shard."""
         if type(p) in _PLAIN or not is_dtensor(p) or not _sharded(p) or not self._state_kind(p, rule, group):
             return False
-        moments = {self.moment(spec) for spec in self.state_specs(rule)}
+        moments = {self.moment(spec) for spec in self.state_specs(rule) if spec.kept is None}
         return any(m.uses_rank1(tuple(p.shape)) or (self._global_blocks(p) and block_edge_reducer(p, m.blocksize) is not None)
                    for m in moments)
 
@@ -848,10 +862,11 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
     def _state_keys(self, p: torch.Tensor, rule: UpdateRule, group: dict[str, Any] | None = None) -> dict[str, Any]:
         """``moments`` (``{codes key: (scales key, moment format)}``) and ``fp32_keys`` of ``p``'s state: what
         :func:`adam8lib.distributed.to_checkpoint_state` and ``to_local_state`` need to know of it."""
-        if self._state_kind(p, rule, group):
-            return {"moments": {s.codes_key: (s.scales_key, self.moment(s)) for s in self.state_specs(rule)},
-                    "fp32_keys": ()}
-        return {"moments": {}, "fp32_keys": tuple(s.name for s in self.state_specs(rule))}
+        specs = self.state_specs(rule)
+        if self._state_kind(p, rule, group):  # (kept states: one value per element, as fp32 ones)
+            return {"moments": {s.codes_key: (s.scales_key, self.moment(s)) for s in specs if s.kept is None},
+                    "fp32_keys": tuple(s.name for s in specs if s.kept is not None)}
+        return {"moments": {}, "fp32_keys": tuple(s.name for s in specs)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a checkpoint of this class, keeping codes and fp32 scales as they are. Everything is

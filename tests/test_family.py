@@ -9,12 +9,12 @@ import math
 import pytest
 import torch
 
-from adam8lib import (AdEMAMix, AdEMAMix8bit, Adagrad8bit, Adam8bit, Lion, Lion4bit, Lion8bit, Muon8bit,
-                      RMSprop8bit, SGD8bit)
+from adam8lib import (AdEMAMix, AdEMAMix8bit, Adagrad8bit, Adam8bit, Adan, Adan8bit, Lion, Lion4bit, Lion8bit,
+                      Muon8bit, RMSprop8bit, SGD8bit)
 from adam8lib.quantized_state import FORMAT_KEY
 from adam8lib.rules.ademamix import alpha_at, beta3_at
 
-FAMILY = [Lion, Lion8bit, Lion4bit, AdEMAMix, AdEMAMix8bit, RMSprop8bit, Adagrad8bit, SGD8bit, Muon8bit]
+FAMILY = [Lion, Lion8bit, Lion4bit, AdEMAMix, AdEMAMix8bit, RMSprop8bit, Adagrad8bit, SGD8bit, Muon8bit, Adan, Adan8bit]
 QUANTIZED = [c for c in FAMILY if c.state_format != "fp32"]
 
 
@@ -306,7 +306,8 @@ def test_state_bytes_are_codes_plus_scales():
 
     n = 256 * 64 + 100  # 16484 elements: 65 blocks of 256, 129 of 128
     expected = {Lion8bit: n + 4 * 65, Lion4bit: n // 2 + 4 * 129, AdEMAMix8bit: 3 * n + 3 * 4 * 65,
-                RMSprop8bit: n + 4 * 65, Lion: 4 * n, AdEMAMix: 12 * n}
+                RMSprop8bit: n + 4 * 65, Lion: 4 * n, AdEMAMix: 12 * n,
+                Adan8bit: 3 * n + 3 * 4 * 65 + 4 * n, Adan: 16 * n}  # (Adan8bit: the previous gradient in fp32)
     for cls, nbytes in expected.items():
         p = torch.nn.Parameter(torch.zeros(n))
         opt = cls([p])

@@ -83,7 +83,8 @@ def slice_state(opt, pname, shape, state, a, b):
         if not key.endswith(("_codes", "_absmax")):
             out[key] = value.reshape(-1)[a:b]
             continue
-        spec = next(s for s in opt.rule_for(torch.empty(shape), opt.param_groups[0]).states if key.startswith(s.name + "_"))
+        spec = max((s for s in opt.rule_for(torch.empty(shape), opt.param_groups[0]).states
+                    if key.startswith(s.name + "_")), key=lambda s: len(s.name))  # (exp_avg_sq_codes: exp_avg_sq's)
         moment = opt.moment(spec)
         if key.endswith("_codes"):
             codes = unpack_nibbles(value, math.prod(shape)) if moment.bits == 4 else value

@@ -22,8 +22,8 @@ import pytest
 import torch
 from torch import nn
 
-from adam8lib import (AdEMAMix8bit, Adagrad8bit, Adam4bit, Adam8bit, AdamW4bit, AdamW8bit, AdamWFp8, Lion, Lion4bit,
-                      Lion8bit, Muon8bit, RMSprop8bit, SGD8bit, kernels)
+from adam8lib import (AdEMAMix8bit, Adagrad8bit, Adam4bit, Adam8bit, AdamW4bit, AdamW8bit, AdamWFp8, Adan8bit, Lion,
+                      Lion4bit, Lion8bit, Muon8bit, RMSprop8bit, SGD8bit, kernels)
 from adam8lib.optim import LowBitAdam
 from adam8lib.quantized_state import QuantizedStateOptimizer
 
@@ -32,7 +32,7 @@ CLASSES = [Adam8bit, AdamW8bit]
 OTHER_FORMATS = [Adam4bit, AdamW4bit, AdamWFp8]
 #: The family on the update-rule core: the reference step ("torch") and "auto" (the fused cpu steps of the
 #: elementwise rules' 8-bit states, the reference step for the rest).
-FAMILY = [Lion, Lion8bit, Lion4bit, AdEMAMix8bit, RMSprop8bit, Adagrad8bit, SGD8bit, Muon8bit]
+FAMILY = [Lion, Lion8bit, Lion4bit, AdEMAMix8bit, RMSprop8bit, Adagrad8bit, SGD8bit, Muon8bit, Adan8bit]
 
 
 def _cpu_backends():

@@ -18,6 +18,7 @@ conventions over a new class once it is added there."""
 
 from .ademamix import AdEMAMixRule
 from .adamw import AdamWRule
+from .adan import AdanRule
 from .base import StateSpec, UpdateRule
 from .lion import LionRule
 from .muon import MuonRule
@@ -25,12 +26,12 @@ from .rmsprop import AdagradRule, RMSpropRule
 from .sgd import SGDMomentumRule
 
 __all__ = ["StateSpec", "UpdateRule", "LionRule", "AdEMAMixRule", "RMSpropRule", "AdagradRule",
-           "SGDMomentumRule", "AdamWRule", "MuonRule", "LIBRARY_RULES", "is_library_rule"]
+           "SGDMomentumRule", "AdamWRule", "MuonRule", "AdanRule", "LIBRARY_RULES", "is_library_rule"]
 
 #: The library's rules by name: what a fused step registered under that name (:mod:`adam8lib.kernels.registry`)
 #: computes.
 LIBRARY_RULES = {cls.name: cls for cls in (AdamWRule, LionRule, AdEMAMixRule, RMSpropRule, AdagradRule,
-                                           SGDMomentumRule, MuonRule)}
+                                           SGDMomentumRule, MuonRule, AdanRule)}
 _COMPUTES = ("update", "update_unquantized", "states", "elementwise")
 
 

@@ -9,7 +9,9 @@ after, so the same rule runs with fp32 states (``Lion``), 8-bit ones (``Lion8bit
 (``Lion4bit``).
 
 A :class:`StateSpec` names a state and says which of a state format's two moment formats stores it:
-``"m"`` (signed: the signed dynamic map in 8 bits) or ``"v"`` (never negative: the unsigned map).
+``"m"`` (signed: the signed dynamic map in 8 bits) or ``"v"`` (never negative: the unsigned map); or that
+it is **kept** in a plain dtype whatever the format (``kept="fp32"`` or ``"bf16"``): a state that is not a
+moment, such as Adan's previous gradient, which quantizing would turn into another algorithm.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ from typing import Any, ClassVar, Mapping
 
 import torch
 
-__all__ = ["StateSpec", "UpdateRule", "check_number", "check_beta", "check_int"]
+__all__ = ["StateSpec", "UpdateRule", "KEPT_DTYPES", "check_number", "check_beta", "check_int"]
+
+#: The dtypes a state can be kept in whatever the format (:attr:`StateSpec.kept`).
+KEPT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -30,19 +35,33 @@ class StateSpec:
 
     Where it is stored: kept in fp32, ``state[name]``; quantized, its codes ``state[codes_key]`` and its
     scales ``state[scales_key]`` (by default ``name + "_codes"`` and ``name + "_absmax"``; a rule whose
-    checkpoints have other keys names them, e.g. the low-bit Adam classes' ``"state1"``/``"absmax1"``)."""
+    checkpoints have other keys names them, e.g. the low-bit Adam classes' ``"state1"``/``"absmax1"``).
+
+    ``kept``: ``"fp32"`` or ``"bf16"`` keeps the state in that dtype in every format (``state[name]``, the
+    parameter's shape; never codes): the rule is handed its fp32 values and what it writes is stored back
+    (rounded to nearest for bf16). ``None`` (default): stored in the format's moment ``stored_as``."""
 
     name: str
     stored_as: str = "m"
     codes: str | None = None
     scales: str | None = None
+    kept: str | None = None
 
     def __post_init__(self) -> None:
         if self.stored_as not in ("m", "v"):
             raise ValueError(f"StateSpec.stored_as must be 'm' or 'v', got {self.stored_as!r}")
+        if self.kept not in (None, *KEPT_DTYPES):
+            raise ValueError(f"StateSpec.kept must be None, 'fp32' or 'bf16', got {self.kept!r}")
+        if self.kept is not None and (self.codes is not None or self.scales is not None):
+            raise ValueError(f"StateSpec {self.name!r}: a kept state has no codes or scales keys")
         for what in (self.codes, self.scales):
             if what is not None and (not isinstance(what, str) or not what or what in (self.name, "step")):
                 raise ValueError(f"StateSpec {self.name!r}: a storage key must be a new non-empty string, got {what!r}")
+
+    @property
+    def kept_dtype(self) -> torch.dtype | None:
+        """The dtype of a kept state (None: quantized in the format, or fp32 with fp32 states)."""
+        return None if self.kept is None else KEPT_DTYPES[self.kept]
 
     @property
     def codes_key(self) -> str:
