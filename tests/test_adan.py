@@ -49,7 +49,8 @@ def _train(opt, params, steps, first=0):
 
 @pytest.mark.parametrize("weight_decay, weight_decouple", [(0.0, False), (0.05, False), (0.05, True)])
 def test_adan_equals_pytorch_optimizer_bit_for_bit(weight_decay, weight_decouple):
-    po = pytest.importorskip("pytorch_optimizer")
+    import pytorch_optimizer as po  # (the test extras pin it: a missing one fails here, not skips)
+
     kwargs = dict(lr=1e-2, betas=(0.98, 0.92, 0.99), eps=1e-8, weight_decay=weight_decay,
                   weight_decouple=weight_decouple)
     ref, ours = _params(), _params()
@@ -68,7 +69,8 @@ def test_adan_equals_pytorch_optimizer_bit_for_bit(weight_decay, weight_decouple
 
 
 def test_defaults_are_pytorch_optimizers():
-    po = pytest.importorskip("pytorch_optimizer")
+    import pytorch_optimizer as po
+
     theirs = po.Adan([torch.nn.Parameter(torch.zeros(2))]).defaults
     ours = Adan([torch.nn.Parameter(torch.zeros(2))]).defaults
     for key in ("lr", "betas", "eps", "weight_decay", "weight_decouple"):
@@ -169,7 +171,7 @@ def test_a_non_finite_gradient_resets_every_state_of_that_element():
     p.grad = g
     opt.step()
     state = opt.state[p]
-    assert float(p[7]) == float(before[7])
+    assert float(p.detach()[7]) == float(before[7])
     assert float(state["prev_grad"][7]) == 0.0
     assert float(opt.decode(state, opt.rule.states[2], p)[7]) == 0.0
     assert bool(torch.isfinite(p).all())
@@ -229,6 +231,38 @@ def test_a_state_kept_in_bf16_is_stored_rounded_and_read_in_fp32(fmt):
         Adan8bit(_params(), state_format=fmt).load_state_dict(sd)
 
 
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+def test_fused_steps_take_the_kept_state_as_values_and_refuse_it_as_codes(backend, monkeypatch):
+    """The fused steps' calling convention: a kept state is ``(values,)`` (flat fp32); given as codes and scales,
+    or with another dtype, the step refuses before anything changes."""
+    from adam8lib import kernels
+    from adam8lib.formats import get_format
+
+    if backend == "triton":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        pytest.importorskip("triton")
+        from adam8lib.kernels.triton_rules import rule_step_triton as step
+    else:
+        if "cpu" not in kernels.available_backends("cpu"):
+            pytest.skip("the cpu backend is not built here")
+        from adam8lib.kernels.cpu_rules import rule_step_cpu as step
+    rule, fmt, n = AdanRule(), get_format("8bit").with_blocksize(64), 300
+    group = dict(AdanRule.hyperparameters)
+    p, g = torch.zeros(n), torch.ones(n)
+    coded = [(torch.full((n,), 127, dtype=torch.uint8), torch.zeros(5)) for _ in range(2)]
+    coded.append((torch.zeros(n, dtype=torch.uint8), torch.zeros(5)))
+    prev = torch.zeros(n)
+    for bad, error in (((torch.zeros(n, dtype=torch.uint8), torch.zeros(5)), TypeError),
+                       ((torch.zeros(n, dtype=torch.float64),), ValueError),
+                       ((torch.zeros(n - 1),), ValueError)):
+        with pytest.raises(error):
+            step(p, g, tuple(coded) + (bad,), rule=rule, fmt=fmt, shape=(n,), step=1, group=group)
+        assert not bool(p.any())
+    step(p, g, tuple(coded) + ((prev,),), rule=rule, fmt=fmt, shape=(n,), step=1, group=group)
+    assert torch.equal(prev, g)  # the kept state: the gradient, as it is
+    torch.testing.assert_close(p, torch.full((n,), -1e-3), rtol=1e-6, atol=0)  # step 1: lr * g / (|g| + eps)
+
+
 def test_state_spec_kept_is_checked():
     assert StateSpec("x", kept="fp32").kept_dtype == torch.float32
     assert StateSpec("x", kept="bf16").kept_dtype == torch.bfloat16
@@ -262,3 +296,28 @@ def test_kept_state_under_stochastic_rounding_chunks():
     for key in s1:
         assert torch.equal(s1[key], s2[key]), key
     assert math.isfinite(float(p1.float().sum()))
+
+
+def test_kept_state_in_rank1_row_chunks():
+    """4-bit states (v with rank-1 scales) on bf16 weights with stochastic rounding step a matrix in two passes over
+    chunks of rows (adam8lib.rank1_chunks): the kept previous gradient goes with them; the same bits as one chunk."""
+    from adam8lib import rank1_chunks
+
+    def run(chunk):
+        p = torch.nn.Parameter(torch.randn(96, 64, generator=torch.Generator().manual_seed(5)).bfloat16())
+        opt = Adan8bit([p], lr=1e-2, state_format="4bit", stochastic_rounding=True, seed=2)
+        old = rank1_chunks.RANK1_CHUNK
+        rank1_chunks.RANK1_CHUNK = chunk
+        try:
+            for t in range(3):
+                p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(10 + t)).bfloat16()
+                opt.step()
+        finally:
+            rank1_chunks.RANK1_CHUNK = old
+        return p.detach().clone(), {k: v.clone() for k, v in opt.state[p].items() if torch.is_tensor(v)}
+
+    (p1, s1), (p2, s2) = run(64 * 16), run(1 << 22)
+    assert torch.equal(p1, p2)
+    for key in s1:
+        assert torch.equal(s1[key], s2[key]), key
+    assert s1["prev_grad"].dtype == torch.float32

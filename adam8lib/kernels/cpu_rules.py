@@ -1,4 +1,4 @@
-"""The ``"cpu"`` fused steps of the family's elementwise rules: Lion, AdEMAMix, RMSprop, Adagrad (issue 35).
+"""The ``"cpu"`` fused steps of the family's elementwise rules: Lion, AdEMAMix, RMSprop, Adagrad, Adan (issues 35, 52).
 
 One C++ template (``csrc/rules.h``): each rule's update is written once, on "lanes" of 1, 8 (AVX2) or 16
 (AVX-512) floats with torch's rounding; decoding, the non-finite rule, torch's square root, the new
@@ -11,6 +11,8 @@ What it accepts (:func:`~adam8lib.kernels.rule_args.accepts`): a state format wh
 scale per block, the same block size for both (``"8bit"``, ``"fp8"``, or a user's format of that
 layout); each state is coded with the table of its own moment format (:func:`state_tables`, sampled
 from :meth:`adam8lib.formats.MomentFormat.code`, so the codes are the reference's, sign rule included).
+A rule may have any number of states; one it keeps in fp32 (:attr:`adam8lib.rules.base.StateSpec.kept`,
+Adan's previous gradient) comes as ``(values,)``, flat fp32, and is read and written as floats.
 Registered in :mod:`adam8lib.kernels.registry` as ``(rule, that layout, "cpu")``; the calling convention
 is the registry's: ``rule_step_cpu(p, g, states, *, rule, fmt, shape, step, group)``.
 
@@ -42,9 +44,11 @@ __all__ = ["RULES", "SIMD", "accepts", "rule_scalars", "rule_step_cpu", "state_t
 SIMD: int | None = None
 
 
-def state_tables(rule: Any, fmt: Any) -> list[CodeTable]:
-    """The exact nearest-code table of each state of ``rule``, in its moment format (``m`` or ``v``)."""
-    return [moment_table(fmt.m if spec.stored_as == "m" else fmt.v, False) for spec in rule.states]
+def state_tables(rule: Any, fmt: Any) -> list[CodeTable | None]:
+    """The exact nearest-code table of each state of ``rule``, in its moment format (``m`` or ``v``); None for a
+    state it keeps unquantized."""
+    return [None if spec.kept is not None else moment_table(fmt.m if spec.stored_as == "m" else fmt.v, False)
+            for spec in rule.states]
 
 
 def _check(p: torch.Tensor, g: torch.Tensor, states, rule: Any, fmt: Any, shape: tuple[int, ...]) -> None:
@@ -57,6 +61,13 @@ def _check(p: torch.Tensor, g: torch.Tensor, states, rule: Any, fmt: Any, shape:
     blocks = num_blocks(n, fmt.m.blocksize)
     tensors = {"p": (p, n, None), "g": (g, n, None)}
     for spec, entry in zip(rule.states, states):
+        if spec.kept is not None:
+            if spec.kept != "fp32":
+                raise ValueError(f"state {spec.name!r} is kept in {spec.kept}: the cpu template keeps states in fp32 only")
+            if not isinstance(entry, (tuple, list)) or len(entry) != 1:
+                raise TypeError(f"state {spec.name!r} must be a (values,) tuple: the rule keeps it in fp32")
+            tensors[spec.name] = (entry[0], n, torch.float32)
+            continue
         if not isinstance(entry, (tuple, list)) or len(entry) != 2:
             raise TypeError(f"state {spec.name!r} must be a (codes, absmax) pair: the cpu template steps quantized states")
         tensors[spec.name + " codes"] = (entry[0], n, torch.uint8)
@@ -80,7 +91,7 @@ def _check(p: torch.Tensor, g: torch.Tensor, states, rule: Any, fmt: Any, shape:
 @torch.no_grad()
 def rule_step_cpu(p: torch.Tensor, g: torch.Tensor, states, *, rule: Any, fmt: Any, shape: tuple[int, ...], step: int,
                   group: Mapping[str, Any], simd: int | None = None) -> None:
-    """One step of ``rule`` (Lion, AdEMAMix, RMSprop, Adagrad) on flat CPU tensors, in place: the
+    """One step of ``rule`` (Lion, AdEMAMix, RMSprop, Adagrad, Adan) on flat CPU tensors, in place: the
     registry's calling convention (:mod:`adam8lib.kernels.registry`); ``simd`` as :data:`SIMD`."""
     if rule.name not in RULES:
         raise ValueError(f"the cpu rule template has no rule {rule.name!r}; it has {sorted(RULES)}")
@@ -96,9 +107,12 @@ def rule_step_cpu(p: torch.Tensor, g: torch.Tensor, states, *, rule: Any, fmt: A
     level = simd if simd is not None else (SIMD if SIMD is not None else simd_level())
     status = lib.rule_step_cpu(
         RULES[rule.name], p.data_ptr(), g.data_ptr(), DTYPE_CODES[p.dtype], DTYPE_CODES[g.dtype], p.numel(),
-        fmt.m.blocksize, count, ptrs(*(c.data_ptr() for c, _ in states)), ptrs(*(a.data_ptr() for _, a in states)),
-        ptrs(*(t.qmap.data_ptr() for t in tables)), ptrs(*(t.raw_steps.data_ptr() for t in tables)),
-        (ctypes.c_int * count)(*(t.nan_code for t in tables)), (ctypes.c_float * len(scalars))(*scalars), len(scalars),
+        fmt.m.blocksize, count, ptrs(*(s[0].data_ptr() for s in states)),  # (a kept state: its floats)
+        ptrs(*(s[1].data_ptr() if len(s) == 2 else None for s in states)),
+        ptrs(*(None if t is None else t.qmap.data_ptr() for t in tables)),
+        ptrs(*(None if t is None else t.raw_steps.data_ptr() for t in tables)),
+        (ctypes.c_int * count)(*(0 if t is None else t.nan_code for t in tables)),
+        (ctypes.c_float * len(scalars))(*scalars), len(scalars),
         int(torch_uses_fma()), mkl, MKL_VML_MODE, mkl_sqrt_inline() if mkl is not None else 0, level,
         torch.get_num_threads())
     if status != 0:

@@ -10,7 +10,8 @@ convention::
 * ``p``, ``g``: the parameter and its gradient, flat and contiguous (``p``: fp32, bf16 or fp16);
 * ``states``: one entry per ``rule.states``, in order: ``(codes, absmax)`` for a quantized state
   (flat codes in the moment format ``fmt.m`` or ``fmt.v`` that ``StateSpec.stored_as`` names, flat
-  fp32 scales), ``(values,)`` for an fp32 one;
+  fp32 scales), ``(values,)`` for an fp32 one or one the rule keeps unquantized (``StateSpec.kept``: flat, in
+  its dtype; Adan's previous gradient);
 * ``rule``: the :class:`~adam8lib.rules.base.UpdateRule`; ``fmt``: the
   :class:`~adam8lib.formats.StateFormat` (its block size is the one that counts); ``shape``: the
   parameter's shape; ``step``: the step count t of this step (from 1); ``group``: the rule's
@@ -33,7 +34,7 @@ one group on one device in one call, each as ``fn`` would: ``items`` holds ``(p,
 ``fn`` takes them, ``shapes`` and ``steps`` one entry per tensor. The 8-bit Adam steps have one (the backend's
 ``step_many``: what Adam8bit's batched step calls). Registered today: the 8-bit Adam backends and the FP8 and
 4-bit Adam kernels as ``"adamw"`` (:func:`adam8lib.kernels.register_adam_step`), and the rule templates
-of Lion, AdEMAMix, RMSprop and Adagrad (:mod:`.cpu_rules`, :mod:`.triton_rules`).
+of Lion, AdEMAMix, RMSprop, Adagrad and Adan (:mod:`.cpu_rules`, :mod:`.triton_rules`).
 """
 
 from __future__ import annotations

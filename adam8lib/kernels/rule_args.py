@@ -18,7 +18,7 @@ from ..rules.ademamix import alpha_at, beta3_at
 __all__ = ["RULES", "accepts", "rule_scalars"]
 
 #: The rules the templates step: name -> id (``csrc/rules.h`` and :mod:`.triton_rules` use the same).
-RULES = {"lion": 1, "ademamix": 2, "rmsprop": 3, "adagrad": 4}
+RULES = {"lion": 1, "ademamix": 2, "rmsprop": 3, "adagrad": 4, "adan": 5}
 
 
 def accepts(fmt: Any) -> bool:
@@ -37,6 +37,9 @@ def rule_scalars(name: str, step: int, group: Mapping[str, Any]) -> list[float]:
       sqrt(1 - beta2^t), eps, decay, -lr
     * rmsprop: weight_decay, alpha, 1 - alpha, eps, -lr
     * adagrad: weight_decay, eps, -lr
+    * adan: beta1, 1 - beta1, beta2, 1 - beta2, beta3, 1 - beta3, first (1 on step 1), sqrt(1 - beta3^t), eps,
+      decay (1 - lr*wd with weight_decouple, else 1), -lr / (1 - beta1^t), -lr*beta2 / (1 - beta2^t),
+      prox (1 + lr*wd without weight_decouple, else 1)
     """
     lr, wd = group["lr"], group["weight_decay"]
     if name == "lion":
@@ -54,4 +57,10 @@ def rule_scalars(name: str, step: int, group: Mapping[str, Any]) -> list[float]:
         return [wd, group["alpha"], 1.0 - group["alpha"], group["eps"], -lr]
     if name == "adagrad":
         return [wd, group["eps"], -lr]
+    if name == "adan":
+        beta1, beta2, beta3 = group["betas"]
+        decouple = group["weight_decouple"]
+        return [beta1, 1.0 - beta1, beta2, 1.0 - beta2, beta3, 1.0 - beta3, 1.0 if step == 1 else 0.0,
+                math.sqrt(1.0 - beta3**step), group["eps"], 1.0 - lr * wd if decouple else 1.0,
+                -lr / (1.0 - beta1**step), -lr * beta2 / (1.0 - beta2**step), 1.0 if decouple else 1.0 + lr * wd]
     raise ValueError(f"the rule templates have no rule {name!r}; they have {sorted(RULES)}")

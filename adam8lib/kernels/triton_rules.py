@@ -1,10 +1,13 @@
-"""The Triton template of the family's elementwise rules: Lion, AdEMAMix, RMSprop, Adagrad (issue 35).
+"""The Triton template of the family's elementwise rules: Lion, AdEMAMix, RMSprop, Adagrad, Adan (issues 35, 52).
 
 One kernel, :func:`_rule_kernel`, for every rule: lesson 08's tile (:mod:`adam8lib.kernels.triton`: a
 program owns ``ROWS`` whole blocks), decoding each state (``map[code] * absmax``), the rule's update in
 fp32, the non-finite rule (an element whose new state is not finite has every state reset to 0 and
 keeps its parameter), and each state's new absmax and codes with lesson 08's coding (the exact table,
-signs kept; ``FP8``: float8 e4m3 bytes). The rule itself is two small ``@triton.jit`` functions (its
+signs kept; ``FP8``: float8 e4m3 bytes). A rule has up to :data:`MAX_STATES` states (six slots, each
+decoded, updated and stored only if the rule has it: ``STATES``), any of them kept in a plain dtype
+(:attr:`adam8lib.rules.base.StateSpec.kept`, the bits of ``KEPT``: Adan's previous gradient), loaded and
+stored as it is, with no codes or scales. The rule itself is two small ``@triton.jit`` functions (its
 moments, its parameter update), picked by the ``RULE`` constexpr, each line the reference's line of
 :mod:`adam8lib.rules` with torch's rounding: ``x.add_(y, alpha=a)`` and ``x.addcmul_(y, z, value=c)``
 as fused multiply-adds where torch's kernels fuse them (``FUSED_MOMENTS``), ``addcdiv`` as
@@ -15,8 +18,8 @@ Registered as ``(rule, 8-bit/FP8 blockwise, "triton")`` in :mod:`adam8lib.kernel
 convention is the registry's: ``rule_step_triton(p, g, states, *, rule, fmt, shape, step, group)``.
 What holds in the interpreter (tests/kernels/test_triton_rules.py): states (codes and absmax) and
 parameters bit for bit the reference step's for Lion (no square root); for the rules with a square root
-(AdEMAMix, RMSprop, Adagrad) the states too, and the parameters within 1e-5 of a learning rate per step
-(measured up to 7.5e-6 lr). That is not "a few ulp" of the parameter: a review measured up to 512 ulp for
+(AdEMAMix, RMSprop, Adagrad, Adan) the states too (Adan's kept previous gradient included), and the parameters
+within 1e-5 of a learning rate per step (measured up to 7.5e-6 lr). That is not "a few ulp" of the parameter: a review measured up to 512 ulp for
 RMSprop and Adagrad, on weights much smaller than their step. The cause: torch's CPU ``sqrt`` is MKL's vector
 square root, which is not always correctly rounded (the kernel's is), and the step's rounding error is
 relative to the update, not to the weight. On a GPU (the CUDA twins) the same comparison runs on CUDA tensors against
@@ -43,7 +46,12 @@ from .triton_fp8 import fp8_table
 
 __all__ = ["rule_step_triton"]
 
-LION, ADEMAMIX, RMSPROP, ADAGRAD = (tl.constexpr(RULES[name]) for name in ("lion", "ademamix", "rmsprop", "adagrad"))
+LION, ADEMAMIX, RMSPROP, ADAGRAD, ADAN = (tl.constexpr(RULES[name])
+                                         for name in ("lion", "ademamix", "rmsprop", "adagrad", "adan"))
+#: The most states a rule of the template has (its kernel's state slots; a kept state takes one too).
+MAX_STATES = 6
+#: The most fp32 scalars a rule reads (:func:`adam8lib.kernels.rule_args.rule_scalars`).
+MAX_SCALARS = 13
 
 
 # ---- torch's operations ---------------------------------------------------------------------
@@ -73,7 +81,7 @@ def _sign(x):
 
 # ---- the rules: moments (the new states, and what the parameter update needs besides them) ------------
 @triton.jit
-def _moments(RULE: tl.constexpr, g, p, s0, s1, s2, h0, h1, h2, h3, h4, h5):
+def _moments(RULE: tl.constexpr, g, p, s0, s1, s2, s3, s4, s5, h0, h1, h2, h3, h4, h5, h6):
     aux = g
     if RULE == LION:  # h: beta1, 1 - beta1, beta2, 1 - beta2
         aux = _sign(s0 * h0 + g * h1)                    # sign(m.mul(beta1) + g.mul(1 - beta1))
@@ -85,15 +93,23 @@ def _moments(RULE: tl.constexpr, g, p, s0, s1, s2, h0, h1, h2, h3, h4, h5):
     elif RULE == RMSPROP:  # h: weight_decay, alpha, 1 - alpha
         aux = _add_alpha(g, p, h0)                       # g = g.add(p, alpha=wd)
         s0 = _addcmul(s0 * h1, aux, aux, h2)             # s.mul_(alpha).addcmul_(g, g, value=1 - alpha)
-    else:  # ADAGRAD; h: weight_decay
+    elif RULE == ADAGRAD:  # h: weight_decay
         aux = _add_alpha(g, p, h0)                       # g = g.add(p, alpha=wd)
         s0 = _addcmul(s0, aux, aux, 1.0)                 # s.addcmul_(g, g, value=1.0)
-    return aux, s0, s1, s2
+    else:  # ADAN; h: beta1, 1 - beta1, beta2, 1 - beta2, beta3, 1 - beta3, first (1 on step 1)
+        d = g - tl.where(h6 != 0.0, g, s3)               # d = g - (g if step == 1 else prev)
+        s0 = _add_alpha(s0 * h0, g, h1)                  # m.mul_(beta1).add_(g, alpha=1 - beta1)
+        s1 = _add_alpha(s1 * h2, d, h3)                  # e.mul_(beta2).add_(d, alpha=1 - beta2)
+        u = _add_alpha(d * h2, g, 1.0)                   # u = d.mul_(beta2).add_(g)
+        s2 = _addcmul(s2 * h4, u, u, h5)                 # n.mul_(beta3).addcmul_(u, u, value=1 - beta3)
+        s3 = g                                           # prev.copy_(g)
+    return aux, s0, s1, s2, s3, s4, s5
 
 
 # ---- the rules: the new parameter -------------------------------------------------------------
 @triton.jit
-def _param(RULE: tl.constexpr, p, aux, s0, s1, s2, h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11):
+def _param(RULE: tl.constexpr, p, aux, s0, s1, s2, s3, s4, s5, h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11,
+           h12):
     if RULE == LION:  # h4: decay, h5: -lr
         new = _add_alpha(p * h4, aux, h5)                # p.mul_(1 - lr*wd); p.add_(sign, alpha=-lr)
     elif RULE == ADEMAMIX:  # h6: 1 - beta1^t, h7: alpha_t, h8: sqrt(1 - beta2^t), h9: eps, h10: decay, h11: -lr
@@ -102,8 +118,14 @@ def _param(RULE: tl.constexpr, p, aux, s0, s1, s2, h0, h1, h2, h3, h4, h5, h6, h
         new = _add_alpha(p * h10, tl.math.div_rn(num, den), h11)
     elif RULE == RMSPROP:  # h3: eps, h4: -lr
         new = p + tl.math.div_rn(h4 * aux, tl.math.sqrt_rn(s0) + h3)  # p.addcdiv_(g, s.sqrt().add_(eps), value=-lr)
-    else:  # ADAGRAD; h1: eps, h2: -lr
+    elif RULE == ADAGRAD:  # h1: eps, h2: -lr
         new = p + tl.math.div_rn(h2 * aux, tl.math.sqrt_rn(s0) + h1)
+    else:  # ADAN; h7: sqrt(1 - beta3^t), h8: eps, h9: decay, h10: -lr / c1, h11: -lr*beta2 / c2, h12: prox
+        den = tl.math.div_rn(tl.math.sqrt_rn(s2), h7) + h8  # n.sqrt().div_(c3).add_(eps)
+        new = p * h9                                        # p.mul_(1 - lr*wd)
+        new = new + tl.math.div_rn(h10 * s0, den)           # p.addcdiv_(m, den, value=-lr / c1)
+        new = new + tl.math.div_rn(h11 * s1, den)           # p.addcdiv_(e, den, value=-lr*beta2 / c2)
+        new = tl.math.div_rn(new, h12)                      # p.div_(1 + lr*wd)
     return new
 
 
@@ -123,49 +145,89 @@ def _encode(x, codes_ptr, absmax_ptr, qmap_ptr, steps_ptr, blocks, offsets, mask
 
 
 @triton.jit
+def _load(K: tl.constexpr, STATES: tl.constexpr, KEPT: tl.constexpr, c_ptr, a_ptr, q_ptr, blocks, offsets, mask,
+          block_mask, like):
+    """State slot ``K``'s fp32 values: decoded, loaded as they are (a kept state), or 0 (a slot the rule lacks)."""
+    if K >= STATES:
+        return tl.zeros_like(like)
+    elif (KEPT >> K) & 1:
+        return tl.load(c_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    else:
+        return _decode(c_ptr, a_ptr, q_ptr, blocks, offsets, mask, block_mask)
+
+
+@triton.jit
+def _store(K: tl.constexpr, STATES: tl.constexpr, KEPT: tl.constexpr, x, c_ptr, a_ptr, q_ptr, t_ptr, blocks, offsets,
+           mask, block_mask, USE_TABLE: tl.constexpr, FP8: tl.constexpr):
+    """State slot ``K``'s new values: coded with a new absmax, or stored in its own dtype (a kept state)."""
+    if K < STATES:
+        if (KEPT >> K) & 1:
+            tl.store(c_ptr + offsets, x.to(c_ptr.dtype.element_ty), mask=mask)
+        else:
+            _encode(x, c_ptr, a_ptr, q_ptr, t_ptr, blocks, offsets, mask, block_mask, USE_TABLE, FP8)
+
+
+@triton.jit
+def _finite(K: tl.constexpr, STATES: tl.constexpr, x):
+    if K < STATES:
+        return tl.abs(x) <= FLT_MAX
+    else:
+        return x == x  # (a slot the rule lacks holds 0)
+
+
+@triton.jit
 def _rule_kernel(p_ptr, g_ptr, c0_ptr, a0_ptr, q0_ptr, t0_ptr, c1_ptr, a1_ptr, q1_ptr, t1_ptr,
-                 c2_ptr, a2_ptr, q2_ptr, t2_ptr, n, n_blocks,
-                 h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11,
-                 RULE: tl.constexpr, STATES: tl.constexpr, BLOCKSIZE: tl.constexpr, ROWS: tl.constexpr,
-                 USE_TABLE: tl.constexpr, FP8: tl.constexpr, INT64: tl.constexpr):
-    """One step of ``RULE`` on one program's ``[ROWS, BLOCKSIZE]`` tile; ``STATES`` (1 or 3) states,
-    each its codes, absmax, decode map and code table (unused ones: any valid pointers)."""
+                 c2_ptr, a2_ptr, q2_ptr, t2_ptr, c3_ptr, a3_ptr, q3_ptr, t3_ptr, c4_ptr, a4_ptr, q4_ptr, t4_ptr,
+                 c5_ptr, a5_ptr, q5_ptr, t5_ptr, n, n_blocks,
+                 h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11, h12,
+                 RULE: tl.constexpr, STATES: tl.constexpr, KEPT: tl.constexpr, BLOCKSIZE: tl.constexpr,
+                 ROWS: tl.constexpr, USE_TABLE: tl.constexpr, FP8: tl.constexpr, INT64: tl.constexpr):
+    """One step of ``RULE`` on one program's ``[ROWS, BLOCKSIZE]`` tile; ``STATES`` (1 to 6) states in
+    slots 0, 1, ..., each its codes, absmax, decode map and code table, or (the bits of ``KEPT``) its values in
+    their own dtype as ``c`` (unused pointers: any valid ones)."""
     blocks, offsets, mask = _tile(n, BLOCKSIZE, ROWS, INT64)
     block_mask = blocks < n_blocks
     g = tl.load(g_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     p = tl.load(p_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    s0 = _decode(c0_ptr, a0_ptr, q0_ptr, blocks, offsets, mask, block_mask)
-    s1 = tl.zeros_like(s0)
-    s2 = tl.zeros_like(s0)
-    if STATES == 3:
-        s1 = _decode(c1_ptr, a1_ptr, q1_ptr, blocks, offsets, mask, block_mask)
-        s2 = _decode(c2_ptr, a2_ptr, q2_ptr, blocks, offsets, mask, block_mask)
-    aux, s0, s1, s2 = _moments(RULE, g, p, s0, s1, s2, h0, h1, h2, h3, h4, h5)
+    s0 = _load(0, STATES, KEPT, c0_ptr, a0_ptr, q0_ptr, blocks, offsets, mask, block_mask, p)
+    s1 = _load(1, STATES, KEPT, c1_ptr, a1_ptr, q1_ptr, blocks, offsets, mask, block_mask, p)
+    s2 = _load(2, STATES, KEPT, c2_ptr, a2_ptr, q2_ptr, blocks, offsets, mask, block_mask, p)
+    s3 = _load(3, STATES, KEPT, c3_ptr, a3_ptr, q3_ptr, blocks, offsets, mask, block_mask, p)
+    s4 = _load(4, STATES, KEPT, c4_ptr, a4_ptr, q4_ptr, blocks, offsets, mask, block_mask, p)
+    s5 = _load(5, STATES, KEPT, c5_ptr, a5_ptr, q5_ptr, blocks, offsets, mask, block_mask, p)
+    aux, s0, s1, s2, s3, s4, s5 = _moments(RULE, g, p, s0, s1, s2, s3, s4, s5, h0, h1, h2, h3, h4, h5, h6)
     # the non-finite rule (elements past the end count as reset: 0, so they leave every maximum alone)
-    finite = mask & (tl.abs(s0) <= FLT_MAX)
-    if STATES == 3:
-        finite = finite & (tl.abs(s1) <= FLT_MAX) & (tl.abs(s2) <= FLT_MAX)
+    finite = mask & _finite(0, STATES, s0) & _finite(1, STATES, s1) & _finite(2, STATES, s2)
+    finite = finite & _finite(3, STATES, s3) & _finite(4, STATES, s4) & _finite(5, STATES, s5)
     s0 = tl.where(finite, s0, 0.0)
     s1 = tl.where(finite, s1, 0.0)
     s2 = tl.where(finite, s2, 0.0)
-    new_p = _param(RULE, p, aux, s0, s1, s2, h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11)
+    s3 = tl.where(finite, s3, 0.0)
+    s4 = tl.where(finite, s4, 0.0)
+    s5 = tl.where(finite, s5, 0.0)
+    new_p = _param(RULE, p, aux, s0, s1, s2, s3, s4, s5, h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11, h12)
     new_p = tl.where(finite, new_p, p)
     tl.store(p_ptr + offsets, _to_dtype(new_p, p_ptr.dtype.element_ty), mask=mask)
-    _encode(s0, c0_ptr, a0_ptr, q0_ptr, t0_ptr, blocks, offsets, mask, block_mask, USE_TABLE, FP8)
-    if STATES == 3:
-        _encode(s1, c1_ptr, a1_ptr, q1_ptr, t1_ptr, blocks, offsets, mask, block_mask, USE_TABLE, FP8)
-        _encode(s2, c2_ptr, a2_ptr, q2_ptr, t2_ptr, blocks, offsets, mask, block_mask, USE_TABLE, FP8)
+    _store(0, STATES, KEPT, s0, c0_ptr, a0_ptr, q0_ptr, t0_ptr, blocks, offsets, mask, block_mask, USE_TABLE, FP8)
+    _store(1, STATES, KEPT, s1, c1_ptr, a1_ptr, q1_ptr, t1_ptr, blocks, offsets, mask, block_mask, USE_TABLE, FP8)
+    _store(2, STATES, KEPT, s2, c2_ptr, a2_ptr, q2_ptr, t2_ptr, blocks, offsets, mask, block_mask, USE_TABLE, FP8)
+    _store(3, STATES, KEPT, s3, c3_ptr, a3_ptr, q3_ptr, t3_ptr, blocks, offsets, mask, block_mask, USE_TABLE, FP8)
+    _store(4, STATES, KEPT, s4, c4_ptr, a4_ptr, q4_ptr, t4_ptr, blocks, offsets, mask, block_mask, USE_TABLE, FP8)
+    _store(5, STATES, KEPT, s5, c5_ptr, a5_ptr, q5_ptr, t5_ptr, blocks, offsets, mask, block_mask, USE_TABLE, FP8)
 
 
 def _maps(rule: Any, fmt: Any, device: torch.device) -> tuple[list, bool, bool]:
-    """Each state's (decode map, code table) on ``device``; whether every table is exact; FP8 or not."""
+    """Each state's (decode map, code table) on ``device`` (a kept state: None); whether every table is exact; FP8
+    or not."""
     fp8 = fmt.m.coding == "fp8"
     if fp8 != (fmt.v.coding == "fp8"):
         raise ValueError("the Triton rule template needs both moments in one coding (maps or FP8)")
     out, use_table = [], True
     for spec in rule.states:
         moment = fmt.m if spec.stored_as == "m" else fmt.v
-        if fp8:
+        if spec.kept is not None:
+            out.append(None)
+        elif fp8:
             table = fp8_table(device)
             out.append((table, table))
         else:
@@ -187,8 +249,15 @@ def _check(p: torch.Tensor, g: torch.Tensor, states, rule: Any, fmt: Any, shape:
     n = math.prod(shape)
     if len(states) != len(rule.states):
         raise ValueError(f"the {rule.name} rule keeps {len(rule.states)} states, got {len(states)}")
+    if not 1 <= len(states) <= MAX_STATES:
+        raise ValueError(f"the Triton rule template steps 1 to {MAX_STATES} states, the {rule.name} rule has {len(states)}")
     tensors = [("p", p, n, None), ("g", g, n, None)]
     for spec, entry in zip(rule.states, states):
+        if spec.kept is not None:
+            if not isinstance(entry, (tuple, list)) or len(entry) != 1:
+                raise TypeError(f"state {spec.name!r} must be a (values,) tuple: the rule keeps it in {spec.kept}")
+            tensors.append((spec.name, entry[0], n, spec.kept_dtype))
+            continue
         if not isinstance(entry, (tuple, list)) or len(entry) != 2:
             raise TypeError(f"state {spec.name!r} must be a (codes, absmax) pair")
         tensors += [(spec.name + " codes", entry[0], n, torch.uint8),
@@ -221,18 +290,22 @@ def rule_step_triton(p: torch.Tensor, g: torch.Tensor, states, *, rule: Any, fmt
         return
     maps, use_table, fp8 = _maps(rule, fmt, p.device)
     scalars = rule_scalars(rule.name, step, group)
-    scalars += [0.0] * (12 - len(scalars))
+    scalars += [0.0] * (MAX_SCALARS - len(scalars))
     blocksize = fmt.m.blocksize
     rows, warps = lesson.launch_config(blocksize, tile, num_warps)
     n_blocks = num_blocks(n, blocksize)
-    per_state = []
-    for k in range(3):
-        (codes, absmax), (qmap, steps) = states[min(k, len(states) - 1)], maps[min(k, len(maps) - 1)]
-        per_state += [codes, absmax, qmap, steps]
+    per_state, kept = [], 0
+    for k, (spec, entry, tables) in enumerate(zip(rule.states, states, maps)):
+        if spec.kept is not None:  # its values in the codes' slot; the other pointers unused (p: a valid one)
+            kept |= 1 << k
+            per_state += [entry[0], p, p, p]
+        else:
+            per_state += [entry[0], entry[1], tables[0], tables[1]]
+    per_state += per_state[-4:] * (MAX_STATES - len(states))  # slots the rule lacks: never read
     int64 = n_blocks * blocksize + rows * blocksize >= 2**31
     lesson.launch(_rule_kernel, n_blocks, rows, warps, p, g, *per_state, n, n_blocks, *scalars,
-                  RULE=RULES[rule.name], STATES=len(states), BLOCKSIZE=blocksize, USE_TABLE=use_table, FP8=fp8,
-                  INT64=int64)
+                  RULE=RULES[rule.name], STATES=len(states), KEPT=kept, BLOCKSIZE=blocksize, USE_TABLE=use_table,
+                  FP8=fp8, INT64=int64)
 
 
 def _supports(device: torch.device) -> bool:

@@ -1,6 +1,7 @@
 """The cpu rule template (adam8lib/kernels/cpu_rules.py, csrc/rules.h) is QuantizedStateOptimizer's
 reference step (backend="torch"), bit for bit, and "auto" runs it: states (codes and absmax) and parameters, over many steps, at every SIMD
-level of this build, for Lion8bit, AdEMAMix8bit (with its warm-ups), RMSprop8bit and Adagrad8bit, with
+level of this build, for Lion8bit, AdEMAMix8bit (with its warm-ups), RMSprop8bit, Adagrad8bit and Adan8bit (four
+states, the previous gradient kept in fp32; both forms of weight decay), with
 weight decay, sizes that are not multiples of the block, bf16/fp16 parameters, NaN/Inf gradients and
 gradients whose square overflows; and the one registry finds it."""
 
@@ -25,6 +26,8 @@ CLASSES = {
                                            weight_decay=0.01)),
     "rmsprop": (family.RMSprop8bit, dict(lr=1e-3, alpha=0.9, eps=1e-8, weight_decay=0.01)),
     "adagrad": (family.Adagrad8bit, dict(lr=1e-2, eps=1e-10, weight_decay=0.01)),
+    "adan": (family.Adan8bit, dict(lr=2e-3, betas=(0.98, 0.92, 0.99), eps=1e-8, weight_decay=0.02)),
+    "adan_decoupled": (family.Adan8bit, dict(lr=2e-3, weight_decay=0.05, weight_decouple=True)),
 }
 #: (shape, parameter dtype, gradient dtype): not multiples of the block, one of several whole blocks
 PARAMS = [((4097,), torch.float32, torch.float32), ((24, 256), torch.float32, torch.float32),
@@ -98,7 +101,7 @@ def test_equals_reference_at_every_simd_level(name, simd, monkeypatch):
     _run(name, simd, monkeypatch)
 
 
-@pytest.mark.parametrize("name", ["lion", "ademamix"])
+@pytest.mark.parametrize("name", ["lion", "ademamix", "adan"])
 def test_fp8_states_and_another_block_size(name, monkeypatch):
     _run(name, SIMD_LEVELS[-1], monkeypatch, steps=4, state_format="fp8")
     _run(name, SIMD_LEVELS[-1], monkeypatch, steps=4, blocksize=64)

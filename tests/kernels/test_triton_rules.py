@@ -23,10 +23,13 @@ CLASSES = {
                                            weight_decay=0.01)),
     "rmsprop": (family.RMSprop8bit, dict(lr=1e-3, alpha=0.9, eps=1e-8, weight_decay=0.01)),
     "adagrad": (family.Adagrad8bit, dict(lr=1e-2, eps=1e-10, weight_decay=0.01)),
+    "adan": (family.Adan8bit, dict(lr=2e-3, weight_decay=0.02)),  # four states, the previous gradient kept in fp32
+    "adan_decoupled": (family.Adan8bit, dict(lr=2e-3, weight_decay=0.05, weight_decouple=True)),
 }
 #: the largest parameter difference allowed in the interpreter, as a fraction of lr: measured 7.5e-6
-#: (AdEMAMix, RMSprop), 1.5e-6 (Adagrad) over these steps, 0 for Lion; the states never differ.
-OFF = {"lion": 0.0, "ademamix": 1e-5, "rmsprop": 1e-5, "adagrad": 1e-5}
+#: (AdEMAMix, RMSprop, Adan; Adan with weight_decouple 3.7e-6), 1.5e-6 (Adagrad) over these steps, 0 for Lion;
+#: the states never differ.
+OFF = {"lion": 0.0, "ademamix": 1e-5, "rmsprop": 1e-5, "adagrad": 1e-5, "adan": 1e-5, "adan_decoupled": 1e-5}
 SHAPES = [(300,), (4, 130)]  # not multiples of the block (64 here)
 
 

@@ -1,8 +1,12 @@
 #pragma once
 
 // The rule template: the elementwise update rules of the optimizer family (adam8lib/rules/: Lion,
-// AdEMAMix, RMSprop, Adagrad) as fused CPU steps on byte-coded states (8-bit maps, FP8), bit for bit
+// AdEMAMix, RMSprop, Adagrad, Adan) as fused CPU steps on byte-coded states (8-bit maps, FP8), bit for bit
 // with QuantizedStateOptimizer's reference step (adam8lib/quantized_state.py).
+//
+// A rule has kStates states (any number: every array of the template is sized by the rule); those in the
+// bit mask kKept are kept in fp32 (StateSpec(kept="fp32"): Adan's previous gradient), loaded and stored as
+// floats, with no codes and no absmax; the others are byte-coded.
 //
 // A rule is written once, as two functions of "lanes" L (one float, 8 with AVX2, 16 with AVX-512;
 // the same operations in the same order at every width, so every SIMD level gives the same bits):
@@ -25,8 +29,8 @@
 //
 // A tile is a run of whole blocks (kTile elements, or one block if blocks are larger), in three
 // passes over per-thread buffers that stay in cache: A) decode, moments, non-finite rule;
-// B) the square root of the tile's state kRoot; C) each block: the parameter, then each state's
-// new absmax and codes. Threads take tiles as they become free (OpenMP's dynamic schedule).
+// B) the square root of the tile's state kRoot; C) each block: the parameter, then each coded state's
+// new absmax and codes (each kept state's floats). Threads take tiles as they become free (OpenMP's dynamic schedule).
 
 #include "adam8bit.h"
 
@@ -162,6 +166,7 @@ struct H {
 // Lion: h = beta1, 1 - beta1, beta2, 1 - beta2, decay (1 - lr*wd, or 1), -lr
 struct Lion {
   static constexpr int kStates = 1, kRoot = -1;
+  static constexpr unsigned kKept = 0;
   template <class L, bool F>
   static void moments(typename L::V g, typename L::V, typename L::V s[], typename L::V& aux, const H& h) {
     using T = Torch<L, F>;
@@ -180,6 +185,7 @@ struct Lion {
 // 1 - beta1^t, alpha_t, sqrt(1 - beta2^t), eps, decay, -lr
 struct AdEMAMix {
   static constexpr int kStates = 3, kRoot = 2;
+  static constexpr unsigned kKept = 0;
   template <class L, bool F>
   static void moments(typename L::V g, typename L::V, typename L::V s[], typename L::V&, const H& h) {
     using T = Torch<L, F>;
@@ -200,6 +206,7 @@ struct AdEMAMix {
 // RMSprop: h = weight_decay, alpha, 1 - alpha, eps, -lr
 struct RMSprop {
   static constexpr int kStates = 1, kRoot = 0;
+  static constexpr unsigned kKept = 0;
   template <class L, bool F>
   static void moments(typename L::V g, typename L::V p, typename L::V s[], typename L::V&, const H& h) {
     using T = Torch<L, F>;
@@ -218,6 +225,7 @@ struct RMSprop {
 // Adagrad: h = weight_decay, eps, -lr
 struct Adagrad {
   static constexpr int kStates = 1, kRoot = 0;
+  static constexpr unsigned kKept = 0;
   template <class L, bool F>
   static void moments(typename L::V g, typename L::V p, typename L::V s[], typename L::V&, const H& h) {
     using T = Torch<L, F>;
@@ -233,21 +241,53 @@ struct Adagrad {
   }
 };
 
-// ---- the shared machinery ---------------------------------------------------------------------
-constexpr int kMaxStates = 3;
+// Adan: states m, e (EMA of g - g_prev), n, g_prev (kept in fp32); h = beta1, 1 - beta1, beta2, 1 - beta2, beta3,
+// 1 - beta3, first (1 on step 1, else 0), sqrt(1 - beta3^t), eps, decay (1 - lr*wd with weight_decouple, else 1),
+// -lr / (1 - beta1^t), -lr * beta2 / (1 - beta2^t), prox (1 + lr*wd without weight_decouple, else 1)
+struct Adan {
+  static constexpr int kStates = 4, kRoot = 2;
+  static constexpr unsigned kKept = 1u << 3;
+  template <class L, bool F>
+  static void moments(typename L::V g, typename L::V, typename L::V s[], typename L::V&, const H& h) {
+    using T = Torch<L, F>;
+    const typename L::V d = L::sub(g, h.v[6] != 0.0f ? g : s[3]);  // d = g - (g if step == 1 else prev)
+    s[0] = T::add_alpha(T::mul(s[0], h.v[0]), g, h.v[1]);           // m.mul_(beta1).add_(g, alpha=1 - beta1)
+    s[1] = T::add_alpha(T::mul(s[1], h.v[2]), d, h.v[3]);           // e.mul_(beta2).add_(d, alpha=1 - beta2)
+    const typename L::V u = L::add(T::mul(d, h.v[2]), g);          // u = d.mul_(beta2).add_(g)
+    s[2] = T::addcmul(T::mul(s[2], h.v[4]), u, u, h.v[5]);          // n.mul_(beta3).addcmul_(u, u, value=1 - beta3)
+    s[3] = g;                                                       // prev.copy_(g)
+  }
+  template <class L, bool F>
+  static typename L::V param(typename L::V p, typename L::V, const typename L::V* s, typename L::V root,
+                             typename L::V, const H& h) {
+    using T = Torch<L, F>;
+    const typename L::V den = T::add(T::div(root, h.v[7]), h.v[8]);  // n.sqrt().div_(c3).add_(eps)
+    typename L::V x = T::mul(p, h.v[9]);                             // p.mul_(1 - lr*wd)
+    x = T::addcdiv(x, s[0], den, h.v[10]);                           // p.addcdiv_(m, den, value=-lr / c1)
+    x = T::addcdiv(x, s[1], den, h.v[11]);                           // p.addcdiv_(e, den, value=-lr*beta2 / c2)
+    return T::div(x, h.v[12]);                                       // p.div_(1 + lr*wd)
+  }
+};
 
+// ---- the shared machinery ---------------------------------------------------------------------
+// whether state k of rule R is kept in fp32 (a compile-time constant in the unrolled loops over k)
+template <class R>
+constexpr bool kept(int k) { return ((R::kKept >> k) & 1u) != 0; }
+
+// one entry per state of the rule (the caller's arrays): a coded state's codes and absmax, a kept
+// state's floats (as `codes`, cast back by the template; its absmax unused)
 struct Tensor {
   void* p;
   const void* g;
-  uint8_t* codes[kMaxStates];
-  float* absmax[kMaxStates];
+  uint8_t* const* codes;
+  float* const* absmax;
   int64_t n;
 };
 
 struct Call {
-  CodeTable table[kMaxStates];
+  const CodeTable* table;  // one per state (a kept state's unused)
 #if ADAM8_AVX512
-  const BytePlanes* planes[kMaxStates];  // each map as byte planes (codes8.h), for the VBMI decode
+  const BytePlanes* const* planes;  // each map as byte planes (codes8.h), for the VBMI decode (kept: null)
 #endif
   int64_t blocksize;
   H h;
@@ -256,8 +296,9 @@ struct Call {
   int simd;
 };
 
+template <int N>
 struct Buffers {
-  alignas(64) float s[kMaxStates][kMaxBlocksize];
+  alignas(64) float s[N][kMaxBlocksize];
   alignas(64) float aux[kMaxBlocksize];
   alignas(64) float root[kMaxBlocksize];
   alignas(64) int32_t reset[kMaxBlocksize];
@@ -267,10 +308,10 @@ struct Buffers {
 // values q[] of the old codes given
 template <class R, class L, bool F, typename P, typename G>
 inline void lanes_moments_of(const P* p, const G* g, const typename L::V* q, const float* old, int64_t i,
-                             const Call& c, Buffers& b) {
+                             const Call& c, Buffers<R::kStates>& b) {
   using V = typename L::V;
-  V s[kMaxStates];
-  for (int k = 0; k < R::kStates; ++k) s[k] = L::mul(q[k], L::set(old[k]));
+  V s[R::kStates];
+  for (int k = 0; k < R::kStates; ++k) s[k] = kept<R>(k) ? q[k] : L::mul(q[k], L::set(old[k]));
   V aux = L::set(0.0f);
   R::template moments<L, F>(L::load(g + i), L::load(p + i), s, aux, c.h);
   typename L::M bad = L::non_finite(s[0]);
@@ -283,9 +324,10 @@ inline void lanes_moments_of(const P* p, const G* g, const typename L::V* q, con
 // pass A on lanes from element i, decoding the old codes with the lanes' gather (or a load)
 template <class R, class L, bool F, typename P, typename G>
 inline void lanes_moments(const P* p, const G* g, uint8_t* const* codes, const float* old, int64_t i, const Call& c,
-                          Buffers& b) {
-  typename L::V q[kMaxStates];
-  for (int k = 0; k < R::kStates; ++k) q[k] = L::decode(c.table[k], codes[k] + i);
+                          Buffers<R::kStates>& b) {
+  typename L::V q[R::kStates];
+  for (int k = 0; k < R::kStates; ++k)
+    q[k] = kept<R>(k) ? L::loadf(reinterpret_cast<const float*>(codes[k]) + i) : L::decode(c.table[k], codes[k] + i);
   lanes_moments_of<R, L, F>(p, g, q, old, i, c, b);
 }
 
@@ -294,11 +336,17 @@ inline void lanes_moments(const P* p, const G* g, uint8_t* const* codes, const f
 // dequantize64: the same map values), then the 16-lane steps
 template <class R, bool F, typename P, typename G>
 inline void moments64(const P* p, const G* g, uint8_t* const* codes, const float* old, int64_t i, const Call& c,
-                      Buffers& b, __m512i order) {
-  __m512 q[kMaxStates][4];
-  for (int k = 0; k < R::kStates; ++k) dequantize64(*c.planes[k], codes[k] + i, order, q[k]);
+                      Buffers<R::kStates>& b, __m512i order) {
+  __m512 q[R::kStates][4];
+  for (int k = 0; k < R::kStates; ++k) {
+    if (kept<R>(k)) {
+      for (int j = 0; j < 4; ++j) q[k][j] = _mm512_loadu_ps(reinterpret_cast<const float*>(codes[k]) + i + 16 * j);
+    } else {
+      dequantize64(*c.planes[k], codes[k] + i, order, q[k]);
+    }
+  }
   for (int j = 0; j < 4; ++j) {
-    __m512 qj[kMaxStates];
+    __m512 qj[R::kStates];
     for (int k = 0; k < R::kStates; ++k) qj[k] = q[k][j];
     lanes_moments_of<R, Lane16, F>(p, g, qj, old, i + 16 * j, c, b);
   }
@@ -307,9 +355,9 @@ inline void moments64(const P* p, const G* g, uint8_t* const* codes, const float
 
 // pass C's parameter update on lanes from element i of the tile
 template <class R, class L, bool F, typename P, typename G>
-inline void lanes_param(P* p, const G* g, int64_t i, const Call& c, const Buffers& b) {
+inline void lanes_param(P* p, const G* g, int64_t i, const Call& c, const Buffers<R::kStates>& b) {
   using V = typename L::V;
-  V s[kMaxStates];
+  V s[R::kStates];
   for (int k = 0; k < R::kStates; ++k) s[k] = L::loadf(b.s[k] + i);
   const V root = R::kRoot >= 0 ? L::loadf(b.root + i) : L::set(0.0f);
   const V old = L::load(p + i);
@@ -385,11 +433,13 @@ inline bool any_negative(const float* x, int64_t n, int simd) {
 }
 
 template <class R, bool F, typename P, typename G>
-void rule_tile(const Tensor& t, const Call& c, int64_t start, int64_t len, Buffers& b) {
+void rule_tile(const Tensor& t, const Call& c, int64_t start, int64_t len, Buffers<R::kStates>& b) {
   P* p = static_cast<P*>(t.p) + start;
   const G* g = static_cast<const G*>(t.g) + start;
-  uint8_t* codes[kMaxStates];
-  for (int k = 0; k < R::kStates; ++k) codes[k] = t.codes[k] + start;
+  uint8_t* codes[R::kStates];  // (a kept state's: its floats, from the tile's start)
+  for (int k = 0; k < R::kStates; ++k)
+    codes[k] = kept<R>(k) ? reinterpret_cast<uint8_t*>(reinterpret_cast<float*>(t.codes[k]) + start)
+                          : t.codes[k] + start;
   const int64_t bs = c.blocksize, first_block = start / bs;
   const int simd = c.simd;
   // A: decode, moments, the non-finite rule
@@ -410,11 +460,13 @@ void rule_tile(const Tensor& t, const Call& c, int64_t start, int64_t len, Buffe
       for (int64_t at = 0; at < (hi - lo) * static_cast<int64_t>(sizeof(G)); at += 64) __builtin_prefetch(gb + at, 0, 2);
       const char* pb = reinterpret_cast<const char*>(p + lo + kAhead);
       for (int64_t at = 0; at < (hi - lo) * static_cast<int64_t>(sizeof(P)); at += 64) __builtin_prefetch(pb + at, 0, 2);
-      for (int k = 0; k < R::kStates; ++k)
-        for (int64_t at = 0; at < hi - lo; at += 64) __builtin_prefetch(codes[k] + lo + kAhead + at, 0, 2);
+      for (int k = 0; k < R::kStates; ++k) {
+        const int64_t size = kept<R>(k) ? 4 : 1;  // bytes per element
+        for (int64_t at = 0; at < (hi - lo) * size; at += 64) __builtin_prefetch(codes[k] + (lo + kAhead) * size + at, 0, 2);
+      }
     }
-    float old[kMaxStates];
-    for (int k = 0; k < R::kStates; ++k) old[k] = t.absmax[k][first_block + lo / bs];
+    float old[R::kStates];
+    for (int k = 0; k < R::kStates; ++k) old[k] = kept<R>(k) ? 1.0f : t.absmax[k][first_block + lo / bs];
 #if ADAM8_AVX512 && defined(__AVX512VBMI__)
     if (simd >= kAvx512)
       for (; from + 64 <= hi; from += 64) moments64<R, F>(p, g, codes, old, from, c, b, order);
@@ -456,6 +508,10 @@ void rule_tile(const Tensor& t, const Call& c, int64_t start, int64_t len, Buffe
 #endif
     for (int k = 0; k < R::kStates; ++k) {
       const float* x = b.s[k];
+      if (kept<R>(k)) {  // kept in fp32: the new values as they are
+        std::memcpy(reinterpret_cast<float*>(codes[k]) + lo, x + lo, static_cast<size_t>(hi - lo) * sizeof(float));
+        continue;
+      }
       const float absmax = block_absmax(x, lo, hi, simd);
       t.absmax[k][first_block + lo / bs] = absmax;
       const float inv = absmax > 0.0f ? 1.0f / absmax : 0.0f;
@@ -483,7 +539,7 @@ void run(const Tensor& t, const Call& c, int team) {
   const int64_t tiles = (t.n + tile - 1) / tile;
 #pragma omp parallel num_threads(team)
   {
-    Buffers* b = new Buffers;
+    auto* b = new Buffers<R::kStates>;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t k = 0; k < tiles; ++k) rule_tile<R, F, P, G>(t, c, k * tile, std::min(tile, t.n - k * tile), *b);
     delete b;
@@ -510,7 +566,7 @@ RunFn run_for(int p_dtype, int g_dtype, bool fused) {
 }
 
 // rule ids shared with cpu_rules.py
-enum : int { kLion = 1, kAdEMAMix = 2, kRMSprop = 3, kAdagrad = 4 };
+enum : int { kLion = 1, kAdEMAMix = 2, kRMSprop = 3, kAdagrad = 4, kAdan = 5 };
 
 inline int states_of(int rule) {
   switch (rule) {
@@ -518,7 +574,16 @@ inline int states_of(int rule) {
     case kAdEMAMix: return AdEMAMix::kStates;
     case kRMSprop: return RMSprop::kStates;
     case kAdagrad: return Adagrad::kStates;
+    case kAdan: return Adan::kStates;
     default: return -1;
+  }
+}
+
+// the bit mask of the states rule keeps in fp32 (0: every state coded)
+inline unsigned kept_of(int rule) {
+  switch (rule) {
+    case kAdan: return Adan::kKept;
+    default: return 0;
   }
 }
 
@@ -528,6 +593,7 @@ inline RunFn runner(int rule, int p_dtype, int g_dtype, bool fused) {
     case kAdEMAMix: return run_for<AdEMAMix>(p_dtype, g_dtype, fused);
     case kRMSprop: return run_for<RMSprop>(p_dtype, g_dtype, fused);
     case kAdagrad: return run_for<Adagrad>(p_dtype, g_dtype, fused);
+    case kAdan: return run_for<Adan>(p_dtype, g_dtype, fused);
     default: return nullptr;
   }
 }

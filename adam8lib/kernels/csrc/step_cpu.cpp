@@ -153,10 +153,11 @@ extern "C" int adam4bit_step_cpu(void* p, const void* g, int p_dtype, int g_dtyp
   }
 }
 
-// One step of an elementwise rule of the family (rules.h: 1 Lion, 2 AdEMAMix, 3 RMSprop, 4 Adagrad)
+// One step of an elementwise rule of the family (rules.h: 1 Lion, 2 AdEMAMix, 3 RMSprop, 4 Adagrad, 5 Adan)
 // on byte-coded blockwise states, in place, bit for bit with QuantizedStateOptimizer's reference
 // step. codes/absmax/qmaps/steps/nan_codes: one entry per state of the rule, in its order (each
-// state its own map and nearest-code table); hyper: the rule's fp32 scalars (n_hyper of them, at
+// state its own map and nearest-code table; a state the rule keeps in fp32: its floats as `codes`,
+// the other entries unused); hyper: the rule's fp32 scalars (n_hyper of them, at
 // most 16, rules.h says which); the other arguments as adam8bit_step_cpu's. Returns 0, or -1 for
 // an unknown rule, a wrong number of states or scalars, an unsupported dtype or blocksize.
 extern "C" int rule_step_cpu(int rule, void* p, const void* g, int p_dtype, int g_dtype, int64_t n, int64_t blocksize,
@@ -169,21 +170,27 @@ extern "C" int rule_step_cpu(int rule, void* p, const void* g, int p_dtype, int 
   const rules::RunFn run = rules::runner(rule, p_dtype, g_dtype, fused != 0);
   if (run == nullptr) return -1;
   if (n == 0) return 0;
-  rules::Tensor t{p, g, {}, {}, n};
+  const unsigned kept = rules::kept_of(rule);
+  rules::Tensor t{p, g, codes, absmax, n};
   rules::Call c{};
+  std::vector<CodeTable> tables(static_cast<size_t>(n_states), CodeTable{nullptr, nullptr, 0});
 #if ADAM8_AVX512
   std::vector<BytePlanes> planes;
   planes.reserve(static_cast<size_t>(n_states));
+  std::vector<const BytePlanes*> plane_of(static_cast<size_t>(n_states), nullptr);
 #endif
   for (int k = 0; k < n_states; ++k) {
-    t.codes[k] = codes[k];
-    t.absmax[k] = absmax[k];
-    c.table[k] = CodeTable{qmaps[k], steps[k], nan_codes[k]};
+    if ((kept >> k) & 1u) continue;  // kept in fp32: no map
+    tables[k] = CodeTable{qmaps[k], steps[k], nan_codes[k]};
 #if ADAM8_AVX512
     planes.emplace_back(qmaps[k]);
-    c.planes[k] = &planes.back();
+    plane_of[k] = &planes.back();
 #endif
   }
+  c.table = tables.data();
+#if ADAM8_AVX512
+  c.planes = plane_of.data();
+#endif
   for (int k = 0; k < n_hyper; ++k) c.h.v[k] = hyper[k];
   c.blocksize = blocksize;
   c.simd = std::clamp(simd, 0, kBestSimd);
