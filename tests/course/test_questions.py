@@ -94,6 +94,22 @@ def test_ask_rejects_the_wrong_kind_of_answer_clearly(qid, bad, error):
         verdict(qid, bad)
 
 
+@pytest.mark.parametrize("said", ["c", "C", " C ", "(c)", "c)", "( c )", "(C)"])
+def test_a_letter_in_parentheses_or_with_spaces_is_that_letter(said):
+    q = Question("c", choices="abcd")
+    assert q.is_right(said) and q.letter(said) == "c"
+    assert not Question("b", choices="abcd").is_right(said)
+    assert verdict("11.c", said).startswith("✘ Question 11.c")  # a recap judges the letter (11.c's is (b))
+    assert verdict("11.c", said.replace("c", "b").replace("C", "B")).startswith("✔ Question 11.c")
+    assert "you predict c." in verdict("03.d", said)  # a prediction is recorded as the plain letter
+
+
+@pytest.mark.parametrize("bad", ["cd", "(e)", "", "()", "c.", 3])
+def test_anything_but_one_of_the_letters_still_names_the_kind_of_answer(bad):
+    with pytest.raises(TypeError, match="one letter of a, b, c, d"):
+        Question("c", choices="abcd").is_right(bad)
+
+
 def test_a_question_must_be_well_formed():
     with pytest.raises(ValueError):
         Question("d", choices="abc")

@@ -77,11 +77,16 @@ class Question:
     def display(self) -> str:
         return self.shown or (f"({self.answer})" if self.choices else f"{self.answer:g}")
 
+    def letter(self, prediction) -> str:
+        """``prediction`` as one lower-case letter of :attr:`choices`: "c", " C ", "(c)" and "c)" are all "c"."""
+        letter = prediction.strip().lower().strip("()").strip() if isinstance(prediction, str) else None
+        if letter is None or len(letter) != 1 or letter not in self.choices:
+            raise TypeError(f"answer with one letter of {', '.join(self.choices)} (a string), got {prediction!r}")
+        return letter
+
     def is_right(self, prediction) -> bool:
         if self.choices:
-            if not isinstance(prediction, str) or prediction.strip().lower() not in self.choices:
-                raise TypeError(f"answer with one letter of {', '.join(self.choices)} (a string), got {prediction!r}")
-            return prediction.strip().lower() == self.answer
+            return self.letter(prediction) == self.answer
         if isinstance(prediction, bool) or not isinstance(prediction, numbers.Real):
             raise TypeError(f"answer with a number, got {type(prediction).__name__} {prediction!r}")
         return math.isclose(float(prediction), float(self.answer), rel_tol=self.rel_tol, abs_tol=1e-12)
@@ -193,7 +198,7 @@ def verdict(question_id: str, prediction) -> str:
         return f"✎ Question {question_id}: no prediction yet — set `prediction` to {kind} and run this cell again."
     if question_id not in RECAPS:
         q.is_right(prediction)  # the kind of answer is checked now (a TypeError names it), the value after the run
-        shown = prediction.strip().lower() if isinstance(prediction, str) else f"{prediction!r}"
+        shown = q.letter(prediction) if q.choices else f"{prediction!r}"
         return (f"✎ Question {question_id}: recorded — you predict {shown}. Now run the experiment below; its "
                 f"reveal judges your prediction.")
     if q.is_right(prediction):
