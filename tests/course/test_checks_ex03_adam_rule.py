@@ -55,6 +55,64 @@ def test_adamw_step_fails(fn, hint):
     fails_with(checks.check_adamw_step, fn, hint)
 
 
+def make_wrong(*, decoupled, mistake):
+    """One plausible wrong step, written as a learner would (not with the check's own helper)."""
+    @torch.no_grad()
+    def step_fn(p, g, m, v, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+        b1, b2 = betas
+        if mistake == "swapped_betas":
+            b2, b1 = betas
+        if decoupled:
+            if mistake == "decay_grows":
+                p.mul_(1 + lr * weight_decay)
+            elif mistake == "decay_with_corrected_lr":
+                p.mul_(1 - lr / (1 - b1**step) * weight_decay)
+            else:
+                p.mul_(1 - lr * weight_decay)
+        elif mistake == "l2_minus":
+            g = g - weight_decay * p
+        elif mistake == "g_in_place":
+            g.add_(p, alpha=weight_decay)
+        else:
+            g = g + weight_decay * p
+        m.mul_(b1).add_(g, alpha=1 - b1)
+        if mistake == "abs_for_v":
+            v.mul_(b2).add_(g.abs(), alpha=1 - b2)
+        else:
+            v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        p.sub_(lr * (m / (1 - b1**step)) / ((v / (1 - b2**step)).sqrt() + eps))
+
+    return step_fn
+
+
+@pytest.mark.parametrize("mistake, hint", [
+    ("l2_minus", "your weight decay has the wrong sign: you subtracted weight_decay * p from the gradient"),
+    ("abs_for_v", "you averaged |g| into v, not g * g"),
+    ("swapped_betas", "you used the betas the other way round"),
+    ("g_in_place", "changed its input `g` in place"),
+])
+def test_adam_step_names_each_mistake(mistake, hint):
+    fails_with(checks.check_adam_step, make_wrong(decoupled=False, mistake=mistake), hint)
+
+
+@pytest.mark.parametrize("mistake, hint", [
+    ("decay_grows", "your weight decay has the wrong sign: p *= 1 + lr * weight_decay makes |p| grow"),
+    ("decay_with_corrected_lr", "your decay used the bias-corrected step size"),
+    ("abs_for_v", "you averaged |g| into v, not g * g"),
+    ("swapped_betas", "you used the betas the other way round"),
+])
+def test_adamw_step_names_each_mistake(mistake, hint):
+    fails_with(checks.check_adamw_step, make_wrong(decoupled=True, mistake=mistake), hint)
+
+
+def test_a_gradient_changed_in_place_is_told_without_return_words():
+    with pytest.raises(AssertionError) as info:
+        checks.check_adam_step(make_wrong(decoupled=False, mistake="g_in_place"))
+    message = str(info.value)
+    assert "only p, m and v are yours to update in place" in message
+    assert "return" not in message.split("Hint:", 1)[1]  # adam_step returns nothing
+
+
 def test_ex03_checks_pass_on_the_solution_and_on_the_library(capsys):
     from adam8lib.adam import adam_step
 

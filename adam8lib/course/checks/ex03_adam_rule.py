@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import call, passed, require_callable
+from ._common import call, fail, passed, require_callable
 from ._properties import describe_step
 from ._variants import expect_close, matches
 
@@ -18,15 +18,24 @@ _CASES = [  # lr, betas, eps, weight_decay, steps
 
 
 def _one_step(p, g, m, v, t, lr, betas, eps, wd, *, decay, bias1=True, bias2=True, eps_inside=False,
-              beta1_for_v=False, square=True, t_offset=0, changed="pmv", correct_in_place=False, eps_hat=False):
+              beta1_for_v=False, square=True, t_offset=0, changed="pmv", correct_in_place=False, eps_hat=False,
+              abs_for_v=False, swap_betas=False):
     """One fp32 step, with optional mistakes, on copies; returns (p, m, v) as the caller would see them.
 
     decay: "l2" (Adam), "decoupled" (AdamW), "none", "no_lr" (p *= 1 - wd), "after" (decoupled, after the
-    update), "constant" (p -= lr * wd), "both" (decoupled, then L2 with the decayed p), "both_l2_first".
+    update), "constant" (p -= lr * wd), "both" (decoupled, then L2 with the decayed p), "both_l2_first",
+    "l2_minus" (g - wd * p), "grow" (p *= 1 + lr * wd), "corrected_lr" (p *= 1 - lr / (1 - beta1**t) * wd),
+    "step_size_lr" (p *= 1 - lr * sqrt(1 - beta2**t) / (1 - beta1**t) * wd).
+    abs_for_v: v averages |g|; swap_betas: m uses beta2 and v beta1, "all" (the moments and their bias
+    corrections) or "moments" (the corrections keep the right betas).
     changed: which of p, m, v the caller sees updated (the others were rebound to new tensors).
     """
     b1, b2 = betas
+    mb1, mb2 = (b2, b1) if swap_betas else (b1, b2)  # the betas the moments use
+    if swap_betas == "all":
+        b1, b2 = b2, b1
     p0, m0, v0 = p.clone(), m.clone(), v.clone()
+    s = t + t_offset
     if decay == "both_l2_first":
         g = g + wd * p
     if decay in ("decoupled", "both", "both_l2_first"):
@@ -35,12 +44,19 @@ def _one_step(p, g, m, v, t, lr, betas, eps, wd, *, decay, bias1=True, bias2=Tru
         p = p * (1 - wd)
     elif decay == "constant":
         p = p - lr * wd
+    elif decay == "grow":
+        p = p * (1 + lr * wd)
+    elif decay == "corrected_lr":
+        p = p * (1 - lr / (1 - b1**s) * wd)
+    elif decay == "step_size_lr":
+        p = p * (1 - lr * (1 - b2**s) ** 0.5 / (1 - b1**s) * wd)
     if decay in ("l2", "both"):
         g = g + wd * p
-    bv = b1 if beta1_for_v else b2
-    m = b1 * m + (1 - b1) * g
-    v = bv * v + (1 - bv) * (g * g if square else g)
-    s = t + t_offset
+    elif decay == "l2_minus":
+        g = g - wd * p
+    bv = mb1 if beta1_for_v else mb2
+    m = mb1 * m + (1 - mb1) * g
+    v = bv * v + (1 - bv) * (g.abs() if abs_for_v else g * g if square else g)
     m_hat = m / (1 - b1**s) if bias1 else m
     v_hat = v / (1 - b2**s) if bias2 else v
     denom = torch.sqrt(v_hat + eps) if eps_inside else torch.sqrt(v_hat) + eps
@@ -53,6 +69,10 @@ def _one_step(p, g, m, v, t, lr, betas, eps, wd, *, decay, bias1=True, bias2=Tru
     if correct_in_place:
         m, v = m_hat, v_hat
     return (p if "p" in changed else p0), (m if "m" in changed else m0), (v if "v" in changed else v0)
+
+
+def _name(fn) -> str:
+    return getattr(fn, "__name__", "your function")
 
 
 def _run(step_fn, decoupled: bool, title: str, variants_for) -> None:
@@ -73,9 +93,18 @@ def _run(step_fn, decoupled: bool, title: str, variants_for) -> None:
             st = opt.state[ref_p]
             want = (ref_p.detach().clone(), st["exp_avg"].clone(), st["exp_avg_sq"].clone())
             p_l, m_l, v_l = p0.clone(), m0.clone(), v0.clone()
-            call(step_fn, p_l, g.clone(), m_l, v_l, step=t, lr=lr, betas=betas, eps=eps, weight_decay=wd,
-                 may_change=(0, 2, 3))  # p, m, v are updated in place; g must stay as it was
+            g_l = g.clone()
+            call(step_fn, p_l, g_l, m_l, v_l, step=t, lr=lr, betas=betas, eps=eps, weight_decay=wd,
+                 may_change=(0, 1, 2, 3))  # p, m, v are updated in place; g is checked below
             kind = "AdamW" if decoupled else "Adam"
+            if not torch.equal(g_l, g):
+                fail(f"{_name(step_fn)} changed its input `g` in place: {int((g_l != g).sum())} of its "
+                     f"{g.numel()} values changed after the call ({kind} step {t}, weight_decay={wd}).",
+                     kind="in_place", what=f"{_name(step_fn)}(...)", got="g",
+                     hint="your function modified the gradient `g` it was given (an in-place method such as "
+                          "add_/mul_ on it, or `g += ...`): the caller still needs its gradient as it was, and "
+                          "only p, m and v are yours to update in place. Where you need a changed gradient, make it "
+                          "a new tensor (an out-of-place operation) and use that in the rest of the step.")
             what = (f"{kind} step {t} (lr={lr}, betas={betas}, eps={eps}, weight_decay={wd}), compared with "
                     f"torch.optim.{torch_cls.__name__}: (p, m, v)")
 
@@ -117,6 +146,14 @@ def _common_variants(variant):
         ("you used beta1 for v: the second moment uses beta2.", variant(beta1_for_v=True)),
         ("you averaged g into v, not g * g: v is the moving average of the squared gradient.",
          variant(square=False)),
+        ("you averaged |g| into v, not g * g: v is the moving average of the squared gradient (the update then "
+         "divides by sqrt(v_hat), so v must be in squared units).", variant(abs_for_v=True)),
+        ("you used the betas the other way round: m (the gradient's average) uses betas[0] (0.9 by default) and "
+         "v (the squared gradient's average) uses betas[1] (0.999), in the averages and in their corrections.",
+         variant(swap_betas="all")),
+        ("you used the betas the other way round in the averages: m (the gradient's average) uses betas[0] (0.9 "
+         "by default) and v (the squared gradient's average) uses betas[1] (0.999).",
+         variant(swap_betas="moments")),
     ]
 
 
@@ -137,6 +174,9 @@ def check_adam_step(adam_step) -> None:
              "goes through the gradient.", variant(decay="both")),
             ("you applied weight decay twice (through the gradient AND p *= 1 - lr * weight_decay): Adam's L2 only "
              "goes through the gradient.", variant(decay="both_l2_first")),
+            ("your weight decay has the wrong sign: you subtracted weight_decay * p from the gradient, which pushes "
+             "p away from 0. L2 adds weight_decay * p (the gradient of weight_decay / 2 * p**2).",
+             variant(decay="l2_minus")),
         ]
 
     _run(adam_step, False, "Exercise 03.1 · The Adam step", variants_for)
@@ -163,6 +203,14 @@ def check_adamw_step(adamw_step) -> None:
              variant(decay="none")),
             ("you subtracted lr * weight_decay: the decay is proportional to p, p *= 1 - lr * weight_decay.",
              variant(decay="constant")),
+            ("your weight decay has the wrong sign: p *= 1 + lr * weight_decay makes |p| grow. Decay shrinks p "
+             "towards 0 by the factor 1 - lr * weight_decay.", variant(decay="grow")),
+            ("your decay used the bias-corrected step size (lr / (1 - beta1**step), or with sqrt(1 - beta2**step)) "
+             "instead of the plain lr: the bias correction belongs to the moments only; the decay factor is "
+             "1 - lr * weight_decay at every step.", variant(decay="corrected_lr")),
+            ("your decay used the bias-corrected step size (lr / (1 - beta1**step), or with sqrt(1 - beta2**step)) "
+             "instead of the plain lr: the bias correction belongs to the moments only; the decay factor is "
+             "1 - lr * weight_decay at every step.", variant(decay="step_size_lr")),
         ]
 
     _run(adamw_step, True, "Exercise 03.2 · The AdamW step", variants_for)
