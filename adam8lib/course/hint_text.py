@@ -158,7 +158,9 @@ EXERCISES: dict[str, ExerciseHints] = {
                            "float64 in between.",
                "sign": "The signed map mirrors the positive decades only: 0 and 1 appear once, and -1 is not in "
                        "the map.",
-               "shape": "One flat, sorted tensor of 256 entries."}),
+               "shape": "A map of the wrong length is a wrong count: how many midpoints does each decade give, "
+                        "which decades are mirrored, which values are added once? The total must be 256.",
+               "order": "The map must come out sorted, from the most negative entry to 1.0."}),
     "05.2": E("nearest_code", "Nearest-code lookup",
               "Quantizing with a map means finding, for each value, the index of the closest map entry; in a "
               "sorted map that is one of the two neighbours around the value.",
@@ -460,8 +462,8 @@ EXERCISES: dict[str, ExerciseHints] = {
               {"default": "Check the three things: one optimizer per parameter that requires a gradient, a "
                           "post-accumulate-grad hook on each, and the list of handles returned.",
                "order": "The hook steps first and frees the gradient after.",
-               "hook": "The hook runs after accumulation (a tensor used twice gets one complete gradient): "
-                       "which registration method does that? Its return value is ignored — return nothing.",
+               "hook": "The hook must run after accumulation (a tensor used twice gets one complete gradient): "
+                       "which registration method does that? And the hook must return None: torch refuses a value.",
                "count": "Each tensor once, and only those that require a gradient."}),
     "14.2": E("bill_row", "A row of the bill",
               "A row of the bill reads the tracker at the end of backward and at its peak, and divides every "

@@ -26,27 +26,29 @@ from dataclasses import dataclass
 from .checks._common import Failure, last_failure, outcome
 from .hint_text import EXERCISES, GENERAL_NUDGES, LESSONS
 
-__all__ = ["hint", "next_hint", "Hint", "property_words", "kind_of", "mistake_of", "reset_hints", "TOPICS"]
+__all__ = ["hint", "next_hint", "Hint", "property_words", "kind_of", "mistake_of", "classify", "reset_hints", "TOPICS"]
 
 #: (topic, words for the learner, pattern in the check's message and hint), first match wins; a failure of
 #: kind "values" or "check" is keyed by the topic its check's words name
 TOPICS: list[tuple[str, str, re.Pattern]] = [(t, w, re.compile(p, re.IGNORECASE)) for t, w, p in [
     ("refuse", "an argument that must be refused", r"\brefus|\baccept(ed|s)\b|must raise|raise (a )?(ValueError|TypeError)"),
     ("first_step", "the first step (bias correction, the step count)",
-     r"bias[- ]correct|first step|first update|step ?= ?0|step 1\b|count(s|ing)? from 1|1 - beta\*\*|step count"),
+     r"bias[- ]correct|first step|first update|step ?= ?0|step [+-] 1\b|step 1\b|count(s|ing)? from 1|1 - beta\*\*|step count"),
     ("in_place", "an update in place", r"in place|in-place|copy_\(|modified its argument"),
-    ("order", "the order of two operations", r"\border\b|\bbefore\b|\bafter\b|\bswapped\b"),
+    ("order", "the order of two operations",
+     r"\border\b|\bswapped\b|(?-i:\bBEFORE\b|\bAFTER\b)|"
+     r"\b(before|after) (backward|the update|the Adam update|the step|clipping|the EMA|the max|scaler\.step|step\(\))"),
     ("last_block", "the last, short block (a size that is not a multiple)",
      r"partial|ragged|short last|last block|the tail|ceil\(|not a multiple|round(s|ed)? up|odd (number|count)"),
     ("sign", "a sign", r"\bsign"),
     ("decay", "weight decay", r"decay"),
     ("zero", "zeros (an all-zero block, 0 / 0, a value coded 0)", r"all-zero|0 / 0|divi(de|sion) by zero|coded 0|== 0\b"),
     ("axis", "an axis or a dimension", r"\baxis|\baxes|dimension|keepdim|transpos|broadcast|\bflat|\brow|\bcolumn"),
-    ("rounding", "rounding (nearest, ties)", r"round|nearest|\btie|one off|truncat"),
+    ("rounding", "rounding (nearest, ties)", r"\bround(ing|ed|s)?\b|nearest|\bties?\b|one off|truncat"),
     ("denominator", "eps or the square root", r"\beps\b|sqrt|square root"),
     ("hook", "the gradient hook", r"\bhook"),
     ("state", "the optimizer's state", r"self\.state|state dict|state_dict|\bexp_avg"),
-    ("block", "which block an element belongs to", r"\bblock"),
+    ("block", "which block an element belongs to", r"(?<!autocast )\bblocks?\b"),
     ("count", "a count (each thing once, a boundary case)",
      r"\bcount|off-by-one|\bonce\b|\btwice\b|exactly \d|threshold|min_8bit_size"),
     ("factor", "a constant factor or a unit", r"factor|\bMiB\b|\bMB\b|\bbytes\b|2\*\*20|times the expected"),
@@ -71,7 +73,7 @@ _PHRASES: list[tuple[str, re.Pattern]] = [(t, re.compile(p, re.IGNORECASE)) for 
 _KIND_WORDS = {
     "stub": "none yet: the function is still the workbook's stub",
     "none": "nothing returned (None)",
-    "type": "the type of the result",
+    "type": "the type of what the check got",
     "error": "your code raised an error",
     "in_place": "an input changed in place",
     "shape": "the shape",
@@ -85,12 +87,17 @@ _TOPIC_WORDS = {topic: words for topic, words, _ in TOPICS}
 
 #: a check's own words (a ``fail`` of its exNN module) that name a structural property
 _WORDED_KINDS = [
-    ("none", re.compile(r"\breturned None\b|\bis None\b|\bno `?return")),
-    ("type", re.compile(r"\breturned (a |an )?[\w.]+(, | instead| where)|\bshould (be|return) a\b|"
-                        r"\bexpected a (tensor|tuple|pair|number|dict|list|bool|Python)")),
+    ("none", re.compile(r"\breturned (a )?(builtins\.)?(NoneType|None)\b|\bis None\b|\bno `?return\b")),
+    ("type", re.compile(r"\breturned (a |an )?[\w.]+(, | instead| where)|\bshould (be|return|contain) (a|an|the)?\b|"
+                        r"\bexpected (a|an) (tensor|torch|tuple|pair|number|dict|list|bool|int|float|str|Python)|"
+                        r"\bnot (a|an) (\w+ )?(subclass|kernel|tensor|tuple|list|dict)\b|not a Triton kernel|"
+                        r"\bnot hook handles\b|\bgot (Tensor|tuple|list|dict|str|int|float)\b|"
+                        r"\bhas dtype (tuple|list|dict|int|float|str|bool|NoneType)\b")),
     ("shape", re.compile(r"\bhas shape\b|\bshape \(.*\), expected")),
     ("dtype", re.compile(r"\bhas dtype\b")),
 ]
+
+_RETURN_A = re.compile(r"return (a|an) (pair|tuple|tensor|[\w-]+ tensor|list|dict|float|int|Python|bool)\b", re.IGNORECASE)
 
 
 def _without_arguments(text: str) -> str:
@@ -108,17 +115,46 @@ def kind_of(failure: Failure) -> str:
     for kind, pattern in _WORDED_KINDS:
         if pattern.search(words):
             return kind
+    if failure.hint and _RETURN_A.match(failure.hint):
+        return "type"
     return "check"
 
 
-def mistake_of(failure: Failure) -> str:
-    """The key of ``failure``'s mistake: its kind when that says it (shape, dtype, ...), else the topic its
-    check's words name (first step, order, sign, last block, ...), else ``"values"`` / ``"check"``."""
+def _first_clause(text: str) -> str:
+    """The words before the first ':', ';', ' — ' or end of sentence: where a check's hint names the mistake."""
+    return re.split(r":|;| — |\.\s", text, maxsplit=1)[0]
+
+
+def _by_priority(text: str) -> str | None:
+    return next((topic for topic, _, pattern in TOPICS if pattern.search(text)), None)
+
+
+def classify(failure: Failure) -> tuple[str, bool]:
+    """(the key of ``failure``'s mistake, whether the check's words say it plainly).
+
+    The key is the kind when that says it (none, type, error, in place, shape, dtype, NaN/Inf, keys: plain);
+    else the topic the check's hint names — plain when a sentence of the property finder or the first clause
+    of the hint names it, not plain when only the rest of the hint or the message does —; else
+    ``"values"``/``"check"``."""
     kind = kind_of(failure)
     if kind in _STRUCTURAL:
         if kind == "error" and failure.hint and re.search(r"dtype", failure.hint):
-            return "dtype_mix"
-        return kind
+            return "dtype_mix", True
+        return kind, True
+    hint = failure.hint or ""
+    for topic, pattern in _PHRASES:
+        if pattern.search(hint):
+            return topic, True
+    topic = _by_priority(_first_clause(hint))
+    if topic:
+        return topic, True
+    topic = _by_priority(hint) or _by_priority(_without_arguments(failure.message))
+    return (topic, False) if topic else (kind, False)
+
+
+def mistake_of(failure: Failure) -> str:
+    """The key of ``failure``'s mistake (:func:`classify`): the level-3 nudge and the reset to level 2 use it."""
+    return classify(failure)[0]
     for text in (failure.hint or "", _without_arguments(failure.message)):
         for topic, pattern in _PHRASES:
             if pattern.search(text):
@@ -137,9 +173,9 @@ def property_words(failure: Failure) -> str:
         return f"your code raised {failure.got}"
     if kind in _KIND_WORDS:
         return _KIND_WORDS[kind]
-    topic = mistake_of(failure)
+    topic, plain = classify(failure)
     head = "the values" if failure.kind == "values" else "a property the check names"
-    return f"{head} — about {_TOPIC_WORDS[topic]}" if topic in _TOPIC_WORDS else head
+    return f"{head} — about {_TOPIC_WORDS[topic]}" if plain and topic in _TOPIC_WORDS else head
 
 
 @dataclass(frozen=True)
@@ -245,8 +281,8 @@ def _level2(exercise: str, failure: Failure | None) -> str:
     elif kind == "check":
         lines.append(f"The check found{on}: " + _clip(failure.message, 300))
     if kind in ("values", "check", "shape", "dtype", "type", "nonfinite"):
-        topic = mistake_of(failure)
-        if topic in _TOPIC_WORDS:
+        topic, plain = classify(failure)
+        if plain and topic in _TOPIC_WORDS:
             lines.append(f"What the check's hint points at: {_TOPIC_WORDS[topic]}.")
     if failure.hint and kind not in ("stub",):
         lines.append("The check's hint: " + _clip(failure.hint))
@@ -260,10 +296,11 @@ def _level3(exercise: str, failure: Failure | None) -> str:
             return f"The last run of exercise {exercise}'s check passed: there is no mistake to nudge."
         return (nudges.get("default", GENERAL_NUDGES["values"])
                 + f"\n(Run the check cell first for a nudge aimed at your own mistake.)")
-    key = mistake_of(failure)
-    text = nudges.get(key) or GENERAL_NUDGES.get(key)
-    if text is None or (key in ("values", "check") and "default" in nudges):
-        text = nudges.get("default", GENERAL_NUDGES.get(key, GENERAL_NUDGES["check"]))
+    key, plain = classify(failure)
+    if not plain:  # a mistake the check's words do not name plainly: the exercise's own nudge
+        text = nudges.get("default", GENERAL_NUDGES["check"])
+    else:
+        text = nudges.get(key) or GENERAL_NUDGES.get(key) or nudges.get("default", GENERAL_NUDGES["check"])
     return text
 
 
