@@ -170,8 +170,7 @@ def test_workbook_12_is_graded_split_and_the_class_workbooks_left_in_one_process
     manifest = Manifest.load(REPO / "exercises" / MANIFEST_NAME)
     left = sorted(set(manifest.notebooks) - set(checker.SPLIT))
     assert left == ["07_adam8bit_step.ipynb", "08_triton_kernel.ipynb", "09_memory_maths.ipynb",
-                    "10_mixed_precision_finetune.ipynb", "13_one_state_many_optimizers.ipynb",
-                    "14_the_whole_bill.ipynb"], left
+                    "10_mixed_precision_finetune.ipynb"], left
     assert set(checker.SPLIT) <= set(manifest.notebooks)
 
 

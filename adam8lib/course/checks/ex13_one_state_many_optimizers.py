@@ -1,6 +1,12 @@
 """Checks for workbook 13 · one state, many optimizers: Lion8bit written on the library's core (an update rule
 on :class:`~adam8lib.quantized_state.QuantizedStateOptimizer`), the bytes of one state in each format, and the
-entries of Lion's update that quantizing m flips."""
+entries of Lion's update that quantizing m flips.
+
+13.1 hands the learner's class to course drivers (:mod:`adam8lib.course.grading.drivers.ex13`): they build and
+step it over the scenario this check makes (its parameters, every step's gradients) and return plain data — the
+parameters, the states, the defaults, the settings refused — which this check compares with its own Lion8bit (and
+bitsandbytes') run on the same scenario. When graded, the drivers run in the learner's process and everything here
+in the check process; in a notebook both run in the kernel."""
 
 from __future__ import annotations
 
@@ -14,6 +20,9 @@ from ...formats import FORMATS
 from ...quantized_state import QuantizedStateOptimizer
 from ...rules import LionRule
 from ...rules.base import StateSpec, UpdateRule
+from ..grading.drivers import drive
+from ..grading.drivers import ex13 as _drivers
+from ..grading.drivers.ex13 import with_bnb_rounding  # noqa: F401 - the plug, importable here as before
 from ._common import assert_equal, call, fail, passed, require_callable
 
 __all__ = ["check_lion8bit", "check_state_bytes", "check_lion_flips"]
@@ -48,15 +57,16 @@ def _grads(steps: int = STEPS) -> list[list[torch.Tensor]]:
     return out
 
 
-def with_bnb_rounding(cls):
-    """``cls`` whose states are requantized by bitsandbytes' CPU quantizer (tests/test_family_bnb.py's plug)."""
+def _scenario(steps: int = STEPS, dtype=torch.float32) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
+    """The parameters (as plain tensors) and every step's gradients that :func:`_run` steps over."""
+    return [p.detach() for p in _params(dtype)], [[g.to(dtype) for g in step] for step in _grads(steps)]
 
-    class BnbRounding(cls):
-        def quantize(self, spec, x, fmt, shape):
-            return torch.ops.bitsandbytes.quantize_blockwise(x.contiguous(), fmt.qmap(), fmt.blocksize)
 
-    BnbRounding.__name__ = cls.__name__ + "BnbRounding"
-    return BnbRounding
+def _learner_run(cls, kwargs: dict, bnb_rounding: bool = False) -> tuple[list[torch.Tensor], list[dict]]:
+    """The learner's class stepped over :func:`_scenario` by the course's driver: its parameters and states."""
+    params, grads = _scenario()
+    ran = drive(cls, _drivers.step_optimizer, dict(kwargs), params, grads, bnb_rounding=bnb_rounding)
+    return ran["params"], ran["states"]
 
 
 def _run(make, steps: int = STEPS, dtype=torch.float32):
@@ -244,15 +254,15 @@ def _names(message: str, arg: str) -> bool:
 def _check_update_returns_p(cls) -> None:
     """The rule's update, called once on small tensors, returns the parameter tensor (the core writes it back)."""
     p = torch.zeros(4)
-    out = call(_as_learner(lambda: cls.rule.update(p, torch.ones(4), {"exp_avg": torch.zeros(4)}, step=1,
-                                                   group=dict(DEFAULTS, weight_decay=0.1)), cls))
-    if not torch.is_tensor(out):
-        shown = "None (no return statement reached)" if out is None else f"a {type(out).__name__}"
+    out = call(_as_learner(lambda: drive(cls, _drivers.update_once, p, torch.ones(4), torch.zeros(4), 1,
+                                         dict(DEFAULTS, weight_decay=0.1)), cls))
+    if not out["tensor"]:
+        shown = "None (no return statement reached)" if out["none"] else f"a {out['type']}"
         fail(f"{cls.__name__}.rule.update(p, g, states, ...) returned {shown}, not the updated parameter.",
              hint="update changes p and the state in place and returns p: the core writes what you return into the "
                   "parameter. End update with `return p`.")
-    if out.shape != p.shape:
-        fail(f"{cls.__name__}.rule.update returned a tensor of shape {tuple(out.shape)} for a parameter of shape "
+    if tuple(out["shape"]) != tuple(p.shape):
+        fail(f"{cls.__name__}.rule.update returned a tensor of shape {tuple(out['shape'])} for a parameter of shape "
              f"{tuple(p.shape)}.", hint="return the parameter itself (p), not the state or a reduction of it.")
 
 
@@ -276,23 +286,37 @@ def _states_track(got: list[dict], want: list[dict]) -> str | None:
     return None
 
 
-def _probe(make, kwargs) -> list[torch.Tensor]:
-    """The parameter after each of three steps of ``make``'s optimizer on one tensor of 4,096 entries (8-bit state)."""
+def _probe_scenario() -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One tensor of 4,096 entries (8-bit state) and three steps' gradients."""
     gen = torch.Generator().manual_seed(5)
-    p = torch.nn.Parameter(torch.randn(4096, generator=gen))
+    p = torch.randn(4096, generator=gen)
+    return p, [torch.randn(4096, generator=gen) for _ in range(3)]
+
+
+def _probe(make, kwargs) -> list[torch.Tensor]:
+    """The parameter after each of three steps of ``make``'s optimizer on :func:`_probe_scenario`."""
+    start, grads = _probe_scenario()
+    p = torch.nn.Parameter(start.clone())
     opt = make([p], **kwargs)
     out = []
-    for _ in range(3):
-        p.grad = torch.randn(4096, generator=gen)
+    for g in grads:
+        p.grad = g.clone()
         opt.step()
         out.append(p.detach().clone())
     return out
 
 
+def _learner_probe(cls, kwargs) -> list[torch.Tensor]:
+    """:func:`_probe` of the learner's class, stepped by the course's driver."""
+    start, grads = _probe_scenario()
+    ran = drive(cls, _drivers.step_optimizer, dict(kwargs), [start], [[g] for g in grads], trace=True, states=False)
+    return [after[0] for after in ran["trace"]]
+
+
 def _name_lion_mistake(cls, kwargs) -> str | None:
     """The hint of the listed mistake whose three-step trajectory the learner's class follows (to rounding)."""
     try:
-        ours = _probe(cls, kwargs)
+        ours = _learner_probe(cls, kwargs)
     except Exception:  # noqa: BLE001 - the probe only names the mistake
         return None
     for switches, hint in LION_MISTAKES:
@@ -303,9 +327,7 @@ def _name_lion_mistake(cls, kwargs) -> str | None:
 
 
 def _hyper(cls) -> dict[str, Any]:
-    p = torch.nn.Parameter(torch.zeros(3))
-    opt = cls([p])
-    return {k: opt.param_groups[0].get(k) for k in DEFAULTS}
+    return drive(cls, _drivers.optimizer_defaults, list(DEFAULTS))
 
 
 def _as_learner(fn, cls):
@@ -319,59 +341,58 @@ def check_lion8bit(cls) -> None:
     (parameters bit for bit, states up to the EMA's last bits) and, with bitsandbytes' rounding plugged in, as
     ``bitsandbytes.optim.Lion8bit``."""
     require_callable(cls, "your optimizer class")
-    if not (isinstance(cls, type) and issubclass(cls, QuantizedStateOptimizer)):
+    made = drive(cls, _drivers.describe_optimizer)  # what the class is made of, said by the course's driver
+    if not made["core"]:
         fail(f"got {getattr(cls, '__name__', type(cls).__name__)}, not a subclass of QuantizedStateOptimizer.",
              hint="build on the library's core: the optimizer must subclass QuantizedStateOptimizer, as the class "
                   "the workbook gives you does; keep that class and change only the rule.")
-    rule = getattr(cls, "rule", None)
-    if not isinstance(rule, UpdateRule):
-        fail(f"{cls.__name__}.rule is {rule!r}, not an UpdateRule instance.",
+    if not made["rule_ok"]:
+        fail(f"{cls.__name__}.rule is {made['rule_repr']}, not an UpdateRule instance.",
              hint="the class attribute rule must be an instance of your UpdateRule subclass (not the class itself, "
                   "nor a function): look at where the class sets it.")
-    specs = tuple(getattr(rule, "states", ()))
-    if len(specs) != 1 or not all(isinstance(s, StateSpec) for s in specs):
-        fail(f"your rule declares the states {specs!r}; Lion keeps exactly one.",
+    if not made["specs_ok"]:
+        fail(f"your rule declares the states {made['specs_repr']}; Lion keeps exactly one.",
              hint="Lion keeps one state, its momentum, stored on the signed map: look at your rule's states "
                   "declaration (one StateSpec).")
-    if getattr(cls, "state_format", None) != "8bit":
-        fail(f"{cls.__name__}.state_format is {getattr(cls, 'state_format', None)!r}, expected '8bit'.",
+    if made["state_format"].get("plain") != "8bit":
+        fail(f"{cls.__name__}.state_format is {made['state_format_repr']}, expected '8bit'.",
              hint="state_format = '8bit' on the class: the format is data, the rule knows nothing of it.")
     hyper = call(_as_learner(lambda: _hyper(cls), cls))
     if hyper != DEFAULTS:
         fail(f"{cls.__name__}'s defaults are {hyper}, expected {DEFAULTS} (Lion8bit's, bitsandbytes').",
              hint="your class's default arguments are not Lion's: Lion takes a smaller learning rate than Adam and "
                   "a beta2 of 0.99, without decay by default. Look at the __init__ signature and what it passes on.")
-    for bad, what, arg in BAD_SETTINGS:
-        try:
-            cls([torch.nn.Parameter(torch.zeros(3))], **bad)
-        except (ValueError, TypeError) as exc:
-            if isinstance(exc, TypeError) and "not supported between" in str(exc):
-                fail(f"{cls.__name__}(params, {what}) crashed inside your check: {exc}",
-                     hint="your check compares the value with a number before making sure it is one: test the type "
-                          "first and raise a TypeError naming the argument.")
-            if not _names(str(exc), arg):
-                fail(f"{cls.__name__}(params, {what}) was refused, but the message does not name the argument: "
-                     f"{type(exc).__name__}: {exc}",
-                     hint=f"a refusal says what was wrong in the user's terms: put the argument's name ({arg!r}) and "
-                          "the value you got in the message.")
-            continue
-        except Exception as exc:  # noqa: BLE001 - reported to the learner
-            fail(f"{cls.__name__}(params, {what}) raised {type(exc).__name__}: {exc}",
+    # each setting built once by the course's driver: accepted, or refused with which exception and message
+    answers = drive(cls, _drivers.refusals, [bad for bad, _, _ in BAD_SETTINGS] + [dict(lr=0.0)])
+    for (bad, what, arg), answer in zip(BAD_SETTINGS, answers):
+        if not answer["accepted"]:
+            kind, message = answer["type"], answer["message"]
+            if answer["value_or_type"]:
+                if answer["type_error"] and "not supported between" in message:
+                    fail(f"{cls.__name__}(params, {what}) crashed inside your check: {message}",
+                         hint="your check compares the value with a number before making sure it is one: test the "
+                              "type first and raise a TypeError naming the argument.")
+                if not _names(message, arg):
+                    fail(f"{cls.__name__}(params, {what}) was refused, but the message does not name the argument: "
+                         f"{kind}: {message}",
+                         hint=f"a refusal says what was wrong in the user's terms: put the argument's name ({arg!r}) "
+                              "and the value you got in the message.")
+                continue
+            fail(f"{cls.__name__}(params, {what}) raised {kind}: {message}",
                  hint="the rule's check(group) raises ValueError (or TypeError) naming the argument, nothing else.")
         fail(f"{cls.__name__}(params, {what}) was accepted.",
              hint=BAD_HINTS.get(what, "the rule's check(group) must refuse it with a ValueError naming the argument: "
                                       "lr and weight_decay >= 0, each beta in [0, 1)."))
-    try:
-        cls([torch.nn.Parameter(torch.zeros(3))], lr=0.0)
-    except Exception as exc:  # noqa: BLE001 - reported to the learner
-        fail(f"{cls.__name__}(params, lr=0.0) was refused ({type(exc).__name__}: {exc}).",
+    zero = answers[len(BAD_SETTINGS)]
+    if not zero["accepted"]:
+        fail(f"{cls.__name__}(params, lr=0.0) was refused ({zero['type']}: {zero['message']}).",
              hint="lr = 0 is a valid setting (a warm-up that starts at 0, a frozen group): refuse only what is below "
                   "0 or not a number.")
     _check_update_returns_p(cls)
     for kwargs, label in ((dict(lr=1e-2, weight_decay=0.1), "lr=1e-2, weight_decay=0.1"),
                           (dict(lr=3e-3, betas=(0.8, 0.95)), "lr=3e-3, betas=(0.8, 0.95), no decay")):
-        ours, ours_opt = call(_as_learner(lambda: _run(lambda ps: cls(ps, **kwargs)), cls))
-        ref, ref_opt = _run(lambda ps: Lion8bit(ps, **kwargs))
+        ours, ours_states = call(_as_learner(lambda: _learner_run(cls, kwargs), cls))
+        ref, ref_opt = _run(lambda ps: Lion8bit(ps, **kwargs))  # the check's own run of the same scenario
         what = f"{cls.__name__}({label}) after {STEPS} steps"
         if not _params_close(ours, ref, kwargs["lr"]):
             named = _name_lion_mistake(cls, kwargs)
@@ -382,7 +403,7 @@ def check_lion8bit(cls) -> None:
                          "steps of the statement (the decay, the sign step, the state's EMA): which beta each uses, "
                          "their order, and the dtype you compute in.")
             fail(f"{what}: the parameters are not Lion8bit's.", hint=named)
-        why = _states_track(_states(ours_opt, ours), _states(ref_opt, ref))
+        why = _states_track(ours_states, _states(ref_opt, ref))
         if why:
             fail(f"{what}: the parameters are right but the state is not Lion8bit's ({why}).",
                  hint="the update is right, so look at what your rule writes back into the state: which beta its "
@@ -398,7 +419,7 @@ def _check_against_bnb(cls) -> None:
     except Exception:  # noqa: BLE001 - bitsandbytes is optional on some machines
         return
     kwargs = dict(lr=1e-2, betas=(0.9, 0.99), weight_decay=0.1)
-    ours, ours_opt = _run(lambda ps: with_bnb_rounding(cls)(ps, **kwargs))
+    ours, ours_states = _learner_run(cls, kwargs, bnb_rounding=True)
     theirs, theirs_opt = _run(lambda ps: bnb.optim.Lion8bit(ps, **kwargs))
     if not _params_close(ours, theirs, kwargs["lr"]):
         worst = max(float((a.detach() - b.detach()).abs().max()) for a, b in zip(ours, theirs))
@@ -406,7 +427,7 @@ def _check_against_bnb(cls) -> None:
              f"bitsandbytes.optim.Lion8bit's by up to {worst:.3g}.",
              hint="adam8lib's Lion8bit matched above, so look at what differs with another quantizer: does your "
                   "class override quantize, decode or step? Keep to rule + state_format + __init__.")
-    why = _states_track(_states(ours_opt, ours), _bnb_states(theirs_opt, theirs))
+    why = _states_track(ours_states, _bnb_states(theirs_opt, theirs))
     if why:
         fail(f"with bitsandbytes' rounding plugged in, the state is not bitsandbytes' ({why}).",
              hint="keep the state's name and layout to the core's: one StateSpec, stored as 'm'.")

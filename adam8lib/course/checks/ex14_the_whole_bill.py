@@ -1,9 +1,15 @@
 """Checks for workbook 14 · the whole bill: the post-accumulate-grad hook that steps one parameter and frees its
 gradient (gradient release by hand), and one row of the bill read from a :class:`~adam8lib.MemoryTracker`.
 
-Both are checked by *property*: the check runs the learner's code on small models, measures what it did (which
+Both are checked by *property*: the learner's code runs on small models, the check measures what it did (which
 parameters were stepped, how many times, whether a gradient is left, which number of the tracker a value is) and
-names the property that fails, rather than comparing with one expected piece of code."""
+names the property that fails, rather than comparing with one expected piece of code.
+
+The learner's code runs inside course drivers (:mod:`adam8lib.course.grading.drivers.ex14`): they build the model
+or the trackers, run the learner's function on them and return plain data (what was stepped and freed, the
+parameters, the row's numbers). This check decides from that alone, against its own reference run of the same
+scenario (ordinary training with the same optimizers; its own trackers). When graded, the drivers run in the
+learner's process and this check in the check process; in a notebook both run in the kernel."""
 
 from __future__ import annotations
 
@@ -11,50 +17,24 @@ import math
 from typing import Any
 
 import torch
-from torch import nn
 
-from ...memory_tracker import BILL, MemoryTracker, track_step
-from ...optim import AdamW8bit
-from ...release import release_gradients
+from ...memory_tracker import BILL, MemoryTracker
+from ..grading.drivers import drive, reraise
+from ..grading.drivers import ex14 as _drivers
 from ._common import call, fail, passed, require_callable
 
 __all__ = ["check_release_by_hand", "check_bill_row"]
 
 
 # ---------------------------------------------------------------------------- shared models
-class _Tied(nn.Module):
-    """A model with a parameter used twice (``shared`` applied in two places: one tensor, two gradient
-    contributions), a frozen one, a matrix large enough for 8-bit states (8,192 elements) and small ones."""
-
-    def __init__(self, dtype=torch.float32):
-        super().__init__()
-        torch.manual_seed(0)
-        self.inp = nn.Linear(32, 128)
-        self.shared = nn.Linear(128, 128, bias=False)  # 16,384 elements, used twice
-        self.out = nn.Linear(128, 4)
-        self.frozen = nn.Parameter(torch.ones(4), requires_grad=False)
-        self.to(dtype)
-
-    def forward(self, x):
-        h = torch.tanh(self.shared(torch.tanh(self.inp(x))))
-        return self.out(torch.tanh(self.shared(h))) * self.frozen
-
-
-def _batches(n, dtype=torch.float32, seed=1):
-    gen = torch.Generator().manual_seed(seed)
-    return [(torch.randn(16, 32, generator=gen).to(dtype), torch.randint(0, 4, (16,), generator=gen)) for _ in range(n)]
-
-
-def _loss(model, x, y):
-    return nn.functional.cross_entropy(model(x).float(), y)
+#: the model, the batches and the loss both the drivers and this check's references use
+_Tied, _batches, _loss = _drivers.Tied, _drivers.batches, _drivers.loss_of
 
 
 # ---------------------------------------------------------------------------- 14.1
 STEPS = 3
-_OPTIMIZERS = {
-    "torch.optim.AdamW": lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1),
-    "adam8lib AdamW8bit": lambda ps: AdamW8bit(ps, lr=1e-2, weight_decay=0.1),
-}
+#: the optimizers a release is tried with (the drivers make the learner's by name, the references these)
+_OPTIMIZERS = dict(_drivers.OPTIMIZERS)
 
 
 def _reference(make, steps=STEPS):
@@ -69,64 +49,52 @@ def _reference(make, steps=STEPS):
     return model
 
 
-def _steps_of(p, made):
-    """How many steps the optimizers the learner made gave ``p`` (from their state's step counters)."""
-    total = 0
-    for opt in made:
-        st = opt.state.get(p, {})
-        step = st.get("step", 0)
-        total += int(step.item() if torch.is_tensor(step) else step)
-    return total
-
-
 def check_release_by_hand(release_by_hand) -> None:
     """``release_by_hand(model, make_optimizer)`` registers on every trainable parameter a post-accumulate-grad
     hook that steps it (with its own ``make_optimizer([p])``) and frees its gradient; returns the handles."""
     require_callable(release_by_hand, "release_by_hand")
     for label, make_one in _OPTIMIZERS.items():
-        made: list[torch.optim.Optimizer] = []
 
-        def make(params, make_one=make_one):
-            opt = make_one(params)
-            made.append(opt)
-            return opt
+        def make(params, make_one=make_one):  # what the learner's function is handed (the driver makes its own)
+            return make_one(params)
 
-        model = _Tied()
-        names = {id(p): n for n, p in model.named_parameters()}
+        model = _Tied()  # the check's copy of the model the driver builds: its parameters, its names
         trainable = [p for p in model.parameters() if p.requires_grad]
         what = f"release_by_hand(model, make_optimizer) with {label}"
+
+        def run(model, make_optimizer, label=label):  # the driver registers and trains in the learner's process
+            return drive(release_by_hand, _drivers.release_run, label, STEPS)
+
+        run.__name__ = run.__qualname__ = getattr(release_by_hand, "__name__", "release_by_hand")
         try:
-            handles = call(release_by_hand, model, make)
+            ran = call(run, model, make)
         except AssertionError as err:
             if isinstance(err.__cause__, RuntimeError) and "require" in str(err.__cause__):
                 fail(f"{what} raised RuntimeError: {err.__cause__}",
                      hint="skip the parameters that do not require a gradient (p.requires_grad is False): "
                           "they get no gradient, and torch refuses a gradient hook on them")
             raise
-        if handles is None:
+        handles = ran["handles"]
+        if handles["none"]:
             fail(f"{what} returned None.", hint="return the list of the handles that register_..._hook returned "
                                                 "(so that the hooks can be removed)")
-        try:
-            handles = list(handles)
-        except TypeError:
-            fail(f"{what} returned a {type(handles).__name__}, not a list of hook handles.",
+        if not handles["listable"]:
+            fail(f"{what} returned a {handles['type']}, not a list of hook handles.",
                  hint="return the list of the handles that register_..._hook returned")
-        if not all(hasattr(h, "remove") for h in handles):
-            fail(f"{what} returned {[type(h).__name__ for h in handles][:4]}..., not hook handles.",
+        if not handles["removable"]:
+            fail(f"{what} returned {handles['types']}..., not hook handles.",
                  hint="return what p.register_post_accumulate_grad_hook(...) returns: a handle with .remove()")
-        if len(handles) == 2 * len(trainable):
-            fail(f"{what} registered {len(handles)} hooks for {len(trainable)} trainable parameters.",
+        if handles["count"] == 2 * len(trainable):
+            fail(f"{what} registered {handles['count']} hooks for {len(trainable)} trainable parameters.",
                  hint="every parameter got two hooks: model.modules() includes the model itself, whose "
                       "parameters() are all of them; walk model.parameters() once (each tensor once)")
-        if len(handles) != len(trainable):
-            fail(f"{what} registered {len(handles)} hooks; the model has {len(trainable)} trainable parameters.",
+        if handles["count"] != len(trainable):
+            fail(f"{what} registered {handles['count']} hooks; the model has {len(trainable)} trainable parameters.",
                  hint="one hook per parameter that requires a gradient (each tensor once)")
-        before = [p.detach().clone() for p in trainable]
-        for k, (x, y) in enumerate(_batches(STEPS)):
-            _loss(model, x, y).backward()
-            left = [names[id(p)] for p in trainable if p.grad is not None]
-            steps = {names[id(p)]: _steps_of(p, made) for p in trainable}
-            if all(v == 0 for v in steps.values()) and all(torch.equal(b, p) for b, p in zip(before, trainable)):
+        names = [n for n, p in model.named_parameters() if p.requires_grad]
+        for k, seen in enumerate(ran["steps"]):
+            steps = {n: int(seen["stepped"].get(n, 0)) for n in names}
+            if all(v == 0 for v in steps.values()) and seen["all_unchanged"]:
                 fail(f"{what}: after a backward pass no parameter was stepped.",
                      hint="the hook must call the optimizer's step() before it frees the gradient: a parameter "
                           "whose .grad is None is skipped by step()")
@@ -134,14 +102,15 @@ def check_release_by_hand(release_by_hand) -> None:
                 fail(f"{what}: the shared parameter (used twice in the forward pass) was stepped twice per backward.",
                      hint="step once per backward, when the gradient is complete: one post-accumulate-grad hook "
                           "per tensor, which fires after the contributions of both uses are summed")
-            changed = [names[id(p)] for b, p in zip(before, trainable) if not torch.equal(b, p)]
+            changed = [n for n in seen["changed"] if n in names]
             if k == 0 and len(changed) == 1 and len(trainable) > 1:
                 fail(f"{what}: after the first backward only {changed[0]} had changed.",
                      hint="every hook stepped the same optimizer: a function defined in a loop sees the loop's last "
                           "variables; bind the optimizer when the hook is made (a default argument, "
                           "functools.partial), or look it up from the tensor the hook is called with")
+            left = [n for n in seen["left"] if n in names]
             if left:
-                zeroed = all(float(dict(model.named_parameters())[n].grad.abs().max()) == 0 for n in left)
+                zeroed = bool(seen["zeroed"])
                 fail(f"{what}: after backward, {', '.join(left)} still {'has' if len(left) == 1 else 'have'} a "
                      f"gradient{' (all zeros)' if zeroed else ''}.",
                      hint="zeroing the gradient keeps its memory: set p.grad = None" if zeroed else
@@ -153,19 +122,20 @@ def check_release_by_hand(release_by_hand) -> None:
                 fail(f"{what}: after {k + 1} backward pass(es) the parameters were stepped "
                      f"{ {n: steps[n] for n in wrong} } times, expected {k + 1} each.",
                      hint="each parameter's hook steps that parameter once per backward")
-        ref = _reference(make_one)
-        differ = [n for (n, r), p in zip(((n, q) for n, q in ref.named_parameters() if q.requires_grad), trainable)
-                  if not torch.equal(r, p)]
-        if differ:
+        if ran["error_at"] == "backward":  # the learner's hook raised during a backward pass
+            reraise(ran["error"])
+        ref = _reference(make_one)  # the check's own run: ordinary training with the same optimizers
+        theirs = ran["params"] or []
+        differ = [n for (n, r), p in zip(((n, q) for n, q in ref.named_parameters() if q.requires_grad), theirs)
+                  if not (r.shape == p.shape and r.dtype == p.dtype and torch.equal(r.detach(), p))]
+        if differ or len(theirs) != len(trainable):
             fail(f"{what}: after {STEPS} steps the parameters {differ} differ from an ordinary "
                  f"backward(); step(); zero_grad() with the same optimizers.",
                  hint="step with the optimizer make_optimizer([p]) made for that parameter, with the gradient "
                       "complete (in a post-accumulate-grad hook), once per backward")
-        for h in handles:
-            h.remove()
-        x, y = _batches(1, seed=9)[0]
-        _loss(model, x, y).backward()
-        if any(p.grad is None for p in trainable):
+        if ran["error_at"] == "remove":
+            reraise(ran["error"])
+        if ran["freed_after_remove"] is not False:
             fail(f"{what}: after removing every handle you returned, a backward pass still freed gradients.",
                  hint="return the handles of the hooks you registered (the value of register_..._hook)")
     passed("Exercise 14.1 · Step and free, one parameter at a time")
@@ -173,27 +143,9 @@ def check_release_by_hand(release_by_hand) -> None:
 
 # ---------------------------------------------------------------------------- 14.2
 def _rows() -> list[tuple[str, MemoryTracker]]:
-    """Trackers of three training steps: fp32 AdamW, 8-bit AdamW with bf16 weights, stochastic rounding and
-    gradient release (no gradient left when backward ends), and 8-bit AdamW on fp32 weights."""
-    out = []
-    for label, dtype, make, release in (
-            ("fp32 AdamW", torch.float32, lambda ps: torch.optim.AdamW(ps, lr=1e-3), False),
-            ("bf16 + SR + 8-bit + release", torch.bfloat16,
-             lambda ps: AdamW8bit(ps, lr=1e-3, stochastic_rounding=True), True),
-            ("8-bit AdamW", torch.float32, lambda ps: AdamW8bit(ps, lr=1e-3), False)):
-        model = _Tied(dtype)
-        opt = make([p for p in model.parameters() if p.requires_grad])
-        handle = release_gradients([p for p in model.parameters() if p.requires_grad], opt) if release else None
-        x, y = _batches(1, dtype)[0]
-        _loss(model, x, y).backward()  # a first step makes the state
-        if not release:
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        tracker = track_step(model, opt, lambda: _loss(model, x, y))
-        if handle:
-            handle.remove()
-        out.append((label, tracker))
-    return out
+    """The check's own trackers: :func:`~adam8lib.course.grading.drivers.ex14.tracked_rows` (the learner's function
+    reads the same rows, measured by the driver in the learner's process)."""
+    return _drivers.tracked_rows()
 
 
 def _expected(tracker: MemoryTracker) -> dict[str, Any]:
@@ -253,15 +205,49 @@ def _named_value(tracker: MemoryTracker, key: str, got: float, want: float) -> s
     return None
 
 
+class _Theirs:
+    """A value of the learner's answer that is not plain data: only its type's name and its repr crossed."""
+
+    def __init__(self, kind: str, shown: str):
+        self.kind, self.shown = str(kind), str(shown)
+
+    def __repr__(self) -> str:
+        return self.shown
+
+
+def _kind(value) -> str:
+    return value.kind if isinstance(value, _Theirs) else type(value).__name__
+
+
+def _their_answer(answer: dict):
+    """The learner's answer as the driver returned it (:func:`~adam8lib.course.grading.drivers.ex14.bill_rows`)."""
+
+    def one(described: dict):
+        return described["plain"] if "plain" in described else _Theirs(described.get("kind"), described.get("repr"))
+
+    if "dict" in answer:
+        return {key: one(value) for key, value in answer["dict"].items()}
+    return one(answer["value"])
+
+
 def check_bill_row(bill_row) -> None:
     """``bill_row(tracker)``: weights, gradients, state and their sum when backward ends, the bill's peak
     (bytes per parameter) and the name of the largest gradient alive at that peak."""
     require_callable(bill_row, "bill_row")
     keys = ("weights", "gradients", "state", "between", "peak", "largest_gradient")
-    for label, tracker in _rows():
+    rows = _rows()  # the check's own trackers; the driver measures the same rows where the learner's function runs
+    answers = drive(bill_row, _drivers.bill_rows, [label for label, _ in rows])
+    for (label, tracker), answer in zip(rows, answers):
         what = f"bill_row(tracker) for the row {label!r}"
+
+        def read(tracker, answer=answer):  # the learner's answer for this row, or what their function raised
+            if answer.get("error") is not None:
+                reraise(answer["error"])
+            return _their_answer(answer["answer"])
+
+        read.__name__ = read.__qualname__ = getattr(bill_row, "__name__", "bill_row")
         try:
-            got = call(bill_row, tracker)
+            got = call(read, tracker)
         except AssertionError as err:
             if isinstance(err.__cause__, ValueError) and "phase" in str(err.__cause__):
                 fail(f"{what}: {err.__cause__}",
@@ -269,7 +255,7 @@ def check_bill_row(bill_row) -> None:
                           "after an ordinary step the gradients are freed: read the bill at the end of 'backward'")
             raise
         if not isinstance(got, dict):
-            fail(f"{what} returned a {type(got).__name__}, expected a dict.", hint=f"return a dict with keys {keys}")
+            fail(f"{what} returned a {_kind(got)}, expected a dict.", hint=f"return a dict with keys {keys}")
         missing = [k for k in keys if k not in got]
         if missing:
             fail(f"{what} has no key(s) {missing}.", hint=f"return a dict with keys {keys}")
@@ -288,7 +274,7 @@ def check_bill_row(bill_row) -> None:
         for key in keys[:-1]:
             value = got[key]
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                fail(f"{what}: {key!r} is a {type(value).__name__}, expected a number of bytes per parameter.",
+                fail(f"{what}: {key!r} is a {_kind(value)}, expected a number of bytes per parameter.",
                      hint="a Python float (bytes divided by tracker.num_params)")
             if not math.isclose(value, want[key], rel_tol=1e-9, abs_tol=1e-12):
                 named = _named_value(tracker, key, float(value), want[key])

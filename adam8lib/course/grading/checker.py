@@ -32,20 +32,24 @@ import signal
 import subprocess
 import sys
 
-from . import plain, reaper
+from . import drivers, plain, reaper
 from .runner import (GradingTimeout, _alarm, _Capped, _disarm, _first_line, _message, _split_check, file_digest,
                      kernel_problem, output_verdict, warnings_to_log)
 
 __all__ = ["main", "LearnerFunction", "Learner", "SPLIT"]
 
 #: Workbooks graded with the check process / learner process split: their checks hand the learner's
-#: functions plain data only. The others (07: the learner's optimizer and module classes are
-#: instantiated and stepped by the checks; 08: Triton kernels launched on tensors the check owns;
-#: 09: the checks hand the learner's functions models (``nn.Module`` objects the checks build);
-#: 10: the learner's training code drives a model, an optimizer and a Trainer; 14: the checks hand the
-#: learner's functions a model to hook and a MemoryTracker) still run in one guarded process (:mod:`~adam8lib.course.grading.runner`).
+#: functions plain data only, or hand the learner's class or function to a course *driver*
+#: (:mod:`adam8lib.course.grading.drivers`) that runs it in the learner process on the scenario the check sends and
+#: returns plain data (13: the learner's optimizer class built and stepped; 14: the learner's hooks registered on
+#: a model the driver builds, the learner's function given a tracker the driver measures). The others (07: the
+#: learner's optimizer and module classes are instantiated and stepped by the checks; 08: Triton kernels launched
+#: on tensors the check owns; 09: the checks hand the learner's functions models (``nn.Module`` objects the checks
+#: build); 10: the learner's training code drives a model, an optimizer and a Trainer) still run in one guarded
+#: process (:mod:`~adam8lib.course.grading.runner`).
 SPLIT = ("01_optimizer_memory.ipynb", "02_ema.ipynb", "03_adam_rule.ipynb", "04_linear_quantization.ipynb",
-         "05_dynamic_map.ipynb", "06_blockwise_quantization.ipynb", "11_at_scale.ipynb", "12_beyond_8_bits.ipynb")
+         "05_dynamic_map.ipynb", "06_blockwise_quantization.ipynb", "11_at_scale.ipynb", "12_beyond_8_bits.ipynb",
+         "13_one_state_many_optimizers.ipynb", "14_the_whole_bill.ipynb")
 
 _STUB_FILE = "<the learner's exercise cell>"
 _EXCEPTIONS = {c.__name__: c for c in (ValueError, TypeError, IndexError, KeyError, RuntimeError, AssertionError,
@@ -207,10 +211,20 @@ class Learner:
         self.stop()
 
     def call(self, fn: "LearnerFunction", args: tuple, kwargs: dict):
-        import torch
-
         local = plain.tensors([list(args), kwargs])
         message = ("call", fn._handle, plain.encode(list(args)), plain.encode(dict(kwargs)), fn._exercise)
+        return self._answer(fn, message, local)
+
+    def drive(self, fn: "LearnerFunction", driver: str, args: tuple, kwargs: dict):
+        """Have the learner process run the course driver ``driver`` (``module:function`` of
+        :mod:`adam8lib.course.grading.drivers`) on the learner's object: its plain result (nothing of the check's
+        is changed in place: a driver's arguments are its scenario, sent as copies)."""
+        message = ("drive", fn._handle, str(driver), plain.encode(list(args)), plain.encode(dict(kwargs)), fn._exercise)
+        return self._answer(fn, message, [])
+
+    def _answer(self, fn: "LearnerFunction", message: tuple, local: list):
+        import torch
+
         if fn._generation != self.generation or self.proc is None:
             raise LearnerGone(f"{fn.__name__}: the learner's process was restarted after a timeout or a crash")
         reply = self.request(message)
@@ -241,6 +255,7 @@ class Learner:
         raise LearnerGone("the learner process answered something that is not a reply")
 
 
+@drivers.remote
 class LearnerFunction:
     """Stands for a learner's function (or class) in a check: calling it calls it in the learner process."""
 

@@ -17,6 +17,11 @@ replies on ``W``, in plain data only (:mod:`adam8lib.course.grading.plain`):
   result and the values of every tensor argument afterwards (the check process copies them back
   into its own tensors, so in-place updates are seen), or the exception's type names, message and
   whether it is the workbook stub's ``raise NotImplementedError``;
+* ``("drive", handle, driver, args, kwargs, exercise)`` — run the course driver named ``driver``
+  (``module:function`` of :mod:`adam8lib.course.grading.drivers`, imported before any learner code ran;
+  nothing else can be named) on the learner's object with the check's plain arguments: the driver
+  builds what the exercise needs (parameters and gradients, a model from a seed), runs the learner's
+  class or function on it, and its plain result is the reply (or the exception, as for ``call``);
 * ``("begin" | "finish", exercise)`` — look for tampering around one exercise's check;
 * ``("end", token)`` — write the guard's end marker (``end <token>``) on the alarm pipe and exit
   (``os._exit``: no learner ``atexit`` hook runs). The check process sends it after every result
@@ -34,12 +39,13 @@ from __future__ import annotations
 
 import ast
 import builtins
+import importlib
 import json
 import os
 import sys
 import threading
 
-from . import plain
+from . import drivers, plain
 from .guard import install, references
 from .runner import (WATCHED, Snapshot, _Capped, _split_check, course_references, grader_failed, kernel_problem,
                      trusted_roots, _learner_code, run_exercise_cells, warnings_to_log)  # fmt: skip
@@ -104,6 +110,8 @@ def main(argv: list[str] | None = None) -> None:
         from adam8lib.course import setup
 
         setup(verbose=False)
+    for module in drivers.DRIVER_MODULES:  # the course's drivers, imported before any learner code (and watched)
+        importlib.import_module(module)
     for spec in job["checks"]:
         try:
             imports, _ = _split_check(spec["source"], f"check_{spec['exercise']}")
@@ -177,16 +185,28 @@ def main(argv: list[str] | None = None) -> None:
             else:
                 send(rep, ("other", type(value).__name__))
             continue
-        if op == "call":
-            _, handle, args, kwargs, exercise = request
+        if op in ("call", "drive"):
+            if op == "drive":  # a course driver run on the learner's object: ("drive", handle, driver, args, kwargs, exercise)
+                _, handle, name, args, kwargs, exercise = request
+                try:
+                    course_driver = drivers.resolve(name)
+                except Exception as exc:  # noqa: BLE001 - not a course driver: the check process says so
+                    send(rep, _raised(exc) + ("",))
+                    continue
+            else:
+                _, handle, args, kwargs, exercise = request
+                course_driver = None
             fn = handles.get(handle)
             args, kwargs = plain.decode(args), plain.decode(kwargs)
-            inputs = plain.tensors([args, kwargs])
+            inputs = plain.tensors([args, kwargs]) if course_driver is None else []
             printed = _Capped(cap)
             sys.stdout = sys.stderr = printed
             guard.profile(exercise)
             try:
-                result = fn(*args, **kwargs)
+                if course_driver is None:
+                    result = fn(*args, **kwargs)
+                else:
+                    result = course_driver(fn, *args, **kwargs)
                 reply = ("ok", plain.encode(result, args=inputs), [plain.encode(t) for t in inputs])
             except BaseException as exc:  # noqa: BLE001 - the learner's exception goes to the check
                 reply = _raised(exc)

@@ -1,0 +1,104 @@
+"""Drivers of workbook 13 (:mod:`adam8lib.course.checks.ex13_one_state_many_optimizers`): the learner's Lion8bit
+class (a :class:`~adam8lib.quantized_state.QuantizedStateOptimizer` with a rule of theirs) built and stepped
+over the scenario the check sends — its parameters and every step's gradients — and what it did returned as
+plain data: the parameters, the states, its defaults, which settings it refused and how."""
+
+from __future__ import annotations
+
+import torch
+
+from ....quantized_state import QuantizedStateOptimizer
+from ....rules.base import StateSpec, UpdateRule
+from . import described, driver
+
+__all__ = ["with_bnb_rounding", "describe_optimizer", "optimizer_defaults", "refusals", "update_once",
+           "step_optimizer"]
+
+
+def with_bnb_rounding(cls):
+    """``cls`` whose states are requantized by bitsandbytes' CPU quantizer (tests/test_family_bnb.py's plug)."""
+
+    class BnbRounding(cls):
+        def quantize(self, spec, x, fmt, shape):
+            return torch.ops.bitsandbytes.quantize_blockwise(x.contiguous(), fmt.qmap(), fmt.blocksize)
+
+    BnbRounding.__name__ = cls.__name__ + "BnbRounding"
+    return BnbRounding
+
+
+@driver
+def describe_optimizer(cls) -> dict:
+    """What the class is made of: built on the core?, its rule, the rule's states, its state format."""
+    core = isinstance(cls, type) and issubclass(cls, QuantizedStateOptimizer)
+    rule = getattr(cls, "rule", None)
+    specs = tuple(getattr(rule, "states", ()))
+    fmt = getattr(cls, "state_format", None)
+    return {"core": core, "rule_ok": isinstance(rule, UpdateRule), "rule_repr": repr(rule)[:300],
+            "specs_ok": len(specs) == 1 and all(isinstance(s, StateSpec) for s in specs),
+            "specs_repr": repr(specs)[:300], "state_format": described(fmt), "state_format_repr": repr(fmt)[:100]}
+
+
+@driver
+def optimizer_defaults(cls, keys: list) -> dict:
+    """The first param group's values of ``keys`` for ``cls([a parameter])``, built with no setting."""
+    opt = cls([torch.nn.Parameter(torch.zeros(3))])
+    return {k: described(opt.param_groups[0].get(k)).get("plain", "<not plain data>") for k in keys}
+
+
+@driver
+def refusals(cls, settings: list) -> list:
+    """For each keyword dict of ``settings``: ``cls([a parameter], **setting)`` accepted, or the exception it
+    raised (its kind — ValueError, TypeError or something else — and its message)."""
+    out = []
+    for kwargs in settings:
+        try:
+            cls([torch.nn.Parameter(torch.zeros(3))], **kwargs)
+        except Exception as exc:  # noqa: BLE001 - what the learner's check raised is the answer
+            out.append({"accepted": False, "type": type(exc).__name__, "value_or_type": isinstance(exc, (ValueError, TypeError)),
+                        "type_error": isinstance(exc, TypeError), "message": str(exc)[:1000]})
+        else:
+            out.append({"accepted": True})
+    return out
+
+
+@driver
+def update_once(cls, p, g, state, step: int, group: dict) -> dict:
+    """``cls.rule.update(p, g, {"exp_avg": state}, step=step, group=group)`` once: what it returned."""
+    out = cls.rule.update(p, g, {"exp_avg": state}, step=step, group=group)
+    return {"tensor": torch.is_tensor(out), "none": out is None, "type": type(out).__name__,
+            "shape": list(out.shape) if torch.is_tensor(out) else None}
+
+
+def _states(opt, params) -> list[dict]:
+    """Each parameter's state tensors under the names m / m_codes / m_absmax, whatever the rule calls its state."""
+    out = []
+    for p in params:
+        name = opt.rule.states[0].name
+        st = opt.state[p]
+        renamed = {}
+        for suffix in ("", "_codes", "_absmax"):
+            if torch.is_tensor(st.get(name + suffix)):
+                renamed["m" + suffix] = st[name + suffix].detach().clone()
+        out.append(renamed)
+    return out
+
+
+@driver
+def step_optimizer(cls, kwargs: dict, params: list, grads: list, trace: bool = False, states: bool = True,
+                   bnb_rounding: bool = False) -> dict:
+    """``cls(params, **kwargs)`` stepped once per entry of ``grads`` (one gradient per parameter): the parameters
+    at the end, each parameter's state (``states``) and, with ``trace``, the parameters after every step.
+    ``bnb_rounding``: the class with bitsandbytes' quantizer plugged in (:func:`with_bnb_rounding`)."""
+    if bnb_rounding:
+        import bitsandbytes  # noqa: F401 - registers torch.ops.bitsandbytes
+    made = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    opt = (with_bnb_rounding(cls) if bnb_rounding else cls)(made, **kwargs)
+    after = []
+    for step in grads:
+        for p, g in zip(made, step):
+            p.grad = g.detach().clone().to(p.dtype)
+        opt.step()
+        if trace:
+            after.append([p.detach().clone() for p in made])
+    return {"params": [p.detach().clone() for p in made], "states": _states(opt, made) if states else None,
+            "trace": after}
