@@ -32,7 +32,7 @@ def _stepped(cls, shape, **kwargs):
 def test_every_optimizer_class_is_covered():
     names = {c.__name__ for c in CLASSES}
     assert {"AdamW8bit", "Adam4bit", "AdamWFp8", "Lion8bit", "AdEMAMix8bit", "Muon8bit", "RMSprop8bit",
-            "Adagrad8bit", "SGD8bit"} <= names
+            "Adagrad8bit", "SGD8bit", "Adan", "Adan8bit"} <= names
 
 
 @pytest.mark.parametrize("states", ["low-bit", "fp32"])

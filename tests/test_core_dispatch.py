@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from adam8lib import (AdEMAMix8bit, Adagrad8bit, Lion, Lion4bit, Lion8bit, Muon8bit, RMSprop8bit, SGD8bit, kernels)
+from adam8lib import (AdEMAMix8bit, Adagrad8bit, Adan8bit, Lion, Lion4bit, Lion8bit, Muon8bit, RMSprop8bit, SGD8bit,
+                      kernels)
 from adam8lib.kernels import cpu_rules
 from adam8lib.quantized_state import QuantizedStateOptimizer
 
@@ -29,6 +30,7 @@ CASES = {
     "RMSprop8bit": (RMSprop8bit, dict(lr=1e-3, weight_decay=0.01)),
     "Adagrad8bit": (Adagrad8bit, dict(lr=1e-2, weight_decay=0.01)),
     "Muon8bit": (Muon8bit, dict(lr=2e-2, weight_decay=0.1)),  # its AdamW parameters: the 8-bit Adam kernel
+    "Adan8bit": (Adan8bit, dict(lr=2e-3, weight_decay=0.02)),  # four states, one kept in fp32
 }
 
 

@@ -10,7 +10,7 @@ import pickle
 import pytest
 import torch
 
-from adam8lib import AdEMAMix8bit, AdamW8bit, Lion, Lion8bit, Muon8bit, RMSprop8bit, rounding
+from adam8lib import AdEMAMix8bit, AdamW8bit, Adan8bit, Lion, Lion8bit, Muon8bit, RMSprop8bit, rounding
 from adam8lib.optim import LowBitAdam
 from tests._random_steps import random_steps
 
@@ -68,6 +68,8 @@ FAMILY = {
     "Lion-fp32-states": lambda ps, be: Lion(ps, lr=1e-3, backend="torch", stochastic_rounding=True, seed=5),
     "AdEMAMix-fp8": lambda ps, be: AdEMAMix8bit(ps, lr=1e-2, state_format="fp8", backend=be, stochastic_rounding=True,
                                                 seed=5),
+    # four states, the previous gradient kept in fp32 (chunked with the others)
+    "Adan8bit": lambda ps, be: Adan8bit(ps, lr=1e-2, weight_decay=0.02, backend=be, stochastic_rounding=True, seed=5),
 }
 
 

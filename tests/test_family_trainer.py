@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adam8lib import AdEMAMix8bit, Lion8bit, Muon8bit, RMSprop8bit, SGD8bit
+from adam8lib import AdEMAMix8bit, Adan8bit, Lion8bit, Muon8bit, RMSprop8bit, SGD8bit
 from tests._tiny_classifier import TinyClassifier, tiny_dataset
 
 transformers = pytest.importorskip("transformers")
@@ -31,7 +31,8 @@ def _check_trained(opt, cls, model, start):
 
 @pytest.mark.parametrize("cls, kwargs", [(Lion8bit, {"lr": 1e-3}), (AdEMAMix8bit, {"lr": 1e-3}),
                                          (RMSprop8bit, {"lr": 1e-3}), (SGD8bit, {"lr": 1e-2}),
-                                         (Muon8bit, {"lr": 0.02})], ids=lambda v: getattr(v, "__name__", ""))
+                                         (Muon8bit, {"lr": 0.02}), (Adan8bit, {"lr": 1e-3})],
+                         ids=lambda v: getattr(v, "__name__", ""))
 def test_trainer_builds_the_optimizer_from_class_and_kwargs(tmp_path, cls, kwargs):
     model = TinyClassifier()
     start = model.hidden.weight.detach().clone()

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 import adam8lib
-from adam8lib import (AdEMAMix8bit, Adam8bit, AdamW8bit, Adagrad8bit, LowBitAdam, Lion8bit, Lion4bit, Muon8bit,
-                      RMSprop8bit, SGD8bit)
+from adam8lib import (AdEMAMix8bit, Adam8bit, AdamW8bit, Adagrad8bit, Adan8bit, LowBitAdam, Lion8bit, Lion4bit,
+                      Muon8bit, RMSprop8bit, SGD8bit)
 from adam8lib.release import GradientReleasedError, release_gradients
 
 BF16 = torch.bfloat16
@@ -28,6 +28,7 @@ OPTIMIZERS = {
     "Lion8bit": (lambda ps: Lion8bit(ps, lr=1e-3, weight_decay=0.1), torch.float32),
     "Lion4bit": (lambda ps: Lion4bit(ps, lr=1e-3), torch.float32),
     "AdEMAMix8bit": (lambda ps: AdEMAMix8bit(ps, lr=1e-2, t_alpha=5, t_beta3=5), torch.float32),
+    "Adan8bit": (lambda ps: Adan8bit(ps, lr=1e-2, weight_decay=0.02), torch.float32),
     "RMSprop8bit": (lambda ps: RMSprop8bit(ps, lr=1e-3), torch.float32),
     "Adagrad8bit": (lambda ps: Adagrad8bit(ps, lr=1e-2), torch.float32),
     "SGD8bit": (lambda ps: SGD8bit(ps, lr=1e-2), torch.float32),
