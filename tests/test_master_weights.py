@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from adam8lib import AdamW4bit, AdamW8bit, Lion8bit, LowBitAdam
+from adam8lib import AdamW4bit, AdamW8bit, Adan8bit, Lion8bit, LowBitAdam
 from adam8lib.master_weights import CompressedMasterWeights, join_master, master_rounding, split_master
 
 
@@ -150,6 +150,7 @@ OPTS = {
     "AdamW8bit": lambda ps: AdamW8bit(ps, lr=1e-3, weight_decay=0.1),
     "LowBitAdam-4bit": lambda ps: LowBitAdam(ps, lr=1e-3, state_format="4bit"),
     "Lion8bit": lambda ps: Lion8bit(ps, lr=1e-4),
+    "Adan8bit": lambda ps: Adan8bit(ps, lr=1e-3),  # a kept state, joined and split with the others' chunks
     "torch.AdamW": lambda ps: torch.optim.AdamW(ps, lr=1e-3),
 }
 

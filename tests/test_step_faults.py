@@ -23,7 +23,7 @@ import os
 import pytest
 import torch
 
-from adam8lib import AdamW4bit, AdamW8bit, AdamWFp8, Lion4bit, Lion8bit
+from adam8lib import AdamW4bit, AdamW8bit, AdamWFp8, Adan8bit, Lion4bit, Lion8bit
 from adam8lib.optim import LowBitAdam
 
 FORMATS = ("8bit", "4bit", "4bit-naive", "fp8")
@@ -102,7 +102,7 @@ def test_a_state_that_does_not_fit_raises_before_anything_changes(state_format):
     _assert_unchanged(opt, params, snap)
 
 
-@pytest.mark.parametrize("cls", [Lion8bit, Lion4bit])
+@pytest.mark.parametrize("cls", [Lion8bit, Lion4bit, Adan8bit])
 def test_a_the_family_on_the_core_refuses_a_group_blocksize_and_changes_nothing(cls):
     opt, params = _stepped(None, None, cls=cls)
     snap = _snapshot(opt, params)
