@@ -1,7 +1,7 @@
 """One optimizer for every update rule and every state format: decode each state, the rule in fp32, encode.
 
 :class:`QuantizedStateOptimizer` is the one core of every optimizer of the library (issue 35): the family
-(Lion8bit, AdEMAMix8bit, RMSprop8bit, Adagrad8bit, SGD8bit, Muon8bit, :mod:`adam8lib.family`) and the low-bit
+(Lion8bit, AdEMAMix8bit, RMSprop8bit, Adagrad8bit, SGD8bit, Adan8bit, Muon8bit, :mod:`adam8lib.family`) and the low-bit
 Adams of lessons 07 and 12 (:class:`~adam8lib.optim.LowBitAdam`: the AdamW rule with the keys, groups, FSDP2
 blocks and checkpoint tags those lessons teach, set through the hooks below). An optimizer is
 
@@ -10,10 +10,12 @@ blocks and checkpoint tags those lessons teach, set through the hooks below). An
 * a **state format** for its states (:mod:`adam8lib.formats`: ``"8bit"``, ``"4bit"``, ``"4bit-naive"``,
   ``"fp8"``; or :data:`FP32`, plain fp32 tensors). A format has two moment formats, ``m`` (signed) and
   ``v`` (never negative); each state of the rule names the one that stores it
-  (:attr:`adam8lib.rules.base.StateSpec.stored_as`). The 8-bit format is data like the others.
+  (:attr:`adam8lib.rules.base.StateSpec.stored_as`), or is kept in fp32/bf16 whatever the format
+  (:attr:`~adam8lib.rules.base.StateSpec.kept`: Adan's previous gradient). A rule has any number of states. The
+  8-bit format is data like the others.
 * and a **backend**: the reference step (``backend="torch"``), the spec, or a fused step of the one
   registry (:func:`adam8lib.kernels.find_step`: keyed by rule, format and device): the C++ ``"cpu"``
-  template of the elementwise rules (Lion, AdEMAMix, RMSprop, Adagrad) and AdamW's kernels on the CPU,
+  template of the elementwise rules (Lion, AdEMAMix, RMSprop, Adagrad, Adan) and AdamW's kernels on the CPU,
   ``"triton"`` on CUDA. ``"auto"`` takes the first backend of :data:`adam8lib.kernels.AUTO_ORDER` with
   a step for the parameter's rule, format and device (never the Triton interpreter for CPU tensors),
   else the reference step: fp32 states, tensors under ``min_8bit_size``, rules with no fused step (Muon's
