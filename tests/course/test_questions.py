@@ -80,7 +80,8 @@ def test_no_reveal_cell_states_its_result_in_a_check():
     assert not found, found
 
 
-@pytest.mark.parametrize("qid, stated", [("09.b", 1 / 3), ("11.e", 1.0), ("05.c", 128)])
+@pytest.mark.parametrize("qid, stated", [("09.b", 1 / 3), ("11.e", 1.0), ("05.c", 128), ("02.a", 0.632), ("02.a", 0.6),
+                                         ("02.d", 1000), ("02.d", 800), ("02.d", 1200)])
 def test_the_answer_an_explanation_states_is_accepted(qid, stated):
     assert "your prediction was right" in reveal_line(qid, QUESTIONS[qid].answer, stated)
 
@@ -139,7 +140,13 @@ def test_numeric_answers_agree_with_the_library():
     m1 = b1 * m0 + (1 - b1) * g
     v1 = 0.999 * 0.0 + (1 - 0.999) * g**2
     m1_hat, v1_hat = m1 / (1 - b1), v1 / (1 - 0.999)
-    assert math.isclose(a["02.b"], (m1 / math.sqrt(v1)) / (m1_hat / math.sqrt(v1_hat)))
+    assert math.isclose(m1 / math.sqrt(v1), 0.1 / math.sqrt(0.001))  # lesson 02's first uncorrected step: 3.16
+    # 02.b: the uncorrected step's overshoot (1 - 0.9^t) / sqrt(1 - 0.999^t) peaks later, at twice step 1's
+    overshoot = [(1 - 0.9**t) / math.sqrt(1 - 0.999**t) for t in range(1, 5001)]
+    peak = max(range(5000), key=overshoot.__getitem__)
+    assert a["02.b"] == "b" and peak == 11 and 2 < overshoot[peak] / overshoot[0] < 2.1
+    # 02.d: "roughly" 1 / (1 - beta2) steps, and what its explanation states
+    assert a["02.d"] == 1 / (1 - 0.999) or math.isclose(a["02.d"], 1 / (1 - 0.999))
     # 02.a: v after 1000 steps of g = 1 with beta2 = 0.999, as the library's EMA computes it in float32
     assert math.isclose(a["02.a"], float(ema_series(torch.ones(1000), 0.999)[-1]), rel_tol=1e-4)
     # 04.b: 0.004 in [1.27, -0.5, 0.004] is under half a step (0.005) and comes back as 0
