@@ -245,6 +245,12 @@ def test_in_a_notebook_hint_is_bound_when_the_name_is_free(monkeypatch):
     message = _fails(checks.check_bias_correct, late_bias)
     assert shell.user_ns["hint"] is adam8lib.course.hint
     assert 'stuck? run  hint("02.2")' in message and "import" not in message.split(PROPERTY)[1].splitlines()[0]
+    from adam8lib.course.checks._common import _bind_hint
+
+    fresh = types.SimpleNamespace(user_ns={})  # importing the checks binds it too (the check cell's import)
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: fresh))
+    assert _bind_hint() and fresh.user_ns["hint"] is adam8lib.course.hint
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: shell))
     mine = object()
     shell.user_ns["hint"] = mine  # a learner's own `hint` is never replaced: the line then gives the import
     message = _fails(checks.check_bias_correct, late_bias)

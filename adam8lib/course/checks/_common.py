@@ -50,7 +50,9 @@ the check names in its own words), the check's first line and its hint
 (:func:`last_failure`). The message gets one more line, before its ``Hint:`` (which stays last,
 as the feedback pages read it): the property and the exact call that asks for help, e.g.
 ``→ property that failed: the shape · stuck? run  hint("04.1")``. ``passed`` records the pass.
-A failure outside a workbook check is not recorded and its message is unchanged.
+A failure outside a workbook check is not recorded and its message is unchanged. In a notebook, importing
+the checks (a workbook's check cell) binds ``hint`` in the learner's namespace when that name is free, so the
+line works as typed; where it cannot, the line carries its import.
 """
 
 from __future__ import annotations
@@ -181,24 +183,29 @@ def _record_pass(title: str) -> None:
         _OUTCOMES[found.group(1)] = None
 
 
+def _bind_hint() -> bool:
+    """In a notebook (IPython), bind ``hint`` in the learner's namespace when the name is free; True when
+    ``hint`` there is the course's."""
+    try:
+        ipython = sys.modules.get("IPython")
+        shell = ipython.get_ipython() if ipython is not None else None
+        if shell is None:
+            return False
+        from .. import hint
+
+        namespace = shell.user_ns
+        if "hint" not in namespace:
+            namespace["hint"] = hint
+        return namespace.get("hint") is hint
+    except Exception:  # noqa: BLE001 - a help, never a reason for a check to crash
+        return False
+
+
 def _hint_call(exercise: str) -> str:
     """The exact line a learner types for a hint: ``hint("NN.k")`` where that name works in their notebook
     (it is bound there when free), else with its import."""
     plain = f'hint("{exercise}")'
-    try:
-        ipython = sys.modules.get("IPython")
-        shell = ipython.get_ipython() if ipython is not None else None
-        if shell is not None:
-            from .. import hint
-
-            namespace = shell.user_ns
-            if "hint" not in namespace:
-                namespace["hint"] = hint
-            if namespace.get("hint") is hint:
-                return plain
-    except Exception:  # noqa: BLE001
-        pass
-    return f"from adam8lib.course import hint; {plain}"
+    return plain if _bind_hint() else f"from adam8lib.course import hint; {plain}"
 
 
 def _with_record(message: str, hint: str | None, kind: str | None, what: str | None, got: str = "",
@@ -738,3 +745,6 @@ def assert_equal(actual: Any, expected: Any, *, hint: str | None = None, what: s
         fail(f"{what} = {_short(actual)}, expected {_short(expected)}.", hint,
              kind="type" if type(actual) is not type(expected) and not (_is_number(actual) and _is_number(expected))
              else "values", what=what, got=_short(actual), expected=_short(expected))
+
+
+_bind_hint()  # a workbook's first check cell imports the checks: from then on hint("NN.k") works there
