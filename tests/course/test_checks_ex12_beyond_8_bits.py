@@ -146,3 +146,73 @@ def test_a_probability_based_solution_passes_too():
 ])
 def test_stochastic_round_fails(fn, hint):
     fails_with(checks.check_stochastic_round, fn, hint)
+
+
+# ------------------------------------------------------------------ mistakes a cold learner made (named, not generic)
+def _blockwise(x, qmap, blocksize, code):
+    n = x.numel()
+    blocks = torch.nn.functional.pad(x.float(), (0, -n % blocksize)).view(-1, blocksize)
+    absmax = blocks.abs().amax(1, keepdim=True)
+    y = blocks / torch.where(absmax > 0, absmax, torch.ones_like(absmax))
+    return (qmap[code(y.reshape(-1), qmap).long()].view_as(blocks) * absmax).reshape(-1)[:n]
+
+
+def _keep_sign_victims(m, v, m_map, v_map, bs):
+    code = lambda y, q: nearest_code(y, q, keep_sign=True)  # noqa: E731
+    return (_blockwise(v, v_map, bs, code) == 0) & (_blockwise(m, m_map, bs, code) != 0)
+
+
+def _floor_victims(m, v, m_map, v_map, bs):
+    code = lambda y, q: (torch.searchsorted(q, y.contiguous(), right=True) - 1).clamp(0, q.numel() - 1)  # noqa: E731
+    return (_blockwise(v, v_map, bs, code) == 0) & (_blockwise(m, m_map, bs, code) != 0)
+
+
+def _one_draw(x, generator):
+    r = torch.randint(0, 1 << 16, (1,), generator=generator, dtype=torch.int32)
+    return ((x.view(torch.int32) + r) & -65536).view(torch.float32).to(torch.bfloat16)
+
+
+def _noise_then_nearest(x, generator):
+    lo = (x.view(torch.int32) & -65536).view(torch.float32)
+    hi = ((x.view(torch.int32) & -65536) + 65536).view(torch.float32)
+    return (x + torch.rand(x.shape, generator=generator) * (hi - lo)).to(torch.bfloat16)
+
+
+def _step_from_magnitude(x, generator):  # a float approach with a step of |lo| * 2**-7, not the bf16 gap
+    lo = (x.view(torch.int32) & -65536).view(torch.float32)
+    step = lo.abs() * 2.0**-7
+    u = torch.rand(x.shape, generator=generator)
+    return torch.where(u < ((x - lo) / step).clamp(0, 1), lo + step, lo).to(torch.bfloat16)
+
+
+def _nearest_as_lower(x, generator):  # the right gap, but the "lower" neighbour is x rounded to nearest
+    lo = x.to(torch.bfloat16).float()
+    up = (lo.view(torch.int32) + 65536).view(torch.float32)
+    u = torch.rand(x.shape, generator=generator)
+    return torch.where(u < ((x - lo) / (up - lo)).clamp(0, 1), up, lo).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("check, fn, hint", [
+    (checks.check_zero_point_victims, _keep_sign_victims, "keep_sign=True"),
+    (checks.check_zero_point_victims, _floor_victims, "you coded both moments to the map entry at or below"),
+    (checks.check_rank1_scale, lambda x: torch.minimum(x.abs().amax(0)[:, None], x.abs().amax(1)[None, :]),
+     "you swapped the two reductions' axes"),
+    (checks.check_stochastic_round, _one_draw, "you drew ONE random number for the whole tensor"),
+    (checks.check_stochastic_round, _noise_then_nearest, "which rounds to NEAREST"),
+    (checks.check_stochastic_round, _step_from_magnitude, "your step is not one bf16 step"),
+    (checks.check_stochastic_round, _nearest_as_lower, "the bf16 number ABOVE x"),
+], ids=["keep-sign", "floor-both", "axes-swapped", "one-draw", "noise-then-nearest", "step-from-magnitude",
+        "nearest-as-lower"])
+def test_cold_learners_mistakes_are_named(check, fn, hint):
+    fails_with(check, fn, hint)
+
+
+def test_a_crash_gets_the_exercises_own_hint_once():
+    def no_keepdim(x):
+        return torch.minimum(x.abs().amax(1), x.abs().amax(0))
+
+    with pytest.raises(AssertionError) as info:
+        checks.check_rank1_scale(no_keepdim)
+    text = str(info.value)
+    assert text.count("Hint:") == 1 and "lost the reduced dimension" in text, text
+    assert isinstance(info.value.__cause__, RuntimeError)  # the learner's own error stays visible

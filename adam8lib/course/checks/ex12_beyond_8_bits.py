@@ -32,7 +32,7 @@ def check_pack_nibbles(pack, unpack) -> None:
             got = call(pack, codes.clone())
         except AssertionError as exc:
             if codes.numel() % 2 and "not implemented yet" not in str(exc):
-                fail(str(exc), hint=f"an odd number of codes cannot be paired as it is: {label} leaves the last code "
+                _refail(exc, hint=f"an odd number of codes cannot be paired as it is: {label} leaves the last code "
                                     "without a partner. Pad one 0 code at the END first (n codes take ceil(n / 2) "
                                     "bytes).")
             raise
@@ -164,11 +164,28 @@ def _zero_point_cases():
 _SMALL = (5, 6, 7)  # the cases with tiny moments
 
 
+def _decoded_keep_sign(x: torch.Tensor, qmap: torch.Tensor, blocksize: int) -> torch.Tensor:
+    """:func:`_decoded` with lesson 07's keep-sign coding (a non-zero value is never coded 0)."""
+    codes, absmax = quantize_blocks(x.reshape(-1).float(), qmap, blocksize, keep_sign=True)
+    return dequantize_blocks(codes, absmax, qmap, blocksize)
+
+
+def _decoded_floor(x: torch.Tensor, qmap: torch.Tensor, blocksize: int) -> torch.Tensor:
+    """:func:`_decoded` with each value coded to the map entry at or below it (searchsorted), not the nearest."""
+    n = x.numel()
+    blocks = torch.nn.functional.pad(x.reshape(-1).float(), (0, -n % blocksize)).view(-1, blocksize)
+    absmax = blocks.abs().amax(dim=1, keepdim=True)
+    y = blocks / torch.where(absmax > 0, absmax, torch.ones_like(absmax))
+    codes = (torch.searchsorted(qmap, y.contiguous(), right=True) - 1).clamp(0, qmap.numel() - 1)
+    return (qmap[codes] * absmax).reshape(-1)[:n]
+
+
 def _victim_variants(m, v, m_map, v_map, bs):
     """(hint, mask) of the usual wrong answers, for one case."""
     n = v.numel()
     v_zero = _decoded(v, v_map, bs) == 0
     m_live = _decoded(m, m_map, bs) != 0
+    kept = (_decoded_keep_sign(v, v_map, bs) == 0) & (_decoded_keep_sign(m, m_map, bs) != 0)
     absmax = torch.nn.functional.pad(v.abs(), (0, -n % bs)).view(-1, bs).amax(dim=1).repeat_interleave(bs)[:n]
     normalized = torch.where(absmax > 0, v / absmax, torch.zeros_like(v))
     smallest = v_map[v_map > 0].min()
@@ -185,10 +202,18 @@ def _victim_variants(m, v, m_map, v_map, bs):
         ("an entry whose decoded m is 0 is no victim: its update is 0 / eps = 0. Require the decoded m to be "
          "non-zero too.", v_zero),
         ("the m test is inverted: a victim has v decoded to 0 while its decoded m is NOT 0.", v_zero & ~m_live),
+        ("your v counts as 0 only where v is exactly 0: you flagged v == 0 before quantizing, or you coded with "
+         "keep_sign=True (lesson 07's rule, which never codes a non-zero value as 0 — the cure, not the problem). "
+         "Here codes are the plain NEAREST entry (keep_sign=False), so a tiny non-zero v decodes to 0: quantize, "
+         "decode, then test.", kept),
         ("you flagged v == 0 before quantizing: the victims are the entries whose QUANTIZED v decodes to 0 "
          "(non-zero v below half the smallest map entry times the block's absmax).", (v == 0) & m_live),
         ("you rounded down to the map entry below: codes are the NEAREST entry, so v / absmax decodes to 0 "
          "only below HALF the smallest positive entry.", (normalized < smallest) & m_live),
+        ("you coded both moments to the map entry at or below each value (searchsorted alone): codes are the "
+         "NEAREST entry, so v / absmax decodes to 0 only below HALF the smallest positive entry, and a negative m "
+         "rounds toward the nearer entry, not always down.",
+         (_decoded_floor(v, v_map, bs) == 0) & (_decoded_floor(m, m_map, bs) != 0)),
         ("you compared v itself with the map: the map holds v / absmax, so divide by the block's absmax first.",
          (v < smallest / 2) & m_live),
         ("you coded m with v's map (no negative entries): every negative m decodes to 0 there. m takes the signed "
@@ -245,8 +270,8 @@ def check_zero_point_victims(zero_point_victims) -> None:
         try:
             got = call(zero_point_victims, m.clone(), v.clone(), m_map.clone(), v_map.clone(), bs)
         except AssertionError as exc:
-            if "is invalid for input of size" in str(exc) and v.numel() % bs:
-                fail(str(exc), hint=f"{v.numel()} values are not a whole number of blocks of {bs}: the last block is "
+            if v.numel() % bs and any(k in str(exc) for k in ("is invalid for input of size", "must match the size")):
+                _refail(exc, hint=f"{v.numel()} values are not a whole number of blocks of {bs}: the last block is "
                                     "short. Lesson 06's blocks pad the tail (and drop the padding afterwards).")
             raise
         if not isinstance(got, torch.Tensor):
@@ -290,7 +315,7 @@ def check_rank1_scale(rank1_scale) -> None:
             got = call(rank1_scale, x.clone())
         except AssertionError as exc:
             if "must match the size of tensor" in str(exc):
-                fail(str(exc), hint=f"the row maxima ({x.shape[0]} of them) and the column maxima ({x.shape[1]}) "
+                _refail(exc, hint=f"the row maxima ({x.shape[0]} of them) and the column maxima ({x.shape[1]}) "
                                     "only broadcast to x's shape as a column (r, 1) and a row (1, c): your reductions "
                                     "lost the reduced dimension.")
             raise
@@ -301,6 +326,11 @@ def check_rank1_scale(rank1_scale) -> None:
         if not isinstance(got, torch.Tensor):
             fail(f"{what} returned {type(got).__name__}, expected a tensor shaped like x.",
                  hint="return one torch tensor with a scale per entry of x.")
+        if got.shape != x.shape and x.shape[0] != x.shape[1] and got.shape == x.shape[::-1]:
+            fail(f"{what} has shape {tuple(got.shape)}, expected {tuple(x.shape)}: your result is x's shape transposed.",
+                 hint="you swapped the two reductions' axes: the maximum of each ROW reduces over the columns "
+                      f"(dim=1) and must run down x as a ({x.shape[0]}, 1) column; the maximum of each COLUMN reduces "
+                      f"over the rows (dim=0) and runs along a (1, {x.shape[1]}) row.")
         if got.shape != x.shape:
             hint = ("broadcast the row maxima (a column vector) against the column maxima (a row vector) to x's shape."
                     if got.numel() in (x.shape[0], x.shape[1], x.shape[0] + x.shape[1])
@@ -390,8 +420,7 @@ def check_stochastic_round(stochastic_round) -> None:
         if not values <= {float(low), float(high)}:
             two_up = float(((x[:1].view(torch.int32) & ~0xFFFF) + 0x20000).view(torch.float32))
             if max(values, key=abs) == two_up and float(low) != float(high):
-                hint = ("your random integers span more than 2**16 (one bf16 step), so some copies jump two steps: the "
-                        "randomness must cover exactly one step of the lower 16 bits.")
+                hint = _two_steps_hint(stochastic_round, values, float(low), float(high))
             else:
                 hint = ("every result must be one of the two bf16 numbers next to x (printed above); yours left that "
                         "pair, so your rounding changes more than the lower 16 bits.")
@@ -415,6 +444,10 @@ def check_stochastic_round(stochastic_round) -> None:
             ]
             hint = next((h for h, p in odds if abs(up - p) <= 5 * (p * (1 - p) / n) ** 0.5 + 1e-9),
                         "round up with probability (x - low) / (high - low): the mean of the results must be x.")
+            if hint == odds[0][0] and _rounds_noise_to_nearest(stochastic_round):
+                hint = ("you added up to one step of noise and then converted with .to(torch.bfloat16), which rounds to "
+                        "NEAREST: x then rounds up whenever its fraction plus the noise passes one half, not with "
+                        "probability equal to the fraction. After adding the noise, clear the low 16 bits (truncate).")
             fail(f"{what}: {100 * up:.2f} % of the copies rounded up, expected {100 * frac:.2f} % "
                  f"(± {500 * se:.2f} %).", hint=hint)
         if p_up is not None:
@@ -448,6 +481,16 @@ def _one_way_hint(stochastic_round, went_up: bool) -> str:
     (x three quarters of a step above a bf16 number: nearest rounds it up, truncation down)."""
     generic = ("round up with probability (x - low) / (high - low), with a fresh random number per element "
                "drawn from the generator you are given.")
+    if _one_draw_per_call(stochastic_round):
+        return ("within one call every element rounds the same way, but calls with other seeds go the other way: "
+                "you drew ONE random number for the whole tensor. Every element needs its own draw (a tensor of "
+                "random numbers shaped like x).")
+    low_half = _probe(stochastic_round, 1.0 + 2.0**-10, 46, n=20000)  # an eighth of a step above 1
+    if low_half is not None and abs(float((low_half > 1.0).double().mean()) - 0.125) < 0.03:
+        return ("right where x sits in the lower half of its bf16 gap, one way only elsewhere: your 'lower neighbour' "
+                "is x rounded to NEAREST (x.to(torch.bfloat16)), which in the upper half of the gap is the bf16 number "
+                "ABOVE x (and for a negative x, mind which way 'above' is). The lower neighbour, toward zero, is x with "
+                "its low 16 bits cleared.")
     if went_up:
         return ("you always round away from zero (the upper neighbour): stochastic rounding goes up only with "
                 "probability (x - low) / (high - low).")
@@ -468,3 +511,65 @@ def _one_way_hint(stochastic_round, went_up: bool) -> str:
         return ("you truncate (clear the low 16 bits): always toward zero. Round up at random, with probability "
                 "(x - low) / (high - low).")
     return generic
+
+
+def _probe(stochastic_round, value: float, seed: int, n: int = 4000) -> torch.Tensor | None:
+    """The learner's rounding of ``n`` copies of ``value`` as floats (None if it raises or returns no tensor)."""
+    try:
+        got = stochastic_round(torch.full((n,), value), torch.Generator().manual_seed(seed))
+    except Exception:  # noqa: BLE001 - the probe is only for the hint
+        return None
+    return got.float().reshape(-1) if isinstance(got, torch.Tensor) and got.numel() == n else None
+
+
+def _one_draw_per_call(stochastic_round) -> bool:
+    """Whether every call rounds all its elements alike while calls with other seeds differ (one shared draw)."""
+    value = 1.0 + 2.0**-8  # half a bf16 step (2**-7 at 1) above 1: both ways equally likely
+    outcomes = set()
+    for seed in range(12):
+        got = _probe(stochastic_round, value, seed)
+        if got is None:
+            return False
+        values = set(got.unique().tolist())
+        if len(values) != 1:
+            return False
+        outcomes |= values
+    return len(outcomes) == 2
+
+
+def _rounds_noise_to_nearest(stochastic_round) -> bool:
+    """Whether the learner's up-rate at a fraction of 1/8 is that of one step of noise rounded to nearest (5/8),
+    not of reversed odds (7/8)."""
+    got = _probe(stochastic_round, 1.0 + 2.0**-10, 45, n=20000)  # an eighth of a bf16 step above 1
+    if got is None:
+        return False
+    up = float((got > 1.0).double().mean())
+    return abs(up - 0.625) < 0.05
+
+
+def _refail(exc: AssertionError, hint: str) -> None:
+    """Fail again on a learner's error that :func:`call` reported, with this exercise's own hint in place of the
+    general one (the first line of the report kept; the learner's traceback stays the cause)."""
+    try:
+        fail(str(exc).split("\n", 1)[0], hint=hint)
+    except AssertionError as sharper:
+        raise sharper from exc.__cause__
+
+
+def _two_steps_hint(stochastic_round, values: set, low: float, high: float) -> str:
+    """Some copies moved two bf16 steps: a step of the wrong size (x's upper neighbour never reached), noise over more
+    than a step (copies also stay at the lower neighbour), one step of noise then a round-to-nearest conversion, or a
+    'lower neighbour' taken by rounding to nearest."""
+    if low in values and high not in values:
+        return (f"you rounded to {low!r} or {max(values, key=abs)!r}, but x's upper bf16 neighbour is {high!r}: your "
+                "step is not one bf16 step. The gap between bf16 numbers is 2**(e - 7) for |x| in [2**e, 2**(e + 1)), "
+                "not |x| * 2**-7; or take the upper neighbour as the lower one's int32 bits plus 2**16.")
+    if low in values:
+        return ("your random integers span more than 2**16 (one bf16 step), so some copies jump two steps: the "
+                "randomness must cover exactly one step of the lower 16 bits.")
+    if _rounds_noise_to_nearest(stochastic_round):
+        return ("you added up to one step of noise and then converted with .to(torch.bfloat16), which rounds to "
+                "NEAREST, so x + noise can land two steps up: after adding the noise, clear the low 16 bits (truncate).")
+    return ("your 'lower neighbour' is above x here: x.to(torch.bfloat16) rounds to NEAREST, which can be the bf16 "
+            "number ABOVE x, and one step more is then two steps up. The lower neighbour is x with its low 16 bits "
+            "cleared (toward zero).")
