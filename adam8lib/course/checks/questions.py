@@ -97,9 +97,9 @@ DISTILBERT = 65_783_042
 
 QUESTIONS: dict[str, Question] = {
     # 00 · tour
-    "00.a": Question(8, rel_tol=0),
-    "00.b": Question("c", choices="abcd"),
-    "00.c": Question(2 + 8 / 256, rel_tol=0.02, shown="≈ 2.03 (2 bytes of codes + 8/256 of fp32 scales)"),
+    "00.a": Question("c", choices="abc", shown="(c) over 60 %: 89.6 % of the small model is its token embedding"),
+    "00.b": Question(4, rel_tol=0.01, shown="4 (bf16 exp_avg and exp_avg_sq: torch keeps the parameter's dtype)"),
+    "00.c": Question("c", choices="abcd"),
     # 01 · optimizer memory
     "01.a": Question(16 * DISTILBERT / MiB, rel_tol=0.005, shown="1003.8 MiB (16 bytes per parameter: 4 + 4 + 8)"),
     "01.b": Question(768 * 8, rel_tol=0, shown="6,144 bytes (fp32 m and v: below min_8bit_size, 768 is not quantized)"),
@@ -183,7 +183,7 @@ QUESTIONS: dict[str, Question] = {
 
 #: Questions answered from the text (a lesson's recap): no experiment reveals them, so :func:`ask` judges them
 #: at once. Every other question is a prediction: :func:`ask` records it and :func:`reveal` judges it.
-RECAPS = frozenset({"00.b", "01.a", "01.c", "02.d", "03.b", "04.b", "04.d", "04.e", "05.b", "06.b", "07.a", "07.c",
+RECAPS = frozenset({"00.c", "01.a", "01.c", "02.d", "03.b", "04.b", "04.d", "04.e", "05.b", "06.b", "07.a", "07.c",
                     "03.a", "03.c", "05.c", "06.a",
                     "08.a", "08.c", "08.d", "09.a", "09.b", "09.c", "11.a", "11.c", "12.a",
                     "13.a", "13.e"})
