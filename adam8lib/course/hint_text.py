@@ -434,8 +434,9 @@ EXERCISES: dict[str, ExerciseHints] = {
                        "gradient alone.",
                "in_place": "The rule updates its states in place but must not change the gradient in place; "
                            "compute the interpolation in a new tensor.",
-               "refuse": "check(group) refuses: a negative or non-numeric lr or weight_decay, a beta outside "
-                         "[0, 1). Which of those does yours let through?",
+               "refuse": "check(group) refuses exactly: an lr or weight_decay that is negative, NaN or not a "
+                         "number, and a beta outside [0, 1) — naming the argument — and accepts everything else, "
+                         "lr = 0 included. Which case does yours get wrong?",
                "none": "update must return the new parameter.",
                "decay": "Decoupled decay multiplies p by a factor involving lr and weight_decay."}),
     "13.2": E("state_bytes", "The bytes of one state",
@@ -446,7 +447,9 @@ EXERCISES: dict[str, ExerciseHints] = {
                "last_block": "Blocks and half-bytes round up.",
                "axis": "Rank-1 scales apply to every tensor of two or more dimensions: one number per index "
                        "of each axis.",
-               "count": "Tensors below 4,096 elements are fp32 in every format."}),
+               "count": "Tensors below 4,096 elements are fp32 in every format.",
+               "factor": "Count the bytes of each part: fp32 takes 4 per element, an 8-bit or FP8 code 1, a 4-bit "
+                         "code half; each scale is fp32; and below 4,096 elements every format is fp32."}),
     "13.3": E("lion_flips", "The signs Lion loses",
               "Lion's update sees only the sign of the interpolation, so a stored state's rounding matters only "
               "where that sign flips.",
@@ -454,16 +457,23 @@ EXERCISES: dict[str, ExerciseHints] = {
                           "decoded by the format, and compare them.",
                "values": "The gradient stays fp32: only m goes through the format.",
                "zero": "A sign of exactly zero is a sign too: an interpolation that is 0 one way and not the "
-                       "other is a flip."}),
+                       "other is a flip.",
+               "sign": "The sign that matters is the interpolation's, not the sign of m itself: a small m can flip "
+                       "without changing the step, and an unchanged sign of m can still change it.",
+               "order": "Which term of the interpolation gets beta1, the stored m or the new gradient? Read it "
+                        "off lesson 13's rule, not off the order of the arguments."}),
     # ----------------------------------------------------------------------------------------------- 14
     "14.1": E("release_by_hand", "Step and free, one parameter at a time",
               "Gradient release steps each parameter in a hook that runs as soon as its gradient is complete, "
               "then frees that gradient, so all gradients never exist at once.",
               {"default": "Check the three things: one optimizer per parameter that requires a gradient, a "
                           "post-accumulate-grad hook on each, and the list of handles returned.",
-               "order": "The hook steps first and frees the gradient after.",
-               "hook": "The hook must run after accumulation (a tensor used twice gets one complete gradient): "
-                       "which registration method does that? And the hook must return None: torch refuses a value.",
+               "order": "Inside the hook, this parameter's optimizer steps first and its gradient is freed "
+                        "after; with no freeing, every gradient stays alive to the end of backward.",
+               "hook": "Test one hook alone: is it the kind that runs once the gradient is complete (a tensor "
+                       "used twice gets one summed gradient)? Does it step this parameter's own optimizer (a "
+                       "function made in a loop sees the loop's last values unless you bind them), free the "
+                       "gradient after the step, return None? One per trainable tensor?",
                "count": "Each tensor once, and only those that require a gradient."}),
     "14.2": E("bill_row", "A row of the bill",
               "A row of the bill reads the tracker at the end of backward and at its peak, and divides every "

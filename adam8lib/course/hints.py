@@ -35,9 +35,11 @@ TOPICS: list[tuple[str, str, re.Pattern]] = [(t, w, re.compile(p, re.IGNORECASE)
     ("first_step", "the first step (bias correction, the step count)",
      r"bias[- ]correct|first step|first update|step ?= ?0|step [+-] 1\b|step 1\b|count(s|ing)? from 1|1 - beta\*\*|step count"),
     ("in_place", "an update in place", r"in place|in-place|copy_\(|modified its argument"),
+    ("hook", "the gradient hook", r"\bhook"),
     ("order", "the order of two operations",
      r"\border\b|\bswapped\b|(?-i:\bBEFORE\b|\bAFTER\b)|"
-     r"\b(before|after) (backward|the update|the Adam update|the step|clipping|the EMA|the max|scaler\.step|step\(\))"),
+     r"\b(before|after) (backward|the update|the Adam update|the step|clipping|the EMA|the max|scaler\.step|step\(\)|it)\b|"
+     r"\bright after\b|\bfirst,? then\b"),
     ("last_block", "the last, short block (a size that is not a multiple)",
      r"partial|ragged|short last|last block|the tail|ceil\(|not a multiple|round(s|ed)? up|odd (number|count)"),
     ("sign", "a sign", r"\bsign"),
@@ -46,7 +48,6 @@ TOPICS: list[tuple[str, str, re.Pattern]] = [(t, w, re.compile(p, re.IGNORECASE)
     ("axis", "an axis or a dimension", r"\baxis|\baxes|dimension|keepdim|transpos|broadcast|\bflat|\brow|\bcolumn"),
     ("rounding", "rounding (nearest, ties)", r"\bround(ing|ed|s)?\b|nearest|\bties?\b|one off|truncat"),
     ("denominator", "eps or the square root", r"\beps\b|sqrt|square root"),
-    ("hook", "the gradient hook", r"\bhook"),
     ("state", "the optimizer's state", r"self\.state|state dict|state_dict|\bexp_avg"),
     ("block", "which block an element belongs to", r"(?<!autocast )\bblocks?\b"),
     ("count", "a count (each thing once, a boundary case)",
@@ -70,6 +71,9 @@ _PHRASES: list[tuple[str, re.Pattern]] = [(t, re.compile(p, re.IGNORECASE)) for 
     ("in_place", r"did not move at all"),
 ]]
 
+#: a check's first line saying that an argument was accepted or refused when it should not have been
+_REFUSAL = re.compile(r"\bwas (accepted|refused)\b|\bnot refused\b|\bshould (refuse|raise)\b")
+
 _KIND_WORDS = {
     "stub": "none yet: the function is still the workbook's stub",
     "none": "nothing returned (None)",
@@ -87,7 +91,7 @@ _TOPIC_WORDS = {topic: words for topic, words, _ in TOPICS}
 
 #: a check's own words (a ``fail`` of its exNN module) that name a structural property
 _WORDED_KINDS = [
-    ("none", re.compile(r"\breturned (a )?(builtins\.)?(NoneType|None)\b|\bis None\b|\bno `?return\b")),
+    ("none", re.compile(r"\breturned (a )?(builtins\.)?(NoneType|None)\b|\bno `?return\b")),
     ("type", re.compile(r"\breturned (a |an )?[\w.]+(, | instead| where)|\bshould (be|return|contain) (a|an|the)?\b|"
                         r"\bexpected (a|an) (tensor|torch|tuple|pair|number|dict|list|bool|int|float|str|Python)|"
                         r"\bnot (a|an) (\w+ )?(subclass|kernel|tensor|tuple|list|dict)\b|not a Triton kernel|"
@@ -145,6 +149,8 @@ def classify(failure: Failure) -> tuple[str, bool]:
     for topic, pattern in _PHRASES:
         if pattern.search(hint):
             return topic, True
+    if _REFUSAL.search(failure.message):
+        return "refuse", True
     topic = _by_priority(_first_clause(hint))
     if topic:
         return topic, True
