@@ -6,7 +6,8 @@ and the nudges for the usual mistakes — ideas and questions, never the code.
   (level 1: one sentence on what the lesson section teaches) and ``nudges`` (level 3: keyed by the property
   that failed or the mistake the check's hint names — see :data:`adam8lib.course.hints.TOPICS` — with a
   ``"default"`` for any other mistake).
-* :data:`GENERAL_NUDGES` — the level-3 nudge for a property when an exercise has none of its own.
+* :data:`GENERAL_NUDGES` — the level-3 nudge for a mistake that looks alike in every exercise (no return, a
+  type, an error, an input changed in place, ...) when the exercise has none of its own.
 * :data:`LESSONS` — workbook number -> lesson notebook.
 
 A course test holds every text to containing no line of the solutions' code.
@@ -222,6 +223,9 @@ EXERCISES: dict[str, ExerciseHints] = {
                         "update, as in 03.2.",
                "in_place": "Everything is written back into the tensors you were given: parameter, codes and "
                            "scales.",
+               "nonfinite": "NaN where there should be none: a square root of a negative second moment (is what v "
+                            "averages never negative?), or a NaN/Inf gradient handled wrongly — its states reset to "
+                            "zero, its parameter untouched this step, decay included.",
                "order": "Dequantize, update both moments, update p, and only then requantize."}),
     "07.2": E("adam8bit_optimizer", "The Adam8bit optimizer",
               "An optimizer is a loop over param groups and their parameters: hyperparameters come from each "
@@ -231,8 +235,9 @@ EXERCISES: dict[str, ExerciseHints] = {
                           "parameter use its own group's values, and does its state look like the statement's?",
                "first_step": "The step counter starts at 0 and is increased before the update, so the first "
                              "update is step 1.",
-               "count": "The threshold is inclusive: a tensor of exactly min_8bit_size elements gets 8-bit "
-                        "states. And a parameter without a gradient is skipped.",
+               "count": "Three counts to check: the threshold is inclusive (exactly min_8bit_size elements get "
+                        "8-bit states, counted with numel); each parameter keeps its own step counter in its own "
+                        "state; a parameter without a gradient is skipped and counts no step.",
                "last_block": "A size that is not a multiple of the block size needs one more absmax for its "
                              "short last block.",
                "state": "The state must be in self.state[p] with the names the statement gives, or "
@@ -489,7 +494,8 @@ del E
 #: check name (without ``check_``) -> exercise id
 EXERCISE_OF_CHECK: dict[str, str] = {hints.check: exercise for exercise, hints in EXERCISES.items()}
 
-#: level-3 nudges by property, for an exercise without a nudge of its own for it
+#: level-3 nudges for the mistakes that look alike in every exercise (no return, a type, an error, in place,
+#: shape, dtype, NaN/Inf, keys, a refused argument), for an exercise without a nudge of its own for it
 GENERAL_NUDGES: dict[str, str] = {
     "stub": "Replace the stub's raise line with your code, run that cell, then run the check cell again.",
     "none": "The function computes its result but never hands it back: every path must end in a return of "
@@ -507,23 +513,8 @@ GENERAL_NUDGES: dict[str, str] = {
     "nonfinite": "A NaN or Inf usually comes from 0 / 0 or x / 0: which input makes a denominator zero? And where "
                  "the input itself is NaN or Inf, what does the statement say must happen?",
     "keys": "Compare your keys with the statement's, letter by letter.",
-    "first_step": "Count steps from 1: what does each factor evaluate to on the very first step?",
-    "order": "Write the operations in the order the statement gives and mark which one uses the result of "
-             "which: two of yours are swapped.",
-    "sign": "Try an input whose entries are negative: is every sign handled the same way as the lesson's?",
-    "last_block": "Try a size that is not a multiple of the block: the last, short block is where this goes wrong.",
-    "block": "Write down which block each element belongs to, and which scale it uses.",
-    "axis": "Name the axis each reduction runs along, and check the shape after each one.",
-    "rounding": "Compare your rounding with the statement's on a value exactly between two candidates.",
-    "factor": "Your answer is off by a constant factor: list the units and counts that multiply together.",
-    "decay": "Where does weight decay enter this rule, and is it proportional to lr?",
-    "denominator": "Check where eps and the square root sit in the denominator.",
-    "zero": "Try an input of zeros: what must come out, and what does your code divide by?",
     "refuse": "List the arguments the statement says must be refused and try each one.",
-    "count": "Count by hand on the smallest input that shows the difference, including the boundary case.",
     "dtype_mix": "Two tensors in one operation have different dtypes: decide the dtype each result must have.",
-    "hook": "Check which hook you register and what it does with the gradient.",
-    "state": "Print the state your code keeps and compare its names and shapes with the statement's.",
     "values": "Test on the smallest input you can work by hand, and compare every intermediate value.",
     "check": "Read the check's first line again: it names the input and the property; reproduce that input "
              "alone.",

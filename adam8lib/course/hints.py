@@ -86,6 +86,8 @@ _KIND_WORDS = {
     "keys": "the keys of the dict",
 }
 _STRUCTURAL = set(_KIND_WORDS)
+#: mistakes whose general nudge fits any exercise (the others get the exercise's own nudge when it has none)
+_ANY_EXERCISE = _STRUCTURAL | {"dtype_mix", "refuse"}
 _TOPIC_WORDS = {topic: words for topic, words, _ in TOPICS}
 
 
@@ -303,10 +305,12 @@ def _level3(exercise: str, failure: Failure | None) -> str:
         return (nudges.get("default", GENERAL_NUDGES["values"])
                 + f"\n(Run the check cell first for a nudge aimed at your own mistake.)")
     key, plain = classify(failure)
-    if not plain:  # a mistake the check's words do not name plainly: the exercise's own nudge
+    if plain and key in nudges:
+        text = nudges[key]
+    elif plain and key in _ANY_EXERCISE:
+        text = GENERAL_NUDGES[key]
+    else:  # not named plainly, or a topic this exercise has no nudge for: the exercise's own nudge
         text = nudges.get("default", GENERAL_NUDGES["check"])
-    else:
-        text = nudges.get(key) or GENERAL_NUDGES.get(key) or nudges.get("default", GENERAL_NUDGES["check"])
     return text
 
 

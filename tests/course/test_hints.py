@@ -107,8 +107,10 @@ def test_the_texts_are_small_and_the_idea_is_one_sentence():
         assert len(sentences) == 1 and len(item.idea) <= 320, (exercise, item.idea)
         for key, text in item.nudges.items():
             assert len(text) <= 320, (exercise, key)
-            assert key == "default" or key in GENERAL_NUDGES, (exercise, key)
-    assert {topic for topic, _, _ in TOPICS} <= set(GENERAL_NUDGES)
+            assert key in KEYS, (exercise, key)
+
+
+KEYS = {"default", "values", *GENERAL_NUDGES, *(topic for topic, _, _ in TOPICS)}
 
 
 # --- levels --------------------------------------------------------------------------------------------
