@@ -21,10 +21,14 @@ the single-process ones exactly when every shard starts on a block boundary, i.e
 that straddle a shard boundary differ and so do their absmax values (a few elements per
 boundary get a different quantization step, bounded by one step of the map).
 
-(The optimizer family, :class:`~adam8lib.quantized_state.QuantizedStateOptimizer`, keeps the whole
-tensor's blocks on a shard instead, so its sharded runs equal the unsharded ones bit for bit whatever the
-boundaries: :mod:`adam8lib.global_blocks`. Its checkpoints go through :func:`to_checkpoint_state` and
-:func:`to_local_state` with ``moments=``, keyed by each rule's ``<name>_codes``/``<name>_absmax``.)
+(The optimizer family, :class:`~adam8lib.quantized_state.QuantizedStateOptimizer` in the family's storage
+layout, keeps the whole tensor's blocks on a shard instead, so its sharded runs equal the unsharded ones bit for
+bit whatever the boundaries: :mod:`adam8lib.global_blocks`. Every layout's checkpoints go through one path,
+:func:`to_checkpoint_state` and :func:`to_local_state`, which read the layout's keys (``moments``, ``fp32_keys``)
+and whose blocks a shard keeps (``block_layout``): :mod:`adam8lib.state_layout`. The names ``state1``/``absmax1``
+below are lesson 07's layout's keys.)
+
+Where a shard lies (:func:`local_range`, :func:`shard_ranges`, ...) is :mod:`adam8lib.shards`' (named here too).
 
 **8-bit or fp32 is decided by the full parameter** (``p.numel()`` of the DTensor, not the
 shard), so sharding never changes which states are 8-bit.
@@ -81,116 +85,20 @@ from typing import Any, NoReturn
 
 import torch
 
-from .quant import dequantize_blocks, num_blocks, quantize_blocks
+from .formats import pack_nibbles, rank1_scales, unpack_nibbles
+from .global_blocks import local_scales, shard_scales_numel
+from .quant import num_blocks, quantize_blocks
+from .shards import (_check_layout, global_offset, is_dtensor, is_sharded, local_param_and_grad, local_range,
+                     local_tensor, shard_ranges, shard_shapes)
+from .state_layout import STORED_KEYS
 
 __all__ = [
-    "is_dtensor", "local_tensor", "local_param_and_grad", "global_offset", "shard_ranges", "shard_shapes", "local_range",
+    "is_dtensor", "is_sharded", "local_tensor", "local_param_and_grad", "global_offset", "shard_ranges", "shard_shapes",
+    "local_range",
     "rank1_maxima_reducer",
     "to_checkpoint_state", "to_local_state", "reshard_tolerance",
     "save_checkpoint", "load_checkpoint", "end_rank",
 ]
-
-_CODES = (("state1", "absmax1"), ("state2", "absmax2"))
-_FP32 = ("exp_avg", "exp_avg_sq")
-
-
-# ---------------------------------------------------------------------- local views
-def is_dtensor(t: Any) -> bool:
-    """True for a ``torch.distributed.tensor.DTensor``. No DTensor can exist before that module is
-    imported, so this never imports it (single-process steps pay nothing)."""
-    module = sys.modules.get("torch.distributed.tensor")
-    return module is not None and isinstance(t, module.DTensor)
-
-
-def local_tensor(t: torch.Tensor) -> torch.Tensor:
-    """The tensor this rank holds: ``t.to_local()`` for a DTensor (shares its storage), else ``t``."""
-    return t.to_local() if is_dtensor(t) else t
-
-
-def local_param_and_grad(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(p, p.grad)`` as this rank holds them. A DTensor parameter needs a DTensor gradient
-    placed the same way (FSDP2 makes it so); a mix raises TypeError instead of stepping a
-    shard with a full gradient."""
-    grad = p.grad
-    if is_dtensor(p) != is_dtensor(grad):
-        raise TypeError(
-            f"parameter is a {type(p).__name__} but its gradient is a {type(grad).__name__}: a sharded (DTensor) "
-            "parameter needs a DTensor gradient with the same placements"
-        )
-    if is_dtensor(p):
-        if grad.placements != p.placements or grad.device_mesh != p.device_mesh:
-            raise TypeError(f"gradient placements {grad.placements} differ from the parameter's {p.placements}")
-        return p.to_local(), grad.to_local()
-    return p, grad
-
-
-def global_offset(p: torch.Tensor) -> int:
-    """The flat index, in the whole parameter, of the first element this rank holds: 0 for a plain or
-    replicated parameter, the start of this rank's chunk for one sharded on dim 0 of a 1-D mesh (FSDP2).
-    What keys per-element randomness (stochastic rounding) to the element, not to the shard."""
-    if not is_dtensor(p):
-        return 0
-    from torch.distributed.tensor import Shard
-
-    if not any(isinstance(pl, Shard) for pl in p.placements):
-        return 0
-    return local_range(p)[0]
-
-
-def shard_ranges(shape: tuple[int, ...] | torch.Size, world_size: int) -> list[tuple[int, int]]:
-    """Flat ``[start, stop)`` element ranges of each rank's shard of a tensor split on dim 0
-    into ``world_size`` chunks the way FSDP2 and DTensor ``Shard(0)`` do (``torch.chunk``)."""
-    shape = tuple(shape)
-    splits = _row_splits(shape, world_size)
-    if not shape:
-        return [(0, 1)] + [(1, 1)] * (world_size - 1)
-    row = math.prod(shape[1:])
-    return [(start * row, stop * row) for start, stop in splits]
-
-
-def _row_splits(shape: tuple[int, ...], world_size: int) -> list[tuple[int, int]]:
-    """``[start, stop)`` rows of each rank's chunk of dim 0 (``torch.chunk``'s split: ``ceil(rows / W)``
-    rows each, the last ranks fewer or none)."""
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
-    rows = shape[0] if shape else 1
-    per = -(-rows // world_size)
-    return [(min(r * per, rows), min((r + 1) * per, rows)) for r in range(world_size)]
-
-
-def _check_layout(p: torch.Tensor) -> tuple[int, int]:
-    """(rank, world size) of a DTensor sharded on dim 0 of a 1-D mesh; clear error otherwise."""
-    from torch.distributed.tensor import Shard
-
-    mesh, placements = p.device_mesh, p.placements
-    if mesh.ndim != 1 or len(placements) != 1 or not isinstance(placements[0], Shard) or placements[0].dim != 0:
-        raise NotImplementedError(
-            f"sharded optimizer states (and their checkpoints) support DTensor parameters sharded on dim 0 of a "
-            f"1-D mesh (FSDP2's fully_shard); "
-            f"got placements {placements} on a {mesh.ndim}-D mesh"
-        )
-    return mesh.get_local_rank(), mesh.size()
-
-
-def local_range(p: torch.Tensor) -> tuple[int, int]:
-    """Flat ``[start, stop)`` of this rank's shard in the full parameter (``(0, numel)`` if plain)."""
-    if not is_dtensor(p):
-        return 0, p.numel()
-    rank, world = _check_layout(p)
-    start, stop = shard_ranges(p.shape, world)[rank]
-    if stop - start != p.to_local().numel():
-        raise ValueError(f"local shard of shape {tuple(p.to_local().shape)} is not chunk {rank} of {tuple(p.shape)}")
-    return start, stop
-
-
-def shard_shapes(shape: tuple[int, ...] | torch.Size, world_size: int) -> list[tuple[int, ...]]:
-    """The local shape of each rank's shard of a tensor split on dim 0 (as :func:`shard_ranges`)."""
-    shape = tuple(shape)
-    splits = _row_splits(shape, world_size)
-    if not shape:
-        return [()] + [(0,)] * (world_size - 1)
-    return [(stop - start, *shape[1:]) for start, stop in splits]
-
 
 # ---------------------------------------------------------------------- rank-1 scales of a shard
 def rank1_maxima_reducer(p: torch.Tensor):
@@ -236,198 +144,217 @@ def rank1_maxima_reducer(p: torch.Tensor):
 
 
 # ---------------------------------------------------------------------- checkpoint form
-_LOWBIT_KEYS = ("state1", "state2", "absmax1", "absmax2")
+#: ``{codes key: (scales key, moment format)}`` of one parameter's quantized states (a storage layout's keys,
+#: :meth:`adam8lib.state_layout.StateLayout.moments`).
+Moments = dict[str, tuple[str, Any]]
 
 
-def to_checkpoint_state(p: torch.Tensor, state: dict[str, Any], blocksize: int | None, fmt: Any = None, *,
-                        moments: dict[str, tuple[str, Any]] | None = None,
-                        fp32_keys: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The DCP form of one parameter's state (see the module docstring); plain params unchanged.
-    The fp32 states of a small DTensor parameter become DTensors placed like the parameter.
-    ``fmt``: the optimizer's :class:`~adam8lib.formats.StateFormat` (default: the 8-bit format's
-    layout). The form is chosen by what the format stores: codes aligned with the elements
-    (:attr:`~adam8lib.formats.StateFormat.byte_codes_into_maps`) take the parameter's shape and
-    placements; packed codes, rank-1 scales or float8 bytes get :func:`_flat_checkpoint_state`'s form.
+def _legacy(fmt: Any, state: dict[str, Any], args: tuple, kwargs: dict) -> tuple:
+    """(temporary, until the core passes its layout) the calls of the core before the layouts."""
+    from .state_layout import ADAM_LAYOUT
+    from .rules.adamw import AdamWRule
 
-    Any other rule's states (the optimizer family, :class:`~adam8lib.quantized_state.QuantizedStateOptimizer`,
-    whose shards keep the whole tensor's blocks): ``moments`` names them, ``{codes key: (scales key, moment
-    format)}`` (``<name>_codes``/``<name>_absmax`` of each quantized state; ``{}`` if none), and ``fp32_keys``
-    its fp32 states; they take the form of :func:`adam8lib.global_blocks.checkpoint_form`."""
-    if moments is not None:
-        from .global_blocks import checkpoint_form
+    fmt = args[-1] if args else kwargs.get("fmt")
+    if kwargs.get("moments") is not None:
+        return fmt, kwargs["moments"], kwargs.get("fp32_keys", ()), "global"
+    specs = ADAM_LAYOUT.specs(AdamWRule())
+    if "state1" in state:
+        return fmt, {s.codes_key: (s.scales_key, fmt.m if s.stored_as == "m" else fmt.v) for s in specs}, (), "local"
+    return fmt, {}, tuple(s.name for s in specs), "local"
 
-        return checkpoint_form(p, state, moments, fp32_keys)
+
+def to_checkpoint_state(p: torch.Tensor, state: dict[str, Any], fmt: Any = None, *args: Any,
+                        moments: Moments | None = None, fp32_keys: tuple[str, ...] = (), block_layout: str | None = None,
+                        **kwargs: Any) -> dict[str, Any]:
+    """The DCP form of one parameter's state, the one path of every storage layout
+    (:class:`adam8lib.state_layout.StateLayout`); a plain parameter's state as it is.
+
+    ``moments`` names its quantized states, ``{codes key: (scales key, moment format)}`` (``{}`` if it has
+    none), ``fp32_keys`` its fp32 states, ``block_layout`` whose blocks a shard keeps (``"global"``: the whole
+    tensor's, :mod:`adam8lib.global_blocks`; ``"local"``: its own, lesson 11) and ``fmt`` the optimizer's
+    :class:`~adam8lib.formats.StateFormat`. fp32 states become DTensors placed like the parameter. Codes and
+    scales become DTensors of shape ``(W, L_max)`` sharded on dim 0 (row ``r``: rank ``r``'s flat tensor,
+    zero-padded to the longest rank's length), but for the codes of lesson 11's layout (local blocks, one byte
+    per element into a map: :attr:`~adam8lib.formats.StateFormat.byte_codes_into_maps`), which take the
+    parameter's shape and placements (DCP reshards them exactly); its scales' rows are ``(W, B_max)``."""
+    if block_layout is None:
+        fmt, moments, fp32_keys, block_layout = _legacy(fmt, state, args, dict(kwargs, moments=moments,
+                                                                                fp32_keys=fp32_keys))
     if not is_dtensor(p):
         return state
     from torch.distributed.tensor import DTensor, Shard
 
     rank, world = _check_layout(p)
-    if "state1" in state and fmt is not None and not fmt.byte_codes_into_maps:
-        return _flat_checkpoint_state(p, state, fmt, world)
-    if "state1" not in state:
-        return {
-            k: DTensor.from_local(v.view(p.to_local().shape), p.device_mesh, p.placements,
-                                  run_check=False, shape=p.shape, stride=p.stride())
-            if k in _FP32 and torch.is_tensor(v) else v
-            for k, v in state.items()
-        }
-    ranges = shard_ranges(p.shape, world)
-    b_max = num_blocks(ranges[0][1] - ranges[0][0], blocksize)
+    out = dict(state)
     local_shape = p.to_local().shape
-    out = dict(state)
-    for codes_key, absmax_key in _CODES:
-        out[codes_key] = DTensor.from_local(
-            state[codes_key].view(local_shape), p.device_mesh, p.placements,
-            run_check=False, shape=p.shape, stride=p.stride(),
-        )
-        padded = torch.zeros((1, b_max), dtype=torch.float32, device=state[absmax_key].device)
-        padded[0, : state[absmax_key].numel()] = state[absmax_key]
-        out[absmax_key] = DTensor.from_local(
-            padded, p.device_mesh, [Shard(0)], run_check=False, shape=(world, b_max), stride=(b_max, 1),
-        )
+    for key in fp32_keys:
+        if torch.is_tensor(state.get(key)):
+            out[key] = DTensor.from_local(state[key].view(local_shape), p.device_mesh, p.placements,
+                                          run_check=False, shape=p.shape, stride=p.stride())
+    aligned = _element_aligned(fmt, block_layout)
+    lengths = _row_lengths(tuple(p.shape), world, moments, block_layout)
+    for codes_key, (scales_key, _) in moments.items():
+        if aligned and torch.is_tensor(state.get(codes_key)):
+            out[codes_key] = DTensor.from_local(state[codes_key].view(local_shape), p.device_mesh, p.placements,
+                                                run_check=False, shape=p.shape, stride=p.stride())
+        for key in ((scales_key,) if aligned else (codes_key, scales_key)):
+            value = state.get(key)
+            if not torch.is_tensor(value):
+                continue
+            longest = max(lengths[key])
+            row = torch.zeros((1, longest), dtype=value.dtype, device=value.device)
+            row[0, : value.numel()] = value.reshape(-1)
+            out[key] = DTensor.from_local(row, p.device_mesh, [Shard(0)], run_check=False, shape=(world, longest),
+                                          stride=(longest, 1))
     return out
 
 
-def _flat_checkpoint_state(p: torch.Tensor, state: dict[str, Any], fmt: Any, world: int) -> dict[str, Any]:
-    """The DCP form of a sharded parameter's state in a format whose codes do not align with the
-    elements (4-bit codes are packed two per byte, so they cannot take the parameter's shape): each of ``state1``,
-    ``state2``, ``absmax1``, ``absmax2`` becomes a DTensor of shape ``(W, L_max)`` sharded on dim 0,
-    row ``r`` holding rank ``r``'s flat local tensor zero-padded to the longest rank's length.
-    Loading on the same world size is bit-identical; another world size decodes and re-encodes
-    (:func:`to_local_state`)."""
-    from torch.distributed.tensor import DTensor, Shard
+def to_local_state(p: torch.Tensor, saved: dict[str, Any], fmt: Any = None, *args: Any,
+                   moments: Moments | None = None, fp32_keys: tuple[str, ...] = (), block_layout: str | None = None,
+                   **kwargs: Any) -> dict[str, Any]:
+    """This rank's plain local state from a loaded one (the arguments: :func:`to_checkpoint_state`'s): the plain
+    local form (as it is), the DCP form of the same world size (this rank's row: bit for bit), or the states of
+    another world size or of one process, which are made this rank's:
 
-    specs = [fmt.state_spec(shape) for shape in shard_shapes(p.shape, world)]
-    out = dict(state)
-    for key in _LOWBIT_KEYS:
-        value = state[key]
-        longest = max(spec[key][0] for spec in specs)
-        padded = torch.zeros((1, longest), dtype=value.dtype, device=value.device)
-        padded[0, : value.numel()] = value.reshape(-1)
-        out[key] = DTensor.from_local(padded, p.device_mesh, [Shard(0)], run_check=False,
-                                      shape=(world, longest), stride=(longest, 1))
-    return out
+    * whole-tensor blocks (``"global"``): exact, bit for bit (:func:`adam8lib.global_blocks.local_scales`: each
+      block's scale from the row that holds it), as the states are the unsharded ones;
+    * a shard's own blocks (``"local"``): lesson 11's layout dequantizes this rank's range with the *saved* blocks
+      and requantizes it with its own (:func:`_reblock`: a block that coincides with a saved one keeps its codes
+      and scale; the others move by at most one step of the map, :func:`reshard_tolerance`); other formats decode
+      every saved shard and encode this rank's range (:func:`_relayout`).
 
-
-def _flat_local_state(p: torch.Tensor, saved: dict[str, Any], fmt: Any) -> dict[str, Any]:
-    """:func:`to_local_state` for a format whose codes do not align with the elements (the flat form)."""
-    if not all(torch.is_tensor(saved.get(k)) for k in _LOWBIT_KEYS):
-        return saved  # the state check names what is missing
+    Returns ``saved``'s tensors unchanged where they fit no layout (the state check that follows names what is
+    wrong), or raises ValueError naming the misfit; never changes ``saved``."""
+    if block_layout is None:
+        fmt, moments, fp32_keys, block_layout = _legacy(fmt, saved, args, dict(kwargs, moments=moments,
+                                                                                fp32_keys=fp32_keys))
+    out = dict(saved)
     local_shape = tuple(local_tensor(p).shape)
-    dtensors = [is_dtensor(saved[k]) for k in _LOWBIT_KEYS]
-    if is_dtensor(p):
+    for key in fp32_keys:
+        value = saved.get(key)
+        if is_dtensor(value) and is_dtensor(p):  # (a DTensor for a plain parameter: the state check refuses it)
+            out[key] = value.to_local().reshape(local_shape)
+    keys = [k for c, (s, _) in moments.items() for k in (c, s)]
+    if not keys or not all(torch.is_tensor(saved.get(k)) for k in keys):
+        return out  # the state check names what is missing
+    if _element_aligned(fmt, block_layout):
+        return _aligned_local_state(p, saved, out, moments)
+    tensors = {k: saved[k] for k in keys}
+    dtensors = [is_dtensor(t) for t in tensors.values()]
+    if not any(dtensors) and all(t.dim() == 1 for t in tensors.values()) and not is_sharded(p):
+        return out  # one process's plain state
+    shape = tuple(p.shape)
+    if all(dtensors) and is_sharded(p) and all(t.dim() == 2 and t.shape[0] == p.device_mesh.size()
+                                               for t in tensors.values()):
         rank, world = _check_layout(p)
-        if all(dtensors) and all(saved[k].dim() == 2 and saved[k].shape[0] == world for k in _LOWBIT_KEYS):
-            spec = fmt.state_spec(local_shape)
-            out = dict(saved)
-            for key in _LOWBIT_KEYS:  # the same layout: this rank's row, bit for bit
-                row = saved[key].to_local().reshape(-1)
-                if row.numel() < spec[key][0]:
-                    raise ValueError(f"saved {key!r} shard has {row.numel()} values, expected {spec[key][0]}")
-                out[key] = row[: spec[key][0]]
-            return out
-    elif not any(dtensors) and all(saved[k].dim() == 1 for k in _LOWBIT_KEYS):
-        return saved  # a plain single-process state
-    return _relayout(p, saved, fmt)
-
-
-def _relayout(p: torch.Tensor, saved: dict[str, Any], fmt: Any) -> dict[str, Any]:
-    """A state saved on another world size (2-D ``(W, L_max)`` tensors, or a single process's 1-D
-    ones), onto this rank's shard: decode every saved shard to fp32 ``m`` and ``v`` of the whole
-    tensor, take this rank's range and encode it in this rank's layout (blocks of the local
-    shard; rank-1 scales with the whole tensor's maxima, as the sharded step keeps them). Each
-    state element moves by at most about one step of its map times its new scale. (Transient
-    memory: fp32 ``m`` and ``v`` of the whole parameter, one parameter at a time.)"""
-    tensors = {k: local_tensor(saved[k]) for k in _LOWBIT_KEYS}
-    dims = {t.dim() for t in tensors.values()}
-    if dims == {1}:
-        shapes, rows = [tuple(p.shape)], [{k: t for k, t in tensors.items()}]
-    elif dims == {2} and len({t.shape[0] for t in tensors.values()}) == 1:
-        world = next(iter(tensors.values())).shape[0]
-        shapes = shard_shapes(p.shape, world)
-        rows = [{k: t[r] for k, t in tensors.items()} for r in range(world)]
+        lengths = _row_lengths(shape, world, moments, block_layout)
+        for key, t in tensors.items():  # the same layout: this rank's row
+            row = t.to_local().reshape(-1)
+            if row.numel() < lengths[key][rank]:
+                raise ValueError(f"saved {key!r} shard has {row.numel()} values, expected {lengths[key][rank]}")
+            out[key] = row[: lengths[key][rank]]
+        return out
+    rows = {k: local_tensor(t) for k, t in tensors.items()}
+    if all(t.dim() == 1 for t in rows.values()):
+        rows, world = {k: t.reshape(1, -1) for k, t in rows.items()}, 1
+    elif all(t.dim() == 2 for t in rows.values()) and len({t.shape[0] for t in rows.values()}) == 1:
+        world = next(iter(rows.values())).shape[0]
+    elif block_layout == "local":
+        raise ValueError(f"saved low-bit states of shapes {[tuple(t.shape) for t in rows.values()]} fit no "
+                         f"layout of a parameter of shape {shape}")
     else:
-        raise ValueError(f"saved low-bit states of shapes {[tuple(t.shape) for t in tensors.values()]} fit no "
-                         f"layout of a parameter of shape {tuple(p.shape)}")
-    ms, vs = [], []
-    for shape, row in zip(shapes, rows):
-        spec = fmt.state_spec(shape)
-        for key in _LOWBIT_KEYS:
-            count, dtype = spec[key]
-            if row[key].dtype != dtype or row[key].numel() < count or (dims == {1} and row[key].numel() != count):
-                raise ValueError(
-                    f"saved {key!r} is {row[key].dtype}[{row[key].numel()}], but a shard of shape {shape} of a "
-                    f"parameter of shape {tuple(p.shape)} in format {fmt.name!r} needs {dtype}[{count}]"
-                )
-        if not math.prod(shape):
+        return out
+    lengths = _row_lengths(shape, world, moments, block_layout)
+    for key in keys:
+        short = rows[key].shape[1] < max(lengths[key])
+        if block_layout == "global":
+            if short:
+                return out  # (the state check names what is wrong)
             continue
-        m, v = fmt.decode({k: row[k][: spec[k][0]] for k in _LOWBIT_KEYS}, shape)
-        ms.append(m)
-        vs.append(v)
-    m_full, v_full = torch.cat(ms), torch.cat(vs)
+        if short or (world == 1 and rows[key].shape[1] != lengths[key][0]):
+            raise ValueError(f"saved {key!r} has {rows[key].shape[1]} values per shard, but a parameter of shape "
+                             f"{shape} in {world} shard(s) in format {fmt.name!r} needs {max(lengths[key])}")
+        expected = moments[key][1].code_dtype if key in moments else torch.float32
+        if rows[key].dtype != expected:
+            raise ValueError(f"saved {key!r} is {rows[key].dtype}, a parameter of shape {shape} in format "
+                             f"{fmt.name!r} needs {expected}")
+    ranges = shard_ranges(shape, world) if world > 1 else [(0, math.prod(shape))]
+    shapes = shard_shapes(shape, world) if world > 1 else [shape]
     start, stop = local_range(p)
-    local_shape = tuple(local_tensor(p).shape)
-    out = dict(saved)
-    for (codes_key, scales_key), moment, full in zip(_CODES, (fmt.m, fmt.v), (m_full, v_full)):
-
-        def whole(maxima, full=full):  # the whole tensor's maxima along every axis but the sharded one
-            from .formats import rank1_scales
-
-            return [maxima[0]] + rank1_scales(full.view(tuple(p.shape)))[1:]
-
-        out[codes_key], out[scales_key] = moment.quantize(full[start:stop].contiguous(), local_shape, whole)
+    for codes_key, (scales_key, moment) in moments.items():
+        codes = [rows[codes_key][r, : lengths[codes_key][r]] for r in range(world)]
+        scales = [rows[scales_key][r, : lengths[scales_key][r]] for r in range(world)]
+        if block_layout == "global":  # the whole tensor's blocks: this rank's part of them, exact
+            full = torch.cat([unpack_nibbles(c, b - a) if moment.bits == 4 else c for c, (a, b) in zip(codes, ranges)])
+            mine = full[start:stop]
+            out[codes_key] = pack_nibbles(mine) if moment.bits == 4 else mine.clone()
+            out[scales_key] = local_scales(moment, shape, local_shape, ranges, scales, start, stop)
+        else:
+            out[codes_key], out[scales_key] = _relayout(p, moment, codes, scales, shapes)
     return out
 
 
-def to_local_state(
-    p: torch.Tensor, saved: dict[str, Any], blocksize: int | None, qmaps: tuple[torch.Tensor, torch.Tensor] | None,
-    fmt: Any = None, *, moments: dict[str, tuple[str, Any]] | None = None, fp32_keys: tuple[str, ...] = (),
-) -> dict[str, Any]:
-    """Turn a loaded per-parameter state into this rank's plain local state.
+def _element_aligned(fmt: Any, block_layout: str) -> bool:
+    """Lesson 11's layout: a shard's own blocks, one code per element (its codes can take the parameter's shape)."""
+    return block_layout == "local" and fmt is not None and fmt.byte_codes_into_maps
 
-    Accepts the plain local form (returned as is), the DCP form of the same layout
-    (bit-identical), or full tensors of another layout (codes with the full parameter's
-    numel, absmax of shape ``(W_saved, B_max)`` or ``(B,)`` for one process): those are
-    requantized onto this rank's blocks (see :func:`reshard_tolerance`). Raises ValueError
-    if the shapes fit no layout; never changes ``saved``.
 
-    ``moments``/``fp32_keys`` (any other rule's states, see :func:`to_checkpoint_state`): the form of
-    :func:`adam8lib.global_blocks.local_form`, loaded on any world size bit for bit.
-    """
-    if moments is not None:
-        from .global_blocks import local_form
+def _row_lengths(shape: tuple[int, ...], world: int, moments: Moments, block_layout: str) -> dict[str, list[int]]:
+    """``{key: [elements kept by rank r]}`` of every codes and scales key, on ``world`` ranks: a shard's scales
+    are those of the whole tensor's blocks it touches (``"global"``), or of its own blocks."""
+    out: dict[str, list[int]] = {}
+    for codes_key, (scales_key, moment) in moments.items():
+        out[codes_key], out[scales_key] = [], []
+        for (a, _), local in zip(shard_ranges(shape, world), shard_shapes(shape, world)):
+            out[codes_key].append(moment.codes_numel(math.prod(local)))
+            out[scales_key].append(shard_scales_numel(moment, shape, local, a % moment.blocksize)
+                                   if block_layout == "global" else moment.scales_numel(local))
+    return out
 
-        return local_form(p, saved, moments, fp32_keys)
-    if "state1" not in saved:
-        return {k: (local_tensor(v).reshape(local_tensor(p).shape) if k in _FP32 and is_dtensor(v) else v)
-                for k, v in saved.items()}
-    if fmt is not None and not fmt.byte_codes_into_maps:
-        return _flat_local_state(p, saved, fmt)
-    if not all(torch.is_tensor(saved.get(k)) for pair in _CODES for k in pair):
-        return saved
-    if not any(is_dtensor(saved[k]) for pair in _CODES for k in pair) and not _is_full_form(p, saved, blocksize):
-        return saved  # already local and plain (a single-process state)
+
+def _relayout(p: torch.Tensor, moment: Any, codes: list[torch.Tensor], scales: list[torch.Tensor],
+              shapes: list[tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One state saved on another world size (or by one process) in a shard's own blocks, onto this rank's shard:
+    decode every saved shard to fp32 values of the whole tensor, take this rank's range and encode it in this
+    rank's layout (blocks of the local shard; rank-1 scales with the whole tensor's maxima, as the sharded step
+    keeps them). Each element moves by at most about one step of its map times its new scale. (Transient memory:
+    the fp32 values of the whole parameter, one state at a time.)"""
+    parts = [moment.dequantize(c, s, shape).reshape(-1) for c, s, shape in zip(codes, scales, shapes)
+             if math.prod(shape)]
+    full = torch.cat(parts) if parts else torch.zeros(0)
     start, stop = local_range(p)
-    out = dict(saved)
-    for (codes_key, absmax_key), qmap in zip(_CODES, qmaps):
-        codes, absmax = saved[codes_key], saved[absmax_key]
+
+    def whole(maxima):  # the whole tensor's maxima along every axis but the sharded one
+        return [maxima[0]] + rank1_scales(full.view(tuple(p.shape)))[1:]
+
+    return moment.quantize(full[start:stop].contiguous(), tuple(local_tensor(p).shape), whole)
+
+
+def _aligned_local_state(p: torch.Tensor, saved: dict[str, Any], out: dict[str, Any], moments: Moments) -> dict:
+    """:func:`to_local_state` of lesson 11's layout (see the module docstring)."""
+    first_codes, (first_scales, first) = next(iter(moments.items()))
+    if not any(is_dtensor(saved[k]) for c, (s, _) in moments.items() for k in (c, s)) and \
+            not _is_full_form(p, saved[first_codes], saved[first_scales]):
+        return out  # already local and plain (a single-process state)
+    start, stop = local_range(p)
+    for codes_key, (scales_key, moment) in moments.items():
+        codes, absmax = saved[codes_key], saved[scales_key]
         if is_dtensor(codes) and is_dtensor(absmax) and is_dtensor(p) and absmax.shape[0] == p.device_mesh.size():
             local_codes = codes.to_local().reshape(-1)
             if local_codes.numel() != stop - start:
                 raise ValueError(f"saved {codes_key!r} shard has {local_codes.numel()} codes, expected {stop - start}")
             out[codes_key] = local_codes
-            out[absmax_key] = absmax.to_local().reshape(-1)[: num_blocks(stop - start, blocksize)]
+            out[scales_key] = absmax.to_local().reshape(-1)[: num_blocks(stop - start, moment.blocksize)]
             continue
         codes, absmax = local_tensor(codes).reshape(-1), local_tensor(absmax)
-        out[codes_key], out[absmax_key] = _reblock(codes, absmax, p, (start, stop), blocksize, qmap, codes_key)
+        out[codes_key], out[scales_key] = _reblock(codes, absmax, p, (start, stop), moment.blocksize, moment.qmap(),
+                                                   codes_key)
     return out
 
 
-def _is_full_form(p: torch.Tensor, saved: dict[str, Any], blocksize: int) -> bool:
+def _is_full_form(p: torch.Tensor, codes: torch.Tensor, absmax: torch.Tensor) -> bool:
     """Plain tensors that describe the whole parameter in another layout than this rank's."""
-    n_local = local_tensor(p).numel()
-    codes, absmax = saved["state1"], saved["absmax1"]
-    if codes.numel() == n_local and absmax.dim() == 1:
+    if codes.numel() == local_tensor(p).numel() and absmax.dim() == 1:
         return False
     return codes.numel() == p.numel()
 
@@ -573,9 +500,10 @@ def _fit_to_saved(target: dict, metadata: dict, tensor_md: type, prefix: str = "
 
 
 def _reshardable_key(key: str) -> bool:
-    """A saved optimizer state whose global shape depends on the world size: Adam's codes and scales
-    (``state1``/``absmax1``/...) or a family rule's (``<name>_codes``/``<name>_absmax``)."""
-    return key in _LOWBIT_KEYS or key.endswith("_codes") or key.endswith("_absmax")
+    """A saved optimizer state whose global shape depends on the world size: the codes or scales of a storage
+    layout (:data:`adam8lib.state_layout.STORED_KEYS`: lesson 07's ``state1``/``absmax1``/..., the family's
+    ``<name>_codes``/``<name>_absmax``)."""
+    return key in STORED_KEYS or key.endswith("_codes") or key.endswith("_absmax")
 
 
 # ---------------------------------------------------------------------- the end of a rank

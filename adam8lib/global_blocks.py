@@ -18,7 +18,8 @@ maximum is exact and a code depends on its element and its block's scale alone, 
 is the unsharded tensor's. Rank-1 scales (the ``"4bit"`` format's ``v`` of a matrix) keep the local rows'
 maxima and the whole tensor's column maxima (:func:`adam8lib.distributed.rank1_maxima_reducer`).
 
-**Checkpoints** (:func:`checkpoint_form`, :func:`local_form`). ``state_dict()`` gives each quantized state
+**Checkpoints** (:func:`adam8lib.distributed.to_checkpoint_state` and ``to_local_state``, with
+``block_layout="global"``; :func:`local_scales`). ``state_dict()`` gives each quantized state
 of a DTensor parameter as DTensors of shape ``(W, L_max)`` sharded on dim 0 (row ``r``: rank ``r``'s flat
 codes or scales, zero-padded), fp32 states as DTensors placed like the parameter. Any other world size
 (or one process) rebuilds the whole tensor's codes (unpacked 4-bit codes, concatenated) and scales (each
@@ -29,29 +30,21 @@ and takes its own range: exact, bit for bit, as the states are the unsharded one
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
-from .distributed import _check_layout, is_dtensor, local_range, local_tensor, shard_ranges, shard_shapes
-from .formats import MomentFormat, pack_nibbles, unpack_nibbles
+from .formats import MomentFormat
 from .quant import num_blocks
+from .shards import _check_layout, is_sharded, local_range, shard_ranges
 
-__all__ = ["block_lead", "straddles", "block_edge_reducer", "shard_scales_numel", "checkpoint_form", "local_form"]
-
-
-def _sharded(p: torch.Tensor) -> bool:
-    if not is_dtensor(p):
-        return False
-    from torch.distributed.tensor import Shard
-
-    return any(isinstance(pl, Shard) for pl in p.placements)
+__all__ = ["block_lead", "straddles", "block_edge_reducer", "shard_scales_numel", "local_scales"]
 
 
 def block_lead(p: torch.Tensor, blocksize: int) -> int:
     """``a_r mod blocksize``: where this rank's first element sits in its block (0 for a plain or
     replicated parameter and for an empty shard)."""
-    if not _sharded(p):
+    if not is_sharded(p):
         return 0
     start, stop = local_range(p)
     return start % blocksize if stop > start else 0
@@ -72,7 +65,7 @@ def block_edge_reducer(p: torch.Tensor, blocksize: int) -> Callable[[torch.Tenso
     an all-reduce (MAX) gives every rank every row (maxima are ``>= 0``, the others 0: exact). A rank's
     first (last) block's scale is then the MAX over the rows of every rank whose first or last block it
     is. A collective: every rank calls it for the same tensors in the same order (an empty shard too)."""
-    if not _sharded(p):
+    if not is_sharded(p):
         return None
     rank, world = _check_layout(p)
     shape = tuple(p.shape)
@@ -113,98 +106,11 @@ def shard_scales_numel(moment: MomentFormat, shape: tuple[int, ...], local_shape
 
 
 # ---------------------------------------------------------------------- checkpoints
-def checkpoint_form(p: torch.Tensor, state: dict[str, Any], moments: dict[str, tuple[str, MomentFormat]],
-                    fp32_keys: tuple[str, ...]) -> dict[str, Any]:
-    """The DCP form of a sharded parameter's state (see the module docstring); a plain parameter's as it is.
-    ``moments``: ``{codes_key: (scales_key, moment format)}`` of its quantized states; ``fp32_keys``: the
-    names of its fp32 states."""
-    if not is_dtensor(p):
-        return state
-    from torch.distributed.tensor import DTensor, Shard
-
-    rank, world = _check_layout(p)
-    out = dict(state)
-    local_shape = p.to_local().shape
-    for key in fp32_keys:
-        if torch.is_tensor(state.get(key)):
-            out[key] = DTensor.from_local(state[key].view(local_shape), p.device_mesh, p.placements,
-                                          run_check=False, shape=p.shape, stride=p.stride())
-    lengths = _row_lengths(tuple(p.shape), world, moments)
-    for key in (k for pair in ((c, s) for c, (s, _) in moments.items()) for k in pair):
-        value = state.get(key)
-        if not torch.is_tensor(value):
-            continue
-        longest = max(lengths[key])
-        row = torch.zeros((1, longest), dtype=value.dtype, device=value.device)
-        row[0, : value.numel()] = value.reshape(-1)
-        out[key] = DTensor.from_local(row, p.device_mesh, [Shard(0)], run_check=False, shape=(world, longest),
-                                      stride=(longest, 1))
-    return out
-
-
-def _row_lengths(shape: tuple[int, ...], world: int, moments: dict[str, tuple[str, MomentFormat]]) -> dict[str, list[int]]:
-    """``{key: [elements kept by rank r]}`` of every codes and scales key, on ``world`` ranks."""
-    out: dict[str, list[int]] = {}
-    for codes_key, (scales_key, moment) in moments.items():
-        out[codes_key], out[scales_key] = [], []
-        for (a, _), local in zip(shard_ranges(shape, world), shard_shapes(shape, world)):
-            lead = a % moment.blocksize
-            out[codes_key].append(moment.codes_numel(math.prod(local)))
-            out[scales_key].append(shard_scales_numel(moment, shape, local, lead))
-    return out
-
-
-def local_form(p: torch.Tensor, saved: dict[str, Any], moments: dict[str, tuple[str, MomentFormat]],
-               fp32_keys: tuple[str, ...]) -> dict[str, Any]:
-    """This rank's plain local state from a loaded one: the plain local form (as it is), the DCP form of
-    any world size (DTensors or plain ``(W, L_max)`` tensors) or one process's flat tensors. Exact (see the
-    module docstring). Returns ``saved`` unchanged where its tensors fit no layout (the state check that
-    follows names what is wrong); never changes ``saved``."""
-    out = dict(saved)
-    local_shape = tuple(local_tensor(p).shape)
-    for key in fp32_keys:
-        value = saved.get(key)
-        if is_dtensor(value) and is_dtensor(p):  # (a DTensor for a plain parameter: the state check refuses it)
-            out[key] = value.to_local().reshape(local_shape)
-    keys = [k for c, (s, _) in moments.items() for k in (c, s)]
-    if not keys or not all(torch.is_tensor(saved.get(k)) for k in keys):
-        return out
-    tensors = {k: saved[k] for k in keys}
-    dtensors = [is_dtensor(t) for t in tensors.values()]
-    if not any(dtensors) and all(t.dim() == 1 for t in tensors.values()) and not _sharded(p):
-        return out  # one process's plain state
-    shape = tuple(p.shape)
-    if all(dtensors) and _sharded(p) and all(t.shape[0] == p.device_mesh.size() for t in tensors.values()):
-        rank, world = _check_layout(p)
-        lengths = _row_lengths(shape, world, moments)
-        for key, t in tensors.items():  # the same layout: this rank's row
-            out[key] = t.to_local().reshape(-1)[: lengths[key][rank]]
-        return out
-    rows = {k: local_tensor(t) for k, t in tensors.items()}
-    if all(t.dim() == 1 for t in rows.values()):
-        rows, world = {k: t.reshape(1, -1) for k, t in rows.items()}, 1
-    elif all(t.dim() == 2 for t in rows.values()) and len({t.shape[0] for t in rows.values()}) == 1:
-        world = next(iter(rows.values())).shape[0]
-    else:
-        return out
-    lengths = _row_lengths(shape, world, moments)
-    if any(rows[k].shape[1] < max(lengths[k]) for k in keys):
-        return out
-    start, stop = local_range(p)
-    local_shape = tuple(local_tensor(p).shape)
-    ranges = shard_ranges(shape, world) if world > 1 else [(0, math.prod(shape))]
-    for codes_key, (scales_key, moment) in moments.items():
-        codes = [rows[codes_key][r, : lengths[codes_key][r]] for r in range(world)]
-        scales = [rows[scales_key][r, : lengths[scales_key][r]] for r in range(world)]
-        full = torch.cat([unpack_nibbles(c, b - a) if moment.bits == 4 else c for c, (a, b) in zip(codes, ranges)])
-        mine = full[start:stop]
-        out[codes_key] = pack_nibbles(mine) if moment.bits == 4 else mine.clone()
-        out[scales_key] = _local_scales(moment, shape, local_shape, ranges, scales, start, stop)
-    return out
-
-
-def _local_scales(moment: MomentFormat, shape, local_shape, ranges, scales, start: int, stop: int) -> torch.Tensor:
-    """This rank's scales from every saved row's (see :func:`local_form`)."""
+def local_scales(moment: MomentFormat, shape, local_shape, ranges, scales, start: int, stop: int) -> torch.Tensor:
+    """This rank's scales of ``moment`` (a shard of ``local_shape``, flat ``[start, stop)`` of a tensor of ``shape``)
+    from ``scales``, every saved shard's (``ranges``) in the whole tensor's blocks: each block's scale from the
+    shard that holds it (they agree where two hold it); rank-1: the rows' maxima concatenated, the columns' from
+    any shard. Exact (what :func:`adam8lib.distributed.to_local_state` loads on another world size)."""
     empty = scales[0].new_zeros(0)
     if stop <= start:
         return empty

@@ -16,7 +16,7 @@ or to the other sign; it takes the smallest code of its own sign instead. For ``
 bitsandbytes' rule; for ``v`` it stops a tiny-but-positive ``v`` from becoming 0, which
 would make the next update ``m / eps`` — a jump of thousands of learning rates.
 
-The non-finite rule (:func:`adam_update_fp32`, the one fp32 update, shared with the
+The non-finite rule (:func:`adam8lib.rules.adamw.adam_update_fp32`, the one fp32 update, shared with the
 optimizer's fp32 small-tensor path): ``m'`` and ``v'`` are computed in fp32; where either is
 not finite — a NaN or ±Inf gradient, or a huge finite one whose ``(1 - beta2) g^2``
 overflows fp32 (``|g|`` above about 6e20 for beta2 = 0.999) — that element's ``m`` and ``v``
@@ -34,46 +34,17 @@ the parameter's size: there is never a full fp32 copy of the states or the param
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 
 from ..quant import dequantize_blocks, quantize_blocks
+# the fp32 AdamW update lives with its rule (rules/ is a floor below kernels/); named here too, as lesson 07 and
+# the backends have always imported it from the reference module
+from ..rules.adamw import _param_with_rule, adam_update_fp32, adam_update_fp32_many, bias_corrections  # noqa: F401
 from .contract import check_step_args
 
 #: Elements per chunk (a multiple of every supported blocksize).
 CHUNK_SIZE = 1 << 16
-
-
-def adam_update_fp32(
-    param: torch.Tensor,
-    grad: torch.Tensor,
-    m: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    step: int,
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-) -> torch.Tensor:
-    """The fp32 Adam/AdamW update with the non-finite rule; returns the new parameter (fp32).
-
-    ``param``, ``grad``, ``m``, ``v`` are fp32 tensors of one shape; ``m`` and ``v`` are updated
-    in place::
-
-        m' = beta1 m + (1 - beta1) g ;  v' = beta2 v + (1 - beta2) g^2
-        bad = not finite(m') or not finite(v')         ->  m' = v' = 0 there, parameter kept
-        p' = p (1 - lr wd) - lr / (1 - beta1^t) * m' / (sqrt(v') / sqrt(1 - beta2^t) + eps)
-
-    Used per chunk by :func:`adam8bit_step` (on dequantized states) and by the optimizer for
-    tensors with fp32 states, so both follow one rule, in one place.
-    """
-    m.mul_(beta1).add_(grad, alpha=1.0 - beta1)
-    v.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
-    return _param_with_rule(param, m, v, step=step, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
-                            weight_decay=weight_decay)
 
 
 def format_reference_step(p: torch.Tensor, g: torch.Tensor, state: dict, fmt, *, shape: tuple[int, ...],
@@ -113,84 +84,6 @@ def torch_uses_fma() -> bool:
     if add_fused != addcmul_fused:
         raise ImportError("this torch build fuses add(alpha) and addcmul differently; no compiled backend imitates it")
     return add_fused
-
-
-def bias_corrections(step: int, lr: float, beta1: float, beta2: float) -> tuple[float, float]:
-    """``(lr / (1 - beta1^t), sqrt(1 - beta2^t))``: the step size and the square root of the
-    second moment's correction, in Python doubles (every backend rounds them to fp32 once, as
-    torch rounds its kernels' scalars)."""
-    return lr / (1.0 - beta1**step), math.sqrt(1.0 - beta2**step)
-
-
-def _param_with_rule(param, m, v, *, step, lr, beta1, beta2, eps, weight_decay) -> torch.Tensor:
-    """The second half of :func:`adam_update_fp32`, after the moments: the non-finite rule
-    element by element, then the new parameter."""
-    step_size, bias_correction2_sqrt = bias_corrections(step, lr, beta1, beta2)
-    ok = torch.isfinite(m) & torch.isfinite(v)
-    m.masked_fill_(~ok, 0.0)
-    v.masked_fill_(~ok, 0.0)
-    new = param.mul(1.0 - lr * weight_decay) if weight_decay != 0 else param.clone()
-    denom = v.sqrt().div_(bias_correction2_sqrt).add_(eps)
-    new.addcdiv_(m, denom, value=-step_size)
-    return torch.where(ok, new, param)
-
-
-def adam_update_fp32_many(
-    params: list[torch.Tensor],
-    grads: list[torch.Tensor],
-    ms: list[torch.Tensor],
-    vs: list[torch.Tensor],
-    *,
-    step: int,
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-) -> None:
-    """:func:`adam_update_fp32` for several fp32 tensors on one device at once, **in place** on
-    ``params``.
-
-    The same operations in the same order, but each one over the whole list
-    (``torch._foreach_*``: one call instead of one per tensor, which is most of the cost of a
-    small tensor; on a GPU, a handful of kernel launches instead of ~18 per tensor). The
-    non-finite rule needs to know whether any new ``m`` or ``v`` is not finite: one max-norm
-    per tensor answers it; in the usual case (none) the parameters are updated in place,
-    otherwise the rest of the rule runs tensor by tensor as in :func:`adam_update_fp32`.
-
-    On the CPU the ``_foreach`` operations call the per-tensor ones, so the result is
-    :func:`adam_update_fp32`'s bit for bit (tested). On CUDA they are torch's fused multi-tensor
-    kernels: the same formulas, whose roundings may differ in the last bit (the GPU test allows
-    a few ulp).
-    """
-    device = params[0].device if params else None
-    for t in (*params, *grads, *ms, *vs):
-        if t.dtype != torch.float32 or t.device != device:
-            raise ValueError(f"adam_update_fp32_many takes fp32 tensors on one device ({device}), "
-                             f"got {t.dtype} on {t.device}")
-    if not (len(params) == len(grads) == len(ms) == len(vs)):
-        raise ValueError(f"lists of different lengths: {len(params)}, {len(grads)}, {len(ms)}, {len(vs)}")
-    keep = [i for i, t in enumerate(params) if t.numel()]  # an empty tensor has nothing to update
-    if len(keep) < len(params):
-        params, grads, ms, vs = ([xs[i] for i in keep] for xs in (params, grads, ms, vs))
-    if not params:
-        return
-    torch._foreach_mul_(ms, beta1)
-    torch._foreach_add_(ms, grads, alpha=1.0 - beta1)
-    torch._foreach_mul_(vs, beta2)
-    torch._foreach_addcmul_(vs, grads, grads, value=1.0 - beta2)
-    hyper = dict(step=step, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
-    if not bool(torch.stack(torch._foreach_norm([*ms, *vs], ord=math.inf)).isfinite().all()):
-        for p, m, v in zip(params, ms, vs):
-            p.copy_(_param_with_rule(p, m, v, **hyper))
-        return
-    step_size, bias_correction2_sqrt = bias_corrections(step, lr, beta1, beta2)
-    if weight_decay != 0:
-        torch._foreach_mul_(params, 1.0 - lr * weight_decay)
-    denoms = torch._foreach_sqrt(vs)
-    torch._foreach_div_(denoms, bias_correction2_sqrt)
-    torch._foreach_add_(denoms, eps)
-    torch._foreach_addcdiv_(params, ms, denoms, value=-step_size)
 
 
 @torch.no_grad()
