@@ -404,8 +404,9 @@ EXERCISES: dict[str, ExerciseHints] = {
     "12.2": E("zero_point_victims", "The zero-point victims",
               "A second moment coded to 0 makes the next update m / eps — thousands of learning rates — for "
               "every entry whose first moment is not coded to 0 as well.",
-              {"default": "For a block, decode both moments as the update sees them and mark where the decoded "
-                          "v is 0 but the decoded m is not.",
+              {"default": "For one block, write down what the next update actually reads — both moments as "
+                          "they come back from their codes. Which combination of the two blows the update up to "
+                          "m / eps?",
                "values": "Which m does the update see: the fp32 one or the one decoded from its 4-bit code?",
                "last_block": "The last block may be short: pad and drop the padding again.",
                "zero": "Flag by the decoded values, after quantizing, not by the inputs."}),
