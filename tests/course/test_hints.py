@@ -298,12 +298,14 @@ def test_no_idea_or_nudge_contains_a_solution_line():
 
 @pytest.mark.parametrize("workbook", ["ex02", "ex03", "ex04", "ex05", "ex06", "ex11", "ex12", "ex13"])
 def test_every_level_after_planted_wrong_answers_names_the_property_and_leaks_no_solution_line(workbook):
-    """The course's planted wrong answers of a workbook: each failure leaves one property line, and the
-    three levels it leads to are text without a line of the solutions (levels 1 and 3: the hints' own words)."""
+    """The course's planted wrong answers of a workbook (the first four of each exercise): each failure leaves one
+    property line, and the three levels it leads to are text without a line of the solutions (levels 1 and 3:
+    the hints' own words)."""
     from tests.workbooks.wrong_answers import collect
 
     wrong, _ = collect()
     tried = [w for w in wrong if w.check.__module__.rsplit(".", 1)[-1].startswith(workbook)]
+    tried = [w for i, w in enumerate(tried) if [v.exercise for v in tried[:i]].count(w.exercise) < 4]
     assert len(tried) >= 5
     for w in tried:
         forget_outcomes()
