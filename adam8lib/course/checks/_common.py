@@ -71,6 +71,8 @@ from typing import Any, NoReturn
 __all__ = [
     "Failure",
     "last_failure",
+    "outcome",
+    "forget_outcomes",
     "SUCCESS_MARK",
     "success_line",
     "passed",
