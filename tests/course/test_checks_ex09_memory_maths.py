@@ -138,3 +138,21 @@ def test_seed_adam8bit_check_passes_the_solution_and_a_rewrite():
 ])
 def test_seed_adam8bit_check_names_the_mistake(fn, hint):
     fails_with(checks.check_seed_adam8bit, fn, hint)
+
+
+def test_a_value_error_that_does_not_name_the_kind_is_refused():
+    def state_megabytes(num_params, kind="adam8bit", blocksize=256):
+        if kind == "adamw":
+            return 8 * num_params / 2**20
+        if kind == "adam8bit":
+            return (2 * num_params + 8 * -(-num_params // blocksize)) / 2**20
+        raise ValueError("unknown optimizer")
+
+    fails_with(checks.check_state_megabytes, state_megabytes, "an error that names the kind")
+
+
+def test_a_tied_weight_counted_twice_is_named():
+    def adamw_state_elements(model):
+        return sum(2 * p.numel() + 1 for _, p in model.named_parameters(remove_duplicate=False) if p.requires_grad)
+
+    fails_with(checks.check_adamw_state_elements, adamw_state_elements, "you counted the tied weight twice")

@@ -271,8 +271,8 @@ def describe(actual: Any, expected: Any, *, x: Any = None, blocksize: int | None
     if a64.is_floating_point() and bool((e64 != 0).all()) and bool((torch.sign(a64) == torch.sign(e64)).all()):
         ratio = a64 / e64
         return (f"your result has the right sign everywhere but the wrong size (ratio to the expected from "
-                f"{float(ratio.min()):.3g} to {float(ratio.max()):.3g}, not one constant): look at the scaling "
-                "terms (a square root, eps, a correction factor)")
+                f"{float(ratio.min()):.3g} to {float(ratio.max()):.3g}, not one constant): a term that changes from "
+                "entry to entry is computed otherwise than the rule says — work out the worst entry by hand")
     flips = (torch.sign(a64) != torch.sign(e64)) & (e64 != 0)
     if bool(flips.any()) and int(flips.sum()) < flips.numel() and bool((flips <= bad).all()) and \
             bool(_close(a64.abs(), e64.abs(), rtol, atol).all()):

@@ -110,8 +110,12 @@ def check_state_megabytes(state_megabytes) -> None:
         try:
             with contextlib.redirect_stdout(io.StringIO()):
                 got = state_megabytes(1000, bad, blocksize=256)
-        except ValueError:
-            continue
+        except ValueError as exc:
+            if bad in str(exc):
+                continue
+            fail(f"state_megabytes(1000, {bad!r}) raised ValueError({str(exc)!r}), which does not name the kind.",
+                 hint=f"the task asks for an error that names the kind: put the refused kind ({bad!r} here) in the "
+                      "message, and the kinds you accept, so the user sees what they typed.")
         except Exception as exc:  # noqa: BLE001 - the wrong kind of error
             fail(f"state_megabytes(1000, {bad!r}) raised {type(exc).__name__}: {exc}",
                  hint=f"an unknown kind should raise ValueError, not {type(exc).__name__}: `raise ValueError(...)` "
@@ -246,8 +250,10 @@ def check_training_memory(training_memory) -> None:
 
 
 # ---------------------------------------------------------------------------- 09.3
-def _adamw_elements(model, *, steps=True, frozen=False, per_param_step=False, moments=2, size=None) -> int:
-    params = [p for p in model.parameters() if frozen or p.requires_grad]
+def _adamw_elements(model, *, steps=True, frozen=False, per_param_step=False, moments=2, size=None,
+                    duplicates=False) -> int:
+    every = [p for _, p in model.named_parameters(remove_duplicate=False)] if duplicates else model.parameters()
+    params = [p for p in every if frozen or p.requires_grad]
     size = size or (lambda p: p.numel())
     return sum(moments * size(p) + ((size(p) if per_param_step else 1) if steps else 0) for p in params)
 
@@ -256,7 +262,11 @@ def _small_models():
     mlp = torch.nn.Sequential(torch.nn.Linear(10, 20), torch.nn.LayerNorm(20), torch.nn.Linear(20, 3))
     frozen = torch.nn.Sequential(torch.nn.Embedding(50, 8), torch.nn.Linear(8, 2))
     frozen[0].weight.requires_grad_(False)  # a frozen embedding: AdamW never sees a gradient for it
-    return [("an MLP", mlp), ("a model with a frozen embedding", frozen)]
+    tied = torch.nn.ModuleDict({"embed": torch.nn.Embedding(40, 6), "head": torch.nn.Linear(6, 40, bias=False),
+                                "norm": torch.nn.LayerNorm(6)})
+    tied["head"].weight = tied["embed"].weight  # one tensor in two modules, as a language model ties its embedding
+    return [("an MLP", mlp), ("a model with a frozen embedding", frozen),
+            ("a model whose output layer shares the embedding's weight (tied)", tied)]
 
 
 def check_adamw_state_elements(adamw_state_elements) -> None:
@@ -298,6 +308,10 @@ def check_adamw_state_elements(adamw_state_elements) -> None:
                           lambda: 4 * _adamw_elements(model)),
                          ("numel() counts every element; len(p) is only the first dimension of p.",
                           lambda: _adamw_elements(model, size=len)),
+                         ("you counted the tied weight twice: a tensor shared by two modules is ONE parameter, and "
+                          "AdamW keeps one state for it (model.parameters() yields it once; "
+                          "named_parameters(remove_duplicate=False) or a walk over the modules yields it twice).",
+                          lambda: _adamw_elements(model, duplicates=True)),
                      ])
     passed("Exercise 09.3 · The seed's 131,566,188")
 

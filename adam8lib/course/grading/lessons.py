@@ -55,7 +55,7 @@ SECTIONS: dict[str, str] = {
     # 07 · The 8-bit Adam step
     "adam8bit_step": "One block by hand",
     "adam8bit_optimizer": "The optimizer",
-    "stable_embedding": "The paper's ablation, in miniature",
+    "stable_embedding": "The stable embedding",
     "trains_like_adam": "`Adam8bit` against bitsandbytes and fp32 Adam",
     # 08 · The Triton kernel
     "absmax_kernel": "Triton in one screen",
