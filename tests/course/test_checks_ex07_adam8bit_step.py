@@ -84,7 +84,8 @@ def test_ex07_check_passes_on_the_solution_and_the_reference(capsys):
 
 # ------------------------------------------------------------------ 07.2 · the optimizer class
 def make_optimizer_class(*, strict=False, defaults_only=False, no_decay=False, quantize_all=False,
-                         own_attributes=False, touch_no_grad=False, step_from_one=False):
+                         own_attributes=False, touch_no_grad=False, step_from_one=False, floor_blocks=False,
+                         own_defaults=None):
     """A learner's MyAdam8bit with one plausible slip switched on."""
     from adam8lib.adam import adam_step
     from adam8lib.quant import dynamic_map as dmap
@@ -121,7 +122,7 @@ def make_optimizer_class(*, strict=False, defaults_only=False, no_decay=False, q
                     if not st:
                         st["step"] = 0
                         if big:
-                            nb = -(-n // group["blocksize"])
+                            nb = n // group["blocksize"] if floor_blocks else -(-n // group["blocksize"])
                             st.update(state1=torch.full((n,), 127, dtype=torch.uint8), state2=torch.zeros(n, dtype=torch.uint8),
                                       absmax1=torch.zeros(nb), absmax2=torch.zeros(nb))
                         else:
@@ -277,3 +278,32 @@ def _loss_after_step(optimizer_class, steps=200, lr=1e-2):
 ])
 def test_training_check_names_the_loops_mistake(train_fn, hint):
     fails_with(lambda fn: checks.check_trains_like_adam(fn, make_training_optimizer()), train_fn, hint)
+
+
+def _nan_keeps_states(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, *, step, lr, beta1, beta2, eps,
+                      weight_decay, blocksize):
+    """A cold learner's 07.1: the NaN gradient zeroed and p masked, but m and v not reset there."""
+    bad = ~torch.isfinite(g.float())
+    g32 = torch.where(bad, torch.zeros_like(g.float()), g.float())
+    m = beta1 * dequantize_blocks(state1, absmax1, qmap1, blocksize) + (1 - beta1) * g32
+    v = beta2 * dequantize_blocks(state2, absmax2, qmap2, blocksize) + (1 - beta2) * g32 * g32
+    p32 = p.float()
+    new = p32 * (1 - lr * weight_decay) - lr / (1 - beta1**step) * m / (v.sqrt() / math.sqrt(1 - beta2**step) + eps)
+    p.copy_(torch.where(bad, p32, new).to(p.dtype))
+    from adam8lib.quant import quantize_blocks
+
+    c1, a1 = quantize_blocks(m, qmap1, blocksize, keep_sign=True)
+    c2, a2 = quantize_blocks(v, qmap2, blocksize, keep_sign=True)
+    state1.copy_(c1), state2.copy_(c2), absmax1.copy_(a1), absmax2.copy_(a2)
+
+
+def test_states_kept_at_a_nan_gradient_are_named():
+    fails_with(checks.check_adam8bit_step, _nan_keeps_states, "resets BOTH states there to 0")
+
+
+def test_blocks_counted_with_floor_division_are_named_once():
+    with pytest.raises(AssertionError) as info:
+        checks.check_adam8bit_optimizer(make_optimizer_class(floor_blocks=True))
+    text = str(info.value)
+    assert "ceil(n / blocksize)" in text and text.count("Hint:") == 1, text
+    assert "three_steps_of_your_optimizer() raised" in text and info.value.__cause__ is not None

@@ -77,6 +77,7 @@ __all__ = [
     "success_line",
     "passed",
     "fail",
+    "refail",
     "call",
     "ALL_ARGS",
     "is_stub",
@@ -252,6 +253,18 @@ def fail(message: str, hint: str | None = None, *, kind: str | None = None, what
     if hint:
         text += f"\nHint: {hint}"
     raise AssertionError(text)
+
+
+def refail(exc: AssertionError, hint: str, *, kind: str | None = None) -> NoReturn:
+    """Fail again on a failure a check caught (the report :func:`call` made of a learner's error), with the
+    exercise's own ``hint`` in place of the general one: the report's first line kept, one property line, one Hint,
+    and the learner's own error still the cause (its traceback stays visible)."""
+    try:
+        cause = exc.__cause__
+        fail(str(exc).split("\n", 1)[0], hint, kind=kind or ("error" if cause is not None else None),
+             got=type(cause).__name__ if cause is not None else "")
+    except AssertionError as sharper:
+        raise sharper from exc.__cause__
 
 
 def _name(fn: Any) -> str:

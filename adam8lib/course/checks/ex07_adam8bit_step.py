@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import io
 import math
+import re
 import numbers
 
 import torch
 
 from ...kernels.reference import adam8bit_step
 from ...quant import dequantize_blocks, dynamic_map, nearest_code, num_blocks, quantize_blocks
-from ._common import assert_close, call, fail, passed, require_callable
+from ._common import assert_close, call, fail, passed, refail, require_callable
 from ._properties import describe_step
 
 __all__ = ["check_adam8bit_step", "check_adam8bit_optimizer", "check_stable_embedding", "check_trains_like_adam",
@@ -109,6 +110,18 @@ _STEP_SLIPS = [
     ("you updated p from the requantized (8-bit) m and v: update p with the fp32 m and v, then requantize them "
      "— the codes are only how the states are stored between steps.", {"update_with": "stored"}),
 ]
+
+
+def _states_kept_where_not_finite(got: dict, finite: torch.Tensor, qmap1, qmap2, blocksize: int) -> bool:
+    """Whether the learner's decoded m or v is non-zero at an element whose gradient was NaN/Inf (must be 0 there)."""
+    try:
+        m = dequantize_blocks(got["state1"], got["absmax1"], qmap1, blocksize)
+        v = dequantize_blocks(got["state2"], got["absmax2"], qmap2, blocksize)
+    except Exception:  # noqa: BLE001 - only for a hint
+        return False
+    bad = ~finite.reshape(-1)
+    return bool(torch.isfinite(m[bad]).all() and torch.isfinite(v[bad]).all()) and bool(
+        ((m[bad] != 0) | (v[bad] != 0)).any())
 
 
 def _close(got: dict, want: dict, pdtype) -> str | None:
@@ -229,6 +242,10 @@ def check_adam8bit_step(adam8bit_step_fn) -> None:
                             "function; write into the parameter with p.copy_(...) (or p[:] = ...).")
                 else:
                     hint = _OLD_MOMENTS  # p moves on step 2: the update used m and v from before the EMA
+            elif not bool(finite.all()) and _states_kept_where_not_finite(mine, finite, qmap1, qmap2, hp["blocksize"]):
+                hint = ("where the gradient is NaN or Inf your m (or v) is not 0 after the step: the non-finite rule "
+                        "resets BOTH states there to 0 (and leaves p as it was). Zeroing the gradient alone leaves "
+                        "beta1 * m and beta2 * v, and masking p alone leaves the states as they were.")
             elif not bool(finite.all()) and not bool(nan_p.any()) and bool(
                     (~torch.isclose(mine["p"].float(), ref["p"].float(), rtol=1e-5, atol=1e-7) & finite).sum() == 0):
                 zeroed = bool((mine["p"].float()[~finite] == 0).all())
@@ -385,6 +402,11 @@ def _crash_hint(text: str) -> str | None:
     if "NoneType" in text:
         return ("skip parameters whose .grad is None (`if p.grad is None: continue`): one parameter here never gets "
                 "a gradient.")
+    sizes = re.search(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)", text)
+    if sizes and abs(int(sizes.group(1)) - int(sizes.group(2))) == 1:
+        return ("two tensors are one block apart (one per block: the codes' blocks and your absmax): a tensor whose "
+                "size is not a multiple of the blocksize (here 6500 = 25 x 256 + 100) has a partial last block with "
+                "its own absmax, so there are ceil(n / blocksize) blocks, -(-n // blocksize), not n // blocksize.")
     if "must match the size" in text or "flat contiguous 1-D" in text:
         return ("flatten the gradient too: the 8-bit step works on flat tensors, so pass p.view(-1) AND "
                 "p.grad.view(-1).")
@@ -405,12 +427,15 @@ def check_adam8bit_optimizer(optimizer_class) -> None:
     params = _optimizer_params()
     before = [p.detach().clone() for p in params]
     try:
-        opt = call(lambda: _run(lambda ps: optimizer_class(_groups(ps)), 3, params))
+        def three_steps_of_your_optimizer():
+            return _run(lambda ps: optimizer_class(_groups(ps)), 3, params)
+
+        opt = call(three_steps_of_your_optimizer)
     except AssertionError as err:
         hint = _crash_hint(str(err))
         if hint is None:
             raise
-        fail(str(err), hint)
+        refail(err, hint)
     if not isinstance(opt, torch.optim.Optimizer):
         fail(f"{name}(...) is a {type(opt).__name__}", "subclass torch.optim.Optimizer and call super().__init__(params, defaults).")
     if not torch.equal(params[_NEVER], before[_NEVER]):
@@ -444,7 +469,12 @@ def check_adam8bit_optimizer(optimizer_class) -> None:
     ref_params = _optimizer_params()
     _run(_reference, 3, ref_params)
     if not _same(params, ref_params):
+        own = getattr(opt, "defaults", None) or {}
+        own = {k: own[k] for k in ("lr", "betas", "eps", "weight_decay") if k in own}
         variants = [
+            ("every group stepped with the optimizer's defaults: read lr, betas, eps and weight_decay from each "
+             "param group (group['lr'], group['betas'], …) inside step(), not from self.defaults — a group may set "
+             "its own.", own),
             ("read lr, betas, eps and weight_decay from each param group (group['lr'], group['betas'], …), not from the defaults.",
              dict(lr=1e-3, betas=(0.9, 0.999), weight_decay=0.0)),
             ("no weight decay was applied: apply each group's weight_decay (decoupled: p *= 1 - lr * weight_decay, "

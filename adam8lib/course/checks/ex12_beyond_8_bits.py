@@ -7,7 +7,7 @@ import torch
 
 from ...formats import pack_nibbles, unpack_nibbles
 from ...quant import dequantize_blocks, dynamic_map, nearest_code, quantize_blocks
-from ._common import assert_close, assert_equal, call, fail, passed, require_callable
+from ._common import assert_close, assert_equal, call, fail, passed, refail, require_callable
 
 __all__ = ["check_pack_nibbles", "check_zero_point_victims", "check_rank1_scale", "check_stochastic_round"]
 
@@ -32,7 +32,7 @@ def check_pack_nibbles(pack, unpack) -> None:
             got = call(pack, codes.clone())
         except AssertionError as exc:
             if codes.numel() % 2 and "not implemented yet" not in str(exc):
-                _refail(exc, hint=f"an odd number of codes cannot be paired as it is: {label} leaves the last code "
+                refail(exc, hint=f"an odd number of codes cannot be paired as it is: {label} leaves the last code "
                                     "without a partner. Pad one 0 code at the END first (n codes take ceil(n / 2) "
                                     "bytes).")
             raise
@@ -271,7 +271,7 @@ def check_zero_point_victims(zero_point_victims) -> None:
             got = call(zero_point_victims, m.clone(), v.clone(), m_map.clone(), v_map.clone(), bs)
         except AssertionError as exc:
             if v.numel() % bs and any(k in str(exc) for k in ("is invalid for input of size", "must match the size")):
-                _refail(exc, hint=f"{v.numel()} values are not a whole number of blocks of {bs}: the last block is "
+                refail(exc, hint=f"{v.numel()} values are not a whole number of blocks of {bs}: the last block is "
                                     "short. Lesson 06's blocks pad the tail (and drop the padding afterwards).")
             raise
         if not isinstance(got, torch.Tensor):
@@ -315,7 +315,7 @@ def check_rank1_scale(rank1_scale) -> None:
             got = call(rank1_scale, x.clone())
         except AssertionError as exc:
             if "must match the size of tensor" in str(exc):
-                _refail(exc, hint=f"the row maxima ({x.shape[0]} of them) and the column maxima ({x.shape[1]}) "
+                refail(exc, hint=f"the row maxima ({x.shape[0]} of them) and the column maxima ({x.shape[1]}) "
                                     "only broadcast to x's shape as a column (r, 1) and a row (1, c): your reductions "
                                     "lost the reduced dimension.")
             raise
@@ -546,14 +546,6 @@ def _rounds_noise_to_nearest(stochastic_round) -> bool:
     up = float((got > 1.0).double().mean())
     return abs(up - 0.625) < 0.05
 
-
-def _refail(exc: AssertionError, hint: str) -> None:
-    """Fail again on a learner's error that :func:`call` reported, with this exercise's own hint in place of the
-    general one (the first line of the report kept; the learner's traceback stays the cause)."""
-    try:
-        fail(str(exc).split("\n", 1)[0], hint=hint)
-    except AssertionError as sharper:
-        raise sharper from exc.__cause__
 
 
 def _two_steps_hint(stochastic_round, values: set, low: float, high: float) -> str:
