@@ -63,6 +63,7 @@ FAMILY = {
     "lion8_sr": ("Lion8bit", {"lr": 1e-3, "stochastic_rounding": True, "seed": 5}, True),
     "ademamix8_sr": ("AdEMAMix8bit", {"lr": 1e-2, "stochastic_rounding": True, "seed": 9}, True),
     "adan8": ("Adan8bit", {"lr": 1e-2, "weight_decay": 0.02}, False),  # 3 moments + the previous gradient kept fp32
+    "adan4": ("Adan8bit", {"lr": 1e-2, "state_format": "4bit", "weight_decouple": True}, False),  # rank-1 v, kept g_prev
 }
 
 
