@@ -2,8 +2,8 @@
 (``python family_distributed_worker.py OUT``).
 
 For each optimizer of :data:`FAMILY` (Lion8bit, AdEMAMix8bit, RMSprop8bit, Lion4bit, AdEMAMix in the 4-bit
-format (rank-1 ``v``), Muon8bit's AdamW group, Adagrad8bit, SGD8bit with FP8 states, and Lion8bit/AdEMAMix8bit
-on bf16 weights with stochastic rounding) the worker trains :class:`Net` sharded with ``fully_shard`` for
+format (rank-1 ``v``), Muon8bit's AdamW group, Adagrad8bit, SGD8bit with FP8 states, Lion8bit/AdEMAMix8bit
+on bf16 weights with stochastic rounding, and Adan8bit in 8 and 4 bits: four states, one kept in fp32) the worker trains :class:`Net` sharded with ``fully_shard`` for
 :data:`STEPS` steps, round-trips ``state_dict()`` through ``torch.save``, saves a DCP checkpoint, takes 2 more
 steps, loads the checkpoint into a fresh sharded model and takes the same 2 steps, and loads the test's
 1-process checkpoint ``OUT/ckpt1_<name>`` and takes 2 steps. It writes ``OUT/<name>_rank<r>.pt``; the test
