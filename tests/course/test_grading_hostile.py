@@ -269,12 +269,12 @@ CLASS = {
 
 #: what the note of each cheating learner must name
 FOUND = {
-    "c1_alias": ["pack_nibbles: reference", "zero_point_victims: reference", "rank1_scale: reference",
-                 "stochastic_round: reference", f"{CHECKS}._rank1", f"{CHECKS}._victims",
-                 "adam8lib.formats.pack_nibbles", f"{CHECKS}._bf16_neighbours"],
-    "c1_dynamic": ["pack_nibbles: reference", "zero_point_victims: reference", "rank1_scale: reference",
-                   "stochastic_round: reference", "called the course reference adam8lib.formats.pack_nibbles",
-                   f"course reference {CHECKS}._rank1"],
+    # the learner process is not shown the checks (the learner view, under bubblewrap): the aliases do not import,
+    # and what reaches the library's references at run time is reported by the guard (their names come from the job)
+    "c1_alias": [f"raised ModuleNotFoundError: No module named '{CHECKS}'",
+                 "raised AttributeError: module 'adam8lib.course.checks' has no attribute 'ex12_beyond_8_bits'"],
+    "c1_dynamic": ["pack_nibbles: reference", "zero_point_victims: reference", "stochastic_round: reference",
+                   "called the course reference adam8lib.formats.pack_nibbles"],
     "c2_getframe": ["tampered", "sys._getframe"], "c2_traceback": ["tampered", "read tb_frame"],
     "c2_inspect": ["tampered", "sys._getframe"], "c2_generator": ["tampered", "read gi_frame"],
     "c2_gc": ["tampered", "gc.get_objects"], "c2_runner": ["tampered", "sys._getframe"],
@@ -335,9 +335,9 @@ def test_a_cheat_scores_zero_with_a_note_naming_what_was_found(graded, learner):
     assert not missing, (missing, row["notes"])
 
 
-@needs_bwrap
 def test_references_can_be_only_noted(tmp_path):
-    """``--references note``: the instructor keeps the points and reads the note."""
+    """``--references note``: the instructor keeps the points and reads the note. Without a sandbox (under
+    bubblewrap the learner process is not shown the checks, so the aliases do not even import)."""
     (tmp_path / "sub" / "c1").mkdir(parents=True)
     nbformat.write(learner_notebook(C1_ALIAS), str(tmp_path / "sub" / "c1" / WORKBOOK))
     manifest = Manifest.load(REPO / "exercises" / MANIFEST_NAME)
@@ -346,7 +346,7 @@ def test_references_can_be_only_noted(tmp_path):
                              extras={WORKBOOK: manifest.extras.get(WORKBOOK, {})}).dumps(), encoding="utf-8")  # fmt: skip
     out = tmp_path / "grades" / "gradebook.csv"
     assert gradebook.main([str(tmp_path / "sub"), "--out", str(out), "--manifest", str(only), "--cell-timeout", "60",
-                           "--sandbox", "bwrap", "--references", "note"]) == 0  # fmt: skip
+                           "--sandbox", "none", "--references", "note"]) == 0  # fmt: skip
     [row] = list(csv.DictReader(out.open(encoding="utf-8")))
     statuses = json.loads((tmp_path / "grades" / "reports" / "c1.json").read_text())["statuses"]
     # the checks' own verdicts stand (the cheat's home-made stochastic rounding may fail its check)

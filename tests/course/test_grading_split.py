@@ -13,9 +13,10 @@ pass), so what stops them is the split alone:
   the stack or heap, sending "passed" with the runner's sender, a ``TorchFunctionMode`` left pushed,
   a tensor subclass whose ``__torch_function__`` answers True, monkey-patched ``torch.equal`` —
   score 0: the comparisons they aim at run in the other process;
-* what the split does *not* stop: returning the course's own reference implementations (cheat 1)
-  scores without the guard; with it (the gradebook's only configuration) it scores 0
-  (``test_grading_hostile``).
+* the course's own reference implementations under an alias (cheat 1): under bubblewrap the learner
+  process is not shown the checks (the learner view), so the aliases do not import and score 0 without the
+  guard; what the split does *not* stop is a learner calling the library's functions the checks compare
+  with (``adam8lib.formats.pack_nibbles``): the guard reports them (``test_grading_hostile``).
 
 Also: the honest learner keeps full marks without the guard, in the sandbox and without one, and
 the grading log says which workbooks were split.
@@ -211,11 +212,12 @@ def test_cheats_on_the_checks_or_the_result_channel_score_zero_without_the_guard
 
 
 @needs_bwrap
-def test_what_the_split_alone_does_not_stop_the_course_references(unguarded):
-    """Returning the course's reference implementations scores without the guard: the guard's
-    reference detection (always on in the gradebook) is what makes it 0 (test_grading_hostile)."""
+def test_the_learner_view_hides_the_checks_references_without_the_guard(unguarded):
+    """The checks' own references under an alias: the learner process is not shown ``adam8lib/course/checks``
+    (only its ``__init__`` and ``_common``), so the aliases do not import: 0 without any guard."""
     row = unguarded["c1_alias"]
-    assert int(row["total"]) >= 3, row
+    assert int(row["total"]) == 0, row
+    assert "No module named 'adam8lib.course.checks.ex12_beyond_8_bits'" in row["notes"], row["notes"]
 
 
 def test_without_a_sandbox_the_check_process_refuses_its_memory_and_descriptors(tmp_path):

@@ -336,6 +336,11 @@ def _as_learner(fn, cls):
     return fn
 
 
+#: the library's Lion classes (what 13.1 compares with): a class or rule built on one is not the learner's own
+_LIBRARY_LION = {f"{c.__module__}.{c.__qualname__}" for c in (*Lion8bit.__mro__, *LionRule.__mro__)
+                 if c.__module__.startswith("adam8lib.") and c.__name__.startswith("Lion")}
+
+
 def check_lion8bit(cls) -> None:
     """``cls``: a :class:`QuantizedStateOptimizer` subclass with a Lion rule; it must step as adam8lib's Lion8bit
     (parameters bit for bit, states up to the EMA's last bits) and, with bitsandbytes' rounding plugged in, as
@@ -346,6 +351,12 @@ def check_lion8bit(cls) -> None:
         fail(f"got {getattr(cls, '__name__', type(cls).__name__)}, not a subclass of QuantizedStateOptimizer.",
              hint="build on the library's core: the optimizer must subclass QuantizedStateOptimizer, as the class "
                   "the workbook gives you does; keep that class and change only the rule.")
+    library = [name for name in made["built_on"] if name in _LIBRARY_LION]
+    if library:
+        fail(f"{cls.__name__} is built on the library's {library[0]}: that is the Lion your class is compared with, "
+             "not yours.",
+             hint="write the rule yourself: subclass UpdateRule (your update and check) and QuantizedStateOptimizer, "
+                  "as the class the workbook gives you does, without adam8lib's Lion, Lion8bit or LionRule.")
     if not made["rule_ok"]:
         fail(f"{cls.__name__}.rule is {made['rule_repr']}, not an UpdateRule instance.",
              hint="the class attribute rule must be an instance of your UpdateRule subclass (not the class itself, "

@@ -105,7 +105,8 @@ class Learner:
         self.req, self.rep = req_w, rep_r
         self.generation += 1
         job = {k: v for k, v in self.job.items() if k in ("notebook", "cells", "modules", "cell_timeout", "max_output",
-                                                          "course_setup", "library_imports", "implementations")}
+                                                          "course_setup", "library_imports", "implementations",
+                                                          "references")}
         job["checks"] = [{"exercise": c["exercise"], "source": c["source"]} for c in self.job["checks"]]
         job["skip_cells"] = list(self.skip)
         try:

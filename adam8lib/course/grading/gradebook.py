@@ -215,6 +215,21 @@ def checks_origin(manifest: Manifest) -> dict[str, dict]:
     return out
 
 
+def library_references(modules: dict[str, dict]) -> list[str]:
+    """The dotted names of the ``adam8lib`` functions the checks' modules import (what the checks compare with),
+    found here, in the grader's process: a split workbook's learner process is not shown the checks (under
+    bubblewrap), so its guard learns them from the job, by name."""
+    from .runner import course_references
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a check that does not load is reported by the grading process
+            continue
+    forbidden, _ = course_references({name: info["origin"] for name, info in modules.items()}, [], [])
+    return sorted({dotted for dotted in forbidden.values() if not dotted.startswith("adam8lib.course")})
+
+
 def _differs(path: Path, data: bytes) -> bool:
     """Whether the course file ``path`` is no longer the plain file with bytes ``data`` (gone, a link, unreadable)."""
     try:
@@ -342,6 +357,8 @@ _PASSED_ENV = frozenset({"PATH", "PYTHONPATH", "LANG", "TRITON_INTERPRET", "CUDA
                          "MKL_CBWR", *SECOND_MACHINE_ENV})
 
 SCRATCH_PREFIX = "adam8-grading-"
+#: the files of ``adam8lib/course/checks`` a split workbook's learner process sees (under bubblewrap)
+LEARNER_VIEW_OF_CHECKS = ("__init__.py", "_common.py")
 
 
 def _remove_stale_scratch() -> None:
@@ -387,6 +404,7 @@ class Grader:
                                "bubblewrap sandbox: install it (make grade does where it can), or pass --sandbox none "
                                "to grade without one (learners' code then runs with your permissions)")
         self.modules = checks_origin(self.manifest)
+        self.reference_names = library_references(self.modules)
         paths = [Path(p) for info in self.modules.values() for p in info["files"]]
         package = importlib.util.find_spec("adam8lib.course.checks")
         paths += [p for loc in package.submodule_search_locations for p in sorted(Path(loc).rglob("*.py"))]
@@ -491,6 +509,7 @@ class Grader:
             "course_setup": self.course_setup,
             "library_imports": self.manifest.library_imports(name),
             "implementations": self.manifest.implementations(name),
+            "references": self.reference_names,
             "kernel": self.kernel is not None,
         }
         split = self.split and name in SPLIT
@@ -569,6 +588,14 @@ class Grader:
                              "exercises without a result score 0")  # fmt: skip
         return results, notes
 
+    def learner_view(self) -> list[tuple[Path, list[str]]]:
+        """What the learner process of a split workbook is not shown (under bubblewrap): the course's checks — their
+        references, helpers, case tables and hints — leaving only the package's ``__init__.py`` (which then finds no
+        check module) and ``_common.py`` (the stub's recognition). The check process holds the checks; the learner
+        process runs the learner's cells and the course's drivers, which need neither."""
+        spec = importlib.util.find_spec("adam8lib.course.checks")
+        return [(Path(loc), list(LEARNER_VIEW_OF_CHECKS)) for loc in (spec.submodule_search_locations or [])]
+
     def phase_limit(self) -> float:
         """Seconds a cell or a check may run, by this process's clock, before its grading process is killed from
         outside: the cell timeout (which the process enforces itself first) and a margin."""
@@ -589,7 +616,8 @@ class Grader:
                 argv = [*python, "adam8lib.course.grading.learner", "--requests", "{requests}", "--replies",
                         "{replies}", "--alarm-fd", "{alarm}", *self.learner_flags]  # fmt: skip
                 job["learner_cmd"], _, workdir = sandbox.wrap(argv, scratch=scratch, hide=[*self.hide, self.scratch_root],
-                                                              mode=self.mode, memory_mb=self.memory_mb, file_mb=256)  # fmt: skip
+                                                              mode=self.mode, memory_mb=self.memory_mb, file_mb=256,
+                                                              conceal=self.learner_view())  # fmt: skip
                 job["learner_cwd"] = str(scratch) if self.mode == "none" else None
                 job["learner_env"] = self._env(workdir)
                 job["early_start"] = self.mode == "bwrap"  # read-only files: no need to wait for the checks' import

@@ -340,7 +340,8 @@ def course_references(check_modules, library_imports, implementations) -> tuple[
                 continue
             home = getattr(value, "__module__", "") or ""
             if home in names:
-                if attr.startswith(("_", "check_")):  # public helpers (mlp_task, ...) are the course's tools
+                # public helpers (mlp_task, ...) are the course's tools; reference_* are what a check compares with
+                if attr.startswith(("_", "check_", "reference_")):
                     forbidden.setdefault(value, f"{home}.{getattr(value, '__qualname__', attr)}")
             elif home.startswith("adam8lib.") and not home.startswith("adam8lib.course"):
                 forbidden.setdefault(value, f"{home}.{getattr(value, '__qualname__', attr)}")

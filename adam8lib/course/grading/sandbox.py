@@ -101,9 +101,14 @@ def wrap(
     mode: str = "auto",
     memory_mb: int | None = None,
     file_mb: int | None = None,
+    conceal: list[tuple[Path, list[str]]] = (),
 ) -> tuple[list[str], str, Path]:
     """The confined command for ``argv``, the mode used (``"bwrap"`` or ``"none"``), and the
     path of ``scratch`` as the child sees it (its working folder, ``HOME`` and ``TMPDIR``).
+
+    ``conceal``: ``(folder, kept)`` pairs — under bubblewrap each folder (inside what is bound back, e.g. the
+    package's ``course/checks``) is covered by an empty read-only folder that shows only the files named in
+    ``kept`` (without a sandbox nothing can be concealed).
 
     ``mode="bwrap"`` raises RuntimeError when bubblewrap does not work; ``"auto"`` falls back
     to ``"none"`` (the gradebook itself never asks for ``auto``: it refuses to grade without a
@@ -136,7 +141,17 @@ def wrap(
         for path, where in _bound_back([*covered, tmp]):
             box += ["--ro-bind", str(path), str(where)]
         box += ["--bind", str(scratch.resolve()), SANDBOX_HOME]
-        for path in covered:
+        concealed = []
+        for folder, kept in conceal:
+            folder = Path(folder).resolve()
+            if not folder.is_dir():
+                continue
+            box += ["--tmpfs", str(folder)]
+            for name in kept:
+                if (folder / name).is_file():
+                    box += ["--ro-bind", str(folder / name), str(folder / name)]
+            concealed.append(folder)
+        for path in [*covered, *concealed]:
             box += ["--remount-ro", str(path)]
         box += ["--chdir", SANDBOX_HOME, "--"]
         cmd = box + cmd

@@ -33,7 +33,9 @@ def describe_optimizer(cls) -> dict:
     rule = getattr(cls, "rule", None)
     specs = tuple(getattr(rule, "states", ()))
     fmt = getattr(cls, "state_format", None)
+    bases = [*(cls.__mro__ if isinstance(cls, type) else ()), *type(rule).__mro__]
     return {"core": core, "rule_ok": isinstance(rule, UpdateRule), "rule_repr": repr(rule)[:300],
+            "built_on": [f"{c.__module__}.{c.__qualname__}" for c in bases],
             "specs_ok": len(specs) == 1 and all(isinstance(s, StateSpec) for s in specs),
             "specs_repr": repr(specs)[:300], "state_format": described(fmt), "state_format_repr": repr(fmt)[:100]}
 
