@@ -279,10 +279,6 @@ def _level2(exercise: str, failure: Failure | None) -> str:
         lines.append(f"The values of your result{on}{detail}.")
     elif kind == "check":
         lines.append(f"The check found{on}: " + _clip(failure.message, 300))
-    if kind in ("values", "check", "shape", "dtype", "type", "nonfinite"):
-        topic, plain = classify(failure)
-        if plain and topic in _TOPIC_WORDS:
-            lines.append(f"What the check's hint points at: {_TOPIC_WORDS[topic]}.")
     if failure.hint and kind not in ("stub",):
         lines.append("The check's hint: " + _clip(failure.hint))
     return "\n".join(lines)
