@@ -149,23 +149,8 @@ def rank1_maxima_reducer(p: torch.Tensor):
 Moments = dict[str, tuple[str, Any]]
 
 
-def _legacy(fmt: Any, state: dict[str, Any], args: tuple, kwargs: dict) -> tuple:
-    """(temporary, until the core passes its layout) the calls of the core before the layouts."""
-    from .state_layout import ADAM_LAYOUT
-    from .rules.adamw import AdamWRule
-
-    fmt = args[-1] if args else kwargs.get("fmt")
-    if kwargs.get("moments") is not None:
-        return fmt, kwargs["moments"], kwargs.get("fp32_keys", ()), "global"
-    specs = ADAM_LAYOUT.specs(AdamWRule())
-    if "state1" in state:
-        return fmt, {s.codes_key: (s.scales_key, fmt.m if s.stored_as == "m" else fmt.v) for s in specs}, (), "local"
-    return fmt, {}, tuple(s.name for s in specs), "local"
-
-
-def to_checkpoint_state(p: torch.Tensor, state: dict[str, Any], fmt: Any = None, *args: Any,
-                        moments: Moments | None = None, fp32_keys: tuple[str, ...] = (), block_layout: str | None = None,
-                        **kwargs: Any) -> dict[str, Any]:
+def to_checkpoint_state(p: torch.Tensor, state: dict[str, Any], fmt: Any, *, moments: Moments,
+                        fp32_keys: tuple[str, ...] = (), block_layout: str = "global") -> dict[str, Any]:
     """The DCP form of one parameter's state, the one path of every storage layout
     (:class:`adam8lib.state_layout.StateLayout`); a plain parameter's state as it is.
 
@@ -177,9 +162,6 @@ def to_checkpoint_state(p: torch.Tensor, state: dict[str, Any], fmt: Any = None,
     zero-padded to the longest rank's length), but for the codes of lesson 11's layout (local blocks, one byte
     per element into a map: :attr:`~adam8lib.formats.StateFormat.byte_codes_into_maps`), which take the
     parameter's shape and placements (DCP reshards them exactly); its scales' rows are ``(W, B_max)``."""
-    if block_layout is None:
-        fmt, moments, fp32_keys, block_layout = _legacy(fmt, state, args, dict(kwargs, moments=moments,
-                                                                                fp32_keys=fp32_keys))
     if not is_dtensor(p):
         return state
     from torch.distributed.tensor import DTensor, Shard
@@ -209,9 +191,8 @@ def to_checkpoint_state(p: torch.Tensor, state: dict[str, Any], fmt: Any = None,
     return out
 
 
-def to_local_state(p: torch.Tensor, saved: dict[str, Any], fmt: Any = None, *args: Any,
-                   moments: Moments | None = None, fp32_keys: tuple[str, ...] = (), block_layout: str | None = None,
-                   **kwargs: Any) -> dict[str, Any]:
+def to_local_state(p: torch.Tensor, saved: dict[str, Any], fmt: Any, *, moments: Moments,
+                   fp32_keys: tuple[str, ...] = (), block_layout: str = "global") -> dict[str, Any]:
     """This rank's plain local state from a loaded one (the arguments: :func:`to_checkpoint_state`'s): the plain
     local form (as it is), the DCP form of the same world size (this rank's row: bit for bit), or the states of
     another world size or of one process, which are made this rank's:
@@ -225,9 +206,6 @@ def to_local_state(p: torch.Tensor, saved: dict[str, Any], fmt: Any = None, *arg
 
     Returns ``saved``'s tensors unchanged where they fit no layout (the state check that follows names what is
     wrong), or raises ValueError naming the misfit; never changes ``saved``."""
-    if block_layout is None:
-        fmt, moments, fp32_keys, block_layout = _legacy(fmt, saved, args, dict(kwargs, moments=moments,
-                                                                                fp32_keys=fp32_keys))
     out = dict(saved)
     local_shape = tuple(local_tensor(p).shape)
     for key in fp32_keys:

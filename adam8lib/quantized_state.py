@@ -49,7 +49,9 @@ with a batched form (``many``: the 8-bit Adam kernels) are stepped in one call, 
 rule with ``update_many`` (AdamW) in one batch of ``torch._foreach_*`` operations per step count: on the CPU the
 bits of one tensor at a time, without the per-tensor cost (most of a step of many small tensors).
 
-**State keys.** A state stored in fp32 is ``state[name]`` (the parameter's shape); a quantized one is
+**State keys** are the class's storage layout's (:attr:`QuantizedStateOptimizer.layout`, data:
+:mod:`adam8lib.state_layout`), as are a new state's key order, whose blocks a shard keeps, the checkpoint tag,
+the settings groups show, the torch flags refused and the class-specific words of the messages. A state stored in fp32 is ``state[name]`` (the parameter's shape); a quantized one is
 ``state[spec.codes_key]`` (flat uint8 codes, two 4-bit codes per byte for 4-bit formats; by default
 ``name + "_codes"``) and ``state[spec.scales_key]`` (flat fp32 scales; ``name + "_absmax"``), plus ``state["step"]``
 (a Python int); :meth:`~QuantizedStateOptimizer.state_specs` gives the specs with the keys a class stores (the
@@ -130,23 +132,17 @@ from .kernels.contract import PARAM_DTYPES, check_plain_tensor, is_usual_tensor
 from .quant import check_blocksize
 from .rounding import element_key, state_chunks, stochastic_round_to_bf16
 from .rules.base import StateSpec, UpdateRule
+from .state_layout import FAMILY_LAYOUT, OPTIMIZER_LEVEL, StateLayout
 
-__all__ = ["QuantizedStateOptimizer", "FP32", "FORMAT_KEY", "TORCH_FLAGS"]
+__all__ = ["QuantizedStateOptimizer", "FP32", "FORMAT_KEY", "TORCH_FLAGS", "OPTIMIZER_LEVEL"]
 
 #: The state format of plain fp32 states (no codes, no scales).
 FP32 = "fp32"
 #: The key, in a saved state with quantized entries, of the format its codes are in.
 FORMAT_KEY = "state_format"
-#: torch.optim flags these optimizers do not implement, with what to do instead.
-TORCH_FLAGS = {
-    "maximize": "negate the loss instead",
-    "foreach": "the steps have their own loops; drop the flag",
-    "fused": "fused steps run by default where the registry has one (backend='auto'); drop the flag",
-    "capturable": "CUDA-graph capture is not supported",
-    "differentiable": "the quantized step is not differentiable",
-}
-#: Settings of the whole optimizer, refused in a param group (they have one place: the optimizer).
-OPTIMIZER_LEVEL = ("blocksize", "min_8bit_size")
+#: torch.optim flags the family's optimizers do not implement, with what to do instead (their layout's,
+#: :attr:`adam8lib.state_layout.StateLayout.torch_flags`).
+TORCH_FLAGS = FAMILY_LAYOUT.flags
 
 
 class QuantizedStateOptimizer(torch.optim.Optimizer):
@@ -171,18 +167,11 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
 
     rule: UpdateRule
     state_format: str = "8bit"
-    #: Which of the optimizer-level settings (:data:`OPTIMIZER_LEVEL`) the param groups hold and show
-    #: (``()``: none, every group that sets one is refused). The low-bit Adam classes keep ``blocksize``
-    #: (read-only: the format's) and ``min_8bit_size`` (a group may set its own) in every group.
-    group_settings: tuple[str, ...] = ()
-    #: Where a shard of a sharded (FSDP2) parameter takes its blocks: ``"global"`` (the whole tensor's blocks,
-    #: :mod:`adam8lib.global_blocks`: the same bits as unsharded on any split) or ``"local"`` (the shard cut into
-    #: its own blocks, as bitsandbytes and torchao do; the low-bit Adam classes, lesson 11, and their DCP form
-    #: :func:`adam8lib.distributed.to_checkpoint_state` with a block size).
-    block_layout: str = "global"
-    #: The key, in every saved state with quantized entries, of what its codes need to be decoded
-    #: (:meth:`format_tag`).
-    format_tag_key: str = FORMAT_KEY
+    #: How the states are stored and how checkpoints name them (:class:`adam8lib.state_layout.StateLayout`: the
+    #: keys, a new state's key order, whose blocks a shard keeps, the tag, the settings groups show, the torch
+    #: flags refused, the words of the messages): the family's, or lesson 07's for the low-bit Adams
+    #: (:data:`~adam8lib.state_layout.ADAM_LAYOUT`). Data, chosen by the class; no method is overridden for it.
+    layout: StateLayout = FAMILY_LAYOUT
     #: Added to each parameter's index in the stochastic rounding key (see the module docstring):
     #: the public hook :func:`adam8lib.release.release_gradients` sets while it steps one parameter.
     rounding_offset: int = 0
@@ -192,11 +181,12 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                  min_8bit_size: int = 4096, backend: str = "auto", stochastic_rounding: bool = False,
                  seed: int = 0, **torch_flags: Any) -> None:
         name = type(self).__name__
+        flags = self.layout.flags
         for key, value in torch_flags.items():
-            if key not in TORCH_FLAGS:
+            if key not in flags:
                 raise TypeError(f"{name}.__init__() got an unexpected keyword argument {key!r}")
             if value:
-                raise ValueError(f"{key}={value!r} is not supported by {name}: {TORCH_FLAGS[key]}")
+                raise ValueError(f"{key}={value!r} is not supported by {name} (the constructor): {flags[key]}")
         if not isinstance(backend, str) or backend not in kernels.known_backend_names():
             raise ValueError(f"Unknown backend {backend!r} for {name}; choose one of {list(kernels.known_backend_names())}")
         if backend not in ("auto", "torch") and backend not in kernels.available_backends():
@@ -221,9 +211,28 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         self.backend = backend
         self.stochastic_rounding = stochastic_rounding
         self.seed = seed
+        shown = {"blocksize": None if fmt is None else fmt.blocksize, "min_8bit_size": min_8bit_size}
+        defaults = {**defaults, **{k: shown[k] for k in self.layout.group_settings if shown[k] is not None}}
         super().__init__(params, defaults)
         if backend not in ("auto", "torch"):
             self._check_named_backend()
+
+    @property
+    def group_settings(self) -> tuple[str, ...]:
+        """Which optimizer-level settings (:data:`OPTIMIZER_LEVEL`) the param groups hold and show (``()``: none,
+        every group that sets one is refused): the layout's."""
+        return self.layout.group_settings
+
+    @property
+    def block_layout(self) -> str:
+        """Whose blocks a shard of a sharded (FSDP2) parameter keeps: ``"global"`` (the whole tensor's,
+        :mod:`adam8lib.global_blocks`) or ``"local"`` (its own, lesson 11): the layout's."""
+        return self.layout.block_layout
+
+    @property
+    def format_tag_key(self) -> str:
+        """The key, in every saved state with quantized entries, of :meth:`format_tag`: the layout's."""
+        return self.layout.tag_key
 
     def _check_named_backend(self) -> None:
         """ValueError unless the named backend has a fused step for every elementwise rule of these groups."""
@@ -285,9 +294,19 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             if key in group and key not in self.group_settings:
                 raise ValueError(f"{where} sets {key!r}: it is a setting of the whole {type(self).__name__} "
                                  f"(its constructor's argument), not of a param group")
-        for key, instead in TORCH_FLAGS.items():
+        for key, instead in self.layout.torch_flags:
             if group.get(key):
                 raise ValueError(f"{key}={group[key]!r} is not supported by {type(self).__name__} ({where}): {instead}")
+        if "blocksize" in group:  # (shown by the groups of a layout that shows it: the format's, read-only)
+            check_blocksize(group["blocksize"])
+            if self.format is not None and group["blocksize"] != self.format.blocksize:
+                raise ValueError(
+                    f"{where} has blocksize={group['blocksize']!r}, this {type(self).__name__} stores its states in "
+                    f"blocks of {self.format.blocksize}: the block size is a setting of the whole optimizer (its state "
+                    f"format), not of a group; build the optimizer with blocksize={group['blocksize']!r} instead")
+        size = group.get("min_8bit_size", 0)
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ValueError(f"Invalid min_8bit_size: {size!r} (must be an int >= 0) ({where})")
         for key in ("betas", "ns_coefficients", "adamw_betas"):
             if isinstance(group.get(key), list):
                 group[key] = tuple(group[key])
@@ -299,9 +318,10 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
 
     # ------------------------------------------------------------------ states
     def state_specs(self, rule: UpdateRule) -> tuple[StateSpec, ...]:
-        """``rule``'s states as this optimizer stores them (their keys): the rule's own by default; the low-bit
-        Adam classes keep AdamW's ``m``/``v`` under ``state1``/``absmax1`` and ``state2``/``absmax2``."""
-        return rule.states
+        """``rule``'s states as this optimizer stores them (their keys, :meth:`adam8lib.state_layout.StateLayout.specs`):
+        the rule's own (``<name>_codes``/``<name>_absmax``) in the family's layout; AdamW's ``m``/``v`` under
+        ``state1``/``absmax1`` and ``state2``/``absmax2`` in lesson 07's."""
+        return self.layout.specs(rule)
 
     def _codes_keys(self, rule: UpdateRule) -> set[str]:
         """The keys of ``rule``'s states' codes (:attr:`adam8lib.rules.base.StateSpec.codes_key`)."""
@@ -404,6 +424,9 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                 state[key] = torch.full(shape, fmt.zero_code(), dtype=dtype, device=device)
             else:
                 state[key] = torch.zeros(shape, dtype=dtype, device=device)
+        if self.layout.codes_first:  # every codes key, then every scales key (as lessons 00 and 07 print them)
+            order = {k: i for i, k in enumerate(self.layout.new_state_order(self.state_specs(rule)))}
+            state = dict(sorted(state.items(), key=lambda item: order.get(item[0], -1)))
         return state
 
     def decode(self, state: dict[str, Any], spec: StateSpec, p: torch.Tensor,
@@ -655,7 +678,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             return
         name = type(self).__name__
         if getattr(grad, "is_sparse", False) or getattr(grad, "layout", torch.strided) != torch.strided:
-            raise RuntimeError(f"{name} does not support sparse gradients: {where}")
+            raise RuntimeError(f"{name} does not support sparse gradients: {where}{self.layout.sparse_advice}")
         if p.is_complex() or grad.is_complex():
             raise RuntimeError(f"{name} does not support complex parameters or gradients: {where}")
         for t, what in ((p, where), (grad, f"the gradient of {where}")):
@@ -663,7 +686,7 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         if p.dtype not in PARAM_DTYPES:
             raise TypeError(f"{where} must be fp32, bf16 or fp16, got {p.dtype}")
         if grad.dtype not in PARAM_DTYPES:
-            raise TypeError(f"the gradient of {where} must be fp32, bf16 or fp16, got {grad.dtype}")
+            raise TypeError(f"the gradient of {where} must be floating point (fp32, bf16 or fp16), got {grad.dtype}")
         if grad.shape != p.shape:
             raise ValueError(f"gradient shape {tuple(grad.shape)} does not match {where}")
         if grad.device != p.device:
@@ -822,7 +845,8 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         return FP32 if self.format is None else self.format.name
 
     def format_fingerprint(self) -> str:
-        return f"{self.format.name}:{self.format.m.fingerprint()}|{self.format.v.fingerprint()}"
+        """The format's name and its moments' fingerprints (the family's tag, :data:`FAMILY_LAYOUT`'s)."""
+        return FAMILY_LAYOUT.format_tag(self.format)
 
     def __repr__(self) -> str:
         blocks = "" if self.format is None else f", blocks of {self.format.m.blocksize}"
@@ -840,10 +864,9 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             group, p = params[index]
             rule = self.rule_for(p, group)
             tagged = self.format is not None and any(k in self._codes_keys(rule) for k in saved)
-            if is_dtensor(p) and self.block_layout == "local":  # the shard's own blocks: the DCP form of lesson 11
-                saved = to_checkpoint_state(p, saved, self.format.blocksize, self.format)
-            elif is_dtensor(p):
-                saved = to_checkpoint_state(p, saved, None, self.format, **self._state_keys(p, rule, group))
+            if is_dtensor(p):  # the DCP form of this layout's keys and blocks
+                saved = to_checkpoint_state(p, saved, self.format, block_layout=self.block_layout,
+                                            **self._state_keys(p, rule, group))
             if tagged:  # (last: the DCP forms keep other keys as they are, in their place)
                 saved = {**saved, self.format_tag_key: self.format_tag()}
                 if not is_dtensor(p):  # a DCP form keeps the shape in its DTensors
@@ -852,20 +875,17 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         return sd
 
     def format_tag(self) -> str:
-        """What a saved state's codes need to be decoded, saved under :attr:`format_tag_key`: the format's name
-        and fingerprint (maps, bits, block size, sign rule)."""
-        return self.format_fingerprint()
+        """What a saved state's codes need to be decoded, saved under :attr:`format_tag_key`: the layout's
+        (:meth:`adam8lib.state_layout.StateLayout.format_tag`: the format's name and fingerprint, maps, bits, block
+        size, sign rule; lesson 07's: the maps' fingerprint for a format that codes bytes into maps)."""
+        return self.layout.format_tag(self.format)
 
-    def codes_maps(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """The maps the codes of ``m`` and ``v`` index (what a checkpoint in the local-block form is requantized
-        with on another world size)."""
-        return self.format.m.qmap(), self.format.v.qmap()
-
-    def _state_keys(self, p: torch.Tensor, rule: UpdateRule, group: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _state_keys(self, p: torch.Tensor, rule: UpdateRule, group: dict[str, Any] | None = None,
+                    state: dict[str, Any] | None = None) -> dict[str, Any]:
         """``moments`` (``{codes key: (scales key, moment format)}``) and ``fp32_keys`` of ``p``'s state: what
-        :func:`adam8lib.distributed.to_checkpoint_state` and ``to_local_state`` need to know of it."""
+        :func:`adam8lib.distributed.to_checkpoint_state` and ``to_local_state`` need to know of it (of the kind of ``state`` where given: a saved one)."""
         specs = self.state_specs(rule)
-        if self._state_kind(p, rule, group):  # (kept states: one value per element, as fp32 ones)
+        if self._state_kind(p, rule, group, state):  # (kept states: one value per element, as fp32 ones)
             return {"moments": {s.codes_key: (s.scales_key, self.moment(s)) for s in specs if s.kept is None},
                     "fp32_keys": tuple(s.name for s in specs if s.kept is not None)}
         return {"moments": {}, "fp32_keys": tuple(s.name for s in specs)}
@@ -946,28 +966,17 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         """A saved state as this rank keeps it (:func:`adam8lib.distributed.to_local_state`; a plain parameter's
         as it is): in the whole tensor's blocks, or, with :attr:`block_layout` ``"local"``, the shard's own
         (requantized on another world size)."""
-        if self.block_layout == "local":
-            tag = saved.get(self.format_tag_key)
-            local = to_local_state(p, {k: v for k, v in saved.items() if k != self.format_tag_key},
-                                   self.format.blocksize if self.format is not None else None, self.codes_maps(),
-                                   self.format)
-            return local if tag is None else {**local, self.format_tag_key: tag}
-        return to_local_state(p, saved, None, None, self.format, **self._state_keys(p, rule, group))
+        return to_local_state(p, saved, self.format, block_layout=self.block_layout,
+                              **self._state_keys(p, rule, group, saved))
 
     def _check_format_tag(self, saved: Any, where: str, origin: str) -> None:
         """ValueError unless a saved state's :attr:`format_tag_key` is this optimizer's :meth:`format_tag`; the
         refusal names both formats as users write them (``'8bit'``, ``'4bit' (blocks of 128)``)."""
-        if self.format is not None and saved == self.format_tag():
-            return
-        theirs = _describe_fingerprint(saved)
-        own = "fp32 states" if self.format is None else f"{self.format.name!r} (blocks of {self.format.m.blocksize})"
-        raise ValueError(f"{where} was saved with states in format {theirs}; this {type(self).__name__} stores "
-                         f"{own}: decoded in this format, every state would change. Load it into an optimizer "
-                         f"with the state format (and blocksize) that saved it.")
+        self.layout.check_tag(saved, self.format, where, origin, type(self).__name__)
 
     def foreign_origin(self, state_dict: dict[str, Any]) -> str:
         """A hint naming the optimizer a checkpoint that is not this class's probably comes from ('' if none)."""
-        return _foreign_origin(state_dict)
+        return self.layout.foreign_origin(state_dict)
 
     def _checked_state(self, p: torch.Tensor, rule: UpdateRule, saved: Any, where: str, origin: str,
                        group: dict[str, Any] | None = None) -> dict:
@@ -976,22 +985,25 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         name, tag_key = type(self).__name__, self.format_tag_key
         if not isinstance(saved, dict):
             raise ValueError(f"{where} must be a dict, got {type(saved).__name__}")
-        if origin and any(k not in self.expected_state(p, rule, group) and k not in ("step", tag_key, SHAPE_KEY)
-                          for k in map(str, saved)):
-            raise ValueError(f"{where} has keys {sorted(map(str, saved))} that a {name} ({rule.name} rule) does not "
-                             f"keep{origin}")
         saved_quantized = any(k in self._codes_keys(rule) for k in saved)
+        expected = self._expected_state(p, rule, group, saved_quantized)
+        unknown = sorted(set(map(str, saved)) - set(expected) - {"step", tag_key, SHAPE_KEY})
+        if origin and unknown:  # a foreign checkpoint: said before its tag or its kind is
+            raise ValueError(f"{where} has unexpected keys {unknown} that {_a(name)} ({rule.name} rule) does not "
+                             f"keep{origin}")
         if saved_quantized or tag_key in saved:
             self._check_format_tag(saved.get(tag_key), where, origin)
-            if not self.quantized(p, group):
+        # where the groups hold min_8bit_size (lesson 07's layout: a group's may change once its states exist), a
+        # loaded state keeps its kind, as a live one does; else the optimizer's decides, and another kind is refused
+        if "min_8bit_size" not in self.group_settings:
+            if (saved_quantized or tag_key in saved) and not self.quantized(p, group):
                 raise ValueError(f"{where} has low-bit states; this {name} keeps {self._describe_own(p, group)}{origin}")
-        elif self.quantized(p, group):
-            raise ValueError(f"{where} has fp32 states; this {name} stores this parameter's states in format "
-                             f"{self.format_name()!r} (min_8bit_size {self.min_size(group)}){origin}")
-        expected = self.expected_state(p, rule, group)
-        unknown = sorted(set(map(str, saved)) - set(expected) - {"step", tag_key, SHAPE_KEY})
+            if not (saved_quantized or tag_key in saved) and self.quantized(p, group):
+                raise ValueError(f"{where} has fp32 states; this {name} stores this parameter's states in format "
+                                 f"{self.format_name()!r} (min_8bit_size {self.min_size(group)}){origin}")
         if unknown:
-            raise ValueError(f"{where} has keys {unknown} that a {name} ({rule.name} rule) does not keep{origin}")
+            raise ValueError(f"{where} has unexpected keys {unknown} that {_a(name)} ({rule.name} rule) does not "
+                             f"keep{origin}")
         step = saved.get("step")
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             got = f"a tensor ({step.dtype})" if torch.is_tensor(step) else repr(step)
@@ -999,10 +1011,11 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         out: dict[str, Any] = {"step": step}
         specs = self.state_specs(rule)
         codes, scales = {s.codes_key: s for s in specs}, {s.scales_key for s in specs}
+        never_negative = {s.name for s in specs if s.stored_as == "v"}  # (a second moment kept in fp32)
         for key, (shape, dtype) in expected.items():
             value = saved.get(key)
             if not torch.is_tensor(value):
-                raise ValueError(f"{where} has no {key!r} tensor (got {type(value).__name__}){origin}")
+                raise ValueError(f"{where}: {key!r} should be a {dtype} tensor, got {type(value).__name__}{origin}")
             try:
                 check_plain_tensor(value, f"{where}: {key!r}")
             except TypeError as exc:
@@ -1015,8 +1028,8 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
                     raise ValueError(f"{where}: {key!r} has codes that decode to NaN (a corrupt checkpoint)")
             elif not bool(torch.isfinite(value).all()):
                 raise ValueError(f"{where}: {key!r} has NaN or Inf values (a corrupt checkpoint)")
-            elif key in scales and bool((value < 0).any()):
-                raise ValueError(f"{where}: {key!r} has negative scales (a corrupt checkpoint)")
+            elif (key in scales or key in never_negative) and bool((value < 0).any()):
+                raise ValueError(f"{where}: {key!r} has negative values (it must be >= 0: a corrupt checkpoint)")
             out[key] = value.detach().to(local_tensor(p).device).reshape(shape).clone(memory_format=torch.contiguous_format)
         return out
 
@@ -1133,30 +1146,3 @@ def _sharded(p: torch.Tensor) -> bool:
     from torch.distributed.tensor import Shard
 
     return any(isinstance(pl, Shard) for pl in p.placements)
-
-
-def _describe_fingerprint(fingerprint: Any) -> str:
-    """``'8bit' (blocks of 256)`` from a saved :data:`FORMAT_KEY` (or what is wrong with it)."""
-    if fingerprint is None:
-        return f"unknown (no {FORMAT_KEY!r})"
-    if not isinstance(fingerprint, str) or ":" not in fingerprint:
-        return f"unknown ({FORMAT_KEY!r} is {fingerprint!r})"
-    name, rest = fingerprint.split(":", 1)
-    blocks = [part[1:] for part in rest.split("/") if part.startswith("b") and part[1:].isdigit()]
-    return f"{name!r}" + (f" (blocks of {blocks[0]})" if blocks else "")
-
-
-def _foreign_origin(state_dict: dict[str, Any]) -> str:
-    """A hint naming the optimizer a foreign checkpoint probably comes from ('' if none)."""
-    groups = [g for g in state_dict.get("param_groups") or [] if isinstance(g, dict)]
-    keys = set().union(*(g.keys() for g in groups)) if groups else set()
-    states = [s for s in (state_dict.get("state") or {}).values() if isinstance(s, dict)]
-    state_keys = set().union(*(s.keys() for s in states)) if states else set()
-    if keys & {"blocksize", "min_8bit_size"}:
-        return " (it looks like an Adam8bit/AdamW8bit/LowBitAdam checkpoint: they keep blocksize in each param group)"
-    if keys & {"optim_bits", "percentile_clipping", "block_wise", "max_unorm", "is_paged"} or \
-            state_keys & {"state1", "qmap1", "absmax1", "__bnb_optimizer_quant_state__"}:
-        return " (it looks like a bitsandbytes optimizer's checkpoint: other state keys and layouts)"
-    if keys & {"foreach", "differentiable", "maximize", "capturable"}:
-        return " (it looks like a torch.optim checkpoint: fp32 states, no state format)"
-    return ""
