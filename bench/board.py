@@ -2,8 +2,8 @@
 
 How many bytes of optimizer state per parameter does each optimizer need before it trains worse than
 fp32 AdamW? Each row of the board is an optimizer (:mod:`bench.board_rows`: AdamW, Lion, AdEMAMix,
-RMSprop and Muon with fp32, 8-bit, 4-bit and FP8 states, and bitsandbytes' / torchao's classes as
-anchors), trained on the LM of ``bench/lm_task.py`` (445,952 parameters, 250 steps) with seeds 0-7: the
+RMSprop and Muon with fp32, 8-bit, 4-bit and FP8 states, Adan with fp32 and 8-bit states, and bitsandbytes' /
+torchao's classes as anchors), trained on the LM of ``bench/lm_task.py`` (445,952 parameters, 250 steps) with seeds 0-7: the
 seed fixes the initial weights and the batches, the same for every row, so each run is compared with
 fp32 AdamW *on its seed* (the mean relative difference in final validation loss, in %, with its 95 %
 Student-t interval, ``bench/stats.py``). Its x is the state bytes per parameter measured from the
@@ -308,6 +308,7 @@ PLAN = (
     ("row", "lion-4bit"), ("row", "ademamix-4bit"), ("row", "rmsprop-4bit"), ("row", "muon-4bit"),
     ("sweep", "adamw"),
     ("row", "lion-fp8"), ("row", "ademamix-fp8"), ("row", "rmsprop-fp8"), ("row", "muon-fp8"),
+    ("sweep", "adan"), ("row", "adan-fp32"), ("row", "adan-8bit"),
 )
 
 

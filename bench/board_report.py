@@ -279,6 +279,18 @@ def not_run(result: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+def _fewer_formats() -> str:
+    """The rules whose rows cover only some of the state formats (e.g. Adan: fp32 and 8-bit), said in the text."""
+    shown = {"fp32": "fp32", "8bit": "8-bit", "4bit": "4-bit", "fp8": "FP8"}
+    fewer = []
+    for rule in R.RULES:
+        fmts = [f for f in R.FORMATS if any(r.rule == rule and r.state_format == f and r.library == "adam8lib"
+                                            for r in R.ROWS.values())]
+        if rule != "adamw" and len(fmts) < len(R.FORMATS):
+            fewer.append(f"{R.RULE_LABELS[rule]} with {' and '.join(shown[f] for f in fmts)} only")
+    return f" ({'; '.join(fewer)})" if fewer else ""
+
+
 def readme_block(result: dict[str, Any]) -> str:
     lrs = ", ".join(f"{R.RULE_LABELS[r]} {s['used_lr']:g}" for r, s in result["sweep"].items() if s)
     text = [
@@ -288,7 +300,7 @@ def readme_block(result: dict[str, Any]) -> str:
         "![bytes vs loss](bench/results/board.png)",
         "",
         f"The same LM and paired seeds ({len(result['seeds'])}), for each update rule with fp32, 8-bit, 4-bit and FP8 "
-        f"states{' (rows not run yet are named below)' if not_run(result) else ''}, with bitsandbytes' and torchao's classes as anchors; each rule at its own lr from a sweep with fp32 "
+        f"states{_fewer_formats()}{' (rows not run yet are named below)' if not_run(result) else ''}, with bitsandbytes' and torchao's classes as anchors; each rule at its own lr from a sweep with fp32 "
         f"states on seeds 100 and 101 ({lrs}); x is measured from the LM's allocated states (its small tensors keep fp32 "
         f"states, so each low-bit point sits a little right of its nominal bytes, about 1 per 8-bit state and ½ per 4-bit "
         f"state; Muon's points also hold AdamW's two states for the embeddings, biases and norms, which the board gives "

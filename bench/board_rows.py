@@ -23,6 +23,9 @@ except where the LM's AdamW setting is the natural one to share:
   adjustment) on the hidden matrices; the embeddings (token and position; the output head is tied to the
   token embedding), biases and norm weights go to its AdamW group, as torch's documentation advises,
   at the LM's AdamW lr 2e-3 and betas (0.9, 0.98). Only the Muon lr is swept.
+* Adan: adam8lib's defaults, which are pytorch-optimizer's (betas (0.98, 0.92, 0.99), eps 1e-8, weight decay
+  not decoupled: the groups' 0.01 on the matrices as Adan's own decay); fp32 and 8-bit states only (Adan8bit:
+  its three moments in 8 bits, the previous gradient in fp32).
 """
 
 from __future__ import annotations
@@ -38,8 +41,9 @@ LION_BETAS = (0.9, 0.99)
 ADEMAMIX_BETA3 = 0.9999
 ADEMAMIX_ALPHA = 5.0
 
-RULES = ("adamw", "lion", "ademamix", "rmsprop", "muon")
-RULE_LABELS = {"adamw": "AdamW", "lion": "Lion", "ademamix": "AdEMAMix", "rmsprop": "RMSprop", "muon": "Muon"}
+RULES = ("adamw", "lion", "ademamix", "rmsprop", "muon", "adan")
+RULE_LABELS = {"adamw": "AdamW", "lion": "Lion", "ademamix": "AdEMAMix", "rmsprop": "RMSprop", "muon": "Muon",
+               "adan": "Adan"}
 FORMATS = ("fp32", "8bit", "4bit", "fp8")
 
 #: The lr sweep (fp32 states, seeds SWEEP_SEEDS): about each rule's usual scale, factors of 2.
@@ -49,6 +53,7 @@ SWEEP_LRS = {
     "ademamix": (1e-3, 2e-3, 4e-3),
     "rmsprop": (2.5e-4, 5e-4, 1e-3, 2e-3),
     "muon": (5e-3, 1e-2, 2e-2, 4e-2),
+    "adan": (2e-3, 4e-3, 8e-3, 1.6e-2),
 }
 SWEEP_SEEDS = (100, 101)
 
@@ -165,6 +170,14 @@ def _muon(fmt):
     return make
 
 
+def _adan(fmt):
+    def make(groups, cfg, lr):
+        from adam8lib import Adan, Adan8bit
+
+        return (Adan8bit if fmt == "8bit" else Adan)(groups, lr=lr)
+    return make
+
+
 # ---------------------------------------------------------------------- the rows
 def _rows() -> dict[str, Row]:
     rows = [
@@ -186,6 +199,8 @@ def _rows() -> dict[str, Row]:
     rows += [
         Row("bnb-lion8bit", "lion", "8bit", "bitsandbytes", "bitsandbytes Lion8bit", _bnb_lion8bit),
         Row("bnb-ademamix8bit", "ademamix", "8bit", "bitsandbytes", "bitsandbytes AdEMAMix8bit", _bnb_ademamix8bit),
+        Row("adan-fp32", "adan", "fp32", "adam8lib", "adam8lib Adan (fp32 states)", _adan("fp32")),
+        Row("adan-8bit", "adan", "8bit", "adam8lib", "adam8lib Adan8bit", _adan("8bit")),
     ]
     return {r.key: r for r in rows}
 
