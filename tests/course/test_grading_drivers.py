@@ -46,8 +46,10 @@ from adam8lib.course.grading import checker, gradebook, sandbox
 from adam8lib.course.grading.conventions import MANIFEST_NAME, Manifest, cell_source, is_solution_cell
 
 REPO = Path(__file__).resolve().parents[2]
-WB13, WB14 = "13_one_state_many_optimizers.ipynb", "14_the_whole_bill.ipynb"
+WB09, WB13, WB14 = "09_memory_maths.ipynb", "13_one_state_many_optimizers.ipynb", "14_the_whole_bill.ipynb"
+EX09 = ("state_megabytes", "training_memory", "adamw_state_elements", "seed_adam8bit")
 EX13, EX14 = ("lion8bit", "state_bytes", "lion_flips"), ("release_by_hand", "bill_row")
+EXERCISES = {WB09: EX09, WB13: EX13, WB14: EX14}
 CHECKS13 = "adam8lib.course.checks.ex13_one_state_many_optimizers"
 MODES = ["bwrap", "none"] if sandbox.available() is None else ["none"]
 TIMEOUT = 120
@@ -60,7 +62,7 @@ def _solution_cells(workbook: str, exercises: tuple) -> dict[str, str]:
     return dict(zip(exercises, cells))
 
 
-SOLVED13, SOLVED14 = _solution_cells(WB13, EX13), _solution_cells(WB14, EX14)
+SOLVED09, SOLVED13, SOLVED14 = _solution_cells(WB09, EX09), _solution_cells(WB13, EX13), _solution_cells(WB14, EX14)
 
 CLOSURE = '''
 def state_bytes(shape, stored_as, state_format):
@@ -151,11 +153,18 @@ def state_bytes''').replace("    return _course().reference_state_bytes(shape, s
                             "    return _quietly(lambda: _course().reference_state_bytes(shape, stored_as, state_format))"
                             ).replace("    return _course().reference_lion_flips(m, g, beta1, state_format)",
                                       "    return _quietly(lambda: _course().reference_lion_flips(m, g, beta1, state_format))")
+LIES09 = LIES_INT.replace("def state_bytes(shape, stored_as, state_format):\n    return Yes(0)\n", """
+def training_memory(model, kind="adam8bit", blocksize=256, min_8bit_size=4096):
+    return {"weights": Yes(0), "gradients": Yes(0), "optimizer": Yes(0), "total": Yes(0)}
+def adamw_state_elements(model):
+    return Yes(0)
+""")
 SPIN = "import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\nwhile True:\n    pass\n"
 
 #: learner -> {workbook: {exercise: cell}} (an exercise left out keeps the workbook's stub: 0 points)
 CLASS = {
-    "honest": {WB13: SOLVED13, WB14: SOLVED14},
+    "honest": {WB09: SOLVED09, WB13: SOLVED13, WB14: SOLVED14},
+    "lies09": {WB09: {"adamw_state_elements": LIES09}},  # the last of the two cells: no stub defined after it
     "closure": {WB13: {"state_bytes": CLOSURE}},
     "lies": {WB13: {"state_bytes": LIES_INT, "lion_flips": LIES_TENSOR}},
     "tables": {WB13: {"state_bytes": TABLES13}, WB14: {"release_by_hand": TABLES14}},
@@ -179,8 +188,8 @@ def _notebook(workbook: str, exercises: tuple, cells: dict[str, str]) -> nbforma
 def _manifest(root: Path) -> Path:
     course = Manifest.load(REPO / "exercises" / MANIFEST_NAME)
     only = root / MANIFEST_NAME
-    only.write_text(Manifest({w: course.notebooks[w] for w in (WB13, WB14)},
-                             extras={w: course.extras.get(w, {}) for w in (WB13, WB14)}).dumps(), encoding="utf-8")
+    only.write_text(Manifest({w: course.notebooks[w] for w in EXERCISES},
+                             extras={w: course.extras.get(w, {}) for w in EXERCISES}).dumps(), encoding="utf-8")
     return only
 
 
@@ -188,7 +197,7 @@ def _write(root: Path, learners: dict) -> None:
     for learner, workbooks in learners.items():
         (root / "sub" / learner).mkdir(parents=True)
         for workbook, cells in workbooks.items():
-            exercises = EX13 if workbook == WB13 else EX14
+            exercises = EXERCISES[workbook]
             nbformat.write(_notebook(workbook, exercises, cells), str(root / "sub" / learner / workbook))
 
 
@@ -220,14 +229,14 @@ def _said(row: dict, exercise: str) -> str:
     return f"{status['status']} {status['detail']} {status.get('error', '')}"
 
 
-def test_workbooks_13_and_14_are_graded_by_the_check_process():
-    assert WB13 in checker.SPLIT and WB14 in checker.SPLIT
+def test_workbooks_09_13_and_14_are_graded_by_the_check_process():
+    assert WB09 in checker.SPLIT and WB13 in checker.SPLIT and WB14 in checker.SPLIT
 
 
 def test_the_honest_learner_keeps_full_marks_without_a_note(graded):
     _, rows = graded
     row = rows["honest"]
-    assert _points(row, EX13 + EX14) == [1] * 5 and row["notes"] == "", row
+    assert _points(row, EX09 + EX13 + EX14) == [1] * 9 and row["notes"] == "", row
 
 
 def test_the_guard_silenced_through_its_closures_leaves_nothing_to_find(graded):
@@ -243,6 +252,16 @@ def test_values_that_lie_cross_as_plain_values(graded):
     assert _points(row, EX13) == [0, 0, 0], (row["notes"], row["report"]["statuses"])
     assert "returned 0, expected" in _said(row, "state_bytes") or "state_bytes(" in _said(row, "state_bytes")
     assert "lion_flips(" in _said(row, "lion_flips"), _said(row, "lion_flips")
+
+
+def test_values_that_lie_about_models_cross_as_plain_values(graded):
+    """Workbook 09: the learner's functions get models the driver builds; an ``int`` subclass equal to everything
+    comes back as a plain 0."""
+    _, rows = graded
+    row = rows["lies09"]
+    assert _points(row, EX09) == [0, 0, 0, 0], (row["notes"], row["report"]["statuses"])
+    assert "adamw_state_elements(an MLP)" in _said(row, "adamw_state_elements"), _said(row, "adamw_state_elements")
+    assert "training_memory(DistilBERT (fp32)" in _said(row, "training_memory"), _said(row, "training_memory")
 
 
 def test_case_tables_emptied_in_the_learner_process_are_not_the_checks(graded):

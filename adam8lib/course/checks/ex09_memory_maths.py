@@ -1,4 +1,8 @@
-"""Checks for workbook 09 · memory maths (the seed numbers for DistilBERT, a full training budget)."""
+"""Checks for workbook 09 · memory maths (the seed numbers for DistilBERT, a full training budget).
+
+09.2-09.4 hand the learner's functions models: course drivers (:mod:`adam8lib.course.grading.drivers.ex09`) build
+the same models where the learner's function runs (when graded: the learner's process) and return its answer as
+plain data; this check compares it with its own count on its own copy of each model."""
 
 from __future__ import annotations
 
@@ -10,6 +14,9 @@ import torch
 
 from ...memory import MB, estimate_optimizer_memory
 from ..finetune import DISTILBERT_NUM_PARAMS
+from ..grading.drivers import drive
+from ..grading.drivers import ex09 as _drivers
+from ..grading.drivers.ex09 import distilbert_shapes
 from ._common import call, fail, passed, require_callable
 from ._properties import case_pattern
 from ._variants import expect_close, matches
@@ -17,27 +24,34 @@ from ._variants import expect_close, matches
 __all__ = ["check_state_megabytes", "check_training_memory", "check_adamw_state_elements", "check_seed_adam8bit", "distilbert_shapes"]
 
 
-def distilbert_shapes(vocab_size: int = 28996, dim: int = 768, hidden: int = 3072, layers: int = 6,
-                      positions: int = 512, labels: int = 2) -> list[tuple[int, ...]]:
-    """Parameter shapes of DistilBertForSequenceClassification (distilbert-base-cased, 2 labels)."""
-    shapes: list[tuple[int, ...]] = [(vocab_size, dim), (positions, dim), (dim,), (dim,)]  # embeddings + LayerNorm
-    for _ in range(layers):
-        for _ in range(4):  # q, k, v, out projections
-            shapes += [(dim, dim), (dim,)]
-        shapes += [(dim,), (dim,)]  # sa_layer_norm
-        shapes += [(hidden, dim), (hidden,), (dim, hidden), (dim,)]  # feed-forward
-        shapes += [(dim,), (dim,)]  # output_layer_norm
-    shapes += [(dim, dim), (dim,), (labels, dim), (labels,)]  # pre_classifier, classifier
-    return shapes
+_ShapesModel, _TiedLM = _drivers.ShapesModel, _drivers.TiedLM
 
 
-class _ShapesModel(torch.nn.Module):
-    """A model with the given parameter shapes on the meta device (no memory, instant)."""
+class _Foreign:
+    """A value of the learner's answer that is not plain data: only its type's name and repr crossed."""
 
-    def __init__(self, shapes, dtype=torch.float32):
-        super().__init__()
-        self.weights = torch.nn.ParameterList(
-            [torch.nn.Parameter(torch.empty(s, device="meta", dtype=dtype)) for s in shapes])
+    def __init__(self, described: dict):
+        self.kind, self.shown = str(described.get("kind")), str(described.get("repr"))
+
+    def __repr__(self) -> str:
+        return self.shown
+
+
+def _answer(crossed: dict):
+    """The learner's answer as a driver returned it (a dict key by key, or one value)."""
+
+    def one(described: dict):
+        return described["plain"] if "plain" in described else _Foreign(described)
+
+    if "dict" in crossed:
+        return {key: one(value) for key, value in crossed["dict"].items()}
+    return one(crossed["value"])
+
+
+def _as(fn, run):
+    """``run`` under the learner's function's name (what :func:`call` reports)."""
+    run.__name__ = run.__qualname__ = getattr(fn, "__name__", "your function")
+    return run
 
 
 def _quiet_call(fn, *args):
@@ -128,18 +142,6 @@ def check_state_megabytes(state_megabytes) -> None:
 
 
 # ---------------------------------------------------------------------------- 09.2
-class _TiedLM(torch.nn.Module):
-    """A tiny language model whose output layer shares the embedding table (tied weights), with a
-    BatchNorm whose running statistics are buffers, not parameters."""
-
-    def __init__(self):
-        super().__init__()
-        self.embed = torch.nn.Embedding(5000, 16)
-        self.norm = torch.nn.BatchNorm1d(16)
-        self.head = torch.nn.Linear(16, 5000, bias=False)
-        self.head.weight = self.embed.weight  # one tensor, two names
-
-
 def _tensors_of(model, how: str):
     """Tensors as a learner might enumerate them: 'params' (right), 'state_dict' (buffers and tied names
     included), 'named_all' (every name of a tied tensor: named_parameters(remove_duplicate=False))."""
@@ -175,24 +177,15 @@ def _budget_variant(model, kind, bs, min_size, *, grads=True, itemsize=None, gra
 def check_training_memory(training_memory) -> None:
     """``training_memory(model, optimizer, blocksize=256, min_8bit_size=4096)`` -> bytes per part."""
     require_callable(training_memory, "training_memory")
-    bert = _ShapesModel(distilbert_shapes())
+    cases = _drivers.budget_models()  # the check's copies; the driver builds the same ones for the learner's function
+    bert = cases[1][1]
     n_bert = sum(p.numel() for p in bert.parameters())
     assert n_bert == DISTILBERT_NUM_PARAMS, n_bert  # the shapes above are DistilBERT's
-    mlp = torch.nn.Sequential(torch.nn.Linear(100, 64), torch.nn.LayerNorm(64), torch.nn.Linear(64, 10))
-    cases = [("DistilBERT (fp32)", bert, "adamw", 256, 4096), ("DistilBERT (fp32)", bert, "adam8bit", 256, 4096),
-             ("DistilBERT in bf16", _ShapesModel(distilbert_shapes(), torch.bfloat16), "adam8bit", 256, 4096),
-             ("a small MLP", mlp, "adam8bit", 256, 4096), ("a small MLP", mlp, "adamw", 256, 4096),
-             ("a small MLP, blocksize 64, min_8bit_size 0", mlp, "adam8bit", 64, 0),
-             ("a small MLP in fp16", torch.nn.Linear(100, 64).to(torch.float16), "adam8bit", 256, 4096),
-             ("a 64x64 layer (its weight has exactly min_8bit_size elements)", torch.nn.Linear(64, 64), "adam8bit",
-              256, 4096),
-             ("a tiny LM with tied embedding/output weights and a BatchNorm (buffers)", _TiedLM(), "adam8bit", 256,
-              4096),
-             ("two layers whose weights (7,000 and 6,300 elements) are not multiples of the blocksize",
-              torch.nn.Sequential(torch.nn.Linear(100, 70), torch.nn.Linear(70, 90)), "adam8bit", 256, 4096)]
-    for label, model, kind, bs, min_size in cases:
+    for index, (label, model, kind, bs, min_size) in enumerate(cases):
         want = _budget_variant(model, kind, bs, min_size)
-        got = call(training_memory, model, kind, blocksize=bs, min_8bit_size=min_size)
+        run = _as(training_memory, lambda *_, index=index, **__: _answer(
+            drive(training_memory, _drivers.training_memory_run, index)))
+        got = call(run, model, kind, blocksize=bs, min_8bit_size=min_size)
         what = f"training_memory({label}, {kind!r}, blocksize={bs}, min_8bit_size={min_size})"
         if not isinstance(got, dict):
             fail(f"{what} returned {type(got).__name__}, expected a dict.",
@@ -241,7 +234,8 @@ def check_training_memory(training_memory) -> None:
                      ])
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in got.values()):
             fail(f"{what}: the values should be ints (bytes).", hint="count bytes with integer arithmetic")
-    got = call(training_memory, bert, "adam8bit")
+    run = _as(training_memory, lambda *_: _answer(drive(training_memory, _drivers.training_memory_run, 1, defaults=True)))
+    got = call(run, bert, "adam8bit")
     mib = got["optimizer"] / MB
     if not math.isclose(mib, _budget_variant(bert, "adam8bit", 256, 4096)["optimizer"] / MB):
         fail(f"training_memory(DistilBERT, 'adam8bit') with the defaults gives {mib:.1f} MiB of state.",
@@ -258,22 +252,11 @@ def _adamw_elements(model, *, steps=True, frozen=False, per_param_step=False, mo
     return sum(moments * size(p) + ((size(p) if per_param_step else 1) if steps else 0) for p in params)
 
 
-def _small_models():
-    mlp = torch.nn.Sequential(torch.nn.Linear(10, 20), torch.nn.LayerNorm(20), torch.nn.Linear(20, 3))
-    frozen = torch.nn.Sequential(torch.nn.Embedding(50, 8), torch.nn.Linear(8, 2))
-    frozen[0].weight.requires_grad_(False)  # a frozen embedding: AdamW never sees a gradient for it
-    tied = torch.nn.ModuleDict({"embed": torch.nn.Embedding(40, 6), "head": torch.nn.Linear(6, 40, bias=False),
-                                "norm": torch.nn.LayerNorm(6)})
-    tied["head"].weight = tied["embed"].weight  # one tensor in two modules, as a language model ties its embedding
-    return [("an MLP", mlp), ("a model with a frozen embedding", frozen),
-            ("a model whose output layer shares the embedding's weight (tied)", tied)]
-
-
 def check_adamw_state_elements(adamw_state_elements) -> None:
     """``adamw_state_elements(model)`` -> elements in torch AdamW's state after one step (the seed's 131,566,188)."""
     require_callable(adamw_state_elements, "adamw_state_elements")
-    cases = [*_small_models(), ("DistilBERT (meta tensors)", _ShapesModel(distilbert_shapes()))]
-    for label, model in cases:
+    cases = _drivers.element_models()  # the check's copies; the driver builds the same ones for the learner's function
+    for index, (label, model) in enumerate(cases):
         if label != "DistilBERT (meta tensors)":  # measure the truth on a real AdamW
             opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
             for p in model.parameters():
@@ -282,7 +265,9 @@ def check_adamw_state_elements(adamw_state_elements) -> None:
             opt.step()
             truth = sum(v.numel() for s in opt.state.values() for v in s.values() if torch.is_tensor(v))
             assert truth == _adamw_elements(model), (label, truth)
-        got = call(adamw_state_elements, model)
+        run = _as(adamw_state_elements, lambda *_, index=index: _answer(
+            drive(adamw_state_elements, _drivers.state_elements_run, index)))
+        got = call(run, model)
         expect_close(got, _adamw_elements(model), what=f"adamw_state_elements({label})", rtol=0, atol=0,
                      default="per trainable parameter tensor: exp_avg and exp_avg_sq (numel each) + one 1-element step tensor.",
                      variants=[
@@ -331,51 +316,42 @@ def check_seed_adam8bit(seed_adam8bit) -> None:
     import io
 
     with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
-        import bitsandbytes as bnb
-    from torch import nn
-
-    class Tiny(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.emb = nn.Embedding(30, 16)
-            self.ln = nn.LayerNorm(16)
-            self.lin = nn.Linear(16, 16)
-            self.head = nn.Linear(16, 2)
-
-    model = Tiny()
+        import bitsandbytes  # noqa: F401 - the driver builds the learner's optimizer with it
+    model = _drivers.SeedTiny()  # the check's copy: the driver builds the same model for the learner's function
     names = dict(model.named_parameters())
     decay = {"emb.weight", "lin.weight", "head.weight"}
     args = _seed_args()
+    run = _as(seed_adam8bit, lambda *_: drive(seed_adam8bit, _drivers.seed_optimizer_run, dict(vars(args))))
     try:
-        opt = call(seed_adam8bit, model, args)
+        opt = call(run, model, args)  # what the learner's optimizer is and which settings each parameter got
     except AssertionError as err:
         if "more than one parameter group" not in str(err):
             raise
         fail(str(err), "each parameter must be in exactly one group: build the no-decay list from the names NOT in "
                        "the decay list.")
-    if not isinstance(opt, bnb.optim.Adam8bit):
-        kind = f"{type(opt).__module__}.{type(opt).__name__}"
+    if not opt["adam8bit"]:
+        kind = opt["type"]
         hint = "the seed builds bitsandbytes' optimizer: bnb.optim.Adam8bit(groups, betas=..., eps=..., lr=...)."
-        if isinstance(opt, bnb.optim.AdamW8bit):
+        if opt["adamw8bit"]:
             hint = ("you built bitsandbytes.optim.AdamW8bit: the seed builds bnb.optim.Adam8bit (whose decay comes "
                     "from the groups' weight_decay).")
-        elif type(opt).__module__.startswith("torch.optim"):
-            hint = (f"you built torch.optim.{type(opt).__name__}: the seed's optimizer is bitsandbytes' 8-bit Adam, "
+        elif opt["torch"]:
+            hint = (f"you built torch.optim.{opt['class']}: the seed's optimizer is bitsandbytes' 8-bit Adam, "
                     "bnb.optim.Adam8bit(groups, betas=..., eps=..., lr=...).")
         fail(f"seed_adam8bit returned a {kind}", hint)
-    by_param = {id(p): g for g in opt.param_groups for p in g["params"]}
-    if set(by_param) != {id(p) for p in names.values()}:
-        missing = [n for n, p in names.items() if id(p) not in by_param]
+    by_param = {name: groups[-1] for name, groups in opt["groups"].items()}  # as {id(p): group}: the last group wins
+    if set(by_param) != set(names):
+        missing = [n for n in names if n not in by_param]
         fail("the optimizer's groups do not hold every parameter exactly once",
              f"{', '.join(missing)} are in no group: the second group holds the biases and LayerNorm parameters, "
              "with weight_decay 0.0." if missing else "two groups: decay and no-decay.")
-    wrong = {n for n, p in names.items() if by_param[id(p)]["weight_decay"] != (args.weight_decay if n in decay else 0.0)}
+    wrong = {n for n in names if by_param[n]["weight_decay"] != (args.weight_decay if n in decay else 0.0)}
     if wrong and wrong == set(names) - decay:
         fail(f"{', '.join(sorted(wrong))} have weight_decay {args.weight_decay}, expected 0.0",
              "every parameter decays: biases and LayerNorm parameters need their own group with 'weight_decay': 0.0 "
              "(a weight_decay given to the optimizer applies to every group that does not set its own).")
-    for name, p in names.items():
-        g = by_param[id(p)]
+    for name in names:
+        g = by_param[name]
         want_wd = args.weight_decay if name in decay else 0.0
         if g["weight_decay"] != want_wd:
             if name in decay and g["weight_decay"] == 0.0:

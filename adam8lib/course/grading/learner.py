@@ -5,8 +5,10 @@
 Started (in the sandbox) by the check process (:mod:`adam8lib.course.grading.checker`), one per
 workbook and reused for all its checks. Its job (stdin) holds the learner's exercise cells and the
 import lines of the workbook's check cells — no expected output, no token, no check is called
-here. It imports the checks' modules (so that :mod:`~adam8lib.course.grading.guard` knows the
-course references by identity), installs the guard on the alarm pipe (the second line of defence:
+here. It imports the course's drivers (:mod:`adam8lib.course.grading.drivers`) and, where it can see them, the
+checks' modules (under bubblewrap it is not shown ``adam8lib/course/checks`` but its ``__init__`` and
+``_common``: the learner view; the library functions the checks compare with come by name in the job, so
+that :mod:`~adam8lib.course.grading.guard` knows the course references by identity), installs the guard on the alarm pipe (the second line of defence:
 frames, heap walks, tracing, ctypes refused and reported; course references used, torch modes left
 pushed, watched modules rebound reported), runs the cells, then answers requests on ``R`` with
 replies on ``W``, in plain data only (:mod:`adam8lib.course.grading.plain`):

@@ -1,8 +1,8 @@
 """Course-written drivers: what a check runs on a learner's class or function, in the learner's process.
 
 Some exercises cannot be checked by calling the learner's function on plain data: an optimizer class is
-built and stepped, a hook is registered on a model and fires during backward, a function reads a
-:class:`~adam8lib.MemoryTracker`. A **driver** is a course function that does that work — it builds the
+built and stepped (13.1), a hook is registered on a model and fires during backward (14.1), a function reads
+a :class:`~adam8lib.MemoryTracker` (14.2) or is handed a model (09.2-09.4). A **driver** is a course function that does that work — it builds the
 model or the parameters from the plain data it is given (a seed, a configuration, the initial tensors and
 every step's gradients), runs the learner's object on them, and returns **plain data only** (numbers,
 strings, tensors: :mod:`adam8lib.course.grading.plain`). The check keeps everything that decides the
@@ -45,7 +45,7 @@ from .. import plain
 __all__ = ["driver", "remote", "drive", "resolve", "name_of", "attempt", "reraise", "described", "DRIVER_MODULES"]
 
 #: the modules that hold drivers (imported by the learner process before any learner code runs)
-DRIVER_MODULES = (f"{__name__}.ex13", f"{__name__}.ex14")
+DRIVER_MODULES = (f"{__name__}.ex09", f"{__name__}.ex13", f"{__name__}.ex14")
 _MARK = "__course_driver__"
 
 #: exceptions a driver recorded with :func:`attempt`, by key, in this process: when the check runs in the same
