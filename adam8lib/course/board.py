@@ -23,7 +23,7 @@ __all__ = ["COLORS", "MARKERS", "compact", "delta_text", "load", "order_key", "p
 
 #: One colour per update rule, one marker per library.
 COLORS = {"adamw": "#1f77b4", "lion": "#d62728", "ademamix": "#2ca02c", "rmsprop": "#9467bd", "muon": "#ff7f0e",
-          "custom": "#7f7f7f"}
+          "adan": "#8c564b", "custom": "#7f7f7f"}
 MARKERS = {"torch": "*", "adam8lib": "o", "bitsandbytes": "s", "torchao": "^", "custom": "D"}
 #: What the compact copy keeps of each row.
 ROW_KEYS = ("key", "label", "rule", "state_format", "library", "lr", "n", "n_wanted", "diverged", "bytes_per_param",
