@@ -40,7 +40,7 @@ import torch
 from ..quant import dequantize_blocks, quantize_blocks
 # the fp32 AdamW update lives with its rule (rules/ is a floor below kernels/); named here too, as lesson 07 and
 # the backends have always imported it from the reference module
-from ..rules.adamw import _param_with_rule, adam_update_fp32, adam_update_fp32_many, bias_corrections  # noqa: F401
+from ..rules.adamw import adam_update_fp32, adam_update_fp32_many, bias_corrections  # noqa: F401
 from .contract import check_step_args
 
 #: Elements per chunk (a multiple of every supported blocksize).
