@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ...quant import dequantize_blockwise, dynamic_map, nearest_code, num_blocks, quantize_blockwise
-from ._common import assert_close, call, fail, passed, require_callable
+from ._common import assert_close, call, fail, passed, refail, require_callable
 from ._properties import describe
 from ._variants import expect_close, matches
 
@@ -46,7 +46,15 @@ def check_quantize_blockwise(quantize_blockwise_fn) -> None:
     require_callable(quantize_blockwise_fn, "quantize_blockwise")
     for label, x, code, bs in _cases():
         want_codes, want_absmax = quantize_blockwise(x, code, bs)
-        got = call(quantize_blockwise_fn, x.clone(), code.clone(), bs)
+        try:
+            got = call(quantize_blockwise_fn, x.clone(), code.clone(), bs)
+        except AssertionError as err:
+            if x.numel() % bs and any(k in str(err) for k in ("is invalid for input of size", "must match the size")):
+                refail(err, hint=f"{x.numel()} values are not a whole number of blocks of {bs}: the last block is "
+                                 "short. Pad the flat tensor with zeros up to a whole number of blocks before you cut "
+                                 "it into blocks (a zero never changes a block's absmax), and drop the padding from "
+                                 "the codes afterwards.")
+            raise
         what = f"quantize_blockwise({label})"
         if not isinstance(got, (tuple, list)) or len(got) != 2:
             fail(f"{what} returned {type(got).__name__}, expected a pair (codes, absmax).", hint="return codes, absmax")
@@ -132,10 +140,10 @@ def check_dequantize_blockwise(dequantize_blockwise_fn) -> None:
         except AssertionError as err:
             text = str(err)
             if "shape of the mask" in text:
-                fail(text, hint="index the map with codes.long(): a uint8 index is a boolean MASK in torch "
+                refail(err, hint="index the map with codes.long(): a uint8 index is a boolean MASK in torch "
                                 "(code[codes] with uint8 codes selects by True/False, it does not look up).")
             if "must match the size" in text and n % bs:
-                fail(text, hint="the last block is short: absmax.repeat_interleave(blocksize) has blocks * blocksize "
+                refail(err, hint="the last block is short: absmax.repeat_interleave(blocksize) has blocks * blocksize "
                                 "entries, more than the codes — cut it to codes.numel() ([:n]).")
             raise
         idx = torch.arange(n)
