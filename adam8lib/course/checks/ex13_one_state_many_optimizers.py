@@ -569,11 +569,15 @@ def _flip_cases():
     mixed = torch.where(torch.rand(64, 256, generator=gen) < 0.5, m, close)
     zeros = m.clone()
     zeros[:, ::4] = 0.0
+    stalled = torch.full((4, 256), -1e-3)  # the 4-bit m codes these 0: the update goes from -1 to 0, a change
+    stalled[:, ::128] = 1.0
     return [("m over four decades, 8-bit", m, g, 0.9, "8bit"),
             ("m often close to cancelling the gradient, 8-bit", mixed, g, 0.9, "8bit"),
             ("the same, 4-bit", mixed, g, 0.9, "4bit"),
             ("the same, FP8, beta1 = 0.95", mixed, g, 0.95, "fp8"),
-            ("a quarter of m exactly 0, 4-bit", zeros, g, 0.9, "4bit")]
+            ("a quarter of m exactly 0, 4-bit", zeros, g, 0.9, "4bit"),
+            ("small negative m beside one large entry per block, g = 0, 4-bit", stalled, torch.zeros(4, 256), 0.9,
+             "4bit")]
 
 
 def check_lion_flips(lion_flips) -> None:
@@ -612,6 +616,10 @@ def check_lion_flips(lion_flips) -> None:
             ("the mask is inverted: True where the update CHANGES.", ~want),
             ("you quantized the gradient too: only the state is stored in the format; g arrives in fp32 every step.",
              torch.sign(beta1 * stored + (1 - beta1) * _stored(g, fmt)) != exact),
+            ("you compared 'positive or not' (x > 0), not the sign: an interpolation that becomes exactly 0 once m is "
+             "stored (an m coded 0, with g = 0) gives an update of 0 instead of -1 — a change your test cannot see. "
+             "Compare the signs, -1, 0 or +1.",
+             ((beta1 * stored + (1 - beta1) * g) > 0) != ((beta1 * m + (1 - beta1) * g) > 0)),
         ]
         matching = [h for h, v in variants if torch.equal(got, v)]
         if len(matching) == 1:  # this case tells the listed mistakes apart: name it now
