@@ -95,6 +95,13 @@ def check_release_by_hand(release_by_hand) -> None:
         for k, seen in enumerate(ran["steps"]):
             steps = {n: int(seen["stepped"].get(n, 0)) for n in names}
             if all(v == 0 for v in steps.values()) and seen["all_unchanged"]:
+                hooks = ran.get("hooks") or {}
+                if hooks.get("gradient") and not hooks.get("post_accumulate"):
+                    fail(f"{what}: after a backward pass no parameter was stepped.",
+                         hint="your hooks are Tensor.register_hook hooks: they run when a gradient is computed, "
+                              "BEFORE it is accumulated into p.grad, so p.grad is still None there and step() skips "
+                              "the parameter. The hook that runs once p.grad is complete is "
+                              "register_post_accumulate_grad_hook.")
                 fail(f"{what}: after a backward pass no parameter was stepped.",
                      hint="the hook must call the optimizer's step() before it frees the gradient: a parameter "
                           "whose .grad is None is skipped by step()")

@@ -83,7 +83,11 @@ def release_run(release_by_hand, optimizer: str, steps: int) -> dict:
     out = {"handles": {"none": handles is None, "type": type(handles).__name__, "listable": False, "removable": False,
                        "types": [], "count": 0},
            "trainable": [names[id(p)] for p in trainable], "steps": [], "error": None, "error_at": None,
-           "params": None, "freed_after_remove": None}
+           "params": None, "freed_after_remove": None,
+           # which kind of hook the learner's code left on the parameters (Tensor.register_hook runs before .grad is
+           # written; register_post_accumulate_grad_hook after)
+           "hooks": {"post_accumulate": sum(bool(getattr(p, "_post_accumulate_grad_hooks", None)) for p in trainable),
+                     "gradient": sum(bool(getattr(p, "_backward_hooks", None)) for p in trainable)}}
     if handles is None:
         return out
     try:
