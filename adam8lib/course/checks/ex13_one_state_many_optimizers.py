@@ -62,11 +62,12 @@ def _scenario(steps: int = STEPS, dtype=torch.float32) -> tuple[list[torch.Tenso
     return [p.detach() for p in _params(dtype)], [[g.to(dtype) for g in step] for step in _grads(steps)]
 
 
-def _learner_run(cls, kwargs: dict, bnb_rounding: bool = False) -> tuple[list[torch.Tensor], list[dict]]:
-    """The learner's class stepped over :func:`_scenario` by the course's driver: its parameters and states."""
+def _learner_run(cls, kwargs: dict, bnb_rounding: bool = False) -> tuple[list[torch.Tensor], list[dict], bool]:
+    """The learner's class stepped over :func:`_scenario` by the course's driver: its parameters and states, and
+    whether a step changed the gradient it was handed."""
     params, grads = _scenario()
     ran = drive(cls, _drivers.step_optimizer, dict(kwargs), params, grads, bnb_rounding=bnb_rounding)
-    return ran["params"], ran["states"]
+    return ran["params"], ran["states"], bool(ran.get("grads_changed"))
 
 
 def _run(make, steps: int = STEPS, dtype=torch.float32):
@@ -118,6 +119,8 @@ def _variant_rule(**mistake: bool) -> type[UpdateRule]:
         def update(self, p, g, states, *, step, group):
             m = states["exp_avg"]
             beta1, beta2 = group["betas"]
+            if mistake.get("betas_swapped"):  # the pair read in the wrong order
+                beta2, beta1 = group["betas"]
             lr, wd = group["lr"], group["weight_decay"]
             if mistake.get("coupled"):
                 g = g + wd * p
@@ -143,6 +146,10 @@ def _variant_rule(**mistake: bool) -> type[UpdateRule]:
                 inner = m.mul(1.0 - b) + g.mul(b)
             else:
                 inner = m.mul(b) + g.mul(1.0 - b)
+            if mistake.get("sign_old_m"):  # the direction from the old momentum alone
+                inner = m.clone()
+            elif mistake.get("sign_of_g"):  # the direction from the gradient alone
+                inner = g
             step_dir = inner if mistake.get("no_sign") else torch.sign(inner)
             p.add_(step_dir, alpha=lr if mistake.get("ascent") else -lr)
             if mistake.get("decay_after"):
@@ -174,8 +181,20 @@ LION_MISTAKES = [
                   "a PLUS between the two terms (you subtract the gradient's share)."),
     ({"swapped"}, "the interpolation weights are swapped: beta1 multiplies the momentum m and (1 - beta1) the "
                   "gradient, sign(beta1 * m + (1 - beta1) * g)."),
-    ({"beta2_in_sign"}, "you interpolate with beta2: the update's direction uses beta1, sign(beta1 * m + "
-                        "(1 - beta1) * g); beta2 is the state's own rate."),
+    ({"betas_swapped"}, "your two betas are swapped: the FIRST of the pair (0.9 by default) weighs the old momentum "
+                        "against the gradient in the step's direction, the SECOND (0.99) is the momentum's own rate "
+                        "when it is updated. You used each in the other's place: check the order in which you read "
+                        "the pair."),
+    ({"beta2_in_sign"}, "you interpolate with beta2 (or take the sign of the momentum after its update, which is the "
+                        "same thing): the step's direction weighs the OLD momentum with the first beta (0.9) against "
+                        "the gradient; the second beta (0.99) is only the momentum's own rate."),
+    ({"sign_old_m"}, "on the first step, with the momentum still 0, your parameters did not move (only the decay "
+                     "acted): your step's direction is the sign of the old momentum alone. Lion's direction mixes the "
+                     "old momentum with the CURRENT gradient (weighted by the first beta) before taking the sign, so "
+                     "the gradient moves the weights from the very first step."),
+    ({"sign_of_g"}, "your step's direction follows the current gradient alone, as signSGD would: the momentum you "
+                    "keep (it is updated right) never reaches the step. Lion's direction mixes the old momentum with "
+                    "the gradient, weighted by the first beta, before taking the sign."),
     ({"beta1_in_state"}, "your state is updated with beta1: Lion's momentum m <- beta2 * m + (1 - beta2) * g uses "
                          "beta2 (0.99), beta1 is only for the update's direction."),
     ({"ema_first"}, "you update m before taking the sign: Lion takes sign(beta1 * m + (1 - beta1) * g) with the OLD "
@@ -194,15 +213,22 @@ LION_MISTAKES = [
     ({"no_state_update"}, "your momentum never changes: the optimizer keeps only what your rule writes into the "
                           "tensor it was handed in states; giving the name m a new value makes a new tensor that nobody "
                           "keeps. Look at the line that updates the state: does it change that tensor in place?"),
-    ({"interp_in_m"}, "you compute the interpolation in m itself (m.mul_(beta1).add_(...)): m is the state, so "
-                      "the EMA then starts from the interpolation instead of the old m. Compute beta1 * m + (1 - beta1) "
-                      "* g into a new tensor (m.mul(beta1), without the underscore) and keep m for the EMA."),
-    ({"g_in_place"}, "you scale the gradient in place (g.mul_(1 - beta1)): the state's EMA then reads the scaled "
-                     "gradient. The statement says never change g in place: compute (1 - beta1) * g into a new "
+    ({"interp_in_m"}, "you compute the interpolation in m itself, in place: m is the state, so its own update then "
+                      "starts from the interpolation instead of the old momentum (the step is right, the momentum "
+                      "drifts). Compute the step's direction into a new tensor and leave the state for its update."),
+    ({"g_in_place"}, "you scale the gradient in place by (1 - beta1): the momentum's update then reads the scaled "
+                     "gradient. The statement says g is left as it is: compute the weighted gradient into a new "
                      "tensor."),
     ({"unsigned"}, "your state is declared stored_as='v', the map for numbers that are never negative: Lion's "
                    "momentum has both signs, so it takes the signed map ('m'). Look at your rule's states."),
 ]
+
+
+#: the hint for a rule that writes into the gradient it is handed (whatever else it gets right)
+G_IN_PLACE = ("you change the gradient in place: after your rule ran, g holds other numbers (scaled, decayed, or the "
+              "interpolation written into it). The statement says g is left as it is: the momentum's update must "
+              "read the gradient as it came, and so does anything that looks at the gradient after the step "
+              "(logging, clipping, accumulation). Compute what you need from g into new tensors.")
 
 
 def _params_equal(a, b) -> bool:
@@ -293,8 +319,8 @@ def _probe_scenario() -> tuple[torch.Tensor, list[torch.Tensor]]:
     return p, [torch.randn(4096, generator=gen) for _ in range(3)]
 
 
-def _probe(make, kwargs) -> list[torch.Tensor]:
-    """The parameter after each of three steps of ``make``'s optimizer on :func:`_probe_scenario`."""
+def _probe(make, kwargs) -> tuple[list[torch.Tensor], list[dict]]:
+    """The parameter after each of three steps of ``make``'s optimizer on :func:`_probe_scenario`, and its state."""
     start, grads = _probe_scenario()
     p = torch.nn.Parameter(start.clone())
     opt = make([p], **kwargs)
@@ -303,27 +329,35 @@ def _probe(make, kwargs) -> list[torch.Tensor]:
         p.grad = g.clone()
         opt.step()
         out.append(p.detach().clone())
-    return out
+    return out, _states(opt, [p])
 
 
-def _learner_probe(cls, kwargs) -> list[torch.Tensor]:
+def _learner_probe(cls, kwargs) -> tuple[list[torch.Tensor], list[dict]]:
     """:func:`_probe` of the learner's class, stepped by the course's driver."""
     start, grads = _probe_scenario()
-    ran = drive(cls, _drivers.step_optimizer, dict(kwargs), [start], [[g] for g in grads], trace=True, states=False)
-    return [after[0] for after in ran["trace"]]
+    ran = drive(cls, _drivers.step_optimizer, dict(kwargs), [start], [[g] for g in grads], trace=True)
+    return [after[0] for after in ran["trace"]], ran["states"]
 
 
 def _name_lion_mistake(cls, kwargs) -> str | None:
-    """The hint of the listed mistake whose three-step trajectory the learner's class follows (to rounding)."""
+    """The hint of the listed mistake whose three-step trajectory the learner's class follows (to rounding); of
+    several (two mistakes can step alike: a direction from the gradient alone, or from a momentum never updated),
+    the one whose state matches too."""
     try:
-        ours = _learner_probe(cls, kwargs)
+        ours, our_states = _learner_probe(cls, kwargs)
     except Exception:  # noqa: BLE001 - the probe only names the mistake
         return None
+    alike = []
     for switches, hint in LION_MISTAKES:
-        theirs = _probe(_variant_class(**dict.fromkeys(switches, True)), kwargs)
+        theirs, their_states = _probe(_variant_class(**dict.fromkeys(switches, True)), kwargs)
         if all(torch.allclose(a, b, rtol=1e-6, atol=1e-9) for a, b in zip(ours, theirs)):
-            return hint
-    return None
+            try:
+                if _states_track(our_states, their_states) is None:
+                    return hint
+            except Exception:  # noqa: BLE001 - a state the learner's rule shaped otherwise: the steps decide
+                pass
+            alike.append(hint)
+    return alike[0] if alike else None
 
 
 def _hyper(cls) -> dict[str, Any]:
@@ -402,9 +436,14 @@ def check_lion8bit(cls) -> None:
     _check_update_returns_p(cls)
     for kwargs, label in ((dict(lr=1e-2, weight_decay=0.1), "lr=1e-2, weight_decay=0.1"),
                           (dict(lr=3e-3, betas=(0.8, 0.95)), "lr=3e-3, betas=(0.8, 0.95), no decay")):
-        ours, ours_states = call(_as_learner(lambda: _learner_run(cls, kwargs), cls))
+        ours, ours_states, grads_changed = call(_as_learner(lambda: _learner_run(cls, kwargs), cls))
         ref, ref_opt = _run(lambda ps: Lion8bit(ps, **kwargs))  # the check's own run of the same scenario
         what = f"{cls.__name__}({label}) after {STEPS} steps"
+        if grads_changed:
+            named = _name_lion_mistake(cls, kwargs)
+            fail(f"{what}: after a step, the gradient your rule was handed is not the one the optimizer gave it.",
+                 kind="in_place", what=what,
+                 hint=named if named is not None and "in place" in named else G_IN_PLACE)
         if not _params_close(ours, ref, kwargs["lr"]):
             named = _name_lion_mistake(cls, kwargs)
             if named is None:
@@ -430,7 +469,7 @@ def _check_against_bnb(cls) -> None:
     except Exception:  # noqa: BLE001 - bitsandbytes is optional on some machines
         return
     kwargs = dict(lr=1e-2, betas=(0.9, 0.99), weight_decay=0.1)
-    ours, ours_states = _learner_run(cls, kwargs, bnb_rounding=True)
+    ours, ours_states, _ = _learner_run(cls, kwargs, bnb_rounding=True)
     theirs, theirs_opt = _run(lambda ps: bnb.optim.Lion8bit(ps, **kwargs))
     if not _params_close(ours, theirs, kwargs["lr"]):
         worst = max(float((a.detach() - b.detach()).abs().max()) for a, b in zip(ours, theirs))

@@ -166,6 +166,55 @@ def lion_gradient_scaled_in_place(p, g, m, group):
     return p
 
 
+def lion_betas_swapped(p, g, m, group):
+    beta2, beta1 = group["betas"]  # the pair read in the wrong order
+    lr, wd = group["lr"], group["weight_decay"]
+    p.mul_(1 - lr * wd)
+    p.add_(torch.sign(beta1 * m + (1 - beta1) * g), alpha=-lr)
+    m.mul_(beta2).add_(g, alpha=1 - beta2)
+    return p
+
+
+def lion_gradient_scaled_in_the_ema(p, g, m, group):
+    beta1, beta2, lr, wd = _hyper(group)
+    p.mul_(1 - lr * wd)
+    p.add_(torch.sign(beta1 * m + (1 - beta1) * g), alpha=-lr)
+    m.mul_(beta2).add_(g.mul_(1 - beta2))  # right numbers, but g is changed for whoever reads it next
+    return p
+
+
+def lion_interpolation_in_g(p, g, m, group):
+    beta1, beta2, lr, wd = _hyper(group)
+    p.mul_(1 - lr * wd)
+    p.add_(torch.sign(g.lerp_(m, beta1)), alpha=-lr)  # the interpolation written into the gradient
+    m.mul_(beta2).add_(g, alpha=1 - beta2)
+    return p
+
+
+def lion_sign_of_new_m(p, g, m, group):
+    beta1, beta2, lr, wd = _hyper(group)
+    p.mul_(1 - lr * wd)
+    m.mul_(beta2).add_(g, alpha=1 - beta2)
+    p.add_(torch.sign(m), alpha=-lr)
+    return p
+
+
+def lion_sign_of_old_m(p, g, m, group):
+    beta1, beta2, lr, wd = _hyper(group)
+    p.mul_(1 - lr * wd)
+    p.add_(torch.sign(m), alpha=-lr)
+    m.mul_(beta2).add_(g, alpha=1 - beta2)
+    return p
+
+
+def lion_sign_of_g(p, g, m, group):
+    beta1, beta2, lr, wd = _hyper(group)
+    p.mul_(1 - lr * wd)
+    p.add_(torch.sign(g), alpha=-lr)
+    m.mul_(beta2).add_(g, alpha=1 - beta2)
+    return p
+
+
 def bytes_threshold_inclusive(shape, stored_as, state_format):
     n = math.prod(shape)
     if state_format == "fp32" or n <= 4096:
@@ -272,6 +321,24 @@ WRONG = [
           mistake="a refusal that names no argument", hint="does not name the argument", names_mistake=True),
     Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_right, defaults=(1e-3, (0.9, 0.999), 0.0)),
           mistake="Adam's defaults (lr 1e-3, betas (0.9, 0.999))", hint="Lion8bit's, bitsandbytes'", names_mistake=False),
+    Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_betas_swapped),
+          mistake="beta2, beta1 = group['betas']: the betas swapped", hint="your two betas are swapped",
+          names_mistake=True),
+    Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_gradient_scaled_in_the_ema),
+          mistake="g scaled in place inside the EMA (right numbers, g changed)", hint="you change the gradient in place",
+          names_mistake=True),
+    Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_interpolation_in_g),
+          mistake="the interpolation written into g (g.lerp_)", hint="you change the gradient in place",
+          names_mistake=True),
+    Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_sign_of_new_m),
+          mistake="sign(m) after the EMA in place of the interpolation", hint="the sign of the momentum after its update",
+          names_mistake=True),
+    Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_sign_of_old_m),
+          mistake="sign(m) of the old momentum in place of the interpolation", hint="your parameters did not move",
+          names_mistake=True),
+    Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_sign_of_g),
+          mistake="sign(g) alone (signSGD) in place of the interpolation", hint="follows the current gradient alone",
+          names_mistake=True),
 ]
 RIGHT = [
     Right(_CASE_131, checks.check_lion8bit, lion_class(lion_right), how="the workbook's solution, via a factory"),

@@ -90,17 +90,21 @@ def step_optimizer(cls, kwargs: dict, params: list, grads: list, trace: bool = F
                    bnb_rounding: bool = False) -> dict:
     """``cls(params, **kwargs)`` stepped once per entry of ``grads`` (one gradient per parameter): the parameters
     at the end, each parameter's state (``states``) and, with ``trace``, the parameters after every step.
-    ``bnb_rounding``: the class with bitsandbytes' quantizer plugged in (:func:`with_bnb_rounding`)."""
+    ``bnb_rounding``: the class with bitsandbytes' quantizer plugged in (:func:`with_bnb_rounding`).
+    ``grads_changed``: whether any step left a gradient other than the one it was handed."""
     if bnb_rounding:
         import bitsandbytes  # noqa: F401 - registers torch.ops.bitsandbytes
     made = [torch.nn.Parameter(p.detach().clone()) for p in params]
     opt = (with_bnb_rounding(cls) if bnb_rounding else cls)(made, **kwargs)
     after = []
+    grads_changed = False  # did a step change the gradient it was handed (the rule wrote into g)?
     for step in grads:
         for p, g in zip(made, step):
             p.grad = g.detach().clone().to(p.dtype)
         opt.step()
+        grads_changed = grads_changed or any(
+            p.grad is not None and not torch.equal(p.grad, g.detach().to(p.dtype)) for p, g in zip(made, step))
         if trace:
             after.append([p.detach().clone() for p in made])
     return {"params": [p.detach().clone() for p in made], "states": _states(opt, made) if states else None,
-            "trace": after}
+            "trace": after, "grads_changed": grads_changed}
