@@ -122,16 +122,14 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
-from . import kernels, rank1_chunks, rounding
-from .distributed import (SHAPE_KEY, global_offset, is_dtensor, local_param_and_grad, local_range, local_tensor,
-                          rank1_maxima_reducer, to_checkpoint_state, to_local_state)
+from . import batched_step, chunked_update, kernels, state_checkpoint
+from .distributed import is_dtensor, local_param_and_grad, local_range, local_tensor, rank1_maxima_reducer
 from .formats import MomentFormat, StateFormat, get_format
 from .global_blocks import block_edge_reducer, block_lead, shard_scales_numel
 from .kernels import run_eagerly
 from .kernels.contract import PARAM_DTYPES, check_plain_tensor, is_usual_tensor
 from .quant import check_blocksize
-from .rounding import element_key, state_chunks, stochastic_round_to_bf16
-from .rules.base import StateSpec, UpdateRule
+from .rules.base import StateSpec, UpdateRule, fp32_step
 from .state_layout import FAMILY_LAYOUT, OPTIMIZER_LEVEL, StateLayout
 
 __all__ = ["QuantizedStateOptimizer", "FP32", "FORMAT_KEY", "TORCH_FLAGS", "OPTIMIZER_LEVEL"]
@@ -322,10 +320,6 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         the rule's own (``<name>_codes``/``<name>_absmax``) in the family's layout; AdamW's ``m``/``v`` under
         ``state1``/``absmax1`` and ``state2``/``absmax2`` in lesson 07's."""
         return self.layout.specs(rule)
-
-    def _codes_keys(self, rule: UpdateRule) -> set[str]:
-        """The keys of ``rule``'s states' codes (:attr:`adam8lib.rules.base.StateSpec.codes_key`)."""
-        return {s.codes_key for s in self.state_specs(rule)}
 
     def min_size(self, group: dict[str, Any] | None) -> int:
         """The ``min_8bit_size`` that counts for a parameter of ``group``: the group's where groups hold it
@@ -526,74 +520,9 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         self._run_batched(work)
 
     def _run_batched(self, work: list) -> None:
-        """The step of every parameter in ``work`` (checked), with the same bits as :meth:`_update` on each: the
-        parameters of one group and device that take the same fused step with a batched form (``many``: one call
-        of the C++ kernel for them all, which saves most of the per-tensor cost of crossing into it) go together;
-        so do those with fp32 states of a rule with ``update_many`` (one batch of ``torch._foreach_*`` ops per
-        group, device and step count: on the CPU the same bits); the others one at a time, in order (a step that
-        reduces scales across ranks is a collective, which every rank must run in the same order)."""
-        fused_batches: dict[tuple, tuple] = {}
-        fp32_batches: dict[tuple, tuple] = {}
-        fp32_names: dict[int, list[str] | None] = {}  # per rule: its states' names if its fp32 states batch
-        for index, (group, p, param, grad, rule, fused) in enumerate(work):
-            names = fp32_names.get(id(rule), _MISSING)
-            if names is _MISSING:
-                names = fp32_names[id(rule)] = [s.name for s in self.state_specs(rule)] if self._batches_fp32(rule) else None
-            if fused is not None and fused.many is not None:
-                state = self._ready_state(group, p, param, rule)  # (made in the parameters' order, as one at a time)
-                key = (id(group), param.device, id(fused.many), id(rule))
-                fused_batches.setdefault(key, (group, rule, fused, []))[3].append((p, param, grad, state))
-            elif fused is None and names and param.device.type in ("cpu", "cuda"):
-                state = self._ready_state(group, p, param, rule)
-                if all(name in state and state[name].dtype == torch.float32 for name in names):  # fp32 states
-                    key = (id(group), param.device, id(rule), state["step"])
-                    fp32_batches.setdefault(key, (group, rule, []))[2].append((p, param, grad, state))
-                else:
-                    self._update(group, p, param, grad, rule, fused, index)
-            else:
-                self._update(group, p, param, grad, rule, fused, index)
-        for group, rule, entries in fp32_batches.values():
-            hyper, step = self.rule_group(rule, group), entries[0][3]["step"] + 1
-            work32 = [(param, param.float()) for _, param, _, _ in entries]  # (under no_grad: the step's)
-            rule.update_many([w for _, w in work32], [g.float() for _, _, g, _ in entries],
-                             [{s.name: st[s.name] for s in self.state_specs(rule)} for *_, st in entries],
-                             step=step, group=hyper)
-            for (param, w), (*_, state) in zip(work32, entries):
-                if w is not param:
-                    param.copy_(w)
-                state["step"] = step
-        for group, rule, fused, entries in fused_batches.values():
-            items, states, copies, steps, shapes = [], [], [], [], []
-            for p, param, grad, state in entries:
-                item = self._kernel_item(param, grad, state, rule)
-                if not param.is_contiguous():  # a contiguous copy: written back below
-                    copies.append((param, item[0]))
-                items.append(item)
-                states.append(state)
-                steps.append(state["step"] + 1)
-                shapes.append(tuple(param.shape))
-            fused.many(items, rule=rule, fmt=self.format, shapes=shapes, steps=steps, group=self.rule_group(rule, group))
-            for param, flat in copies:
-                param.copy_(flat.view(param.shape))
-            for state, step in zip(states, steps):
-                state["step"] = step
-
-    def _kernel_item(self, target: torch.Tensor, grad: torch.Tensor, state: dict[str, Any],
-                     rule: UpdateRule) -> tuple[torch.Tensor, torch.Tensor, tuple]:
-        """``(p, g, states)`` as the registry's fused steps take them: flat, contiguous (a copy of ``target`` where
-        it is not contiguous, which the caller writes back), and the ``(codes, scales)`` of each state (``(values,)``,
-        flat, of a kept one)."""
-        flat = target.view(-1) if target.is_contiguous() else target.contiguous().view(-1)
-        return (flat, grad.reshape(-1).contiguous(),
-                tuple((state[s.name].view(-1),) if s.kept is not None else (state[s.codes_key], state[s.scales_key])
-                      for s in self.state_specs(rule)))
-
-    @staticmethod
-    def _batches_fp32(rule: UpdateRule) -> bool:
-        """Whether parameters with fp32 states of ``rule`` step in batches (:meth:`_run_batched`): the rule has
-        ``update_many`` and an fp32 step the core's (the non-finite rule is the rule's own there)."""
-        kind = type(rule)
-        return getattr(kind, "update_many", None) is not None and kind.update_unquantized is UpdateRule.update_unquantized
+        """The step of every parameter in ``work`` (checked), in batches where that gives the same bits as
+        :meth:`_update` on each (:func:`adam8lib.batched_step.run_batched`)."""
+        batched_step.run_batched(self, work)
 
     def _ready_state(self, group: dict[str, Any], p: torch.Tensor, param: torch.Tensor, rule: UpdateRule) -> dict:
         """``p``'s state, made (as the first step does) or moved to the device of ``param`` (its local tensor)."""
@@ -710,52 +639,19 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
 
     def _update(self, group: dict[str, Any], p: torch.Tensor, param: torch.Tensor, grad: torch.Tensor,
                 rule: UpdateRule, fused: kernels.FusedStep | None = None, index: int = 0) -> None:
-        """Update one parameter (``param``, ``grad``: its local tensors). With stochastic rounding the update
-        works on an fp32 copy of the (bf16) parameter, rounded stochastically with the key of
-        ``(seed, step, rounding_offset + index)`` (``index``: its place among the parameters of this step)
-        and each element's index in the whole parameter; an
-        elementwise rule with blockwise (or fp32) states on a contiguous parameter is updated and rounded
-        :data:`adam8lib.rounding.SR_CHUNK` elements at a time (whole blocks: the same bits as at once), the
-        fused step (which cannot round stochastically) on the fp32 copy of each chunk, so the copy is one
-        chunk's; rank-1 scales on a plain contiguous tensor: two passes over chunks of rows
-        (:mod:`adam8lib.rank1_chunks`). A shard whose scales are reduced across ranks, a non-contiguous parameter or a
-        rule that is not elementwise: one fp32 copy of the whole (local) tensor. An adopted compressed master
-        (:meth:`adopt_master_weights`) is stepped the same way, joined and split instead of rounded."""
+        """Update one parameter (``param``, ``grad``: its local tensors; ``index``: its place among the parameters of
+        this step, for the stochastic rounding key). A bf16 parameter with stochastic rounding or an adopted
+        compressed master (:meth:`adopt_master_weights`) is stepped in fp32 a chunk at a time where that gives the
+        same bits (:mod:`adam8lib.chunked_update`)."""
         state = self._ready_state(group, p, param, rule)
         step = state["step"] + 1
         hyper = self.rule_group(rule, group)
-        codec = self._param_codec(p, param, step, index)
+        codec = chunked_update.param_codec(self, p, step, index)
         if codec is None:
             self._step_tensor(p, param.detach(), grad.detach(), state, rule, hyper, step, fused)
         else:
-            rows = self._rank1_row_chunks(p, param, state, rule)
-            if rows is not None:  # rank-1 scales: two passes over chunks of rows, not one fp32 copy of the whole
-                specs = self.state_specs(rule)
-                rank1_chunks.step_in_row_chunks(
-                    param.detach(), grad.detach(), state, specs, self.moment,
-                    lambda target, g, values: _rule_update(rule, True, target, g, values, step, hyper), rows, codec)
-                state["step"] = step
-                return
-            for a, b, part in self._rounding_chunks(p, param, state, rule, group):
-                whole = part is state
-                flat = param.detach() if whole else param.detach().view(-1)[a:b]
-                target = codec.load(flat, a, b, whole)
-                g = grad.detach() if whole else grad.detach().reshape(-1)[a:b]
-                self._step_tensor(p, target, g, part, rule, hyper, step, fused)
-                codec.store(flat, target, a, b, whole)
+            chunked_update.step_in_chunks(self, p, param, grad, state, rule, hyper, step, fused, codec, group)
         state["step"] = step
-
-    def _param_codec(self, p: torch.Tensor, param: torch.Tensor, step: int, index: int):
-        """How a low-precision parameter is stepped in fp32, chunk by chunk (None: in its own dtype): its compressed
-        master's join and split (:meth:`adopt_master_weights`), or stochastic rounding."""
-        masters = self.__dict__.get("_compressed_masters")
-        if masters is not None and self.steps_own_master(p):
-            corrections = masters.corrections.get(id(p))
-            if corrections is not None:
-                return _MasterCodec(masters, corrections)
-        if self.stochastic_rounding:
-            return _RoundingCodec(element_key(self.seed, step, self.rounding_offset + index), global_offset(p))
-        return None
 
     def steps_own_master(self, p: torch.Tensor) -> bool:
         """Whether an adopted compressed master of ``p`` is joined and split by this optimizer's step (a plain bf16
@@ -774,53 +670,22 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             self.__dict__["_compressed_masters"] = masters
         return True
 
-    def _rounding_chunks(self, p: torch.Tensor, param: torch.Tensor, state: dict[str, Any], rule: UpdateRule,
-                         group: dict[str, Any] | None = None):
-        """The pieces a stochastically rounded update steps (:func:`adam8lib.rounding.state_chunks`):
-        ``[(0, n, state)]``, or chunks of whole blocks for an elementwise rule with blockwise or fp32 states
-        on a contiguous parameter whose scales need nothing from other shards."""
-        n = param.numel()
-        if (not rule.elementwise or not param.is_contiguous() or self._needs_reduction(p, rule, group)
-                or self._custom_quantize()):
-            return [(0, n, state)]
-        moments, fp32 = [], []
-        for spec in self.state_specs(rule):
-            if spec.name in state:
-                fp32.append(spec.name)
-                continue
-            fmt = self.moment(spec)
-            if fmt.uses_rank1(tuple(param.shape)) or rounding.SR_CHUNK % fmt.blocksize:
-                return [(0, n, state)]
-            moments.append((spec.codes_key, spec.scales_key, fmt))
-        return state_chunks(n, state, moments, fp32, chunk=rounding.SR_CHUNK)
-
     def _step_tensor(self, p: torch.Tensor, target: torch.Tensor, grad: torch.Tensor, state: dict[str, Any],
                      rule: UpdateRule, hyper: dict[str, Any], step: int, fused: kernels.FusedStep | None) -> None:
         """One step of ``target`` (the local parameter, an fp32 copy of it, or a chunk of that) with ``state``
         (its states, or views of the chunk's): the fused step in place, or decode, the rule in fp32, the
         non-finite rule, write ``target``, encode. ``p`` is the parameter (its global shape and layout)."""
         if fused is not None:  # in place, the reference step's bits (the registry's calling convention)
-            flat, g, states = self._kernel_item(target, grad, state, rule)
+            flat, g, states = batched_step.kernel_item(self.state_specs(rule), target, grad, state)
             fused.fn(flat, g, states, rule=rule, fmt=self.format, shape=tuple(target.shape), step=step, group=hyper)
             if not target.is_contiguous():
                 target.copy_(flat.view(target.shape))
             return
         values = {spec.name: self.decode(state, spec, p, target) for spec in self.state_specs(rule)}
         quantized = any(s.codes_key in state for s in self.state_specs(rule))
-        target.copy_(_rule_update(rule, quantized, target, grad, values, step, hyper))
+        target.copy_(fp32_step(rule, quantized, target, grad, values, step, hyper))
         for spec in self.state_specs(rule):
             self._encode(state, spec, values[spec.name], p, target)
-
-    def _rank1_row_chunks(self, p: torch.Tensor, param: torch.Tensor, state: dict[str, Any], rule: UpdateRule):
-        """Row chunks for :func:`adam8lib.rank1_chunks.step_in_row_chunks`, or None: a plain contiguous parameter,
-        an elementwise rule, the format's own coding and a quantized moment with rank-1 scales on this shape."""
-        if (self.format is None or is_dtensor(p) or not rule.elementwise or not param.is_contiguous()
-                or self._custom_quantize()):
-            return None
-        moments = [self.moment(s) for s in self.state_specs(rule) if s.name not in state]
-        if not any(m.uses_rank1(tuple(param.shape)) for m in moments):
-            return None
-        return rank1_chunks.row_chunks(tuple(param.shape), moments, rank1_chunks.RANK1_CHUNK)
 
     # ------------------------------------------------------------------ copy / pickle
     def __getstate__(self) -> dict[str, Any]:
@@ -853,26 +718,12 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         return super().__repr__().replace(
             type(self).__name__ + " (", f"{type(self).__name__} (state format: {self.format_name()}{blocks}", 1)
 
-    # ------------------------------------------------------------------ checkpoints
+    # ------------------------------------------------------------------ checkpoints (adam8lib.state_checkpoint)
     def state_dict(self) -> dict[str, Any]:
         """As torch.optim; every state with quantized entries also carries :data:`FORMAT_KEY`. The states of
         a sharded (FSDP2) parameter come in the form ``torch.distributed.checkpoint`` saves and reshards
-        (:func:`adam8lib.distributed.to_checkpoint_state` with this rule's keys; :mod:`adam8lib.global_blocks`)."""
-        sd = super().state_dict()
-        params = [(group, p) for group in self.param_groups for p in group["params"]]
-        for index, saved in sd["state"].items():
-            group, p = params[index]
-            rule = self.rule_for(p, group)
-            tagged = self.format is not None and any(k in self._codes_keys(rule) for k in saved)
-            if is_dtensor(p):  # the DCP form of this layout's keys and blocks
-                saved = to_checkpoint_state(p, saved, self.format, block_layout=self.block_layout,
-                                            **self._state_keys(p, rule, group))
-            if tagged:  # (last: the DCP forms keep other keys as they are, in their place)
-                saved = {**saved, self.format_tag_key: self.format_tag()}
-                if not is_dtensor(p):  # a DCP form keeps the shape in its DTensors
-                    saved[SHAPE_KEY] = list(p.shape)
-            sd["state"][index] = saved
-        return sd
+        (:func:`adam8lib.state_checkpoint.saved_states`)."""
+        return state_checkpoint.saved_states(self, super().state_dict())
 
     def format_tag(self) -> str:
         """What a saved state's codes need to be decoded, saved under :attr:`format_tag_key`: the layout's
@@ -880,20 +731,11 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
         size, sign rule; lesson 07's: the maps' fingerprint for a format that codes bytes into maps)."""
         return self.layout.format_tag(self.format)
 
-    def _state_keys(self, p: torch.Tensor, rule: UpdateRule, group: dict[str, Any] | None = None,
-                    state: dict[str, Any] | None = None) -> dict[str, Any]:
-        """``moments`` (``{codes key: (scales key, moment format)}``) and ``fp32_keys`` of ``p``'s state: what
-        :func:`adam8lib.distributed.to_checkpoint_state` and ``to_local_state`` need to know of it (of the kind of ``state`` where given: a saved one)."""
-        specs = self.state_specs(rule)
-        if self._state_kind(p, rule, group, state):  # (kept states: one value per element, as fp32 ones)
-            return {"moments": {s.codes_key: (s.scales_key, self.moment(s)) for s in specs if s.kept is None},
-                    "fp32_keys": tuple(s.name for s in specs if s.kept is not None)}
-        return {"moments": {}, "fp32_keys": tuple(s.name for s in specs)}
-
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a checkpoint of this class, keeping codes and fp32 scales as they are. Everything is
-        checked first: a checkpoint of another optimizer, format or size raises ValueError naming the
-        problem and leaves this optimizer as it was. Runs torch's load-state-dict hooks."""
+        checked first (:func:`adam8lib.state_checkpoint.checked_checkpoint`): a checkpoint of another optimizer,
+        format, shape or size raises ValueError naming the problem and leaves this optimizer as it was. Runs
+        torch's load-state-dict hooks."""
         if not isinstance(state_dict, dict):
             raise ValueError(f"state_dict must be a dict from Optimizer.state_dict(), got {type(state_dict).__name__}")
         state_dict = state_dict.copy()
@@ -901,215 +743,11 @@ class QuantizedStateOptimizer(torch.optim.Optimizer):
             result = hook(self, state_dict)
             if result is not None:
                 state_dict = result
-        groups, state = self._checked_checkpoint(state_dict)
+        groups, state = state_checkpoint.checked_checkpoint(self, state_dict)
         self.param_groups = groups
         self.state = defaultdict(dict, state)
         for hook in self._optimizer_load_state_dict_post_hooks.values():
             hook(self)
-
-    def _checked_checkpoint(self, state_dict: dict[str, Any]):
-        name = type(self).__name__
-        if "state" not in state_dict or "param_groups" not in state_dict:
-            raise ValueError("state_dict must have 'state' and 'param_groups' (from Optimizer.state_dict())")
-        saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]
-        if not isinstance(saved_groups, (list, tuple)) or not isinstance(saved_state, dict):
-            raise ValueError("state_dict['param_groups'] must be a list and state_dict['state'] a dict")
-        origin = self.foreign_origin(state_dict)
-        if len(saved_groups) != len(self.param_groups):
-            raise ValueError(f"the checkpoint has {len(saved_groups)} parameter groups, this {name} has "
-                             f"{len(self.param_groups)}{origin}")
-        for pid, saved in saved_state.items():  # states in another format: say so first, in the user's terms
-            if isinstance(saved, dict) and (self.format_tag_key in saved
-                                            or any(isinstance(k, str) and k in self._codes_keys(self.rule) for k in saved)):
-                self._check_format_tag(saved.get(self.format_tag_key), f"the state of parameter {pid!r}", origin)
-        new_groups, by_id = [], {}
-        for gi, (current, saved) in enumerate(zip(self.param_groups, saved_groups)):
-            where = f"param group {gi} of the checkpoint"
-            if not isinstance(saved, dict) or not isinstance(saved.get("params"), (list, tuple)):
-                raise ValueError(f"{where} must be a dict with a 'params' list")
-            refused = [k for k in OPTIMIZER_LEVEL if k in saved and k not in self.group_settings]
-            if refused:
-                raise ValueError(f"{where} sets {', '.join(map(repr, refused))}: not {_a(name)} checkpoint{origin}")
-            missing = [k for k in self.defaults if k not in saved]
-            if missing:
-                raise ValueError(f"{where} has no {', '.join(map(repr, missing))}: not {_a(name)} checkpoint{origin}")
-            if len(saved["params"]) != len(current["params"]):
-                raise ValueError(f"{where} has {len(saved['params'])} parameters, this {name}'s group has "
-                                 f"{len(current['params'])}")
-            group = {k: v for k, v in saved.items() if k != "params"}
-            group["params"] = current["params"]
-            if "param_names" in current and "param_names" not in group:
-                group["param_names"] = current["param_names"]
-            if "betas" in group and not isinstance(group["betas"], tuple):
-                try:
-                    group["betas"] = tuple(group["betas"])
-                except TypeError:
-                    raise ValueError(f"{where}: betas must be a pair of floats, got {group['betas']!r}") from None
-            self._check_group(group, where)
-            new_groups.append(group)
-            for pid, p in zip(saved["params"], current["params"]):
-                by_id[pid] = (p, group)
-        new_state = {}
-        for pid, saved in saved_state.items():
-            if pid not in by_id:
-                raise ValueError(f"the checkpoint has a state for unknown parameter id {pid!r}")
-            p, group = by_id[pid]
-            where = f"the state of parameter {pid!r} (shape {tuple(p.shape)}) in the checkpoint"
-            _check_saved_shape(p, saved, where)
-            rule = self.rule_for(p, group)
-            if isinstance(saved, dict):  # DCP, or another world size: this rank's plain local state
-                saved = self._local_state(p, saved, rule, group)
-            new_state[p] = self._checked_state(p, rule, saved, where, origin, group)
-        return new_groups, new_state
-
-    def _local_state(self, p: torch.Tensor, saved: dict[str, Any], rule: UpdateRule, group: dict[str, Any]) -> dict:
-        """A saved state as this rank keeps it (:func:`adam8lib.distributed.to_local_state`; a plain parameter's
-        as it is): in the whole tensor's blocks, or, with :attr:`block_layout` ``"local"``, the shard's own
-        (requantized on another world size)."""
-        return to_local_state(p, saved, self.format, block_layout=self.block_layout,
-                              **self._state_keys(p, rule, group, saved))
-
-    def _check_format_tag(self, saved: Any, where: str, origin: str) -> None:
-        """ValueError unless a saved state's :attr:`format_tag_key` is this optimizer's :meth:`format_tag`; the
-        refusal names both formats as users write them (``'8bit'``, ``'4bit' (blocks of 128)``)."""
-        self.layout.check_tag(saved, self.format, where, origin, type(self).__name__)
-
-    def foreign_origin(self, state_dict: dict[str, Any]) -> str:
-        """A hint naming the optimizer a checkpoint that is not this class's probably comes from ('' if none)."""
-        return self.layout.foreign_origin(state_dict)
-
-    def _checked_state(self, p: torch.Tensor, rule: UpdateRule, saved: Any, where: str, origin: str,
-                       group: dict[str, Any] | None = None) -> dict:
-        """A saved state checked against what this optimizer keeps for ``p`` (keys, dtypes, sizes, its format tag,
-        finite scales, valid codes, the step count) and made this rank's: ValueError naming what is wrong."""
-        name, tag_key = type(self).__name__, self.format_tag_key
-        if not isinstance(saved, dict):
-            raise ValueError(f"{where} must be a dict, got {type(saved).__name__}")
-        saved_quantized = any(k in self._codes_keys(rule) for k in saved)
-        expected = self._expected_state(p, rule, group, saved_quantized)
-        unknown = sorted(set(map(str, saved)) - set(expected) - {"step", tag_key, SHAPE_KEY})
-        if origin and unknown:  # a foreign checkpoint: said before its tag or its kind is
-            raise ValueError(f"{where} has unexpected keys {unknown} that {_a(name)} ({rule.name} rule) does not "
-                             f"keep{origin}")
-        if saved_quantized or tag_key in saved:
-            self._check_format_tag(saved.get(tag_key), where, origin)
-        # where the groups hold min_8bit_size (lesson 07's layout: a group's may change once its states exist), a
-        # loaded state keeps its kind, as a live one does; else the optimizer's decides, and another kind is refused
-        if "min_8bit_size" not in self.group_settings:
-            if (saved_quantized or tag_key in saved) and not self.quantized(p, group):
-                raise ValueError(f"{where} has low-bit states; this {name} keeps {self._describe_own(p, group)}{origin}")
-            if not (saved_quantized or tag_key in saved) and self.quantized(p, group):
-                raise ValueError(f"{where} has fp32 states; this {name} stores this parameter's states in format "
-                                 f"{self.format_name()!r} (min_8bit_size {self.min_size(group)}){origin}")
-        if unknown:
-            raise ValueError(f"{where} has unexpected keys {unknown} that {_a(name)} ({rule.name} rule) does not "
-                             f"keep{origin}")
-        step = saved.get("step")
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            got = f"a tensor ({step.dtype})" if torch.is_tensor(step) else repr(step)
-            raise ValueError(f"{where}: 'step' must be a Python int >= 0, got {got}{origin}")
-        out: dict[str, Any] = {"step": step}
-        specs = self.state_specs(rule)
-        codes, scales = {s.codes_key: s for s in specs}, {s.scales_key for s in specs}
-        never_negative = {s.name for s in specs if s.stored_as == "v"}  # (a second moment kept in fp32)
-        for key, (shape, dtype) in expected.items():
-            value = saved.get(key)
-            if not torch.is_tensor(value):
-                raise ValueError(f"{where}: {key!r} should be a {dtype} tensor, got {type(value).__name__}{origin}")
-            try:
-                check_plain_tensor(value, f"{where}: {key!r}")
-            except TypeError as exc:
-                raise ValueError(str(exc)) from None
-            if value.dtype != dtype or value.numel() != math.prod(shape):
-                raise ValueError(f"{where}: {key!r} should be {dtype}[{math.prod(shape)}], got "
-                                 f"{value.dtype}[{value.numel()}]{origin}")
-            if key in codes:
-                if not self.moment(codes[key]).codes_are_valid(value):
-                    raise ValueError(f"{where}: {key!r} has codes that decode to NaN (a corrupt checkpoint)")
-            elif not bool(torch.isfinite(value).all()):
-                raise ValueError(f"{where}: {key!r} has NaN or Inf values (a corrupt checkpoint)")
-            elif (key in scales or key in never_negative) and bool((value < 0).any()):
-                raise ValueError(f"{where}: {key!r} has negative values (it must be >= 0: a corrupt checkpoint)")
-            out[key] = value.detach().to(local_tensor(p).device).reshape(shape).clone(memory_format=torch.contiguous_format)
-        return out
-
-    def _describe_own(self, p: torch.Tensor, group: dict[str, Any] | None = None) -> str:
-        if not self.quantized(p, group):
-            return (f"fp32 states for it (state format {self.format_name()!r}, min_8bit_size "
-                    f"{self.min_size(group)})")
-        return f"{self.format.name!r} (blocks of {self.format.m.blocksize})"
-
-
-class _RoundingCodec:
-    """An fp32 copy of a bf16 chunk, rounded back stochastically with the key of the step and each element's index in
-    the whole parameter (:mod:`adam8lib.rounding`)."""
-
-    def __init__(self, key: torch.Tensor, offset: int) -> None:
-        self.key, self.offset = key, offset
-
-    def load(self, view: torch.Tensor, a: int, b: int, whole: bool) -> torch.Tensor:
-        return view.float()
-
-    def store(self, view: torch.Tensor, target: torch.Tensor, a: int, b: int, whole: bool) -> None:
-        stochastic_round_to_bf16(target, key=self.key, start=self.offset + a, out=view)
-
-
-class _MasterCodec:
-    """The fp32 master of a bf16 chunk, joined with its correction and split back into both
-    (:mod:`adam8lib.master_weights`)."""
-
-    def __init__(self, masters: Any, corrections: torch.Tensor) -> None:
-        self.masters, self.corrections = masters, corrections
-
-    def _lo(self, a: int, b: int, whole: bool) -> torch.Tensor:
-        return self.corrections if whole else self.corrections.view(-1)[a:b]
-
-    def load(self, view: torch.Tensor, a: int, b: int, whole: bool) -> torch.Tensor:
-        return self.masters.join(view, self._lo(a, b, whole))
-
-    def store(self, view: torch.Tensor, target: torch.Tensor, a: int, b: int, whole: bool) -> None:
-        self.masters.split(target, view, self._lo(a, b, whole))
-
-
-def _rule_update(rule: UpdateRule, quantized: bool, target: torch.Tensor, grad: torch.Tensor,
-                 values: dict[str, torch.Tensor], step: int, hyper: dict[str, Any]) -> torch.Tensor:
-    """The rule's fp32 step of ``target`` (not written) with its decoded states ``values`` (updated in place), and
-    the non-finite rule of an elementwise rule: where a state turned NaN/Inf, the states restart from 0 and the
-    parameter keeps its value."""
-    update = rule.update if quantized else rule.update_unquantized
-    new = update(target.to(torch.float32, copy=True), grad.float(), values, step=step, group=hyper)
-    if rule.elementwise:
-        ok = None
-        for x in values.values():
-            finite = torch.isfinite(x)
-            ok = finite if ok is None else ok & finite
-        if ok is not None and not bool(ok.all()):
-            for x in values.values():
-                x.masked_fill_(~ok, 0.0)
-            new = torch.where(ok, new, target.float())  # target itself is not written yet
-    return new
-
-
-def _check_saved_shape(p: torch.Tensor, saved: Any, where: str) -> None:
-    """ValueError when a saved state belongs to a parameter of another shape: its :data:`SHAPE_KEY`, or an fp32
-    state tensor of two or more dimensions, says a shape other than ``p``'s (a transposed weight has as many
-    elements, so sizes alone do not tell)."""
-    if not isinstance(saved, dict):
-        return
-    own = tuple(p.shape)
-    told = saved.get(SHAPE_KEY)
-    if told is not None:
-        if not isinstance(told, (list, tuple)) or not all(isinstance(n, int) and not isinstance(n, bool) for n in told):
-            raise ValueError(f"{where}: {SHAPE_KEY!r} must be a list of ints, got {told!r}")
-        if tuple(told) != own:
-            raise ValueError(f"{where} was saved for a parameter of shape {tuple(told)}; this parameter has shape "
-                             f"{own}: load the checkpoint into the model it was saved from (same parameters, "
-                             f"same order)")
-    for key, value in saved.items():
-        if torch.is_tensor(value) and not is_dtensor(value) and value.dim() >= 2 and value.dtype.is_floating_point \
-                and value.numel() == p.numel() and tuple(value.shape) != own:
-            raise ValueError(f"{where}: {key!r} has shape {tuple(value.shape)}, this parameter has shape {own}: the "
-                             f"checkpoint belongs to another model (or another parameter order)")
 
 
 _MISSING = object()
@@ -1132,11 +770,6 @@ class _Where:
 
     def __format__(self, spec: str) -> str:
         return format(str(self), spec)
-
-
-def _a(name: str) -> str:
-    """``name`` with its indefinite article: 'an Adam8bit', 'a Lion8bit'."""
-    return ("an " if name[:1].lower() in "aeiou" else "a ") + name
 
 
 def _sharded(p: torch.Tensor) -> bool:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adam8lib.quantized_state import SHAPE_KEY
+from adam8lib.state_checkpoint import SHAPE_KEY
 
 from tests import _continuations as cont
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import adam8lib
-from adam8lib.quantized_state import SHAPE_KEY
+from adam8lib.state_checkpoint import SHAPE_KEY
 
 CLASSES = sorted((obj for obj in vars(adam8lib).values()
                   if isinstance(obj, type) and issubclass(obj, torch.optim.Optimizer)), key=lambda c: c.__name__)

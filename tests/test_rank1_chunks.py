@@ -8,6 +8,7 @@ import torch
 
 from adam8lib import AdamW4bit, MemoryTracker, rank1_chunks
 from adam8lib.optim import LowBitAdam
+from adam8lib.chunked_update import rank1_row_chunks
 
 SHAPES = [(300, 770), (1000, 768), (40, 12, 70), (513, 129)]  # rows that fill no block, 3-D, odd rows
 
@@ -58,10 +59,10 @@ def test_adam_without_decay_and_the_naive_format_keep_their_paths(monkeypatch):
                        stochastic_rounding=True)
     w.grad = torch.ones_like(w)
     naive.step()  # (its states exist: blockwise, no rank-1 scales)
-    assert naive._rank1_row_chunks(w, w, naive.state[w], naive.rule_for(w, naive.param_groups[0])) is None
+    assert rank1_row_chunks(naive, w, w, naive.state[w], naive.rule_for(w, naive.param_groups[0])) is None
     four = LowBitAdam([w], state_format="4bit", stochastic_rounding=True)
     four.step()
-    assert len(four._rank1_row_chunks(w, w, four.state[w], four.rule_for(w, four.param_groups[0]))) > 1
+    assert len(rank1_row_chunks(four, w, w, four.state[w], four.rule_for(w, four.param_groups[0]))) > 1
 
 
 def test_row_chunks_start_on_blocks_and_cover_every_row():

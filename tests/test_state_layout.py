@@ -60,9 +60,8 @@ def test_the_tag_is_computed_as_the_layout_says():
 def test_the_core_reads_every_storage_fact_from_the_layout():
     """No class of the library overrides a method for its storage: the core's properties are the layout's."""
     for cls in (LowBitAdam, Lion8bit, Muon8bit):
-        for name in ("state_specs", "_new_state", "_checked_state", "_check_format_tag", "foreign_origin",
-                     "format_tag", "_check_group", "_check_param_and_grad", "_check_live_state", "_local_state",
-                     "state_dict"):
+        for name in ("state_specs", "_new_state", "format_tag", "_check_group", "_check_param_and_grad",
+                     "_check_live_state", "state_dict", "load_state_dict"):
             assert getattr(cls, name) is getattr(QuantizedStateOptimizer, name) or \
                 getattr(cls, name).__wrapped__ is getattr(QuantizedStateOptimizer, name).__wrapped__, (cls, name)
     w = torch.nn.Parameter(torch.randn(64, 80))

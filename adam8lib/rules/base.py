@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Mapping
 
 import torch
 
-__all__ = ["StateSpec", "UpdateRule", "KEPT_DTYPES", "check_number", "check_beta", "check_int"]
+__all__ = ["StateSpec", "UpdateRule", "KEPT_DTYPES", "check_number", "check_beta", "check_int", "fp32_step"]
 
 #: The dtypes a state can be kept in whatever the format (:attr:`StateSpec.kept`).
 KEPT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -117,6 +117,26 @@ class UpdateRule:
 
     def __hash__(self) -> int:
         return hash(type(self))
+
+
+def fp32_step(rule: UpdateRule, quantized: bool, target: torch.Tensor, grad: torch.Tensor,
+              values: dict[str, torch.Tensor], step: int, hyper: dict[str, Any]) -> torch.Tensor:
+    """The reference step of ``rule`` in fp32: the new value of ``target`` (not written) from its decoded states
+    ``values`` (updated in place; ``quantized``: whether they were decoded from codes, else the rule's
+    ``update_unquantized``), and the non-finite rule of an elementwise rule: where a state turned NaN/Inf, every
+    state restarts from 0 and the parameter keeps its value."""
+    update = rule.update if quantized else rule.update_unquantized
+    new = update(target.to(torch.float32, copy=True), grad.float(), values, step=step, group=hyper)
+    if rule.elementwise:
+        ok = None
+        for x in values.values():
+            finite = torch.isfinite(x)
+            ok = finite if ok is None else ok & finite
+        if ok is not None and not bool(ok.all()):
+            for x in values.values():
+                x.masked_fill_(~ok, 0.0)
+            new = torch.where(ok, new, target.float())  # target itself is not written yet
+    return new
 
 
 def check_number(value: Any, name: str, *, minimum: float = 0.0, strict: bool = False) -> None:
