@@ -1,18 +1,23 @@
 """Checks for workbook 08 · Triton kernels (run on a GPU, or on the CPU with ``TRITON_INTERPRET=1``).
 
-The check launches the learner's ``@triton.jit`` kernel itself, one program per quantization
-block (``grid = (number_of_blocks,)``, ``BLOCK = blocksize``), on small inputs with a ragged
-tail. Inputs and outputs live inside larger buffers filled with sentinels, so a kernel that
-reads or writes past ``n`` (no mask) is caught instead of silently corrupting memory.
+The check launches the learner's ``@triton.jit`` kernel, one program per quantization block
+(``grid = (number_of_blocks,)``, ``BLOCK = blocksize``), on small inputs with a ragged tail. Inputs
+and outputs live inside larger buffers filled with sentinels, so a kernel that reads or writes past
+``n`` (no mask) is caught instead of silently corrupting memory.
+
+The kernel is described and launched by course drivers (:mod:`adam8lib.course.grading.drivers.ex08`):
+when graded they run in the learner's process on copies of the buffers this module makes and send the
+buffers back as plain tensors, which are copied into this module's own and compared here with its own
+reference (in a notebook and in the tests the drivers run right here, on the learner's kernel).
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from ...quant import dequantize_blockwise, dynamic_map, nearest_code, num_blocks, quantize_blockwise
+from ..grading.drivers import drive
+from ..grading.drivers import ex08 as _drivers
 from ._common import ALL_ARGS, assert_close, call, fail, is_stub, passed, require_callable
 from ._properties import describe
 from ._variants import diagnose
@@ -23,32 +28,69 @@ _PAD = 512  # sentinel elements after every buffer
 _SIZES = [(1000, 256), (256, 256), (5, 64), (4097, 512), (300, 128)]
 
 
-def _device_for(kernel) -> torch.device:
-    """cuda when there is a GPU; otherwise the kernel must have been built in interpreter mode."""
-    if not hasattr(kernel, "__getitem__"):
-        fail(f"{getattr(kernel, '__name__', kernel)!r} is not a Triton kernel.",
+def _kernel(kernel) -> dict:
+    """What the learner's kernel is (said by the course's driver, where the kernel lives): a Triton kernel, and
+    launchable here — on a GPU, or on the CPU when it was built in interpreter mode."""
+    about = drive(kernel, _drivers.describe_kernel)
+    if not about["launchable"]:
+        fail(f"{about['name']!r} is not a Triton kernel.",
              hint="decorate the kernel function with @triton.jit (and launch it as kernel[grid](...)).")
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if type(kernel).__name__ != "InterpretedFunction":
+    if not about["cuda"] and not about["interpreted"]:
         fail("this kernel was compiled for a GPU, but there is none here.",
              hint="run the setup cell first: on a CPU it sets TRITON_INTERPRET=1, which must be set BEFORE the "
-                  f"@triton.jit cell runs (now TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r}).")
-    return torch.device("cpu")
+                  f"@triton.jit cell runs (now TRITON_INTERPRET={about['interpret']!r}).")
+    return about
 
 
-def _launch(kernel, grid, *args, **kwargs) -> None:
-    """Launch the learner's kernel; a stub's NotImplementedError (wrapped by the interpreter) is named."""
+def _spec(value, bases: list):
+    """A tensor argument as the driver rebuilds it: a view (offset, shape, stride) of the buffer it lives in."""
+    if not torch.is_tensor(value):
+        return value
+    base = value._base if value._base is not None else value
+    if not base.is_contiguous() or base.storage_offset() != 0:
+        base = value  # sent (and copied back) on its own
+    index = next((i for i, b in enumerate(bases) if b is base), None)
+    if index is None:
+        bases.append(base)
+        index = len(bases) - 1
+    if base is value:
+        return {"buffer": index, "offset": 0, "shape": list(value.shape),
+                "stride": list(value.contiguous().stride())}
+    return {"buffer": index, "offset": value.storage_offset(), "shape": list(value.shape),
+            "stride": list(value.stride())}
+
+
+def _launch(kernel, about: dict, grid, *args, **kwargs) -> None:
+    """Launch the learner's kernel (by the course's driver) on the buffers behind ``args`` / ``kwargs``, which hold
+    what it wrote afterwards; a stub's NotImplementedError (wrapped by the interpreter) is named."""
+    not_yet = (f"{about['fn_name']} is not implemented yet: replace the `raise NotImplementedError(...)` line in the "
+               "exercise cell with the kernel's body, run that cell, then run this check again.")
+
+    def launched(*args, **kwargs):
+        bases: list = []
+        sent = [_spec(a, bases) for a in args]
+        named = {k: _spec(v, bases) for k, v in kwargs.items()}
+        return drive(kernel, _drivers.launch, list(grid), [b.detach().clone() for b in bases], sent, named), bases
+
+    launched.__name__ = launched.__qualname__ = f"{about['fn_name']}[grid]"
     try:
-        call(kernel[grid], *args, may_change=ALL_ARGS, **kwargs)  # a kernel writes into its pointers
+        ran, bases = call(launched, *args, may_change=ALL_ARGS, **kwargs)  # a kernel writes into its pointers
     except AssertionError as exc:
         text = str(exc)  # the interpreter wraps the stub's raise: its message names the exercise
         if "NotImplementedError" in text and ("Exercise 08." in text or isinstance(exc.__cause__, NotImplementedError)
                                              and is_stub(exc.__cause__)):
-            fail(f"{getattr(getattr(kernel, 'fn', kernel), '__name__', 'the kernel')} is not implemented yet: replace "
-                 "the `raise NotImplementedError(...)` line in the exercise cell with the kernel's body, run that "
-                 "cell, then run this check again.")
+            fail(not_yet)
         raise
+    if type(ran) is dict and ran.get("stub") is True:
+        fail(not_yet)
+    back = ran.get("buffers") if type(ran) is dict else None
+    if type(back) is not list or len(back) != len(bases) or not all(
+            torch.is_tensor(t) and t.shape == b.shape and t.dtype == b.dtype for t, b in zip(back, bases)):
+        fail(f"{about['fn_name']}: the launch did not give back the buffers it was handed.",
+             hint="launch the kernel as kernel[grid](...) on the tensors the check passes.")
+    with torch.no_grad():
+        for mine, theirs in zip(bases, back):
+            mine.copy_(theirs)
 
 
 def _padded(values: torch.Tensor, fill, pad: int = _PAD) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,7 +115,7 @@ def _absmax_store_hint(buf: torch.Tensor, nb: int, bs: int, sentinel: float) -> 
 def check_absmax_kernel(absmax_kernel) -> None:
     """``absmax_kernel[(nb,)](x_ptr, absmax_ptr, n, BLOCK=blocksize)`` writes max|x| of each block."""
     require_callable(absmax_kernel, "absmax_kernel")
-    device = _device_for(absmax_kernel)
+    about = _kernel(absmax_kernel)
     gen = torch.Generator().manual_seed(8)
     for n, bs in _SIZES:
         x = torch.randn(n, generator=gen)
@@ -84,10 +126,10 @@ def check_absmax_kernel(absmax_kernel) -> None:
         if n >= 2 * bs:
             x[bs: 2 * bs] = 0.0  # an all-zero block
         want = quantize_blockwise(x, None, bs)[1]
-        _, x_view = _padded(x.to(device), 1e6)  # reading past n would see 1e6
+        _, x_view = _padded(x, 1e6)  # reading past n would see 1e6
         # room for a per-lane store at absmax_ptr + offs (up to nb * bs): caught here instead of corrupting memory
-        out_buf, out = _padded(torch.zeros(nb, device=device), -1.0, pad=max(_PAD, nb * bs + bs))
-        _launch(absmax_kernel, (nb,), x_view, out, n, BLOCK=bs)
+        out_buf, out = _padded(torch.zeros(nb), -1.0, pad=max(_PAD, nb * bs + bs))
+        _launch(absmax_kernel, about, (nb,), x_view, out, n, BLOCK=bs)
         what = f"absmax_kernel on {n} values, blocksize {bs} ({nb} blocks)"
         if bool((out_buf[nb:] != -1.0).any()):
             fail(f"{what} wrote past the {nb} absmax entries (one per block).",
@@ -129,7 +171,7 @@ def check_absmax_kernel(absmax_kernel) -> None:
 def check_dequantize_kernel(dequantize_kernel) -> None:
     """``dequantize_kernel[(nb,)](codes_ptr, absmax_ptr, qmap_ptr, out_ptr, n, BLOCK=blocksize)``."""
     require_callable(dequantize_kernel, "dequantize_kernel")
-    device = _device_for(dequantize_kernel)
+    about = _kernel(dequantize_kernel)
     gen = torch.Generator().manual_seed(80)
     for signed in (True, False):
         qmap = dynamic_map(signed)
@@ -141,10 +183,10 @@ def check_dequantize_kernel(dequantize_kernel) -> None:
             codes, absmax = quantize_blockwise(x, qmap, bs)
             want = dequantize_blockwise(codes, absmax, qmap, bs)
             nb = absmax.numel()
-            _, codes_view = _padded(codes.to(device), 255)
-            absmax_buf, absmax_view = _padded(absmax.to(device), 1e6, pad=max(_PAD, n))  # room for absmax_ptr + offs
-            out_buf, out = _padded(torch.zeros(n, device=device), -12345.0)
-            _launch(dequantize_kernel, (nb,), codes_view, absmax_view, qmap.to(device), out, n, BLOCK=bs)
+            _, codes_view = _padded(codes, 255)
+            absmax_buf, absmax_view = _padded(absmax, 1e6, pad=max(_PAD, n))  # room for absmax_ptr + offs
+            out_buf, out = _padded(torch.zeros(n), -12345.0)
+            _launch(dequantize_kernel, about, (nb,), codes_view, absmax_view, qmap.clone(), out, n, BLOCK=bs)
             what = f"dequantize_kernel on {n} codes, blocksize {bs} ({nb} blocks, {'signed' if signed else 'unsigned'} map)"
             if bool((out_buf[n:] != -12345.0).any()):
                 fail(f"{what} wrote past the end of the output.",
@@ -184,7 +226,7 @@ def _codes_report(got: torch.Tensor, want: torch.Tensor, qmap: torch.Tensor, x: 
 def check_quantize_kernel(quantize_kernel) -> None:
     """``quantize_kernel[(nb,)](x_ptr, absmax_ptr, qmap_ptr, codes_ptr, n, BLOCK=blocksize)``: nearest codes."""
     require_callable(quantize_kernel, "quantize_kernel")
-    device = _device_for(quantize_kernel)
+    about = _kernel(quantize_kernel)
     gen = torch.Generator().manual_seed(83)
     for signed in (True, False):
         qmap = dynamic_map(signed)
@@ -200,11 +242,11 @@ def check_quantize_kernel(quantize_kernel) -> None:
                 x[bs] = 1.0
                 x[bs + 1: bs + 9] = (qmap[200:208] + qmap[201:209]) / 2
                 want, absmax = quantize_blockwise(x, qmap, bs)
-            _, x_view = _padded(x.to(device), 0.5)
-            _, absmax_view = _padded(absmax.to(device), 1e6)
-            out_buf, out = _padded(torch.zeros(n, dtype=torch.uint8, device=device), 77)
-            _, qmap_view = _padded(qmap.to(device), -1e30, pad=16)  # reading qmap[256] finds a huge negative
-            _launch(quantize_kernel, (nb,), x_view, absmax_view, qmap_view, out, n, BLOCK=bs)
+            _, x_view = _padded(x, 0.5)
+            _, absmax_view = _padded(absmax, 1e6)
+            out_buf, out = _padded(torch.zeros(n, dtype=torch.uint8), 77)
+            _, qmap_view = _padded(qmap.clone(), -1e30, pad=16)  # reading qmap[256] finds a huge negative
+            _launch(quantize_kernel, about, (nb,), x_view, absmax_view, qmap_view, out, n, BLOCK=bs)
             what = f"quantize_kernel on {n} values, blocksize {bs} ({'signed' if signed else 'unsigned'} map)"
             if bool((out_buf[n:] != 77).any()):
                 fail(f"{what} wrote past the end of the codes.", hint="mask the store: tl.store(codes_ptr + offs, codes, mask=offs < n).")
@@ -261,7 +303,7 @@ def ema_requantize_reference(codes, absmax, g, qmap, beta, blocksize):
 def check_ema_requantize_kernel(ema_requantize_kernel) -> None:
     """``ema_requantize_kernel[(nb,)](codes_ptr, absmax_ptr, g_ptr, qmap_ptr, n, beta, BLOCK=blocksize)``, in place."""
     require_callable(ema_requantize_kernel, "ema_requantize_kernel")
-    device = _device_for(ema_requantize_kernel)
+    about = _kernel(ema_requantize_kernel)
     gen = torch.Generator().manual_seed(84)
     qmap = dynamic_map(True)
     cases = []
@@ -285,11 +327,11 @@ def check_ema_requantize_kernel(ema_requantize_kernel) -> None:
         n = codes.numel()
         want_codes, want_absmax = ema_requantize_reference(codes, absmax, g, qmap, beta, bs)
         nb = absmax.numel()
-        codes_buf, codes_view = _padded(codes.to(device), 0)
+        codes_buf, codes_view = _padded(codes, 0)
         # room for a per-lane absmax store (absmax_ptr + offs reaches nb * bs): caught, not a corrupted process
-        absmax_buf, absmax_view = _padded(absmax.to(device), 1e6, pad=max(_PAD, nb * bs + bs))
-        _, g_view = _padded(g.to(device), 1e3)
-        _launch(ema_requantize_kernel, (nb,), codes_view, absmax_view, g_view, qmap.to(device), n, beta, BLOCK=bs)
+        absmax_buf, absmax_view = _padded(absmax, 1e6, pad=max(_PAD, nb * bs + bs))
+        _, g_view = _padded(g, 1e3)
+        _launch(ema_requantize_kernel, about, (nb,), codes_view, absmax_view, g_view, qmap.clone(), n, beta, BLOCK=bs)
         if bool((absmax_buf[nb:] != 1e6).any()):
             fail(f"{what} wrote past the {nb} absmax entries.", hint=_absmax_store_hint(absmax_buf, nb, bs, 1e6))
         if bool((codes_buf[n:] != 0).any()):
