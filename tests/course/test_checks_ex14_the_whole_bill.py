@@ -24,3 +24,28 @@ def test_release_with_register_hook_that_never_sees_a_grad_is_named():
 
     with pytest.raises(AssertionError, match="register_post_accumulate_grad_hook"):
         checks.check_release_by_hand(release_by_hand)
+
+
+def test_bill_peak_as_the_sum_of_each_parts_maximum_is_named():
+    """The first steps' parts peak at different moments (the gradients in backward, the state once made): their
+    maxima added are above the real peak, and the check names that (it passed every row made after a first step)."""
+    import pytest
+
+    from adam8lib.course import checks
+    from tests.workbooks.wrong_answers import ex14
+
+    with pytest.raises(AssertionError, match="you added each part's own maximum"):
+        checks.check_bill_row(ex14.bill_peak_as_sum_of_maxima)
+
+
+def test_bill_read_at_another_moment_is_named():
+    """Weights and state read after the step, and a largest gradient read before backward (None): each named."""
+    import pytest
+
+    from adam8lib.course import checks
+    from tests.workbooks.wrong_answers import ex14
+
+    with pytest.raises(AssertionError, match="you read it after the step"):
+        checks.check_bill_row(ex14.bill_state_read_after_the_step)
+    with pytest.raises(AssertionError, match="you say no gradient is alive at the bill's peak"):
+        checks.check_bill_row(ex14.bill_largest_read_before_backward)

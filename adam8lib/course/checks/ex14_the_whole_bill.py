@@ -183,10 +183,32 @@ def _named_value(tracker: MemoryTracker, key: str, got: float, want: float) -> s
         after_step = tracker.at_end_of("step")
     except ValueError:  # released: no step phase
         after_step = None
+    forward = tracker.at_end_of("forward")
+    line = tracker.timeline()
+    each_max = sum(max(line[c]) for c in BILL)  # every part at its own highest, at whatever moment
+    if key == "peak" and close(got, each_max / n) and not close(got, want):
+        return ("you added each part's own maximum: the parts peak at different moments (the gradients during "
+                "backward, the state once it is made), so those maxima are never alive together. The peak is the "
+                "highest the three reach TOGETHER, at one moment of the step.")
+    if key == "peak":
+        try:
+            in_backward = tracker.peak(phase="backward", categories=BILL).sum()
+        except ValueError:
+            in_backward = None
+        if in_backward is not None and close(got, in_backward / n) and not close(got, want):
+            return ("that is the highest the bill gets during backward; here it is higher in the step (the first "
+                    "step makes the optimizer's state while the gradients are still alive): look at every moment.")
+    if key in part and after_step is not None and not close(got, want) and close(
+            got, after_step.bytes[part[key]] / n) and close(got, forward.bytes[part[key]] / n):
+        return ("you read it at a moment when no gradient is alive: before backward (when forward ends) or after the "
+                "step has freed them. Read the three parts when backward ends.")
     if after_step is not None and key in part:
         if close(got, after_step.bytes[part[key]] / n) and not close(got, want):
             return ("you read it after the step, when the gradients are freed (and with gradient release there is "
                     "no 'step' phase): read the bill at the end of 'backward'")
+    if key in part and close(got, forward.bytes[part[key]] / n) and not close(got, want):
+        return ("you read it when the forward pass ended, before backward: the gradients are not made yet then, and "
+                "a first step has not made its state. Read the three parts when backward ends.")
     if key in part:
         for other, cat in part.items():
             if other != key and close(got, end.bytes[cat] / n) and not close(got, want):
@@ -194,6 +216,14 @@ def _named_value(tracker: MemoryTracker, key: str, got: float, want: float) -> s
         if close(got, peak.bytes[part[key]] / n):
             return "you read it at the bill's peak: the parts are read when backward ends (at_end_of('backward'))"
     if key == "between":
+        if close(got, (end.bytes["parameters"] + end.bytes["optimizer_state"]) / n) and end.bytes["gradients"]:
+            return "the gradients are missing from the sum"
+        if close(got, forward.sum() / n):
+            return ("that is the bill when the forward pass ended, before backward made any gradient: 'between' is "
+                    "the bill when backward ends")
+        if after_step is not None and close(got, after_step.sum() / n):
+            return ("that is the bill after the step (its gradients freed): 'between' is the bill when backward "
+                    "ends, before the step")
         if close(got, end.total / n):
             return "that counts activations and transient buffers too: the bill is weights + gradients + state only"
         if close(got, peak.sum() / n):
@@ -274,9 +304,19 @@ def check_bill_row(bill_row) -> None:
         if name != want["largest_gradient"]:
             end = tracker.at_end_of("backward")
             at_end = end.largest_gradient[0] if end.largest_gradient else None
-            hint = ("you named the largest gradient alive when backward ends; with gradient release none is left "
-                    "then: name the largest alive at the bill's peak" if name == at_end else
-                    "the largest gradient alive at the bill's peak: tracker.peak(categories=BILL).largest_gradient")
+            grads_peak = tracker.peak(categories="gradients").largest_gradient
+            if name == at_end:
+                hint = ("you named the largest gradient alive when backward ends; with gradient release none is left "
+                        "then: name the largest alive at the bill's peak")
+            elif name is None:
+                hint = ("you say no gradient is alive at the bill's peak, but there is one: that is true only of a "
+                        "moment before backward (the end of forward) or after the gradients are freed. Find the "
+                        "moment the bill peaks first, then the gradients alive at that moment.")
+            elif grads_peak is not None and name == grads_peak[0]:
+                hint = ("that is the largest gradient where the GRADIENTS peak; the bill (weights + gradients + state) "
+                        "peaks at another moment here: name the largest gradient alive at the bill's own peak")
+            else:
+                hint = "the largest gradient alive at the moment the bill (weights + gradients + state) peaks"
             fail(f"{what}: largest_gradient is {name!r}, expected {want['largest_gradient']!r}.", hint=hint)
         for key in keys[:-1]:
             value = got[key]

@@ -258,6 +258,42 @@ def bill_no_gradients_in_sum(tracker):
     return row
 
 
+def bill_peak_as_sum_of_maxima(tracker):
+    """Each part's highest value on the timeline, added: the parts peak at different moments."""
+    row = bill_right(tracker)
+    line = tracker.timeline()
+    row["peak"] = sum(max(line[c]) for c in ("parameters", "gradients", "optimizer_state")) / tracker.num_params
+    return row
+
+
+def bill_read_after_forward(tracker):
+    """Every part read when forward ends (before backward): no gradient yet, a first step's state not made."""
+    n = tracker.num_params
+    return _row(n, tracker.at_end_of("forward"), tracker.peak(categories=BILL))
+
+
+def bill_state_read_after_the_step(tracker):
+    """Weights and state read at the end of the whole step (the state a first step makes is there then)."""
+    row = bill_right(tracker)
+    last = tracker.snapshot(-1)
+    row["weights"] = last.bytes["parameters"] / tracker.num_params
+    row["state"] = last.bytes["optimizer_state"] / tracker.num_params
+    return row
+
+
+def bill_largest_read_before_backward(tracker):
+    row = bill_right(tracker)
+    found = tracker.at_end_of("forward").largest_gradient
+    row["largest_gradient"] = found[0] if found else None
+    return row
+
+
+def bill_peak_in_backward_only(tracker):
+    row = bill_right(tracker)
+    row["peak"] = tracker.peak(phase="backward", categories=BILL).sum() / tracker.num_params
+    return row
+
+
 WRONG += [
     Wrong("14.2", checks.check_bill_row, bill_peak_of_everything, mistake="peak of every category (tracker.peak())",
           hint="that is the peak of everything live", names_mistake=True),
@@ -268,7 +304,7 @@ WRONG += [
     Wrong("14.2", checks.check_bill_row, bill_per_tensor, mistake="divided by the number of tensors",
           hint="you divided by the number of parameter tensors", names_mistake=True),
     Wrong("14.2", checks.check_bill_row, bill_after_step, mistake="read after the step phase",
-          hint="with gradient release there is no 'step' phase", names_mistake=True),
+          hint="you read it at a moment when no gradient is alive", names_mistake=True),
     Wrong("14.2", checks.check_bill_row, bill_parts_at_peak, mistake="the parts read at the bill's peak",
           hint="you read it at the bill's peak", names_mistake=True),
     Wrong("14.2", checks.check_bill_row, bill_largest_at_end, mistake="largest gradient when backward ends",
@@ -279,6 +315,18 @@ WRONG += [
           hint="that is the 'state' part", names_mistake=True),
     Wrong("14.2", checks.check_bill_row, bill_no_gradients_in_sum, mistake="between = weights + state",
           hint="the gradients are missing from the sum", names_mistake=True),
+    Wrong("14.2", checks.check_bill_row, bill_peak_as_sum_of_maxima, mistake="peak = the sum of each part's maximum",
+          hint="you added each part's own maximum", names_mistake=True),
+    Wrong("14.2", checks.check_bill_row, bill_read_after_forward, mistake="the parts read when forward ends",
+          hint="you read it at a moment when no gradient is alive", names_mistake=True),
+    Wrong("14.2", checks.check_bill_row, bill_state_read_after_the_step,
+          mistake="weights and state read after the step (a first step's state made by then)",
+          hint="you read it after the step", names_mistake=True),
+    Wrong("14.2", checks.check_bill_row, bill_largest_read_before_backward,
+          mistake="largest gradient read before backward (None)", hint="you say no gradient is alive at the bill's peak",
+          names_mistake=True),
+    Wrong("14.2", checks.check_bill_row, bill_peak_in_backward_only, mistake="the peak looked for in backward only",
+          hint="the highest the bill gets during backward", names_mistake=True),
 ]
 RIGHT += [
     Right("14.2", checks.check_bill_row, bill_right, how="Snapshot.bytes and sum()"),

@@ -128,22 +128,32 @@ def release_run(release_by_hand, optimizer: str, steps: int) -> dict:
 
 
 def tracked_rows() -> list[tuple[str, MemoryTracker]]:
-    """Trackers of three training steps: fp32 AdamW, 8-bit AdamW with bf16 weights, stochastic rounding and
-    gradient release (no gradient left when backward ends), and 8-bit AdamW on fp32 weights."""
+    """Trackers of training steps of :class:`Tied`: fp32 AdamW, 8-bit AdamW with bf16 weights, stochastic rounding
+    and gradient release (no gradient left when backward ends), and 8-bit AdamW on fp32 weights, each tracked after
+    a first step (the state exists before the step); then three FIRST steps, where the state is made during the
+    tracked step — in the step (fp32 AdamW, 8-bit AdamW) or inside backward (release) — so that the weights and
+    state are not the same at every moment and the parts peak at different moments."""
     out = []
-    for label, dtype, make, release in (
-            ("fp32 AdamW", torch.float32, lambda ps: torch.optim.AdamW(ps, lr=1e-3), False),
+    for label, dtype, make, release, first in (
+            ("fp32 AdamW", torch.float32, lambda ps: torch.optim.AdamW(ps, lr=1e-3), False, False),
             ("bf16 + SR + 8-bit + release", torch.bfloat16,
-             lambda ps: AdamW8bit(ps, lr=1e-3, stochastic_rounding=True), True),
-            ("8-bit AdamW", torch.float32, lambda ps: AdamW8bit(ps, lr=1e-3), False)):
+             lambda ps: AdamW8bit(ps, lr=1e-3, stochastic_rounding=True), True, False),
+            ("8-bit AdamW", torch.float32, lambda ps: AdamW8bit(ps, lr=1e-3), False, False),
+            ("the first step of fp32 AdamW (its state made in the step)", torch.float32,
+             lambda ps: torch.optim.AdamW(ps, lr=1e-3), False, True),
+            ("the first step of 8-bit AdamW (its state made in the step)", torch.float32,
+             lambda ps: AdamW8bit(ps, lr=1e-3), False, True),
+            ("the first step of bf16 + SR + 8-bit + release (each state made inside backward)", torch.bfloat16,
+             lambda ps: AdamW8bit(ps, lr=1e-3, stochastic_rounding=True), True, True)):
         model = Tied(dtype)
         opt = make([p for p in model.parameters() if p.requires_grad])
         handle = release_gradients([p for p in model.parameters() if p.requires_grad], opt) if release else None
         x, y = batches(1, dtype)[0]
-        loss_of(model, x, y).backward()  # a first step makes the state
-        if not release:
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        if not first:
+            loss_of(model, x, y).backward()  # a first step makes the state
+            if not release:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
         tracker = track_step(model, opt, lambda: loss_of(model, x, y))
         if handle:
             handle.remove()
