@@ -327,6 +327,25 @@ class StateFormat:
         rank-1 scales and float8 bytes take the flat form instead."""
         return all(mf.coding == "map" and mf.bits == 8 and not mf.rank1 for mf in (self.m, self.v))
 
+    @property
+    def one_blocksize(self) -> bool:
+        """Both moments have one block size (every built-in format; a format built by hand may not): what every
+        fused step needs, since it walks one element's codes and its block's scales together."""
+        return self.m.blocksize == self.v.blocksize
+
+    @property
+    def one_byte_per_element(self) -> bool:
+        """What the rule templates step (:mod:`adam8lib.kernels.cpu_rules`, :mod:`~adam8lib.kernels.triton_rules`):
+        every moment one byte per element (an 8-bit map or FP8), one scale per block, one block size."""
+        return all(mf.bits == 8 and mf.coding in ("map", "fp8") and not mf.rank1 for mf in (self.m, self.v)) \
+            and self.one_blocksize
+
+    @property
+    def steps_in_map_kernels(self) -> bool:
+        """What the 8-bit Adam kernels step (``adam8bit_step`` of every backend, lessons 07-08):
+        :attr:`byte_codes_into_maps`, the keep-sign rule and one block size for both moments."""
+        return self.byte_codes_into_maps and self.m.keep_sign and self.v.keep_sign and self.one_blocksize
+
     def with_maps(self, m: torch.Tensor | None = None, v: torch.Tensor | None = None) -> "StateFormat":
         """The same format with other maps (256 fp32 entries each) for ``m`` and/or ``v``: a map-coded format's codes
         then index these (the optimizer's ``qmap1``/``qmap2``); the kernels read the maps from the format."""

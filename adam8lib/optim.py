@@ -286,8 +286,7 @@ def map_kernels_step(fmt: StateFormat) -> bool:
     """Whether the map-code kernels of :mod:`adam8lib.kernels` (``adam8bit_step``: every backend) step
     states in ``fmt``: codes aligned with the elements (one byte per code into a map, blockwise scales),
     the keep-sign rule and one block size for both moments (what those kernels compute)."""
-    return (fmt.byte_codes_into_maps and fmt.m.keep_sign and fmt.v.keep_sign
-            and fmt.m.blocksize == fmt.v.blocksize)
+    return fmt.steps_in_map_kernels
 
 
 def backends_of(fmt: StateFormat) -> tuple[str, ...]:

@@ -258,6 +258,11 @@ def test_fused_steps_take_the_kept_state_as_values_and_refuse_it_as_codes(backen
         with pytest.raises(error):
             step(p, g, tuple(coded) + (bad,), rule=rule, fmt=fmt, shape=(n,), step=1, group=group)
         assert not bool(p.any())
+    if backend == "cpu":  # the C++ template keeps states in fp32 only: a bf16-kept one is refused, by name
+        with pytest.raises(ValueError, match="'prev_grad' is kept in bf16: the cpu template keeps states in fp32"):
+            step(p, g, tuple(coded) + ((prev.bfloat16(),),), rule=_AdanBf16Prev(), fmt=fmt, shape=(n,), step=1,
+                 group=group)
+        assert not bool(p.any())
     step(p, g, tuple(coded) + ((prev,),), rule=rule, fmt=fmt, shape=(n,), step=1, group=group)
     assert torch.equal(prev, g)  # the kept state: the gradient, as it is
     torch.testing.assert_close(p, torch.full((n,), -1e-3), rtol=1e-6, atol=0)  # step 1: lr * g / (|g| + eps)

@@ -45,6 +45,31 @@ def test_what_decides_is_data_of_the_format():
     assert "cpu_fast" in backends_of(MINE) and "cpu_fast" not in backends_of(FORMATS["fp8"])
 
 
+def test_every_layout_predicate_is_spelled_once_on_the_format():
+    """What the 8-bit Adam kernels step, what the rule templates step and "one block size" are properties of the
+    format; the registry, the optimizer and the kernels' checks read them (no copy of the conditions elsewhere)."""
+    from adam8lib import kernels
+    from adam8lib.kernels import rule_args
+    from adam8lib.rules import LionRule
+
+    split = StateFormat("split", EIGHT.m, dataclasses.replace(EIGHT.v, blocksize=128))
+    fp8 = FORMATS["fp8"]
+    assert not split.one_blocksize and not split.steps_in_map_kernels and not split.one_byte_per_element
+    for fmt in [*FORMATS.values(), MINE, NEAREST, split]:
+        assert map_kernels_step(fmt) == fmt.steps_in_map_kernels
+        assert rule_args.accepts(fmt) == fmt.one_byte_per_element
+        assert ("cpu_fast" in backends_of(fmt)) == fmt.steps_in_map_kernels
+        assert (kernels.find_step(LionRule(), fmt, "auto", "cpu") is not None) == (
+            fmt.one_byte_per_element and "cpu" in kernels.available_backends())
+    assert fp8.one_byte_per_element and not fp8.steps_in_map_kernels
+    root = Path(adam8lib.__file__).parent
+    for path in root.rglob("*.py"):
+        if path.name == "formats.py" or "course" in path.parts:
+            continue
+        code = path.read_text()
+        assert not re.search(r"\bm\.blocksize\s*[!=]=\s*\S*\bv\.blocksize", code), path
+
+
 def _run(fmt, backend, steps=3):
     gen = torch.Generator().manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(shape, generator=gen)) for shape in ((33, 64), (1500,), (5,))]

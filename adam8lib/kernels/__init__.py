@@ -276,9 +276,8 @@ def find_step(rule, fmt, backend: str, device: torch.device | str) -> FusedStep 
 
 
 def _is_adam8bit_layout(fmt) -> bool:
-    """What the 8-bit Adam backends store: 256-entry maps, one scale per block (one block size), signs kept."""
-    return all(m.coding == "map" and m.bits == 8 and not m.rank1 and m.keep_sign for m in (fmt.m, fmt.v)) \
-        and fmt.m.blocksize == fmt.v.blocksize
+    """What the 8-bit Adam backends store (:attr:`adam8lib.formats.StateFormat.steps_in_map_kernels`)."""
+    return fmt.steps_in_map_kernels
 
 
 def _adam8bit_as_fused(step: Callable[..., None]) -> Callable[..., None]:

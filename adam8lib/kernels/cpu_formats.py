@@ -88,7 +88,7 @@ def _check(p: torch.Tensor, g: torch.Tensor, state: dict, fmt: StateFormat, shap
             check_memory(t, name)
     if p.dtype not in DTYPE_CODES or not g.is_floating_point():
         raise TypeError(f"p must be fp32, bf16 or fp16 and g floating point, got {p.dtype} and {g.dtype}")
-    if fmt.m.blocksize != fmt.v.blocksize:
+    if not fmt.one_blocksize:
         raise ValueError("the cpu kernels need one block size for m and v")
     return tuple(tensors[k] for k in ("state1", "state2", "absmax1", "absmax2"))
 

@@ -27,16 +27,15 @@ from typing import Any, Mapping
 
 import torch
 
-from ..quant import num_blocks
 from .code_table import CodeTable
-from .contract import check_plain_tensor, check_step, is_usual_tensor
+from .contract import check_step
 from .cpu_args import DTYPE_CODES, check_memory, kernel_grad
 from .cpu_build import load_extension, simd_level, supports
 from .cpu_formats import moment_table
 from .cpu_rounding import MKL_VML_MODE, mkl_sqrt_inline, torch_sqrt
 from .reference import torch_uses_fma
 from .registry import register_step
-from .rule_args import RULES, accepts, rule_scalars
+from .rule_args import RULES, accepts, checked_tensors, rule_scalars
 
 __all__ = ["RULES", "SIMD", "accepts", "rule_scalars", "rule_step_cpu", "state_tables"]
 
@@ -52,39 +51,15 @@ def state_tables(rule: Any, fmt: Any) -> list[CodeTable | None]:
 
 
 def _check(p: torch.Tensor, g: torch.Tensor, states, rule: Any, fmt: Any, shape: tuple[int, ...]) -> None:
-    """TypeError/ValueError for anything the kernel must not touch, before a pointer is read."""
-    if not accepts(fmt):
-        raise ValueError(f"the cpu rule template steps byte codes with one block size, not {fmt.fingerprint()}")
-    n = math.prod(shape)
-    if len(states) != len(rule.states):
-        raise ValueError(f"the {rule.name} rule keeps {len(rule.states)} states, got {len(states)}")
-    blocks = num_blocks(n, fmt.m.blocksize)
-    tensors = {"p": (p, n, None), "g": (g, n, None)}
-    for spec, entry in zip(rule.states, states):
-        if spec.kept is not None:
-            if spec.kept != "fp32":
-                raise ValueError(f"state {spec.name!r} is kept in {spec.kept}: the cpu template keeps states in fp32 only")
-            if not isinstance(entry, (tuple, list)) or len(entry) != 1:
-                raise TypeError(f"state {spec.name!r} must be a (values,) tuple: the rule keeps it in fp32")
-            tensors[spec.name] = (entry[0], n, torch.float32)
-            continue
-        if not isinstance(entry, (tuple, list)) or len(entry) != 2:
-            raise TypeError(f"state {spec.name!r} must be a (codes, absmax) pair: the cpu template steps quantized states")
-        tensors[spec.name + " codes"] = (entry[0], n, torch.uint8)
-        tensors[spec.name + " absmax"] = (entry[1], blocks, torch.float32)
-    for name, (t, size, dtype) in tensors.items():
-        if not is_usual_tensor(t):
-            check_plain_tensor(t, name)
+    """TypeError/ValueError for anything the kernel must not touch, before a pointer is read: the templates'
+    checks (:func:`~adam8lib.kernels.rule_args.checked_tensors`), CPU tensors whose memory is there."""
+    tensors = checked_tensors(p, g, states, rule, fmt, shape, template="cpu", kept=("fp32",))
+    for name, t in tensors:
         if t.device.type != "cpu":
             raise ValueError(f"the cpu backend needs CPU tensors; {name} is on {t.device}")
-        if t.ndim != 1 or not t.is_contiguous():
-            raise ValueError(f"{name} must be a flat contiguous 1-D tensor, got shape {tuple(t.shape)}")
-        if t.numel() != size or (dtype is not None and t.dtype != dtype):
-            raise ValueError(f"{name} must be {size} elements{f' of {dtype}' if dtype else ''}, got {t.numel()} of {t.dtype}")
-        if n:
+    if math.prod(shape):
+        for name, t in tensors:
             check_memory(t, name)
-    if p.dtype not in DTYPE_CODES or g.dtype not in DTYPE_CODES:
-        raise TypeError(f"p and g must be fp32, bf16 or fp16, got {p.dtype} and {g.dtype}")
 
 
 @torch.compiler.disable
@@ -93,8 +68,6 @@ def rule_step_cpu(p: torch.Tensor, g: torch.Tensor, states, *, rule: Any, fmt: A
                   group: Mapping[str, Any], simd: int | None = None) -> None:
     """One step of ``rule`` (Lion, AdEMAMix, RMSprop, Adagrad, Adan) on flat CPU tensors, in place: the
     registry's calling convention (:mod:`adam8lib.kernels.registry`); ``simd`` as :data:`SIMD`."""
-    if rule.name not in RULES:
-        raise ValueError(f"the cpu rule template has no rule {rule.name!r}; it has {sorted(RULES)}")
     _check(p, g, states, rule, fmt, shape)
     check_step(step)
     scalars = rule_scalars(rule.name, step, group)

@@ -256,7 +256,7 @@ def _check_4bit_step(p, g, state, fmt, shape) -> None:
     """What :func:`adam4bit_step_triton` needs: a 4-bit map format with one block size, flat
     contiguous p and g of ``shape``'s size, and states of the format's layout on p's device."""
     if fmt.m.coding != "map" or fmt.v.coding != "map" or fmt.m.bits != 4 or fmt.v.bits != 4 or fmt.m.keep_sign \
-            or fmt.v.keep_sign or fmt.m.rank1 or fmt.m.blocksize != fmt.v.blocksize:
+            or fmt.v.keep_sign or fmt.m.rank1 or not fmt.one_blocksize:
         raise ValueError(f"the 4-bit Triton step runs 4-bit map formats without keep_sign, got {fmt.name!r}")
     for moment in (fmt.m, fmt.v):
         if moment.qmap().numel() != 16:

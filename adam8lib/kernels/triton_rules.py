@@ -28,7 +28,6 @@ the reference step on the same device.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping
 
 import torch
@@ -37,9 +36,9 @@ import triton.language as tl
 
 from ..quant import check_blocksize, num_blocks
 from . import triton as lesson
-from .contract import check_plain_tensor, check_step, is_usual_tensor
+from .contract import check_step
 from .registry import register_step
-from .rule_args import RULES, accepts, rule_scalars
+from .rule_args import RULES, accepts, checked_tensors, rule_scalars
 from .triton import FLT_MAX, FUSED_MOMENTS
 from .triton import quantize_tile as _quantize_tile, tile as _tile, to_dtype as _to_dtype
 from .triton_fp8 import fp8_table
@@ -241,39 +240,13 @@ def _maps(rule: Any, fmt: Any, device: torch.device) -> tuple[list, bool, bool]:
 
 
 def _check(p: torch.Tensor, g: torch.Tensor, states, rule: Any, fmt: Any, shape: tuple[int, ...]) -> None:
-    if rule.name not in RULES:
-        raise ValueError(f"the Triton rule template has no rule {rule.name!r}; it has {sorted(RULES)}")
-    if not accepts(fmt):
-        raise ValueError(f"the Triton rule template steps byte codes with one block size, not {fmt.fingerprint()}")
+    """TypeError/ValueError before a launch: the templates' checks (:func:`~adam8lib.kernels.rule_args.checked_tensors`),
+    a block size the kernel tiles, every tensor on p's device."""
+    tensors = checked_tensors(p, g, states, rule, fmt, shape, template="Triton", most_states=MAX_STATES)
     check_blocksize(fmt.m.blocksize)
-    n = math.prod(shape)
-    if len(states) != len(rule.states):
-        raise ValueError(f"the {rule.name} rule keeps {len(rule.states)} states, got {len(states)}")
-    if not 1 <= len(states) <= MAX_STATES:
-        raise ValueError(f"the Triton rule template steps 1 to {MAX_STATES} states, the {rule.name} rule has {len(states)}")
-    tensors = [("p", p, n, None), ("g", g, n, None)]
-    for spec, entry in zip(rule.states, states):
-        if spec.kept is not None:
-            if not isinstance(entry, (tuple, list)) or len(entry) != 1:
-                raise TypeError(f"state {spec.name!r} must be a (values,) tuple: the rule keeps it in {spec.kept}")
-            tensors.append((spec.name, entry[0], n, spec.kept_dtype))
-            continue
-        if not isinstance(entry, (tuple, list)) or len(entry) != 2:
-            raise TypeError(f"state {spec.name!r} must be a (codes, absmax) pair")
-        tensors += [(spec.name + " codes", entry[0], n, torch.uint8),
-                    (spec.name + " absmax", entry[1], num_blocks(n, fmt.m.blocksize), torch.float32)]
-    for name, t, size, dtype in tensors:
-        if not is_usual_tensor(t):
-            check_plain_tensor(t, name)
+    for name, t in tensors:
         if t.device != p.device:
             raise ValueError(f"{name} is on {t.device}, p on {p.device}")
-        if t.dim() != 1 or not t.is_contiguous() or t.numel() != size:
-            raise ValueError(f"{name} must be flat and contiguous with {size} elements, got {tuple(t.shape)}")
-        if dtype is not None and t.dtype != dtype:
-            raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
-    for name, t in (("p", p), ("g", g)):
-        if t.dtype not in lesson.PARAM_DTYPES:
-            raise TypeError(f"{name} must have dtype in {[str(d) for d in lesson.PARAM_DTYPES]}, got {t.dtype}")
 
 
 @torch.no_grad()
