@@ -530,10 +530,10 @@ def test_plugin_prefers_the_official_manifest(pytester):
     for spec in forged["notebooks"][NBVAL_WORKBOOK]["checks"]:
         spec["points"] = 100
     (pytester.path / "learner" / MANIFEST_NAME).write_text(json.dumps(forged))
-    from adam8lib.course.grading.plugin import Grader
+    from adam8lib.course.grading.plugin import NbvalScorer
 
     config = pytester.parseconfig("-p", "no:cacheprovider")
-    grader = Grader(config)
+    grader = NbvalScorer(config)
     manifest, fallback = grader.manifest_for(pytester.path / "learner" / NBVAL_WORKBOOK)
     assert manifest.path == (EXERCISES / MANIFEST_NAME).resolve() and fallback
     assert manifest.points(NBVAL_WORKBOOK) == Manifest.load(EXERCISES / MANIFEST_NAME).points(NBVAL_WORKBOOK)

@@ -40,7 +40,7 @@ import pytest
 
 from .conventions import MANIFEST_NAME, CheckSpec, Manifest, WorkbookError, cell_source, check_calls, source_hash
 
-__all__ = ["Grader", "STATUSES"]
+__all__ = ["NbvalScorer", "STATUSES"]
 
 #: Exercise statuses in a report; only "passed" scores points.
 STATUSES = {
@@ -78,7 +78,7 @@ def pytest_configure(config):
     manifest = config.getoption("grade_manifest", None)
     if manifest and not Path(manifest).is_file():
         raise pytest.UsageError(f"--grade-manifest: no such file {manifest!r}")
-    config.pluginmanager.register(Grader(config), "adam8-grader")
+    config.pluginmanager.register(NbvalScorer(config), "adam8-grader")
 
 
 def _is_nbval_cell(item) -> bool:
@@ -157,7 +157,7 @@ class NotebookResult:
         }
 
 
-class Grader:
+class NbvalScorer:
     """Maps nbval items to exercises, watches their reports, and writes the scores."""
 
     def __init__(self, config):
@@ -377,7 +377,7 @@ CSV_FIELDS = ["notebook", "path", "exercise", "label", "title", "status", "point
 
 
 def write_report(results: dict, path: Path) -> None:
-    """Write :meth:`Grader.results` as JSON, or as CSV with one row per exercise."""
+    """Write :meth:`NbvalScorer.results` as JSON, or as CSV with one row per exercise."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix.lower() == ".json":
         path.write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
