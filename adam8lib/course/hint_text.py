@@ -211,8 +211,9 @@ EXERCISES: dict[str, ExerciseHints] = {
               "8-bit Adam dequantizes each block's states, runs the ordinary Adam(W) step in fp32, and "
               "requantizes with a fresh absmax per block — keeping the sign of every non-zero state and "
               "resetting the states of non-finite gradients.",
-              {"default": "Run one block by hand: dequantize, update, requantize — and compare m, v, p and the "
-                          "absmax after each stage with the library's reference.",
+              {"default": "Run one block by hand, as the lesson does for SGD's one buffer: dequantize, update, "
+                          "requantize — and compare m, v, p and the absmax after each stage with the library's "
+                          "reference.",
                "first_step": "Bias correction needs this step's number, counting from 1.",
                "sign": "A small non-zero state must not round to zero or to the other sign when it is "
                        "requantized: what code does the smallest value of its own sign have?",
@@ -253,10 +254,11 @@ EXERCISES: dict[str, ExerciseHints] = {
                         "and which parameter name does the manager need?",
                "values": "Compare the spread of your initial weights with xavier-uniform's bound for this shape."}),
     "07.4": E("trains_like_adam", "Training with your optimizer",
-              "A training loop is four calls per step — clear the gradients, compute the loss, backward, step — "
-              "and the loss is recorded before the step it leads to.",
-              {"default": "Run your loop with torch.optim.Adam and compare the first three losses with the "
-                          "lesson's: which call is missing, doubled or in the wrong place?",
+              "Training repeats one cycle: the loss of the current weights, its gradient by backward, one "
+              "optimizer step; each step's gradient must come from that step's loss alone, and the curve records "
+              "each loss before the step that follows it.",
+              {"default": "Run your loop with torch.optim.SGD for three steps, at lr=0 and at lr=0.1, and compare "
+                          "with the task's worked examples: which call is missing, doubled or in the wrong place?",
                "order": "Clear the gradients before backward, step after it; record the loss of this step "
                         "before the parameters change.",
                "count": "One loss per step, `steps` of them, as Python floats.",
@@ -435,7 +437,8 @@ EXERCISES: dict[str, ExerciseHints] = {
               {"default": "Step your rule by hand once on three numbers (one positive gradient, one negative, one "
                           "zero) and compare p and m with adam8lib.Lion8bit's.",
                "order": "Three updates: decay, the sign step, the state update. The sign is taken from the "
-                        "interpolation with the old state, before the state changes.",
+                        "interpolation with the old state, before the state changes; and the pair of betas comes "
+                        "in a fixed order — the first for the step's direction, the second for the state.",
                "sign": "The update is the sign of an interpolation with beta1, not of the state or of the "
                        "gradient alone.",
                "in_place": "The rule updates its states in place but must not change the gradient in place; "
@@ -484,8 +487,10 @@ EXERCISES: dict[str, ExerciseHints] = {
     "14.2": E("bill_row", "A row of the bill",
               "A row of the bill reads the tracker at the end of backward and at its peak, and divides every "
               "byte count by the number of parameters.",
-              {"default": "Print the snapshot at the end of backward and the peak: which of your entries comes "
-                          "from which?",
+              {"default": "Print the snapshot at the end of backward and the one where the bill is highest: which "
+                          "of your entries comes from which moment? Every number of the peak belongs to ONE moment "
+                          "(the parts do not peak together, least of all in a first step that makes the state), and "
+                          "the largest gradient is the one alive at that same moment.",
                "factor": "Per parameter: divide by the tracker's number of parameters.",
                "keys": "The keys the statement names, each a Python float."}),
 }
