@@ -489,8 +489,8 @@ EXERCISES: dict[str, ExerciseHints] = {
               "byte count by the number of parameters.",
               {"default": "Print the snapshot at the end of backward and the one where the bill is highest: which "
                           "of your entries comes from which moment? Every number of the peak belongs to ONE moment "
-                          "(the parts do not peak together, least of all in a first step that makes the state), and "
-                          "the largest gradient is the one alive at that same moment.",
+                          "(the parts do not peak together, least of all in a first step that makes its state), and "
+                          "the largest gradient is the one alive then.",
                "factor": "Per parameter: divide by the tracker's number of parameters.",
                "keys": "The keys the statement names, each a Python float."}),
 }
