@@ -307,3 +307,86 @@ def test_blocks_counted_with_floor_division_are_named_once():
     text = str(info.value)
     assert "ceil(n / blocksize)" in text and text.count("Hint:") == 1, text
     assert "three_steps_of_your_optimizer() raised" in text and info.value.__cause__ is not None
+
+
+# ------------------------------------------------------------------ 07.2-07.4 run by the course's drivers (issue 53)
+def _agreeing_tensor_class():
+    """A tensor subclass whose torch-function handler says every comparison is equal."""
+
+    def handler(cls, func, types, args=(), kwargs=None):
+        if func in (torch.equal, torch.allclose, torch.Tensor.equal, torch.Tensor.__eq__, torch.Tensor.__ne__):
+            return True
+        return torch.Tensor.__torch_function__.__func__(cls, func, types, args, kwargs or {})
+
+    class Agree(torch.Tensor):
+        pass
+
+    Agree.__torch_function__ = classmethod(handler)
+    return Agree
+
+
+def test_an_embedding_whose_output_lies_fails_in_the_kernel_too():
+    """The driver's answer crosses as plain data in a notebook as well: a subclass that claims equality is a plain
+    tensor of zeros by the time the check compares it."""
+    agree = _agreeing_tensor_class()
+    right = solution("07", "StableEmbedding")
+
+    class Lying(right):
+        def forward(self, x):
+            return torch.zeros(*x.shape, 64).as_subclass(agree)
+
+    Lying.__name__ = "StableEmbedding"
+    fails_with(checks.check_stable_embedding, Lying, "StableEmbedding(x)")
+
+
+def test_losses_that_lie_fail_as_plain_floats():
+    class Yes(float):
+        def __eq__(self, other):
+            return True
+
+        __hash__ = float.__hash__
+
+    def train(optimizer_class, steps=200, lr=1e-2):
+        return [Yes(0.0)] * steps
+
+    fails_with(lambda fn: checks.check_trains_like_adam(fn, make_training_optimizer()), train, "gave 20 losses [0.0")
+
+
+def test_the_drivers_return_plain_data_only():
+    from adam8lib.course.grading import drivers, plain
+    from adam8lib.course.grading.drivers import ex07
+
+    ex = checks.ex07_adam8bit_step
+    before = [p.detach().clone() for p in ex._optimizer_params()]
+    ran = drivers.drive(solution("07", "MyAdam8bit"), ex07.step_optimizer, ex._group_spec(), before, ex._grads(3))
+    assert plain.decode(plain.encode(ran)) is not None and ran["optimizer"] and ran["type"] == "MyAdam8bit"
+    assert [type(p) for p in ran["params"]] == [torch.Tensor] * len(before)
+    assert ran["defaults"] == {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}
+    assert ran["states"][4] == {"empty": True, "tensors": []}
+    x = torch.tensor([[1, 5, 999], [0, 0, 42]])
+    emb = drivers.drive(solution("07", "StableEmbedding"), ex07.embedding_run, x, ex._moves())
+    assert emb["build_error"] is None and emb["parts"] == ["Embedding", "LayerNorm"] and emb["trained_grad"]
+    assert emb["override"]["dtype"] == torch.float32 and emb["override"]["registered"]
+
+
+def test_a_checkpoint_that_loads_but_steps_unlike_the_reference_is_caught():
+    """07.2's round trip is compared with the check's own run too: an optimizer that agrees with its reloaded twin
+    but steps unlike Adam8bit once a checkpoint was saved or loaded (here: without decay) fails."""
+    base = solution("07", "MyAdam8bit")
+
+    class Drifts(base):
+        def _drift(self):
+            for group in self.param_groups:
+                group["weight_decay"] = 0.0
+
+        def state_dict(self):
+            out = super().state_dict()
+            self._drift()  # the original drifts once it has been saved
+            return out
+
+        def load_state_dict(self, state_dict):
+            super().load_state_dict(state_dict)
+            self._drift()
+
+    Drifts.__name__ = "MyAdam8bit"
+    fails_with(checks.check_adam8bit_optimizer, Drifts, "differ from adam8lib.optim.Adam8bit")

@@ -1,16 +1,26 @@
-"""Checks for workbook 07 · the 8-bit Adam step (dequantize -> update in fp32 -> requantize)."""
+"""Checks for workbook 07 · the 8-bit Adam step (dequantize -> update in fp32 -> requantize).
+
+07.1 calls the learner's ``adam8bit_step`` on this check's tensors (plain data: when graded, those it updates in
+place come back from the learner's process as plain tensors). 07.2-07.4 hand the learner's class or function to
+course drivers (:mod:`adam8lib.course.grading.drivers.ex07`): they build the parameters and every step's gradients
+this check sends into the learner's optimizer and step it, build the learner's embedding from a fixed seed and move
+it as training would, run the learner's training loop, and return plain data — parameters, what the states hold,
+outputs, losses — which this check compares with its own recomputation (adam8lib's Adam8bit, F.layer_norm of the
+embedding's table moved as this check said, torch.optim.Adam's losses). When graded, the drivers run in the learner's process and
+everything here in the check process; in a notebook both run in the kernel."""
 
 from __future__ import annotations
 
-import io
 import math
 import re
-import numbers
 
 import torch
 
 from ...kernels.reference import adam8bit_step
 from ...quant import dequantize_blocks, dynamic_map, nearest_code, num_blocks, quantize_blocks
+from ..grading.drivers import drive, reraise
+from ..grading.drivers import ex07 as _drivers
+from ..grading.drivers.ex07 import mlp_task  # noqa: F401 - 07.4's task: the exercise cell imports it from here
 from ._common import assert_close, call, fail, passed, refail, require_callable
 from ._properties import describe_step
 
@@ -304,21 +314,45 @@ def _groups(params, **overrides):
     return [{**first, **overrides}, {**second, **overrides}] if overrides else [first, second]
 
 
-def _give_grads(params, gen, step_index: int) -> None:
-    """Gradients of one step: every parameter but the one that never gets any; the late one from step 2."""
-    for i, p in enumerate(params):
+def _group_spec(**overrides) -> list[dict]:
+    """:func:`_groups` with the parameters named by their index in :data:`_PARAMS` (what the driver is sent)."""
+    return _groups(list(range(len(_PARAMS))), **overrides)
+
+
+def _grad_step(gen, step_index: int) -> list:
+    """Gradients of one step, one entry per parameter: every parameter but the one that never gets any (None);
+    the late one from step 2."""
+    out = []
+    for i, (shape, _) in enumerate(_PARAMS):
         if i == _NEVER:
+            out.append(None)
             continue
-        g = torch.randn(p.shape, generator=gen) * 0.01
-        p.grad = None if (i == _LATE and step_index == 0) else g
+        g = torch.randn(shape, generator=gen) * 0.01
+        out.append(None if (i == _LATE and step_index == 0) else g)
+    return out
+
+
+def _grads(steps: int, seed: int = 1) -> list[list]:
+    """Every step's gradients (:func:`_grad_step`) of a run of ``steps`` steps."""
+    gen = torch.Generator().manual_seed(seed)
+    return [_grad_step(gen, k) for k in range(steps)]
+
+
+#: the gradients of the step after a checkpoint's round trip
+def _last_step() -> list:
+    return _grad_step(torch.Generator().manual_seed(7), 1)
+
+
+def _step_with(opt, params, grads) -> None:
+    for p, g in zip(params, grads):
+        p.grad = g
+    opt.step()
 
 
 def _run(make, steps: int, params, *, grad_seed: int = 1):
     opt = make(params)
-    gen = torch.Generator().manual_seed(grad_seed)
-    for k in range(steps):
-        _give_grads(params, gen, k)
-        opt.step()
+    for grads in _grads(steps, grad_seed):
+        _step_with(opt, params, grads)
     return opt
 
 
@@ -344,10 +378,6 @@ def _property_hint(bad: list[int]) -> str | None:
         return (f"only the fp32-state parameters are wrong ({listing}); the 8-bit ones are right: look at the fp32 "
                 "AdamW path (its bias correction, eps, weight decay, reading the group's lr and betas).")
     return None
-
-
-def _same(a, b) -> bool:
-    return not _differing(a, b)
 
 
 def _reference(params, **overrides):
@@ -420,40 +450,71 @@ def _crash_hint(text: str) -> str | None:
     return None
 
 
+def _named(fn, name: str):
+    """``fn`` under ``name`` (the learner's class or function), so that :func:`call` reports a stub or an exception
+    as theirs."""
+    fn.__name__ = fn.__qualname__ = str(name)
+    return fn
+
+
+def _replay(record, name: str, result=None):
+    """A function named ``name`` that raises again what a driver recorded (:func:`attempt`) — the learner's
+    exception, where it happened — or returns ``result``: :func:`call` then reports it as it reports a call."""
+
+    def replay(*args, **kwargs):
+        if record is not None:
+            reraise(record)
+        return result
+
+    return _named(replay, name)
+
+
+def _shapes_kept(name: str, got: list, before: list) -> None:
+    """The driver's parameters are the check's, in number and shape (an optimizer updates them in place)."""
+    if len(got) != len(before):
+        fail(f"{name}: {len(got)} parameters came back from {len(before)}", "update the parameters in place.")
+    for i, (a, b) in enumerate(zip(got, before)):
+        if tuple(a.shape) != tuple(b.shape) or a.dtype != b.dtype:
+            fail(f"{name}: parameter #{i} ({_PARAMS[i][1]}) became {a.dtype} of shape {tuple(a.shape)}, was "
+                 f"{b.dtype} of shape {tuple(b.shape)}",
+                 "update each parameter in place (p.copy_(...), or through p.view(-1)): its shape and dtype stay.")
+
+
 def check_adam8bit_optimizer(optimizer_class) -> None:
     """``optimizer_class(params_or_groups, lr, betas, eps, weight_decay, blocksize=256, min_8bit_size=4096)``."""
     require_callable(optimizer_class, "the optimizer class")
     name = getattr(optimizer_class, "__name__", "your optimizer")
-    params = _optimizer_params()
-    before = [p.detach().clone() for p in params]
+    before = [p.detach().clone() for p in _optimizer_params()]
     try:
-        def three_steps_of_your_optimizer():
-            return _run(lambda ps: optimizer_class(_groups(ps)), 3, params)
+        def three_steps_of_your_optimizer():  # built and stepped by the course's driver, on this check's scenario
+            return drive(optimizer_class, _drivers.step_optimizer, _group_spec(), before, _grads(3))
 
-        opt = call(three_steps_of_your_optimizer)
+        ran = call(three_steps_of_your_optimizer)
     except AssertionError as err:
         hint = _crash_hint(str(err))
         if hint is None:
             raise
         refail(err, hint)
-    if not isinstance(opt, torch.optim.Optimizer):
-        fail(f"{name}(...) is a {type(opt).__name__}", "subclass torch.optim.Optimizer and call super().__init__(params, defaults).")
+    if not ran["optimizer"]:
+        fail(f"{name}(...) is a {ran['type']}", "subclass torch.optim.Optimizer and call super().__init__(params, defaults).")
+    params, states = ran["params"], ran["states"]
+    _shapes_kept(name, params, before)
     if not torch.equal(params[_NEVER], before[_NEVER]):
         fail(f"{name}: a parameter without a gradient changed", "skip parameters whose .grad is None.")
-    if opt.state.get(params[_NEVER]):
+    if not states[_NEVER]["empty"]:
         fail(f"{name}: a parameter that never got a gradient has a state",
              "create a parameter's state on its first step, in step() (`if not state: ...`), not in __init__: a "
              "parameter that never gets a gradient has no state.")
-    for p, kind in zip(params, ("8-bit", "8-bit", "fp32", "fp32", None, "8-bit", "8-bit")):
+    for i, (p, kind) in enumerate(zip(before, ("8-bit", "8-bit", "fp32", "fp32", None, "8-bit", "8-bit"))):
         if kind is None:
             continue
-        tensors = [v for v in opt.state[p].values() if torch.is_tensor(v) and v.numel() > 1]
-        has_codes = any(v.dtype == torch.uint8 and v.numel() == p.numel() for v in tensors)
+        tensors = [t for t in states[i]["tensors"] if t["numel"] > 1]
+        has_codes = any(t["dtype"] == torch.uint8 and t["numel"] == p.numel() for t in tensors)
         if kind == "8-bit" and not has_codes:
             if p.numel() == 4096:
                 hint = ("min_8bit_size is inclusive: a tensor with n >= min_8bit_size elements (4096 too) gets 8-bit "
                         "states")
-            elif not opt.state.get(p):
+            elif states[i]["empty"]:
                 hint = ("self.state[p] is empty: keep the two states of a large tensor as uint8 codes (+ fp32 absmax "
                         "per block) in self.state[p] — state_dict() saves only that, not attributes of your own.")
             elif p.dim() > 1 and p.shape[0] < 4096 and tensors:
@@ -462,15 +523,15 @@ def check_adam8bit_optimizer(optimizer_class) -> None:
             else:
                 hint = "keep the two states of a large tensor as uint8 codes (+ fp32 absmax per block) in self.state[p]."
             fail(f"{name}: the {p.numel()}-element parameter has no uint8 codes in its state", hint)
-        if kind == "fp32" and (has_codes or not any(v.dtype == torch.float32 and v.shape == p.shape for v in tensors)):
+        if kind == "fp32" and (has_codes or not any(t["dtype"] == torch.float32 and tuple(t["shape"]) == tuple(p.shape)
+                                                    for t in tensors)):
             fail(f"{name}: the {p.numel()}-element parameter should keep fp32 states exp_avg/exp_avg_sq",
                  "you gave this small tensor 8-bit states: tensors with fewer than min_8bit_size elements keep fp32 "
                  "states (and the plain fp32 Adam update).")
     ref_params = _optimizer_params()
     _run(_reference, 3, ref_params)
     if not _same(params, ref_params):
-        own = getattr(opt, "defaults", None) or {}
-        own = {k: own[k] for k in ("lr", "betas", "eps", "weight_decay") if k in own}
+        own = ran["defaults"]  # the learner's optimizer's defaults, as plain data
         variants = [
             ("every group stepped with the optimizer's defaults: read lr, betas, eps and weight_decay from each "
              "param group (group['lr'], group['betas'], …) inside step(), not from self.defaults — a group may set "
@@ -482,7 +543,10 @@ def check_adam8bit_optimizer(optimizer_class) -> None:
         ]
         for hint, kw in variants:
             alt = _optimizer_params()
-            _run(lambda ps, kw=kw: _reference(ps, **kw), 3, alt)
+            try:
+                _run(lambda ps, kw=kw: _reference(ps, **kw), 3, alt)
+            except Exception:  # noqa: BLE001 - defaults the library refuses: not this mistake
+                continue
             if _same(params, alt):
                 fail(f"{name}: parameters after 3 steps differ from adam8lib.optim.Adam8bit", hint)
         for hint, rule in [
@@ -510,45 +574,74 @@ def check_adam8bit_optimizer(optimizer_class) -> None:
              "different lr, betas, weight_decay; 8-bit and fp32 tensors)",
              "keep a step count per parameter in self.state[p] and increase it before each update (bias correction "
              "uses it); call the 8-bit step on flat views p.view(-1), p.grad.view(-1) and write into the state in place.")
-    # state_dict round trip: two steps, save, load into a fresh optimizer, one more step on both
-    a_params, b_params = _optimizer_params(), _optimizer_params()
-    a = _run(lambda ps: optimizer_class(_groups(ps)), 2, a_params)
-    buffer = io.BytesIO()  # a checkpoint on disk, as in real life (and no tensor shared with `a`)
-    torch.save(a.state_dict(), buffer)
-    buffer.seek(0)
-    saved = torch.load(buffer, weights_only=True)
-    for pa, pb in zip(a_params, b_params):
-        pb.data.copy_(pa.data)
-    b = optimizer_class(_groups(b_params))
-    call(b.load_state_dict, saved)
-    for opt_, ps in ((a, a_params), (b, b_params)):
-        _give_grads(ps, torch.Generator().manual_seed(7), 1)
-        opt_.step()
-    if not _same(a_params, b_params):
+    # state_dict round trip (by the course's driver): two steps, save, load into a fresh optimizer, one more step on
+    # both; and the same two steps and one more with the reference, here
+    start = [p.detach().clone() for p in _optimizer_params()]
+    trip = drive(optimizer_class, _drivers.checkpoint_run, _group_spec(), start, _grads(2), _last_step())
+    if trip["load_error"] is not None:
+        call(_replay(trip["load_error"], "load_state_dict"))
+    _shapes_kept(name, trip["a"], start)
+    _shapes_kept(name, trip["b"], start)
+    if not _same(trip["a"], trip["b"]):
         fail(f"{name}: after state_dict() / load_state_dict() the next step differs from the original optimizer's",
              "keep every state (codes, absmax, fp32 moments, the step count) in self.state[p]: that is what "
              "state_dict() saves; attributes of your own (self.codes = {...}) are lost.")
+    ref_params = _optimizer_params()
+    _step_with(_run(_reference, 2, ref_params), ref_params, _last_step())
+    if not _same(trip["b"], ref_params):
+        fail(f"{name}: after two steps, a checkpoint and one more step the parameters differ from "
+             "adam8lib.optim.Adam8bit's", "step() must depend only on the parameters, their gradients, the param "
+             "groups and self.state[p]: run twice on the same inputs, your optimizer must give the same result.")
     passed("Exercise 07.2 · The Adam8bit optimizer")
 
 
 # ---------------------------------------------------------------------------- 07.3
+class _Foreign:
+    """A value of the learner's answer that is not plain data: only its type's name and repr crossed."""
+
+    def __init__(self, described: dict):
+        self.kind, self.shown = str(described.get("kind")), str(described.get("repr"))
+
+    def __repr__(self) -> str:
+        return self.shown
+
+
+def _answer(described: dict | None):
+    """The learner's value as a driver described it (:func:`~adam8lib.course.grading.drivers.described`)."""
+    if described is None:
+        return None
+    return described["plain"] if "plain" in described else _Foreign(described)
+
+
+def _moves(table_shape=(1000, 64), dim: int = 64) -> dict:
+    """What a few optimizer steps do to the embedding: the table moved a little, the LayerNorm's scale and shift
+    away from 1 and 0 (sent to the driver, which applies them; this check computes what the module must give)."""
+    gen = torch.Generator().manual_seed(73)
+    return {"table": torch.randn(table_shape, generator=gen) * 0.05,
+            "scale": 1.0 + torch.randn(dim, generator=gen) * 0.5, "shift": torch.randn(dim, generator=gen) * 0.5}
+
+
 def check_stable_embedding(stable_embedding_class) -> None:
     """``StableEmbedding(num_embeddings, embedding_dim)``: xavier-uniform Embedding + LayerNorm, 32-bit optimizer states."""
     require_callable(stable_embedding_class, "StableEmbedding")
-    torch.manual_seed(0)
-    module = call(stable_embedding_class, 1000, 64)
-    emb, norm = getattr(module, "embedding", None), getattr(module, "norm", None)
-    if not isinstance(emb, torch.nn.Embedding) or not isinstance(norm, torch.nn.LayerNorm):
-        fail(f"StableEmbedding has embedding={type(emb).__name__}, norm={type(norm).__name__}",
+    name = getattr(stable_embedding_class, "__name__", "StableEmbedding")
+    x = torch.tensor([[1, 5, 999], [0, 0, 42]])
+    moves = _moves()
+    # built (torch.manual_seed(0)), run, moved and run again, trained by bitsandbytes: by the course's driver
+    ran = drive(stable_embedding_class, _drivers.embedding_run, x, moves)
+    call(_replay(ran["build_error"], name), 1000, 64)
+    if "table" not in ran:
+        emb_kind, norm_kind = ran["parts"]
+        fail(f"StableEmbedding has embedding={emb_kind}, norm={norm_kind}",
              "keep the table in self.embedding (an nn.Embedding) and the LayerNorm in self.norm.")
-    if tuple(emb.weight.shape) == (64, 1000):
+    w, scale, shift, eps = ran["table"], ran["scale"], ran["shift"], ran["eps"]
+    if tuple(w.shape) == (64, 1000):
         fail("self.embedding.weight has shape (64, 1000), expected (1000, 64)",
              "you swapped the arguments: nn.Embedding(num_embeddings, embedding_dim) has one row of embedding_dim "
              "values per token.")
-    if tuple(norm.normalized_shape) != (64,):
-        fail(f"self.norm normalises over {tuple(norm.normalized_shape)}, expected (64,)",
+    if tuple(ran["normalized_shape"]) != (64,):
+        fail(f"self.norm normalises over {tuple(ran['normalized_shape'])}, expected (64,)",
              "the LayerNorm normalises each embedding VECTOR: nn.LayerNorm(embedding_dim), not num_embeddings.")
-    w = emb.weight.detach()
     bound = math.sqrt(6.0 / (1000 + 64))
     std_ratio = w.std().item() * math.sqrt(3) / bound
     if w.abs().max() > bound * 1.0001 or not (0.9 < std_ratio < 1.1):
@@ -562,27 +655,22 @@ def check_stable_embedding(stable_embedding_class) -> None:
             hint = "initialise the table with nn.init.xavier_uniform_(self.embedding.weight) (nn.Embedding's default is N(0, 1))."
         fail(f"embedding weights: std {w.std().item():.4f}, max |w| {w.abs().max().item():.3f}; "
              f"xavier-uniform gives std {bound / math.sqrt(3):.4f}, |w| <= {bound:.3f}", hint)
-    if norm.weight is None or norm.bias is None:
-        fail(f"self.norm has weight={_short_param(norm.weight)}, bias={_short_param(norm.bias)}: it cannot learn a "
+    if scale is None or shift is None:
+        fail(f"self.norm has weight={_short_param(scale)}, bias={_short_param(shift)}: it cannot learn a "
              "scale and shift", "you built the LayerNorm without its affine parameters (elementwise_affine=False or "
              "bias=False): the stable embedding's LayerNorm learns a per-feature scale and shift, the nn.LayerNorm "
              "default.")
-    frozen = [name for name, prm in module.named_parameters() if not prm.requires_grad]
-    if frozen:
-        fail(f"StableEmbedding: {', '.join(frozen)} has requires_grad=False",
+    if ran["frozen"]:
+        fail(f"StableEmbedding: {', '.join(ran['frozen'])} has requires_grad=False",
              "you froze part of the layer (requires_grad=False, or requires_grad_(False)): an optimizer never "
              "updates a frozen parameter, but the paper's layer trains its table AND its LayerNorm's scale and "
              "shift. Leave every parameter trainable.")
-    listed = {id(prm) for prm in module.parameters()}
-    missing = [name for name, prm in (("embedding.weight", emb.weight), ("norm.weight", norm.weight),
-                                       ("norm.bias", norm.bias)) if id(prm) not in listed]
-    if missing:
-        fail(f"StableEmbedding.parameters() does not list {', '.join(missing)}",
+    if ran["missing"]:
+        fail(f"StableEmbedding.parameters() does not list {', '.join(ran['missing'])}",
              "a parameter the module does not register (kept in a plain list/dict, or a tensor that is not an "
              "nn.Parameter) is invisible to module.parameters(), so no optimizer trains it.")
-    x = torch.tensor([[1, 5, 999], [0, 0, 42]])
-    out = call(module, x)
-    want = torch.nn.functional.layer_norm(w[x], (64,), norm.weight.detach(), norm.bias.detach(), norm.eps)
+    out = call(_replay(ran["forward_error"], name, _answer(ran["output"])), x)
+    want = torch.nn.functional.layer_norm(w[x], (64,), scale, shift, eps)
     if isinstance(out, torch.Tensor) and out.shape != want.shape:
         fail(f"StableEmbedding(x) for x of shape {tuple(x.shape)} has shape {tuple(out.shape)}, expected "
              f"{tuple(want.shape)}", "one embedding_dim vector per token id: look up all of x (any shape) and normalise "
@@ -595,23 +683,8 @@ def check_stable_embedding(stable_embedding_class) -> None:
              "that is L2 normalisation (F.normalize): apply the LayerNorm self.norm, which subtracts each vector's "
              "mean, divides by its std, then scales and shifts.")
     assert_close(out, want, what="StableEmbedding(x)", hint="return self.norm(self.embedding(x)).")
-    _check_trained(module, x)
-    try:
-        import contextlib as _cl
-        import io as _io
-
-        with _cl.redirect_stderr(_io.StringIO()), _cl.redirect_stdout(_io.StringIO()):
-            import bitsandbytes as bnb
-    except Exception:  # noqa: BLE001 - no bitsandbytes: the 32-bit override cannot be checked here
-        bnb = None
-    if bnb is not None:
-        # forget earlier registrations: they are keyed by id(parameter), and ids of dead modules get reused
-        manager = bnb.optim.GlobalOptimManager.get_instance()
-        manager.initialize()
-        try:
-            _check_override(bnb, stable_embedding_class, x)
-        finally:  # and leave none behind: a later optimizer could take a dead parameter's override by its id
-            manager.initialize()
+    _check_trained(ran, name, x, moves, eps)
+    _check_override(ran, name)
     passed("Exercise 07.3 · The stable embedding")
 
 
@@ -619,20 +692,18 @@ def _short_param(t) -> str:
     return "None" if t is None else f"a tensor of shape {tuple(t.shape)}"
 
 
-def _check_trained(module, x) -> None:
-    """After training, the output must follow the module's CURRENT parameters (table, scale, shift)."""
-    emb, norm = module.embedding, module.norm
-    gen = torch.Generator().manual_seed(73)
-    with torch.no_grad():  # what a few optimizer steps do: every parameter moves away from its init
-        emb.weight.add_(torch.randn(emb.weight.shape, generator=gen) * 0.05)
-        norm.weight.copy_(1.0 + torch.randn(norm.weight.shape, generator=gen) * 0.5)
-        norm.bias.copy_(torch.randn(norm.bias.shape, generator=gen) * 0.5)
-    w, scale, shift = emb.weight.detach(), norm.weight.detach(), norm.bias.detach()
-    out = call(module, x)
-    want = torch.nn.functional.layer_norm(w[x], (w.shape[1],), scale, shift, norm.eps)
+def _check_trained(ran: dict, name: str, x, moves: dict, eps: float) -> None:
+    """After training, the output must follow the module's CURRENT parameters (table, scale, shift): the driver
+    moved them by ``moves``; what the module must give is computed here from the table it had and the moves."""
+    if "trained_error" not in ran:  # the driver could not move a table of another shape (a check above says so)
+        fail(f"StableEmbedding: self.embedding.weight has shape {tuple(ran['table'].shape)}, expected (1000, 64)",
+             "nn.Embedding(num_embeddings, embedding_dim): one row of embedding_dim values per token.")
+    w, scale, shift = ran["table"] + moves["table"], moves["scale"], moves["shift"]
+    out = call(_replay(ran["trained_error"], name, _answer(ran["trained"])), x)
+    want = torch.nn.functional.layer_norm(w[x], (w.shape[1],), scale, shift, eps)
     if not isinstance(out, torch.Tensor) or out.shape != want.shape:
         assert_close(out, want, what="StableEmbedding(x) after training", hint="return self.norm(self.embedding(x)).")
-    plain = torch.nn.functional.layer_norm(w[x], (w.shape[1],), None, None, norm.eps)
+    plain = torch.nn.functional.layer_norm(w[x], (w.shape[1],), None, None, eps)
     what = "StableEmbedding(x) after training (self.norm.weight != 1, self.norm.bias != 0, the table moved)"
     if torch.allclose(out, plain, atol=1e-5):
         fail(f"{what} ignores the LayerNorm's scale and shift",
@@ -642,7 +713,7 @@ def _check_trained(module, x) -> None:
     if torch.allclose(out, scale * plain, atol=1e-5) or torch.allclose(out, plain + shift, atol=1e-5):
         fail(f"{what} uses only one of the LayerNorm's scale and shift",
              "your normalisation applies self.norm.weight or self.norm.bias but not both: call self.norm itself.")
-    if not out.requires_grad:
+    if not ran["trained_grad"]:
         fail(f"{what} carries no gradient",
              "the output is detached (torch.no_grad(), .detach() or .data in forward): the table and the LayerNorm "
              "could not learn.")
@@ -652,78 +723,41 @@ def _check_trained(module, x) -> None:
                  atol=1e-5, rtol=1e-5)
 
 
-def _check_override(bnb, stable_embedding_class, x) -> None:
-    """bitsandbytes' Adam8bit keeps the learner's embedding table in 32-bit states."""
-    torch.manual_seed(0)
-    module = stable_embedding_class(1000, 64)
-    opt = bnb.optim.Adam8bit(module.parameters(), lr=1e-3)
-    module(x).pow(2).sum().backward()
-    try:
-        opt.step()
-    except AttributeError as err:  # a registered (module, name) pair that is not a parameter
-        fail(f"bitsandbytes' Adam8bit could not apply your override: {err}",
+def _check_override(ran: dict, name: str) -> None:
+    """bitsandbytes' Adam8bit keeps the learner's embedding table in 32-bit states (trained one step by the driver)."""
+    found = ran.get("override") or {"bnb": False}
+    if not found["bnb"]:  # no bitsandbytes: the 32-bit override cannot be checked here
+        return
+    if found["error"] is not None:
+        reraise(found["error"])
+    if found["attribute_error"] is not None:  # a registered (module, name) pair that is not a parameter
+        fail(f"bitsandbytes' Adam8bit could not apply your override: {found['attribute_error']}",
              "register the table itself: register_module_override(self.embedding, 'weight', {'optim_bits': 32}) "
              "— the override names a module and the name of ITS parameter.")
-    state = opt.state[module.embedding.weight]
-    if state["state1"].dtype != torch.float32:
-        overrides = bnb.optim.GlobalOptimManager.get_instance().module_weight_config_triple
-        registered = any(getattr(mod, name, None) is module.embedding.weight for mod, name, _ in overrides)
-        fail(f"bitsandbytes' Adam8bit keeps the embedding's state as {state['state1'].dtype}",
-             ("" if registered else "you did not register the table for 32-bit states: ") +
+    if found["dtype"] is None:
+        fail("bitsandbytes' Adam8bit gave the embedding's table no state: no gradient reached self.embedding.weight",
+             "forward must look up self.embedding itself (no copy of the table taken in __init__).")
+    if found["dtype"] != torch.float32:
+        fail(f"bitsandbytes' Adam8bit keeps the embedding's state as {found['dtype']}",
+             ("" if found["registered"] else "you did not register the table for 32-bit states: ") +
              "register it in __init__: bnb.optim.GlobalOptimManager.get_instance()"
              ".register_module_override(self.embedding, 'weight', {'optim_bits': 32}).")
 
 
 # ---------------------------------------------------------------------------- 07.4
-def mlp_task(seed: int = 0):
-    """``(x, y, model)``: a fixed regression task (256 points, ``y = sum(sin(x @ W))``) and an MLP
-    16 -> 64 -> 64 -> 1 (tanh), the same initial weights on every call. The 64x64 weight (4,096
-    elements) gets 8-bit states, the 16x64 one (1,024) and the biases fp32 states."""
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(256, 16, generator=gen)
-    teacher = torch.randn(16, 8, generator=gen) / 4
-    y = torch.sin(x @ teacher).sum(dim=1, keepdim=True)
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64),
-                                torch.nn.Tanh(), torch.nn.Linear(64, 1))
-    return x, y, model
-
-
-def _train(make_optimizer, steps: int = 200, step_fn=None, *, record: str = "before", zero: str = "before",
-           fresh_optimizer: bool = False, reduction: str = "mean") -> list[float]:
-    """Full-batch training of :func:`mlp_task`'s MLP: the mean squared error before each step.
-
-    The keywords reproduce a learner's slips (for the hints): ``record="after"`` (loss after the step),
-    ``zero="none"`` / ``"between"`` (no zero_grad / zero_grad between backward and step),
-    ``fresh_optimizer`` (a new optimizer every step), ``reduction="sum"``."""
-    x, y, model = mlp_task()
-    params = list(model.parameters())
-    opt = make_optimizer(params)
-    losses = []
-    for _ in range(steps):
-        if fresh_optimizer:
-            opt = make_optimizer(params)
-        if zero == "before":
-            opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x), y, reduction=reduction)
-        loss.backward()
-        if record == "before":
-            losses.append(loss.item())
-        if zero == "between":
-            opt.zero_grad()
-        opt.step() if step_fn is None else step_fn(opt)
-        if record == "after":
-            losses.append(torch.nn.functional.mse_loss(model(x), y, reduction=reduction).item())
-    return losses
+#: the full-batch training loop of :func:`mlp_task` (the course's, in the drivers: the same loop trains the learner's
+#: optimizer in the learner's process and the references here)
+_train = _drivers.train_losses
 
 
 def train_side_by_side(optimizer_class, steps: int = 200, lr: float = 1e-2) -> dict[str, list[float]]:
-    """Losses of :func:`mlp_task`'s MLP trained with ``optimizer_class(params, lr=lr)`` and with
-    ``torch.optim.Adam(params, lr=lr)`` (same data, same initial weights, full batch)."""
+    """Losses of :func:`mlp_task`'s MLP trained with ``optimizer_class(params, lr=lr)`` (by the course's driver) and
+    with ``torch.optim.Adam(params, lr=lr)`` (same data, same initial weights, full batch)."""
     require_callable(optimizer_class, "the optimizer class")
     name = getattr(optimizer_class, "__name__", "your optimizer")
-    yours = call(lambda: _train(lambda ps: call(optimizer_class, list(ps), lr=lr), steps,
-                                step_fn=lambda opt: call(opt.step)))
+    yours = call(_named(lambda: drive(optimizer_class, _drivers.train_with, steps, lr), name))
+    if type(yours) is not list or len(yours) != steps or not all(type(v) is float for v in yours):
+        fail(f"{name}: training with it gave no list of {steps} losses", "train with your optimizer in the notebook.")
     return {name: yours, "torch.optim.Adam": _train(lambda ps: torch.optim.Adam(ps, lr=lr), steps)}
 
 
@@ -755,23 +789,25 @@ def check_trains_like_adam(train_fn, optimizer_class) -> None:
     require_callable(train_fn, "train")
     require_callable(optimizer_class, "the optimizer class")
     want_curve = _train(lambda ps: torch.optim.Adam(ps, lr=1e-2), 20)
-    got_curve = call(train_fn, torch.optim.Adam, steps=20, lr=1e-2)
-    if got_curve is None:
+    # the learner's train() run with torch.optim.Adam by the course's driver: its answer, described as plain data
+    got = call(_named(lambda optimizer_class, steps, lr: drive(train_fn, _drivers.train_run, "torch.optim.Adam", steps,
+                                                               lr), getattr(train_fn, "__name__", "train")),
+               torch.optim.Adam, steps=20, lr=1e-2)
+    if got["none"]:
         fail("train(torch.optim.Adam, steps=20) returned None", "return the list of losses.")
-    if isinstance(got_curve, torch.Tensor) or not isinstance(got_curve, (list, tuple)):
-        fail(f"train(torch.optim.Adam, steps=20) returned a {type(got_curve).__name__}, expected a list of 20 floats",
+    if got["tensor"] or not got["sequence"]:
+        fail(f"train(torch.optim.Adam, steps=20) returned a {got['type']}, expected a list of 20 floats",
              "collect one Python float per step in a list (losses.append(loss.item())) and return the list.")
-    kinds = {type(v).__name__ for v in got_curve}
-    if any(isinstance(v, torch.Tensor) for v in got_curve):
-        tensor = next(v for v in got_curve if isinstance(v, torch.Tensor))
-        graph = " and keeps its autograd graph alive (memory grows every step)" if tensor.requires_grad else ""
-        fail(f"train(...) recorded {type(tensor).__name__}s of shape {tuple(tensor.shape)} per step, not floats",
+    tensor = got["first_tensor"]
+    if tensor is not None:
+        graph = " and keeps its autograd graph alive (memory grows every step)" if tensor["requires_grad"] else ""
+        fail(f"train(...) recorded {tensor['type']}s of shape {tuple(tensor['shape'])} per step, not floats",
              f"you appended the loss tensor itself: a tensor per step is not a number{graph}; record loss.item(), "
              "the Python float.")
-    if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in got_curve):
-        fail(f"train(...) recorded values of type {sorted(kinds)} per step, expected float",
+    if not got["numbers"]:
+        fail(f"train(...) recorded values of type {got['kinds']} per step, expected float",
              "record one Python float per step: loss.item() of the loss you backpropagate.")
-    got_curve = [float(v) for v in got_curve]
+    got_curve = [float(v) for v in got["values"]]
     def same(curve, reference):
         return len(curve) == len(reference) and all(
             math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-7) for a, b in zip(curve, reference))
