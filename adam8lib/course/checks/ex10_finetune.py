@@ -1,111 +1,77 @@
-"""Checks for workbook 10 · mixed-precision fine-tuning: decay groups and the training step."""
+"""Checks for workbook 10 · mixed-precision fine-tuning: decay groups and the training step.
+
+The learner's functions are handed models, optimizers, schedules, loaders, accelerators and GradScalers: course
+drivers (:mod:`adam8lib.course.grading.drivers.ex10`) build those, from fixed seeds and the case this module names,
+where the learner's code runs (in its own process when graded), run it on them and return plain data — its
+answers, the events a spy recorded, the losses, the parameters at the end. This module builds the same objects for
+its reference runs and its messages and compares; nothing of the learner's objects reaches it.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
 import math
-import warnings
 from collections.abc import Callable
-from types import SimpleNamespace
 
 import torch
 from torch import nn
 
+from ..grading.drivers import drive, reraise
+from ..grading.drivers import ex10 as _drivers
+from ..grading.drivers.ex10 import (LayerScale, NormalizedGate, ScaleNorm, TinyClassifier, _Block,  # noqa: F401
+                                    _CustomNet, _SpyAccelerator, _TinyClassifier)  # noqa: F401
 from ._common import assert_equal, call, fail, passed, require_callable
-from ._spy import Calls, order_hint
+from ._spy import order_hint
 from ._variants import matches
 
 __all__ = ["check_decay_parameter_names", "check_training_step", "check_trainer_8bit", "check_accelerate_epoch", "check_amp_step"]
 
-
-# ---------------------------------------------------------------------- exercise 10.1
-class ScaleNorm(nn.Module):
-    """An RMSNorm-like layer of "some model": not a torch class, its name ends in ``Norm``."""
-
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.gain = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        return self.gain * x / x.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
+_quiet = _drivers.quiet
+_models = _drivers.decay_models  # the check's copies: the drivers build the same models for the learner's function
+_tiny_batches, _setup = _drivers.tiny_batches, _drivers.setup
+_batches, _epoch_setup, _amp_run = _drivers.batches, _drivers.epoch_setup, _drivers.amp_run
 
 
-class LayerScale(nn.Module):
-    """A per-channel gain (as in CaiT/ViT blocks): a 1-D parameter that is neither a bias nor a norm's."""
+class _Foreign:
+    """A value of the learner's that is not plain data, as the driver described it (its type's name, its repr)."""
 
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.gamma = nn.Parameter(torch.full((dim,), 0.1))
+    def __init__(self, described: dict) -> None:
+        self.kind, self.shown = str(described.get("kind", "object")), str(described.get("repr", ""))
 
-    def forward(self, x):
-        return self.gamma * x
-
-
-class NormalizedGate(nn.Module):
-    """A gate whose class name STARTS with "Norm" but is no norm layer: its weight decays."""
-
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.randn(dim, dim) * 0.1)
-
-    def forward(self, x):
-        return torch.sigmoid(x @ self.weight) * x
+    def __repr__(self) -> str:
+        return self.shown
 
 
-class _Block(nn.Module):
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.attn = nn.Linear(dim, dim)  # weight decays, bias does not
-        self.ln = nn.LayerNorm(dim)  # a LayerNorm whose *name* says nothing about norms
-        self.ffn = nn.Sequential(nn.Linear(dim, 2 * dim, bias=False), nn.GELU(), nn.Linear(2 * dim, dim))
-        self.scale = LayerScale(dim)  # 1-D, decays: the "p.ndim >= 2" rule would leave it out
+def _value(described: dict):
+    return described["plain"] if "plain" in described else _Foreign(described)
 
 
-class _CustomNet(nn.Module):
-    """Norm layers under names that no name pattern catches, and names that fool substring tests."""
-
-    def __init__(self, dim: int = 8, rms: bool = True) -> None:
-        super().__init__()
-        self.tok = nn.Embedding(11, dim)
-        self.blocks = nn.ModuleList([_Block(dim) for _ in range(2)])
-        self.final = ScaleNorm(dim)
-        if rms and hasattr(nn, "RMSNorm"):
-            self.post = nn.RMSNorm(dim)
-        self.denormalizer = nn.Linear(dim, dim)  # "norm" in the name, still a Linear: its weight decays
-        self.bias_proj = nn.Linear(dim, dim)  # "bias" in the module's name: its weight decays, its bias does not
-        self.gate = NormalizedGate(dim)  # "Norm" in the class name, but not at its end: decays
-        self.temperature = nn.Parameter(torch.ones(1))  # a parameter of the model itself: decays
-        self.bias = nn.Parameter(torch.zeros(dim))  # ...and one named bias: no decay
+def _answer(crossed: dict):
+    """The learner's answer as a driver returned it (:func:`~adam8lib.course.grading.drivers.ex10.answer`)."""
+    if "seq" in crossed:
+        items = [_value(v) for v in crossed["items"]]
+        return items if crossed["seq"] == "list" else tuple(items)
+    return _value(crossed["value"])
 
 
-@contextlib.contextmanager
-def _quiet():
-    """Silence the notes that the first transformers model import may log (optional torchao
-    kernels and the like): a check cell must print only its success line."""
-    logging.disable(logging.WARNING)
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logging.disable(logging.NOTSET)
+def _type_of(crossed: dict) -> str:
+    """The name of the type of the learner's answer (as it was in the learner's process)."""
+    return str(crossed["seq"] if "seq" in crossed else crossed.get("type", "object"))
 
 
-def _models() -> list[tuple[str, nn.Module]]:
-    with _quiet():
-        from ..finetune import build_distilbert
+def _as(fn, run):
+    """``run`` under the learner's function's name (what :func:`call` reports)."""
+    run.__name__ = run.__qualname__ = getattr(fn, "__name__", "your function")
+    return run
 
-        distilbert = build_distilbert(small=True)
-    return [
-        ("DistilBERT (small)", distilbert),
-        ("a custom model (LayerNorm named 'ln', an RMSNorm-like 'ScaleNorm', a Linear named 'denormalizer', "
-         "a Linear named 'bias_proj', a 'NormalizedGate', a 1-D LayerScale gain)",
-         _CustomNet()),
-        ("nn.Sequential(Linear, LayerNorm, Linear without bias)",
-         nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 2, bias=False))),
-    ]
+
+class _Shown:
+    """Stands for an object the driver builds (in :func:`call`'s messages)."""
+
+    def __init__(self, shown: str) -> None:
+        self.shown = shown
+
+    def __repr__(self) -> str:
+        return self.shown
 
 
 def _norm_param_names(model: nn.Module) -> dict[str, str]:
@@ -124,16 +90,19 @@ def check_decay_parameter_names(get_decay_parameter_names: Callable) -> None:
     from ...training import decay_parameter_names
 
     require_callable(get_decay_parameter_names, "get_decay_parameter_names")
-    for label, model in _models():
-        got = call(get_decay_parameter_names, model)
+    for index, (label, model) in enumerate(_models()):
+        crossed = call(_as(get_decay_parameter_names, lambda *_, index=index: drive(
+            get_decay_parameter_names, _drivers.decay_names_run, index)), model)
+        got = _answer(crossed)
         what = f"get_decay_parameter_names on {label}"
         if got is None:
             fail(f"{what} returned None.", hint="did you forget to `return` the list of names?")
         if isinstance(got, (str, bytes)) or not isinstance(got, (list, tuple)):
-            fail(f"{what} should return a list of parameter names, got {type(got).__name__}.",
+            fail(f"{what} should return a list of parameter names, got {_type_of(crossed)}.",
                  hint="collect the names in a list: [name for name, p in model.named_parameters() if ...]")
         if not all(isinstance(n, str) for n in got):
-            fail(f"{what} should contain names (str), got {type(next(n for n in got if not isinstance(n, str))).__name__}.",
+            fail(f"{what} should contain names (str), got "
+                 f"{crossed['types'][next(i for i, n in enumerate(got) if not isinstance(n, str))]}.",
                  hint="return the *names* from model.named_parameters(), not the parameters")
         all_names = [n for n, _ in model.named_parameters()]
         if len(set(got)) != len(got):
@@ -213,55 +182,25 @@ def _owner(model: nn.Module, name: str) -> nn.Module:
 
 
 # ---------------------------------------------------------------------- exercise 10.2
-class TinyClassifier(nn.Module):
-    """A 2-class bag-of-embeddings model with the Hugging Face call convention
-    (``model(input_ids=..., attention_mask=..., labels=...)`` returns ``.loss`` and ``.logits``)."""
-
-    def __init__(self, vocab: int = 128, dim: int = 32) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(vocab, dim)  # 4096 elements: 8-bit states in Adam8bit
-        self.hidden = nn.Linear(dim, dim)
-        self.norm = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, 2)
-
-    def forward(self, input_ids, attention_mask, labels=None):
-        mask = attention_mask.unsqueeze(-1).to(self.emb.weight.dtype)
-        pooled = (self.emb(input_ids) * mask).sum(1) / mask.sum(1)
-        logits = self.head(self.norm(torch.relu(self.hidden(pooled))))
-        loss = nn.functional.cross_entropy(logits.float(), labels) if labels is not None else None
-        return SimpleNamespace(loss=loss, logits=logits)
-
-
-def _tiny_batches(n: int, seed: int, distinct: int = 4) -> list[dict[str, torch.Tensor]]:
-    """``n`` steps cycling over ``distinct`` batches; label = is token 1 in the sequence?"""
-    gen = torch.Generator().manual_seed(seed)
-    batches = []
-    for _ in range(distinct):
-        ids = torch.randint(2, 128, (16, 12), generator=gen)
-        labels = torch.randint(0, 2, (16,), generator=gen)
-        ids[labels == 1, 0] = 1
-        mask = torch.ones_like(ids)
-        mask[:, 10:] = torch.randint(0, 2, (16, 2), generator=gen)
-        batches.append({"input_ids": ids, "attention_mask": mask, "labels": labels})
-    return [batches[i % distinct] for i in range(n)]
-
-
-def _setup(seed: int, lr: float = 1e-2):
-    from ...optim import Adam8bit
-    from ...training import make_param_groups
-
-    torch.manual_seed(seed)
-    model = TinyClassifier()
-    opt = Adam8bit(make_param_groups(model, 0.01), lr=lr, backend="torch")
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / math.sqrt(1 + s))
-    return model, opt, sched
-
-
 def _reference_run(batches, seed, dtype):
     from ...training import training_step
 
     model, opt, sched = _setup(seed)
     return [training_step(model, b, opt, sched, dtype=dtype) for b in batches]
+
+
+def _mirror(batch: dict, changed: dict) -> None:
+    """The learner's in-place changes of the batch (said by the driver) made to the check's copy of it, so that
+    :func:`call` reports them as it reports any changed input."""
+    with torch.no_grad():
+        for key, now in changed.items():
+            mine = batch.get(key)
+            if not (torch.is_tensor(mine) and torch.is_tensor(now)):
+                continue
+            if mine.shape == now.shape and mine.dtype == now.dtype:
+                mine.copy_(now)
+            else:
+                mine.data = now
 
 
 def check_training_step(training_step: Callable) -> None:
@@ -271,19 +210,19 @@ def check_training_step(training_step: Callable) -> None:
     for dtype in (torch.bfloat16, torch.float16):
         seed = 3 if dtype is torch.bfloat16 else 4
         batches = _tiny_batches(16, seed)
-        model, opt, sched = _setup(seed)
-        w0 = model.hidden.weight.detach().clone()
-        seen: list[tuple[bool, bool, torch.dtype]] = []
-        model.hidden.register_forward_hook(
-            lambda m, i, o: seen.append((torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda"), o.dtype)))
-        calls = Calls(model, opt, sched)
+        model, opt, sched = _setup(seed)  # the check's copies (its messages): the driver runs the learner's step
+        ran = drive(training_step, _drivers.training_step_run, dtype, seed, len(batches))
         losses = []
         name = {torch.bfloat16: "torch.bfloat16", torch.float16: "torch.float16"}[dtype]
-        for step, batch in enumerate(batches):
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                loss = call(training_step, model, batch, opt, sched, dtype=dtype)
-            events = calls.clear()
+        for step, (batch, record) in enumerate(zip(batches, ran)):
+            def replay(*_, record=record, batch=batch, **__):
+                _mirror(batch, record["batch"])
+                if record["error"] is not None:
+                    reraise(record["error"])
+                return _value(record["answer"])
+
+            loss = call(_as(training_step, replay), model, batch, opt, sched, dtype=dtype)
+            events = record["events"]
             what = f"training_step(..., dtype={name}) at step {step + 1}"
             if loss is None:
                 fail(f"{what} returned None.", hint="return the loss as a Python float: `return loss.item()`")
@@ -291,10 +230,13 @@ def check_training_step(training_step: Callable) -> None:
                 fail(f"{what} returned a tensor.",
                      hint="return loss.item() (a float): a tensor keeps the whole graph of the step alive")
             if not isinstance(loss, float):
-                fail(f"{what} returned {type(loss).__name__}, expected a float.", hint="return loss.item()")
+                fail(f"{what} returned {record['type']}, expected a float.", hint="return loss.item()")
             if step == 0:
-                _first_step(what, name, dtype, model, w0, seen, events, caught)
-            losses.append(loss)
+                _first_step(what, name, dtype, record["first"], events)
+            losses.append(float(loss))
+        if len(losses) != len(batches):
+            fail(f"training_step(..., dtype={name}) ran {len(losses)} of {len(batches)} steps.",
+                 hint="return the loss as a Python float every step: `return loss.item()`")
         want = _reference_run(batches, seed, dtype)
         for step, (got, ref) in enumerate(zip(losses, want)):
             if abs(got - ref) > 1e-4 + 1e-3 * abs(ref):
@@ -314,73 +256,76 @@ def check_training_step(training_step: Callable) -> None:
     passed("Exercise 10.2 · Mixed-precision training step")
 
 
-def _first_step(what, name, dtype, model, w0, seen, events, caught) -> None:
-    """What the first call of the learner's step must already show: autocast, an update, fp32 weights."""
-    if not seen:
+def _first_step(what, name, dtype, first: dict, events) -> None:
+    """What the first call of the learner's step must already show (said by the driver): autocast, an update,
+    fp32 weights."""
+    if not first["seen"]:
         fail(f"{what} never called the model.", hint="loss = model(**batch).loss")
-    on_cpu, on_cuda, out_dtype = seen[0]
+    on_cpu, on_cuda, out_dtype = first["seen"]
     if not on_cpu:
-        if on_cuda or any("Disabling autocast" in str(w.message) for w in caught):
+        if on_cuda or first["disabling"]:
             fail(f"{what}: the forward pass did not run under CPU autocast (the Linear gave {out_dtype}).",
                  hint="you asked for autocast on 'cuda', but the model is on the CPU: take the device type from "
                       "the model, device_type = next(model.parameters()).device.type")
         fail(f"{what}: the forward pass did not run under autocast (the Linear gave {out_dtype}).",
              hint="your forward ran in fp32, without autocast: wrap it in "
                   "`with torch.autocast(device_type, dtype=dtype):`")
-    if out_dtype != dtype:
+    if out_dtype != str(dtype):
         fail(f"{what}: autocast ran in {out_dtype}, asked for {name}.",
              hint="pass the `dtype` argument to torch.autocast instead of a fixed dtype")
-    if model.hidden.weight.dtype != torch.float32:
-        fail(f"{what} changed the weights' dtype to {model.hidden.weight.dtype}.",
+    if first["weight_dtype"] != str(torch.float32):
+        fail(f"{what} changed the weights' dtype to {first['weight_dtype']}.",
              hint="autocast keeps fp32 weights; do not call model.to(dtype) / .half() / .bfloat16()")
     hint = order_hint(events)
     if hint is not None:
         fail(f"{what} called, in this order: {', '.join(events)}.", hint=hint)
-    if torch.equal(model.hidden.weight.detach(), w0):
+    if first["unchanged"] is True:
         fail(f"{what} did not change the weights.", hint="call optimizer.step() after loss.backward()")
 
 
 def _diagnose_step(training_step: Callable, dtype: torch.dtype, seed: int) -> str:
-    """Replay two steps and look at what the learner's step left behind."""
+    """Replay two steps (by the course's driver) and look at what the learner's step left behind."""
+    ran = drive(training_step, _drivers.diagnose_step_run, dtype, seed)
+    if ran["error"]:  # the first call already passed in the check
+        return "compare your step with: autocast forward → backward → optimizer.step() → scheduler.step() → zero_grad"
     batches = _tiny_batches(2, seed)
-    model, opt, sched = _setup(seed)
-    lr0 = opt.param_groups[0]["lr"]
     ref_model, ref_opt, ref_sched = _setup(seed)
+    lr0 = ref_opt.param_groups[0]["lr"]
     from ...training import training_step as reference
 
-    try:
-        training_step(model, batches[0], opt, sched, dtype=dtype)
-    except Exception:  # noqa: BLE001 — the first call already passed in the check
-        return "compare your step with: autocast forward → backward → optimizer.step() → scheduler.step() → zero_grad"
     reference(ref_model, batches[0], ref_opt, ref_sched, dtype=dtype)
-    if sched.last_epoch == 0:
+    last_epoch = ran["last_epoch"]
+    if last_epoch == 0:
         return ("your step never calls scheduler.step(), so the learning rate never moves: call scheduler.step() "
                 "once per training step (after optimizer.step())")
-    if sched.last_epoch > 1:
-        return f"scheduler.step() ran {sched.last_epoch} times in one training step: call it once"
-    if not torch.allclose(model.hidden.weight, ref_model.hidden.weight, atol=1e-5):
-        if opt.param_groups[0]["lr"] == ref_opt.param_groups[0]["lr"] != lr0:
+    if last_epoch > 1:
+        return f"scheduler.step() ran {last_epoch} times in one training step: call it once"
+    params = ran["params"]
+    if not torch.allclose(params["hidden.weight"], ref_model.hidden.weight, atol=1e-5):
+        if ran["lr"] == ref_opt.param_groups[0]["lr"] != lr0:
             return ("the first update used the next step's learning rate: call scheduler.step() AFTER "
                     "optimizer.step()")
-        found = _update_property(model, ref_model, seed)
+        found = _update_property(params, ref_model, seed)
         rule = "backward on the loss from the autocast forward, then optimizer.step()"
         return f"{found}. The rule: {rule}" if found else f"the update differs: {rule}"
     # one step is right; does a second step see stale gradients?
-    training_step(model, batches[1], opt, sched, dtype=dtype)
+    if ran["second_error"] is not None:
+        reraise(ran["second_error"])
     reference(ref_model, batches[1], ref_opt, ref_sched, dtype=dtype)
-    if not torch.allclose(model.hidden.weight, ref_model.hidden.weight, atol=1e-5):
+    if not torch.allclose(ran["hidden2"], ref_model.hidden.weight, atol=1e-5):
         return "gradients add up across steps: call optimizer.zero_grad() every step"
     return "compare your step with: autocast forward → backward → optimizer.step() → scheduler.step() → zero_grad"
 
 
-def _update_property(model: nn.Module, ref_model: nn.Module, seed: int) -> str | None:
-    """After one step: which parameters moved wrongly, and how their update differs from the reference's."""
+def _update_property(params: dict, ref_model: nn.Module, seed: int) -> str | None:
+    """After one step (``params``: the learner's model's parameters by name): which parameters moved wrongly, and
+    how their update differs from the reference's."""
     from ._properties import describe
 
     start, _, _ = _setup(seed)
     w0 = dict(start.named_parameters())
     ref = dict(ref_model.named_parameters())
-    wrong = [(n, p) for n, p in model.named_parameters() if not torch.allclose(p, ref[n], atol=1e-5)]
+    wrong = [(n, p) for n, p in params.items() if not torch.allclose(p, ref[n], atol=1e-5)]
     if not wrong:
         return None
     names = ", ".join(n for n, _ in wrong[:4]) + (" …" if len(wrong) > 4 else "")
@@ -394,50 +339,48 @@ def _update_property(model: nn.Module, ref_model: nn.Module, seed: int) -> str |
 
 # ---------------------------------------------------------------------- exercise 10.3
 def check_trainer_8bit(make_trainer_8bit: Callable) -> None:
-    """``make_trainer_8bit(model, args, train_dataset)`` -> ``Trainer(..., optimizers=(Adam8bit(groups), None))``."""
-    import tempfile
+    """``make_trainer_8bit(model, args, train_dataset)`` -> ``Trainer(..., optimizers=(Adam8bit(groups), None))``.
+    The course's driver builds the model, the TrainingArguments and the data, calls the learner's function and says
+    what the Trainer holds; the check compares that with its own copy of the model and the arguments."""
+    from types import SimpleNamespace
 
-    from ...optim import Adam8bit
     from ...training import decay_parameter_names
 
     require_callable(make_trainer_8bit, "make_trainer_8bit")
     with _quiet():
-        from transformers import Trainer, TrainingArguments
-
         from ..finetune import build_distilbert
 
-        model = build_distilbert(small=True)
-        args = TrainingArguments(output_dir=tempfile.mkdtemp(prefix="adam8-check-"), learning_rate=3e-4,
-                                 adam_beta1=0.85, adam_beta2=0.995, adam_epsilon=1e-7, weight_decay=0.05,
-                                 report_to=[], use_cpu=not torch.cuda.is_available(), max_steps=4)
-        data = [{"input_ids": torch.tensor([101, 7, 8, 102]), "attention_mask": torch.ones(4, dtype=torch.long),
-                 "labels": torch.tensor(i % 2)} for i in range(8)]
+        model = build_distilbert(small=True)  # the check's copy: the driver builds the same for the learner
+    args = SimpleNamespace(**_drivers.TRAINER_ARGS)
+    data = [{"input_ids": torch.tensor([101, 7, 8, 102]), "attention_mask": torch.ones(4, dtype=torch.long),
+             "labels": torch.tensor(i % 2)} for i in range(8)]
+    with _quiet():
         try:
-            trainer = call(make_trainer_8bit, model, args, data)
+            made = call(_as(make_trainer_8bit, lambda *_: drive(make_trainer_8bit, _drivers.trainer_run)),
+                        model, args, data)
         except AssertionError as exc:
             if "cannot unpack non-iterable" in str(exc):
                 fail(f"{str(exc).splitlines()[0]}",
                      "`optimizers` takes a pair, not the optimizer alone: optimizers=(optimizer, None).")
             raise
-    if not isinstance(trainer, Trainer):
-        fail(f"make_trainer_8bit returned {type(trainer).__name__}", "return the transformers.Trainer you built.")
-    opt = trainer.optimizer
-    if opt is None and isinstance(trainer.lr_scheduler, torch.optim.Optimizer):
+    if made["trainer"] is not True:
+        fail(f"make_trainer_8bit returned {made['type']}", "return the transformers.Trainer you built.")
+    if made["opt_none"] and made["sched_is_optimizer"]:
         fail("trainer.optimizer is None and trainer.lr_scheduler is your optimizer",
              "the pair is (optimizer, scheduler): you passed (None, optimizer); write optimizers=(optimizer, None).")
-    if opt is None:
+    if made["opt_none"]:
         fail("trainer.optimizer is None: the Trainer will build its own AdamW when training starts",
              "pass your optimizer in: Trainer(..., optimizers=(optimizer, None)).")
-    if not isinstance(opt, Adam8bit):
-        fail(f"trainer.optimizer is a {type(opt).__name__}", "build adam8lib.optim.Adam8bit over the two decay groups.")
-    if trainer.lr_scheduler is not None:
+    if made["adam8bit"] is not True:
+        fail(f"trainer.optimizer is a {made['opt_type']}", "build adam8lib.optim.Adam8bit over the two decay groups.")
+    if not made["sched_none"]:
         fail("trainer.lr_scheduler is already set",
              "pass None as the scheduler (optimizers=(optimizer, None)): the Trainer then builds its linear "
              "schedule (warmup, decay) around your optimizer from the TrainingArguments.")
     decay = set(decay_parameter_names(model))
-    by_param = {id(p): g for g in opt.param_groups for p in g["params"]}
-    named = list(model.named_parameters())
-    left_out = [n for n, p in named if id(p) not in by_param]
+    groups = made["groups"]  # parameter name -> the settings of the optimizer group that holds it
+    named = [n for n, _ in model.named_parameters()]
+    left_out = [n for n in named if n not in groups]
     if left_out:
         hint = "every parameter of trainer.model goes into one of the two groups."
         if not set(left_out) & decay:
@@ -446,7 +389,7 @@ def check_trainer_8bit(make_trainer_8bit: Callable) -> None:
         elif set(left_out) >= decay:
             hint = "the decay group is missing: the names from get_decay_parameter_names go in a group of their own."
         fail(f"{left_out[0]} is in no optimizer group", hint)
-    wd = {n: by_param[id(p)]["weight_decay"] for n, p in named}
+    wd = {n: groups[n]["weight_decay"] for n in named}
     if any(wd[n] != (args.weight_decay if n in decay else 0.0) for n in wd):
         in_decay = {wd[n] for n in decay}
         in_rest = {wd[n] for n in wd if n not in decay}
@@ -466,74 +409,27 @@ def check_trainer_8bit(make_trainer_8bit: Callable) -> None:
         else:
             hint = "two groups: names from get_decay_parameter_names (10.1) get args.weight_decay, all others 0.0."
         fail(f"{bad}: weight_decay {wd[bad]}, expected {args.weight_decay if bad in decay else 0.0}", hint)
-    for name, p in named:
-        g = by_param[id(p)]
+    for name in named:
+        g = groups[name]
         for key, value, hint in [("lr", args.learning_rate, "lr=args.learning_rate"),
                                  ("betas", (args.adam_beta1, args.adam_beta2), "betas=(args.adam_beta1, args.adam_beta2)"),
                                  ("eps", args.adam_epsilon, "eps=args.adam_epsilon")]:
-            got = tuple(g[key]) if key == "betas" else g[key]
+            got = tuple(g[key]) if key == "betas" and isinstance(g[key], (list, tuple)) else g[key]
             if got != value:
                 fail(f"{name}: {key} {got}, expected {value} (from the TrainingArguments)",
                      f"your optimizer's {key} is not the one in args — the Trainer does not pass its arguments to an "
                      f"optimizer you build: use {hint}.")
-    if trainer.model is not model:
+    if made["same_model"] is not True:
         fail("trainer.model is not the model you were given", "Trainer(model=model, args=args, train_dataset=...).")
-    with _quiet():
-        trainer.create_optimizer_and_scheduler(num_training_steps=args.max_steps)
-    if trainer.optimizer is not opt or getattr(trainer.lr_scheduler, "optimizer", None) is not opt:
+    if made["create_error"] is not None:
+        reraise(made["create_error"])
+    if made["kept_after_create"] is not True:
         fail("after create_optimizer_and_scheduler the Trainer's optimizer or schedule is not yours",
              "optimizers=(optimizer, None): the first item is the optimizer itself, the second None.")
     passed("Exercise 10.3 · Trainer with 8-bit Adam")
 
 
 # ---------------------------------------------------------------------- exercise 10.4
-class _TinyClassifier(nn.Module):
-    """Linear -> dropout -> Linear; ``forward(x, labels)`` returns an object with ``.loss`` (like HF models)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = nn.Linear(6, 16)
-        self.drop = nn.Dropout(0.3)
-        self.head = nn.Linear(16, 3)
-
-    def forward(self, x, labels, overflow=False):
-        logits = self.head(self.drop(torch.relu(self.body(x))))
-        loss = nn.functional.cross_entropy(logits.float(), labels)
-        if overflow:  # a fake fp16 overflow: every gradient becomes inf/nan
-            loss = loss * float("inf")
-        return SimpleNamespace(loss=loss, logits=logits)
-
-
-def _batches(n=5, seed=0, scale=3.0):
-    gen = torch.Generator().manual_seed(seed)
-    return [{"x": torch.randn(8, 6, generator=gen) * scale, "labels": torch.randint(0, 3, (8,), generator=gen)}
-            for _ in range(n)]
-
-
-class _SpyAccelerator:
-    """Delegates to a real Accelerator and counts what the loop calls."""
-
-    def __init__(self, real, events: list[str] | None = None) -> None:
-        self.real, self.calls = real, {"backward": 0, "autocast": 0, "clip_grad_norm_": 0}
-        self.events = events if events is not None else []
-
-    def backward(self, loss, **kw):
-        self.calls["backward"] += 1
-        return self.real.backward(loss, **kw)
-
-    def autocast(self, *a, **kw):
-        self.calls["autocast"] += 1
-        return self.real.autocast(*a, **kw)
-
-    def clip_grad_norm_(self, *a, **kw):
-        self.calls["clip_grad_norm_"] += 1
-        self.events.append("clip")
-        return self.real.clip_grad_norm_(*a, **kw)
-
-    def __getattr__(self, name):
-        return getattr(self.real, name)
-
-
 def _reference_epoch(model, optimizer, loader, scheduler, max_grad_norm, *, train=True, zero=True, clip=True,
                      sched=True, clip_norm=None, sched_per_epoch=False):
     """The loop of exercise 10.4 in plain torch: the bf16 autocast stands for the prepared model's."""
@@ -583,43 +479,25 @@ def _epoch_order_hint(events: list[str], n_batches: int) -> str | None:
     return None
 
 
-def _epoch_setup(seed=0):
-    torch.manual_seed(seed)
-    model = _TinyClassifier()
-    model.eval()  # as it comes back from an evaluation
-    opt = torch.optim.SGD(model.parameters(), lr=0.2)
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-    return model, opt, sched
-
-
 def check_accelerate_epoch(train_epoch: Callable) -> None:
     """``train_epoch(accelerator, model, optimizer, loader, scheduler, max_grad_norm=1.0)`` -> list of losses."""
-    from ..finetune import fresh_accelerator
-
     require_callable(train_epoch, "train_epoch")
-    with _quiet():
-        spy = _SpyAccelerator(fresh_accelerator(cpu=True, mixed_precision="bf16"))
     loader = _batches()
-    model, opt, sched = _epoch_setup()
-    # what the exercise promises: a prepared model, whose forward already runs under the accelerator's
-    # mixed precision (bf16 here), as in the lesson's loop
-    model = spy.real.prepare_model(model)
-    calls = Calls(model, opt, sched)
-    spy.events = calls.events
-    torch.manual_seed(1)
-    got = call(train_epoch, spy, model, opt, loader, sched, max_grad_norm=0.5)
-    events = calls.clear()
-    params = [p.detach().clone() for p in model.parameters()]
+    model, opt, sched = _epoch_setup()  # the check's copies (its messages): the driver builds the same ones
+    spy = _Shown("Accelerator(cpu=True, mixed_precision='bf16')")
+    ran = call(_as(train_epoch, lambda *_, **__: drive(train_epoch, _drivers.epoch_run)), spy, model, opt, loader,
+               sched, max_grad_norm=0.5)
+    got, events, params, counts = _answer(ran["answer"]), ran["events"], ran["params"], ran["calls"]
     if isinstance(got, (float, int)) or torch.is_tensor(got) and got.numel() == 1:
         fail(f"train_epoch returned one number ({float(got):.4g}), not a list",
              f"return the list of the {len(loader)} batches' losses (one float per batch), not their mean or sum.")
     if not isinstance(got, list) or len(got) != len(loader):
-        fail(f"train_epoch returned {type(got).__name__} of length {len(got) if hasattr(got, '__len__') else '?'}",
+        fail(f"train_epoch returned {_type_of(ran['answer'])} of length {len(got) if hasattr(got, '__len__') else '?'}",
              f"return a list with one loss per batch ({len(loader)} batches).")
     if not all(isinstance(v, float) for v in got):
         fail("train_epoch's losses are not Python floats", "append loss.item() (a float), not the tensor: a tensor keeps the graph alive.")
-    if spy.calls["backward"] != len(loader):
-        fail(f"accelerator.backward was called {spy.calls['backward']} times for {len(loader)} batches",
+    if counts["backward"] != len(loader):
+        fail(f"accelerator.backward was called {counts['backward']} times for {len(loader)} batches",
              "call accelerator.backward(loss), not loss.backward(): accelerate adds the gradient scaling "
              "(fp16) and the distributed hooks there.")
 
@@ -634,8 +512,8 @@ def check_accelerate_epoch(train_epoch: Callable) -> None:
     if hint is not None:
         fail(f"train_epoch's first batch called, in this order: {', '.join(_per_batch(events)[0])}", hint)
     if matches(got, want_losses, rtol=1e-4, atol=1e-6) and same(params, want_params):
-        if spy.calls["clip_grad_norm_"] != len(loader):
-            fail(f"accelerator.clip_grad_norm_ was called {spy.calls['clip_grad_norm_']} times for {len(loader)} "
+        if counts["clip_grad_norm_"] != len(loader):
+            fail(f"accelerator.clip_grad_norm_ was called {counts['clip_grad_norm_']} times for {len(loader)} "
                  "batches",
                  "clip with accelerator.clip_grad_norm_(model.parameters(), max_grad_norm), not torch's: under fp16 "
                  "accelerate's version unscales the gradients first, torch's would clip the scaled ones.")
@@ -662,22 +540,11 @@ def check_accelerate_epoch(train_epoch: Callable) -> None:
 
 
 def _require_no_own_autocast(train_epoch: Callable, loader) -> None:
-    """One more epoch with an fp32 accelerator (mixed_precision="no"): its prepared forward enters no autocast,
-    so autocast is on inside the model only when the learner's loop opened a block of its own."""
-    from ..finetune import fresh_accelerator
-
-    with _quiet():
-        accelerator = fresh_accelerator(cpu=True, mixed_precision="no")
+    """One more epoch with an fp32 accelerator (mixed_precision="no"), by the course's driver: its prepared forward
+    enters no autocast, so autocast is on inside the model only when the learner's loop opened a block of its own."""
     model, opt, sched = _epoch_setup()
-    model = accelerator.prepare_model(model)
-    seen: list[bool] = []
-    hook = model.register_forward_pre_hook(
-        lambda module, args: seen.append(torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")))
-    try:
-        torch.manual_seed(1)
-        call(train_epoch, accelerator, model, opt, loader, sched, max_grad_norm=0.5)
-    finally:
-        hook.remove()
+    seen = call(_as(train_epoch, lambda *_, **__: drive(train_epoch, _drivers.epoch_autocast_run)),
+                _Shown("Accelerator(cpu=True, mixed_precision='no')"), model, opt, loader, sched, max_grad_norm=0.5)
     if any(seen):
         fail(f"with an accelerator configured for fp32 (mixed_precision='no'), {sum(seen)} of train_epoch's "
              "forwards ran under autocast anyway",
@@ -710,35 +577,17 @@ def _amp_reference(model, batch, optimizer, scaler, max_norm, *, scale=True, uns
     return float(loss.detach())
 
 
-def _amp_run(step, record: list[list[str]] | None = None, **flags):
-    """Four steps (the third overflows); ``record`` gets each call's events (the last one maybe cut short)."""
-    torch.manual_seed(0)
-    model = _TinyClassifier().train()
-    model.drop.p = 0.0  # no dropout randomness: compare runs exactly
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
-    calls = Calls(model, opt, None, scaler) if record is not None else None
-    batches = _batches(4, seed=3, scale=5.0)
-    batches[2] = {**batches[2], "overflow": True}
-    losses, scales, params = [], [], []
-    for batch in batches:
-        if calls is not None:
-            record.append(calls.events)
-        losses.append(step(model, batch, opt, scaler, 0.5, **flags))
-        if calls is not None:
-            calls.clear()
-        scales.append(scaler.get_scale())
-        params.append([p.detach().clone() for p in model.parameters()])
-    return losses, scales, params
-
-
 def check_amp_step(amp_step: Callable) -> None:
     """``amp_step(model, batch, optimizer, scaler, max_norm)``: fp16 autocast + GradScaler + clipping, with a fake overflow."""
     require_callable(amp_step, "amp_step")
     record: list[list[str]] = []
     try:
-        def four_steps():
-            return _amp_run(amp_step, record)
+        def four_steps():  # run by the course's driver: each step's events, and the losses, scales and parameters
+            ran = drive(amp_step, _drivers.amp_step_run)
+            record[:] = ran["record"]
+            if ran["error"] is not None:
+                reraise(ran["error"])
+            return [_value(v) for v in ran["losses"]], ran["scales"], ran["params"]
 
         four_steps.__name__ = "amp_step"
         with _quiet():

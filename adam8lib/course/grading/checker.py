@@ -43,14 +43,16 @@ __all__ = ["main", "LearnerFunction", "Learner", "SPLIT"]
 #: (:mod:`adam8lib.course.grading.drivers`) that runs it in the learner process on the scenario the check sends and
 #: returns plain data (07: the learner's optimizer class built and stepped, its embedding module built and moved as
 #: training would, its training loop run; 08: the learner's Triton kernel launched on copies of the check's
-#: sentinel-padded buffers, which come back whole; 09: the learner's functions given models the driver builds; 13: the
-#: learner's optimizer class built and stepped; 14: the learner's hooks registered on a model the driver builds, the
-#: learner's function given a tracker the driver measures). The other one (10: the learner's training code drives a
-#: model, an optimizer and a Trainer) still runs in one guarded process (:mod:`~adam8lib.course.grading.runner`).
+#: sentinel-padded buffers, which come back whole; 09: the learner's functions given models the driver builds; 10: the
+#: learner's training code run on the models, optimizers, schedules, loaders, accelerators, Trainer arguments and
+#: GradScalers the driver builds, with a spy recording its calls; 13: the learner's optimizer class built and stepped;
+#: 14: the learner's hooks registered on a model the driver builds, the learner's function given a tracker the driver
+#: measures). Every workbook of the course is split; :mod:`~adam8lib.course.grading.runner` grades a notebook that is
+#: not in this list (and every workbook with ``--one-process``) in one guarded process.
 SPLIT = ("01_optimizer_memory.ipynb", "02_ema.ipynb", "03_adam_rule.ipynb", "04_linear_quantization.ipynb",
          "05_dynamic_map.ipynb", "06_blockwise_quantization.ipynb", "07_adam8bit_step.ipynb", "08_triton_kernel.ipynb",
-         "09_memory_maths.ipynb", "11_at_scale.ipynb", "12_beyond_8_bits.ipynb", "13_one_state_many_optimizers.ipynb",
-         "14_the_whole_bill.ipynb")
+         "09_memory_maths.ipynb", "10_mixed_precision_finetune.ipynb", "11_at_scale.ipynb", "12_beyond_8_bits.ipynb",
+         "13_one_state_many_optimizers.ipynb", "14_the_whole_bill.ipynb")
 
 _STUB_FILE = "<the learner's exercise cell>"
 _EXCEPTIONS = {c.__name__: c for c in (ValueError, TypeError, IndexError, KeyError, RuntimeError, AssertionError,

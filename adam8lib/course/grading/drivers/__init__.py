@@ -45,7 +45,8 @@ from .. import plain
 __all__ = ["driver", "remote", "drive", "resolve", "name_of", "attempt", "reraise", "described", "DRIVER_MODULES"]
 
 #: the modules that hold drivers (imported by the learner process before any learner code runs)
-DRIVER_MODULES = (f"{__name__}.ex07", f"{__name__}.ex08", f"{__name__}.ex09", f"{__name__}.ex13", f"{__name__}.ex14")
+DRIVER_MODULES = (f"{__name__}.ex07", f"{__name__}.ex08", f"{__name__}.ex09", f"{__name__}.ex10",
+                  f"{__name__}.ex13", f"{__name__}.ex14")
 _MARK = "__course_driver__"
 
 #: exceptions a driver recorded with :func:`attempt`, by key, in this process: when the check runs in the same
