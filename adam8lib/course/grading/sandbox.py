@@ -5,12 +5,14 @@
 * ``prlimit`` caps the child's address space (``--as``, the memory limit), the size of any file
   it writes (``--fsize``) and core dumps (util-linux; without it the caps are not applied and
   :func:`wrap` says so);
-* with **bubblewrap** (``bwrap``; Debian/Ubuntu package ``bubblewrap``) the child sees the whole
-  file system read-only, except its own empty scratch folder (read-write, its ``HOME`` and
-  ``TMPDIR``); the folders in ``hide`` (the submissions, the gradebook's output folder, every
-  other learner's scratch folder) and the course repository (solutions/, exercises/, tests/,
-  .git, …) are covered by empty read-only folders, with only the installed package, the Python
-  environment and the ``PYTHONPATH`` entries bound back read-only. It runs in new user, PID,
+* with **bubblewrap** (``bwrap``; Debian/Ubuntu package ``bubblewrap``) the child sees a *learner view* of the
+  machine, read-only: the system's folders (:data:`SYSTEM`: ``/usr``, ``/etc``, ``/lib``…), the Python
+  environment (the interpreter's prefixes and every folder on its ``sys.path``), the installed package and
+  the ``PYTHONPATH`` entries, and its own empty scratch folder (read-write, its ``HOME`` and ``TMPDIR``, in a
+  private ``/tmp``). Every other top-level folder (``/root``, ``/home``, ``/work``, ``/srv``, ``/opt``, ``/var``,
+  ``/mnt``…: other clones of the course, home folders) is an empty read-only folder, and so are the folders in
+  ``hide`` (the submissions, the gradebook's output folder) and the course repository (solutions/, exercises/,
+  tests/, .git, …) around the package bound back. It runs in new user, PID,
   network, IPC and UTS namespaces as ``nobody`` with no capabilities, so it cannot see or signal
   the gradebook or any other process, has no network, and every process it starts dies with it
   (``--die-with-parent``; the PID namespace ends when the child exits).
@@ -36,6 +38,9 @@ MODES = ("auto", "bwrap", "none")
 _NOBODY = "65534"
 #: The learner's scratch folder inside the sandbox.
 SANDBOX_HOME = "/tmp/learner"
+#: The top-level folders of the machine the sandbox shows as they are (read-only): the system's. Every other
+#: top-level folder is covered, with what the learner's Python needs from inside it bound back.
+SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/sys", "/nix", "/gnu")
 
 
 @functools.lru_cache(maxsize=None)
@@ -71,26 +76,51 @@ def _inside(path: Path, root: Path) -> bool:
         return False
 
 
+def _unshown() -> list[Path]:
+    """The top-level folders of the machine that the learner view covers: every folder of ``/`` but the system's
+    (:data:`SYSTEM`), ``/dev``, ``/proc`` and ``/tmp`` (which the sandbox makes its own). A symbolic link is
+    left alone: where it leads is shown or covered by its own name."""
+    out = []
+    for entry in sorted(Path("/").iterdir()):
+        try:
+            if entry.is_symlink() or not entry.is_dir():
+                continue
+        except OSError:
+            continue
+        if str(entry) not in (*SYSTEM, "/dev", "/proc", "/tmp"):
+            out.append(entry)
+    return out
+
+
 def _bound_back(hidden: list[Path]) -> list[tuple[Path, Path]]:
     """What the child needs from inside hidden folders, as ``(path, where it is bound)``: the package,
-    the Python environment and the ``PYTHONPATH`` entries, each at its resolved path and also at the
-    path it is named by when that one goes through a symbolic link the sandbox would not show (a
-    virtual environment reached through a link: its interpreter and ``pyvenv.cfg`` are found there)."""
+    the Python environment (the interpreter's prefixes, the folders on its ``sys.path``) and the ``PYTHONPATH``
+    entries, each at its resolved path and also at the path it is named by when that one goes through a symbolic
+    link the sandbox would not show (a virtual environment reached through a link: its interpreter and
+    ``pyvenv.cfg`` are found there). A folder that holds a hidden one (the course repository, on ``sys.path`` for
+    an editable install or as the working folder) is never bound back: only what lies inside it is."""
     import adam8lib
 
     named = [Path(adam8lib.__file__).parent, Path(sys.executable).parent.parent]
-    named += [Path(entry) for entry in [sys.prefix, sys.exec_prefix, *os.environ.get("PYTHONPATH", "").split(os.pathsep)] if entry]
+    named += [Path(entry) for entry in [sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix,
+                                        *os.environ.get("PYTHONPATH", "").split(os.pathsep), *sys.path] if entry]
     binds: dict[Path, Path] = {}
     for name in named:
         real = name.resolve()
-        if not real.exists():
+        if not real.exists() or (real.is_file() and real.suffix != ".zip"):
             continue
+        if any(_inside(h, real) for h in hidden):
+            continue  # (is or holds a hidden folder: "/", the repository, a home folder)
         if any(_inside(real, h) and real != h for h in hidden):
             binds[real] = real
         shown = Path(os.path.abspath(name))
         if shown != real and any(_inside(shown, h) and shown != h for h in hidden):
             binds[shown] = real
-    return sorted(((real, where) for where, real in binds.items()), key=lambda pair: (len(pair[1].parts), str(pair[1])))
+    pairs = [(real, where) for where, real in binds.items()]
+    # (a folder bound at its own path inside another bound at its own path is already there)
+    pairs = [(real, where) for real, where in pairs
+             if not (real == where and any(r == w and r != real and _inside(real, r) for r, w in pairs))]
+    return sorted(pairs, key=lambda pair: (len(pair[1].parts), str(pair[1])))
 
 
 def wrap(
@@ -133,6 +163,7 @@ def wrap(
         root = repository_root()
         if root is not None:
             covered.add(root)
+        covered.update(_unshown())
         tmp = Path("/tmp")
         covered = sorted((p for p in covered if not _inside(p, tmp)), key=lambda p: len(p.parts))
         for path in covered:
