@@ -442,7 +442,7 @@ def check_lion8bit(cls) -> None:
         if grads_changed:
             named = _name_lion_mistake(cls, kwargs)
             fail(f"{what}: after a step, the gradient your rule was handed is not the one the optimizer gave it.",
-                 kind="in_place", what=what,
+                 kind="in_place", what=what, got="g (the gradient update() is handed)",
                  hint=named if named is not None and "in place" in named else G_IN_PLACE)
         if not _params_close(ours, ref, kwargs["lr"]):
             named = _name_lion_mistake(cls, kwargs)
