@@ -166,7 +166,10 @@ def mistake_of(failure: Failure) -> str:
 
 
 def property_words(failure: Failure) -> str:
-    """The property that failed, in a few words (the check's message line and level 2 use them)."""
+    """The property that failed, in a few words (the check's message line and level 2 use them): the check's own
+    words when it gave some (``fail(..., prop=...)``)."""
+    if getattr(failure, "words", ""):
+        return failure.words
     kind = kind_of(failure)
     if kind == "error" and failure.got:
         return f"your code raised {failure.got}"

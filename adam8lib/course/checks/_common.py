@@ -120,7 +120,8 @@ class Failure:
     input changed), ``"shape"``, ``"dtype"``, ``"nonfinite"`` (NaN/Inf where there should be none, or the
     other way round), ``"keys"``, ``"values"``, or ``"check"`` (a property the check states in its own words,
     e.g. an argument ``check(group)`` must refuse). ``got``/``expected``: the two sides where known (shapes,
-    dtypes, the worst element), as short text. ``serial`` grows with every failure recorded."""
+    dtypes, the worst element), as short text. ``serial`` grows with every failure recorded. ``words``: the
+    property in the check's own few words, where the kind alone would not say it (the property line shows them)."""
 
     exercise: str
     check: str
@@ -131,6 +132,7 @@ class Failure:
     got: str = ""
     expected: str = ""
     serial: int = 0
+    words: str = ""
 
 
 #: exercise id -> its last failure (None after a pass); only exercises whose check ran in this process
@@ -212,7 +214,7 @@ def _hint_call(exercise: str) -> str:
 
 
 def _with_record(message: str, hint: str | None, kind: str | None, what: str | None, got: str = "",
-                 expected: str = "") -> str:
+                 expected: str = "", words: str = "") -> str:
     """``message`` with the property line, after recording the failure (unchanged outside a workbook check)."""
     message = _INVITE_LINE.sub("", message).rstrip()
     try:
@@ -227,9 +229,10 @@ def _with_record(message: str, hint: str | None, kind: str | None, what: str | N
             # the check re-raises a message it caught (with a better hint): the property stays the same
             kind, what = previous.kind, what or previous.what
             got, expected = got or previous.got, expected or previous.expected
+            words = words or previous.words
         _SERIAL[0] += 1
         failure = Failure(exercise=exercise, check=check, kind=kind or "check", what=what or "", message=first,
-                          hint=hint, got=got, expected=expected, serial=_SERIAL[0])
+                          hint=hint, got=got, expected=expected, serial=_SERIAL[0], words=words)
         _OUTCOMES[exercise] = failure
         _LAST[:] = [failure]
         from ..hints import property_words
@@ -243,13 +246,14 @@ def _with_record(message: str, hint: str | None, kind: str | None, what: str | N
 
 
 def fail(message: str, hint: str | None = None, *, kind: str | None = None, what: str | None = None,
-         got: str = "", expected: str = "") -> NoReturn:
+         got: str = "", expected: str = "", prop: str = "") -> NoReturn:
     """Raise an AssertionError ``message`` followed by ``Hint: hint``.
 
     Inside a workbook check the failure is recorded for ``hint("NN.k")`` (``kind``: the property that failed,
     see :class:`Failure`; ``what``: which call; ``got``/``expected``: the two sides), and a line naming the
-    property and the call to type goes before the hint."""
-    text = _with_record(str(message), hint, kind, what, got, expected)
+    property and the call to type goes before the hint (``prop``: the property in a few words of the check's
+    own, for a property the kind alone does not say, e.g. "the state after 10 steps (the parameters are right)")."""
+    text = _with_record(str(message), hint, kind, what, got, expected, prop)
     if hint:
         text += f"\nHint: {hint}"
     raise AssertionError(text)
