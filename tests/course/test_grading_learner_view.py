@@ -71,3 +71,22 @@ def test_another_copy_of_the_course_is_not_in_the_learner_view(tmp_path, other_c
         assert float(rows["thief"]["total"]) == 0, rows["thief"]
     else:  # not prevented without a sandbox (README: "What the gradebook prevents")
         assert float(rows["thief"]["total"]) == full, rows["thief"]["notes"]
+
+
+def test_the_repository_on_pythonpath_is_not_bound_back(tmp_path, monkeypatch):
+    """An instructor who grades with ``PYTHONPATH=<the course checkout>`` (no install): only the package inside it is
+    bound back, never the checkout (solutions/, tests/) — whatever bubblewrap's availability, the command says so."""
+    root = sandbox.repository_root()
+    if root is None:
+        pytest.skip("adam8lib is installed without its repository")
+    monkeypatch.setenv("PYTHONPATH", str(root))
+    monkeypatch.setattr(sandbox, "available", lambda: None)  # (the command is built the same either way)
+    cmd, used, _ = sandbox.wrap(["python", "-c", "pass"], scratch=tmp_path, mode="bwrap")
+    binds = [(cmd[i + 1], cmd[i + 2]) for i, part in enumerate(cmd) if part == "--ro-bind"]
+    assert used == "bwrap" and (str(root / "adam8lib"), str(root / "adam8lib")) in binds
+    assert not any(Path(src) == root or root.is_relative_to(Path(src)) for src, _ in binds if src != "/"), binds
+    # a checkout inside a folder the sandbox covers as a whole (/tmp, a home): what keeps it out is keep_out
+    outer = root.parent
+    assert root in [real for real, _ in sandbox._bound_back([outer])]
+    kept = [real for real, _ in sandbox._bound_back([outer], keep_out=[root])]
+    assert root not in kept and root / "adam8lib" in kept

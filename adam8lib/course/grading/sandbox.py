@@ -92,13 +92,14 @@ def _unshown() -> list[Path]:
     return out
 
 
-def _bound_back(hidden: list[Path]) -> list[tuple[Path, Path]]:
+def _bound_back(hidden: list[Path], keep_out: list[Path] = ()) -> list[tuple[Path, Path]]:
     """What the child needs from inside hidden folders, as ``(path, where it is bound)``: the package,
     the Python environment (the interpreter's prefixes, the folders on its ``sys.path``) and the ``PYTHONPATH``
     entries, each at its resolved path and also at the path it is named by when that one goes through a symbolic
     link the sandbox would not show (a virtual environment reached through a link: its interpreter and
     ``pyvenv.cfg`` are found there). A folder that holds a hidden one (the course repository, on ``sys.path`` for
-    an editable install or as the working folder) is never bound back: only what lies inside it is."""
+    an editable install, as the working folder or on ``PYTHONPATH``; ``keep_out``) is never bound back: only what
+    lies inside it is."""
     import adam8lib
 
     named = [Path(adam8lib.__file__).parent, Path(sys.executable).parent.parent]
@@ -109,7 +110,7 @@ def _bound_back(hidden: list[Path]) -> list[tuple[Path, Path]]:
         real = name.resolve()
         if not real.exists() or (real.is_file() and real.suffix != ".zip"):
             continue
-        if any(_inside(h, real) for h in hidden):
+        if any(_inside(h, real) for h in [*hidden, *keep_out]):
             continue  # (is or holds a hidden folder: "/", the repository, a home folder)
         if any(_inside(real, h) and real != h for h in hidden):
             binds[real] = real
@@ -169,7 +170,7 @@ def wrap(
         for path in covered:
             box += ["--tmpfs", str(path)]
         box += ["--tmpfs", "/tmp"]  # a private /tmp: hides every other learner's scratch folder
-        for path, where in _bound_back([*covered, tmp]):
+        for path, where in _bound_back([*covered, tmp], keep_out=[root] if root is not None else []):
             box += ["--ro-bind", str(path), str(where)]
         box += ["--bind", str(scratch.resolve()), SANDBOX_HOME]
         concealed = []
