@@ -227,7 +227,10 @@ EXERCISES: dict[str, ExerciseHints] = {
                "nonfinite": "NaN where there should be none: a square root of a negative second moment (is what v "
                             "averages never negative?), or a NaN/Inf gradient handled wrongly — its states reset to "
                             "zero, its parameter untouched this step, decay included.",
-               "order": "Dequantize, update both moments, update p, and only then requantize."}),
+               "order": "Dequantize, update both moments, update p — decay first, then subtract the update — and "
+                        "only then requantize.",
+               "rounding": "Rounding happens where a value is stored: the codes once per step, a 16-bit parameter "
+                           "once, when its new value is written back. Everything before that is computed in fp32."}),
     "07.2": E("adam8bit_optimizer", "The Adam8bit optimizer",
               "An optimizer is a loop over param groups and their parameters: hyperparameters come from each "
               "parameter's group, state lives in self.state[p] and is created on the first step, and small "
@@ -252,7 +255,9 @@ EXERCISES: dict[str, ExerciseHints] = {
                           "normalisation in forward, and the override registered with bitsandbytes' manager.",
                "state": "The override is registered for the module's embedding parameter by name: which module "
                         "and which parameter name does the manager need?",
-               "values": "Compare the spread of your initial weights with xavier-uniform's bound for this shape."}),
+               "values": "Compare the spread of your initial weights with xavier-uniform's bound for this shape.",
+               "axis": "Two things depend on the table's dimensions: xavier's bound uses both of them (rows and "
+                       "columns), the LayerNorm normalises along the last one only."}),
     "07.4": E("trains_like_adam", "Training with your optimizer",
               "Training repeats one cycle: the loss of the current weights, its gradient by backward, one "
               "optimizer step; each step's gradient must come from that step's loss alone, and the curve records "
@@ -262,7 +267,9 @@ EXERCISES: dict[str, ExerciseHints] = {
                "order": "Clear the gradients before backward, step after it; record the loss of this step "
                         "before the parameters change.",
                "count": "One loss per step, `steps` of them, as Python floats.",
-               "factor": "The loss is the mean of the squared errors, not their sum."}),
+               "factor": "The loss is the mean of the squared errors, not their sum.",
+               "axis": "The loss compares each output with its own target: print the shape of the model's output "
+                       "next to the shape of y."}),
     # ----------------------------------------------------------------------------------------------- 08
     "08.1": E("absmax_kernel", "A Triton absmax-per-block kernel",
               "A Triton program handles one block: it loads its offsets with a mask for the ragged tail, "

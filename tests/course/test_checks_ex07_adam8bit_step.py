@@ -272,7 +272,8 @@ def _loss_after_step(optimizer_class, steps=200, lr=1e-2):
 
 @pytest.mark.parametrize("train_fn, hint", [
     (_loss_after_step, "you recorded the loss AFTER opt.step()"),
-    (lambda optimizer_class, steps=200, lr=1e-2: reference_train(optimizer_class, steps, 1e-3), "lr=lr"),
+    (lambda optimizer_class, steps=200, lr=1e-2: reference_train(optimizer_class, steps, 1e-3),
+     "pass lr to the optimizer"),
     (lambda optimizer_class, steps=200, lr=1e-2: None, "return the list of losses"),
     (stub, "not implemented yet"),
 ])
@@ -390,3 +391,74 @@ def test_a_checkpoint_that_loads_but_steps_unlike_the_reference_is_caught():
 
     Drifts.__name__ = "MyAdam8bit"
     fails_with(checks.check_adam8bit_optimizer, Drifts, "differ from adam8lib.optim.Adam8bit")
+
+
+# ------------------------------------------------------------------ a cold learner's mistakes, named (issue 51)
+def _wrong(name):
+    from tests.workbooks.wrong_answers import ex07
+
+    return next(w for w in ex07.WRONG if getattr(w.answer, "__name__", "") == name)
+
+
+def _message(name) -> str:
+    w = _wrong(name)
+    with pytest.raises(AssertionError) as info:
+        w.run()
+    return str(info.value)
+
+
+@pytest.mark.parametrize("name, says", [
+    ("rebinds_states", ["nothing was written in place into state1, state2, absmax1, absmax2", "lost when it returns"]),
+    ("bf16_everything", ["torch.bfloat16 rounding in the middle of the step", "cast the new p to torch.bfloat16 once"]),
+    ("decay_after_update", ["you decayed p AFTER the update", "decays p FIRST"]),
+])
+def test_the_8bit_steps_cold_mistakes_are_named(name, says):
+    text = _message(name)
+    assert all(s in text for s in says), text
+    assert "a term that changes from entry to entry" not in text, text
+
+
+def test_the_16bit_rounding_hint_needs_a_16bit_case():
+    """An fp32 slip (the update doubled) is not called 16-bit rounding: the first case is fp32."""
+    text = _message("adam8bit_step_lr_twice")
+    assert "rounding in the middle of the step" not in text, text
+
+
+def test_an_optimizer_without_super_init_gets_a_hint():
+    text = _message("Adam8bitWithoutSuperInit")
+    assert "'dict' object has no attribute 'grad'" in text and "super().__init__(params, defaults)" in text, text
+
+
+def test_the_flatten_hint_says_too_only_when_the_parameter_was_flat():
+    assert "flatten the gradient too" in _message("grad_not_flat")
+    text = _message("nothing_flat")
+    assert "too" not in text.split("Hint:")[-1] and "BOTH the parameter and its gradient" in text, text
+
+
+def test_a_uniform_draw_with_the_wrong_bound_is_not_called_normal():
+    text = _message("bound_from_rows")
+    assert "NORMAL" not in text and "uses BOTH dimensions of the table" in text, text
+    assert "that is a NORMAL initialisation" in _message("xavier_normal")
+
+
+@pytest.mark.parametrize("name, says", [
+    ("output_squeezed", "paired with EVERY target"),
+    ("random_minibatches", "your model was run on batches of 32 points"),
+])
+def test_the_loops_cold_mistakes_are_named_without_dictating_the_loop(name, says):
+    text = _message(name)
+    assert says in text, text
+    for code in ("opt.zero_grad(), loss =", "loss = mse_loss(model(x), y)", "optimizer_class(model.parameters(), lr=lr)",
+                 "loss.backward(), record"):
+        assert code not in text, text
+
+
+def test_no_07_4_message_dictates_the_loop():
+    """The fallback states properties (one loss per update, before it; the whole batch; the output of y's shape)."""
+    import inspect
+
+    source = inspect.getsource(checks.ex07_adam8bit_step.check_trains_like_adam)
+    rule = checks.ex07_adam8bit_step._TRAIN_RULE
+    for code in ("opt.zero_grad(), loss", "optimizer_class(model.parameters(), lr=lr)", "losses.append("):
+        assert code not in source and code not in rule
+    assert "before that update" in rule and "WHOLE batch" in rule and "y's shape" in rule

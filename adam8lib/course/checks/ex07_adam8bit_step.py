@@ -38,7 +38,7 @@ def _fresh_state(n: int, blocksize: int) -> dict[str, torch.Tensor]:
 
 def _variant(pre, g, qmap1, qmap2, hp, *, keep_sign=True, keep_sign_v=True, bias=True, nan_rule=True,
              fresh_absmax=True, decay_on_m=False, swap_maps=False, step_offset=0, sqrt_c2=True, eps_inside=False,
-             decay_lr=True, v_signed_map=False, square=True, sign=1.0, update_with="new"):
+             decay_lr=True, v_signed_map=False, square=True, sign=1.0, update_with="new", decay_after=False):
     """One 8-bit step with one deliberate mistake (plain fp32 maths, no chunks)."""
     bs, t = hp["blocksize"], hp["step"] + step_offset
     b1, b2, lr, eps, wd = hp["beta1"], hp["beta2"], hp["lr"], hp["eps"], hp["weight_decay"]
@@ -66,6 +66,8 @@ def _variant(pre, g, qmap1, qmap2, hp, *, keep_sign=True, keep_sign_v=True, bias
         v_u = dequantize_blocks(*quantize_blocks(v, map_v, bs, keep_sign=True), map_v, bs)
     denom = (v_u / c2**2 + eps).sqrt() if eps_inside else v_u.sqrt() / c2 + eps
     new = new - sign * lr / c1 * m_u / denom
+    if decay_after and wd:  # bitsandbytes' CUDA kernel's order: the update first, then the decay of the result
+        new = (p - sign * lr / c1 * m_u / denom) * (1 - lr * wd)
     if nan_rule:
         new = torch.where(finite, new, p)
     out = {"p": new.to(pre["p"].dtype)}
@@ -105,6 +107,10 @@ _STEP_SLIPS = [
      "AdamW. Decay p directly: p *= 1 - lr * weight_decay.", {"decay_on_m": True}),
     ("you decayed p by (1 - weight_decay): the decay is scaled by lr, p *= 1 - lr * weight_decay.",
      {"decay_lr": False}),
+    ("you decayed p AFTER the update, (p - update) * (1 - lr * weight_decay) — the order of bitsandbytes' CUDA "
+     "kernel, which the lesson mentions. The workbook's formula decays p FIRST and then subtracts the update: "
+     "p * (1 - lr * weight_decay) - lr * m_hat / (sqrt(v_hat) + eps); the two orders differ by lr * weight_decay "
+     "times the update.", {"decay_after": True}),
     ("you requantized with the OLD absmax: take a FRESH absmax per block from the updated m and v (max "
      "|m|, max v of the updated values), not the old one.", {"fresh_absmax": False}),
     ("the maps are swapped: m (signed) uses qmap1, v (non-negative) uses qmap2.", {"swap_maps": True}),
@@ -150,6 +156,34 @@ def _close(got: dict, want: dict, pdtype) -> str | None:
             if not torch.allclose(a.float(), e.float(), rtol=tol, atol=tol * 1e-2, equal_nan=True):
                 return key
     return None
+
+
+def _unwritten_states(mine: dict, ref: dict, pre: dict, pdtype) -> list[str]:
+    """The state tensors that came back exactly as given while the reference changed them, when everything else
+    (p, the other states) is right: the learner computed them but never wrote them into the caller's tensors."""
+    kept = [k for k in _FIELDS[1:] if torch.equal(mine[k], pre[k]) and not torch.equal(ref[k], pre[k])]
+    if not kept or _close({**mine, **{k: ref[k] for k in kept}}, ref, pdtype) is not None:
+        return []
+    return kept
+
+
+def _apart_by_rounding(mine: dict, ref: dict, pre: dict, pdtype) -> bool:
+    """Whether a 16-bit case's result is off only by about that dtype's rounding: codes at most one apart, absmax
+    within a few of the dtype's relative steps, p within a few steps of the larger of its old and new value (what
+    arithmetic in bf16/fp16 instead of fp32 gives)."""
+    eps = torch.finfo(pdtype).eps
+    try:
+        for key in ("state1", "state2"):
+            if mine[key].shape != ref[key].shape or int((mine[key].long() - ref[key].long()).abs().max()) > 1:
+                return False
+        for key, rel in (("absmax1", 4 * eps), ("absmax2", 8 * eps), ("p", 4 * eps)):
+            a, e = mine[key].float(), ref[key].float()
+            scale = torch.maximum(e.abs(), pre[key].float().abs()) if key == "p" else e.abs()
+            if a.shape != e.shape or not bool(((a - e).abs() <= rel * scale + 1e-6).all()):
+                return False
+    except Exception:  # noqa: BLE001 - only for a hint
+        return False
+    return True
 
 
 def _step_property(pre, mine, ref, g, qmap1, qmap2, bs, pdtype) -> str | None:
@@ -239,8 +273,24 @@ def check_adam8bit_step(adam8bit_step_fn) -> None:
                 continue
             finite = torch.isfinite(g.float())
             nan_p = torch.isnan(mine["p"].float()) & ~torch.isnan(ref["p"].float())
+            unwritten = _unwritten_states(mine, ref, pre, pdtype)
             if all(torch.equal(mine[k], pre[k]) for k in _FIELDS):
-                hint = "nothing changed: update p and the four state tensors IN PLACE (copy_ / slice assignment)."
+                hint = ("nothing changed: the five tensors you were given come back as they went in. A result returned, "
+                        "or a new tensor bound to an argument's name inside your function, is lost to the caller: "
+                        "update p and the four state tensors IN PLACE (copy_ / slice assignment).")
+            elif unwritten:
+                them = "it" if len(unwritten) == 1 else "them"
+                hint = (f"nothing was written in place into {', '.join(unwritten)}: {them} came back exactly as you "
+                        f"were given {them}, although p is right (the moments were computed), so the new codes and "
+                        "absmax never reached the tensors the caller holds. A new tensor bound to the argument's name inside your function "
+                        "is lost when it returns; write the new values INTO the given tensors, in place (copy_ or "
+                        "slice assignment), as you did for p.")
+            elif pdtype != torch.float32 and _apart_by_rounding(mine, ref, pre, pdtype):
+                hint = (f"{pdtype} rounding in the middle of the step: your step is right on the fp32 parameters "
+                        f"(the cases before passed), but on {pdtype} parameters p, the codes or the absmax differ from "
+                        f"the reference by about {pdtype}'s own rounding, so the arithmetic was done in {pdtype} (the gradient, the parameter or the moments "
+                        "not converted to fp32). Compute in fp32 — the gradient, the parameter and the moments converted to "
+                        f"float32 — and cast the new p to {pdtype} once, when you write it back.")
             elif torch.equal(mine["p"], pre["p"]) and not torch.equal(ref["p"], pre["p"]):
                 # p stuck: rebinding `p = ...`, or an update from the moments before the EMA (0 on step 1)?
                 probe = {k: v.clone() for k, v in mine.items()}
@@ -437,9 +487,20 @@ def _crash_hint(text: str) -> str | None:
         return ("two tensors are one block apart (one per block: the codes' blocks and your absmax): a tensor whose "
                 "size is not a multiple of the blocksize (here 6500 = 25 x 256 + 100) has a partial last block with "
                 "its own absmax, so there are ceil(n / blocksize) blocks, -(-n // blocksize), not n // blocksize.")
+    if re.search(r"\bg must be a flat contiguous 1-D", text):  # the parameter was flat, its gradient not
+        return ("flatten the gradient too: the 8-bit step works on flat tensors, and you gave it a flat view of the "
+                "parameter but the gradient in the parameter's own shape — pass p.view(-1) AND p.grad.view(-1).")
     if "must match the size" in text or "flat contiguous 1-D" in text:
-        return ("flatten the gradient too: the 8-bit step works on flat tensors, so pass p.view(-1) AND "
-                "p.grad.view(-1).")
+        return ("the 8-bit step works on flat 1-D tensors, and a tensor of another shape reached it: give it flat "
+                "views of BOTH the parameter and its gradient (p.view(-1) and p.grad.view(-1)) — the gradient has "
+                "the parameter's shape, and the states are flat.")
+    if re.search(r"'(dict|list)' object has no attribute '(grad|numel|view|data|shape|dtype|add_|copy_|mul_)'", text) \
+            or re.search(r"object has no attribute '(param_groups|state|defaults)'", text):
+        return ("your optimizer met a dict (or a list) where it expected a parameter: the check hands it param GROUPS, "
+                "a list of dicts each with its own 'params' and lr. Call super().__init__(params, defaults) in "
+                "__init__: torch.optim.Optimizer builds self.param_groups from params and defaults (a plain list of "
+                "tensors becomes one group; each group dict gets the settings it does not give from defaults) and "
+                "creates the per-parameter state.")
     if "absmax" in text and "must have" in text:
         return ("a tensor whose size is not a multiple of the blocksize (here 6500 = 25 x 256 + 100) has a partial "
                 "last block, and it needs its own absmax: the partial last block counts, number of blocks = "
@@ -645,9 +706,27 @@ def check_stable_embedding(stable_embedding_class) -> None:
     bound = math.sqrt(6.0 / (1000 + 64))
     std_ratio = w.std().item() * math.sqrt(3) / bound
     if w.abs().max() > bound * 1.0001 or not (0.9 < std_ratio < 1.1):
-        if 0.9 < std_ratio < 1.1:
+        std, top, mean = w.std().item(), w.abs().max().item(), w.mean().item()
+        # a uniform draw on [-b, b] has std b / sqrt(3), so max |w| ~ sqrt(3) std; a normal's max over 64,000
+        # values lies near 4.4 std
+        uniform = std > 0 and top < 2.2 * std
+        if std > 0 and abs(mean) > 0.2 * std:
+            hint = (f"your values are not centred on 0 (mean {mean:.4f}, std {std:.4f}): xavier-uniform draws "
+                    f"from -bound to +bound, bound = sqrt(6 / (num_embeddings + embedding_dim)) = {bound:.4f}.")
+        elif uniform:
+            which = {"num_embeddings": math.sqrt(6.0 / 1000), "embedding_dim": math.sqrt(6.0 / 64),
+                     "num_embeddings * embedding_dim": math.sqrt(6.0 / (1000 * 64))}
+            named = next((k for k, b in which.items() if math.isclose(top, b, rel_tol=0.02)), None)
+            hint = ("your table is drawn uniformly but not within xavier's bound, which uses BOTH dimensions of the "
+                    f"table, rows plus columns (fan_in + fan_out): max |w| {top:.4f} is about sqrt(3) times the std, "
+                    f"as for a uniform draw, so your bound is {top:.4f}, where xavier's is "
+                    f"sqrt(6 / (num_embeddings + embedding_dim)) = sqrt(6 / 1064) = {bound:.4f}" +
+                    (f"; yours is sqrt(6 / {named})." if named else "."))
+        elif 0.9 < std_ratio < 1.1:
             hint = ("the std is right but values reach past the bound: that is a NORMAL initialisation "
-                    "(xavier_normal_?). The paper's layer draws uniformly: nn.init.xavier_uniform_(self.embedding.weight).")
+                    f"(xavier_normal_?) — max |w| is {top / std:.1f} times the std, where a uniform draw stops at "
+                    "sqrt(3) = 1.7 times it. The paper's layer draws uniformly: "
+                    "nn.init.xavier_uniform_(self.embedding.weight).")
         elif 0.9 < w.std().item() < 1.1:
             hint = ("the table still has nn.Embedding's default init N(0, 1): call "
                     "nn.init.xavier_uniform_(self.embedding.weight) in __init__.")
@@ -773,13 +852,21 @@ def _curve_property(got: list[float], want: list[float], rule: str) -> str:
                                                "moved one position", "shifted by a constant")):
         found = None  # losses are positive: "right sign, wrong size" says nothing about a curve
     if not math.isclose(got[0], want[0], rel_tol=1e-4, abs_tol=1e-7):
-        where = (f"already the first loss differs ({got[0]:.6g}, the untrained model gives {want[0]:.6g}): the loss "
-                 "itself is computed differently (the data, the model's output, mse_loss)")
+        where = (f"already the first loss differs ({got[0]:.6g}, the untrained model on the whole batch gives "
+                 f"{want[0]:.6g}): the loss itself is computed otherwise — on other points than all 256, or not as "
+                 "the mean squared error of an output shaped like y")
     else:
         k = next(i for i, (a, b) in enumerate(zip(got, want)) if not math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-7))
         where = (f"the first {k} losses are right, from step {k + 1} on they differ: the loss is right, the "
                  "UPDATE between steps is not (the gradients, the optimizer, zero_grad)")
     return f"{where}{'; ' + found if found else ''}. The rule: {rule}"
+
+
+#: what 07.4's loop must do, as properties (the hint's rule when no known mistake matches)
+_TRAIN_RULE = ("one loss per update, recorded before that update, as a Python float; every step on the WHOLE batch "
+               "(all 256 points); the loss is the mean squared error of the model's output, of y's shape (256, 1), "
+               "against y; each step's gradient from that step's loss alone; one optimizer for the whole run, over "
+               "the model's parameters with train's lr.")
 
 
 def check_trains_like_adam(train_fn, optimizer_class) -> None:
@@ -797,43 +884,57 @@ def check_trains_like_adam(train_fn, optimizer_class) -> None:
         fail("train(torch.optim.Adam, steps=20) returned None", "return the list of losses.")
     if got["tensor"] or not got["sequence"]:
         fail(f"train(torch.optim.Adam, steps=20) returned a {got['type']}, expected a list of 20 floats",
-             "collect one Python float per step in a list (losses.append(loss.item())) and return the list.")
+             "the answer is a list with one Python float per step, the loss of that step: return the list.")
     tensor = got["first_tensor"]
     if tensor is not None:
         graph = " and keeps its autograd graph alive (memory grows every step)" if tensor["requires_grad"] else ""
         fail(f"train(...) recorded {tensor['type']}s of shape {tuple(tensor['shape'])} per step, not floats",
-             f"you appended the loss tensor itself: a tensor per step is not a number{graph}; record loss.item(), "
-             "the Python float.")
+             f"you appended the loss tensor itself: a tensor per step is not a number{graph}; record its value as a "
+             "Python float (.item()).")
     if not got["numbers"]:
         fail(f"train(...) recorded values of type {got['kinds']} per step, expected float",
-             "record one Python float per step: loss.item() of the loss you backpropagate.")
+             "record one Python float per step: the value of the loss you backpropagate.")
     got_curve = [float(v) for v in got["values"]]
     def same(curve, reference):
         return len(curve) == len(reference) and all(
             math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-7) for a, b in zip(curve, reference))
 
     if not same(got_curve, want_curve):
-        hint = ("one full-batch step per iteration: opt.zero_grad(), loss = mse_loss(model(x), y), loss.backward(), "
-                "record loss.item() (before the step), opt.step(); build the optimizer with "
-                "optimizer_class(model.parameters(), lr=lr).")
+        hint = _TRAIN_RULE
         adam = lambda ps: torch.optim.Adam(ps, lr=1e-2)  # noqa: E731
+        broadcast = _train(adam, 20, shape="broadcast")
         if len(got_curve) != 20 and same(got_curve[:20], want_curve):
             hint = (f"take `steps` steps: the check called train(..., steps=20) and got {len(got_curve)} losses "
-                    "(use range(steps), not a fixed number).")
+                    "(the number of steps is train's argument, not a fixed number).")
+        elif got_curve and math.isclose(got_curve[0], broadcast[0], rel_tol=1e-4, abs_tol=1e-7):
+            hint = (f"the model's output and y have different shapes, which mse_loss broadcast: your first loss "
+                    f"{got_curve[0]:.6g} is the mean over every output paired with EVERY target — an output of "
+                    "shape (256,) against y of shape (256, 1), or the reverse, becomes a 256 x 256 table (torch "
+                    "warns about it). The loss compares each "
+                    "output with its own target: the output must have y's shape, (256, 1).")
+        elif any(n != 256 for n in got.get("batches", [])):
+            sizes = ", ".join(str(n) for n in got["batches"])
+            first = (f", and your first loss {got_curve[0]:.6g} is not the whole batch's {want_curve[0]:.6g}"
+                     if got_curve else "")
+            hint = (f"your model was run on batches of {sizes} points (the task has 256){first}: each step's loss "
+                    "came from a selection of the points (mini-batches). This task trains on the WHOLE batch: every step's loss "
+                    "is the mean squared error over all 256 points, so that the curve compares optimizers, not "
+                    "draws of data.")
         else:
             for h, make in [
-                ("you recorded the loss AFTER opt.step(): record loss.item() of the loss you backpropagate, before "
-                 "the step (the first entry is the untrained model's loss).", lambda: _train(adam, 20, record="after")),
-                ("pass lr to the optimizer: optimizer_class(model.parameters(), lr=lr) — without it the optimizer "
-                 "uses its default learning rate.", lambda: _train(lambda ps: torch.optim.Adam(ps), 20)),
-                ("call opt.zero_grad() every step: without it the gradients add up across steps (backward() "
-                 "accumulates into .grad).", lambda: _train(adam, 20, zero="none")),
-                ("you zeroed the gradients between backward() and step(): the step then sees no gradient. Call "
-                 "opt.zero_grad() before backward().", lambda: _train(adam, 20, zero="between")),
+                ("you recorded the loss AFTER opt.step(): each recorded loss must be the loss you backpropagate, "
+                 "taken before the step that follows it (the first entry is the untrained model's loss).",
+                 lambda: _train(adam, 20, record="after")),
+                ("pass lr to the optimizer: your curve is the one of the optimizer's DEFAULT learning rate — the "
+                 "optimizer must be built with train's lr.", lambda: _train(lambda ps: torch.optim.Adam(ps), 20)),
+                ("the gradients add up across steps: backward() adds into .grad, so they must be cleared every "
+                 "step, before backward (opt.zero_grad()).", lambda: _train(adam, 20, zero="none")),
+                ("you zeroed the gradients between backward() and step(): the step then sees no gradient. Clear "
+                 "them before backward instead.", lambda: _train(adam, 20, zero="between")),
                 ("build the optimizer ONCE, before the loop: a new optimizer every step forgets m, v and the step "
                  "count.", lambda: _train(adam, 20, fresh_optimizer=True)),
-                ("you summed the squared errors: the loss is their MEAN, mse_loss(model(x), y) "
-                 "(reduction='mean').", lambda: _train(adam, 20, reduction="sum")),
+                ("you summed the squared errors: the loss is their MEAN (mse_loss's default reduction).",
+                 lambda: _train(adam, 20, reduction="sum")),
             ]:
                 if same(got_curve, make()):
                     hint = h
@@ -852,9 +953,9 @@ def check_trains_like_adam(train_fn, optimizer_class) -> None:
              "after the square root and the bias correction divides (not multiplies) m and v.")
     if last > 0.9 * first:
         fail(f"{name}: the loss went from {first:.3g} to {last:.3g} in 200 steps; torch.optim.Adam reached {want:.3g}",
-             "the optimizer does not learn: does step() write into the parameters in place (p.copy_, p.view(-1) "
-             "shares p's storage) and subtract the update (p -= lr * m / ...), not add it? Do parameters with a "
-             "gradient get a state and a step?")
+             "the optimizer does not learn: does step() write into the parameters in place (a view of p shares "
+             "its storage, a new tensor bound to the name p does not) and subtract the update, not add it? Do "
+             "parameters with a gradient get a state and a step?")
     if last > 2 * want + 0.001:
         fail(f"{name}: final loss {last:.3g} after 200 steps, torch.optim.Adam {want:.3g} (allowed: up to "
              f"{2 * want + 0.001:.3g})",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from torch import nn
@@ -29,7 +30,7 @@ def _requantize_with(x, qmap, blocksize, absmax):
 def make_step(name, *, sign_m=True, sign_v=True, bias=True, step_offset=0, sqrt_c2=True, eps_inside=False,
               l2=False, decay_lr=True, old_absmax=False, swap_maps=False, v_signed_map=False, nan_rule=True,
               square=True, sign=1.0, update_with="new", param_dtype_math=False,
-              nan_decays=False):
+              nan_decays=False, decay_after=False):
     """The solution's step with one slip, as a learner would write it."""
 
     @torch.no_grad()
@@ -61,7 +62,10 @@ def make_step(name, *, sign_m=True, sign_v=True, bias=True, step_offset=0, sqrt_
             v = dequantize_blocks(state2, absmax2, map_v, blocksize)
         mu, vu = (m_before, v_before) if update_with == "old" else (m, v)
         denom = (vu / c2**2 + eps).sqrt() if eps_inside else vu.sqrt() / c2 + eps
-        new = new - (sign * lr / c1 * mu / denom).to(new.dtype)
+        if decay_after:  # bitsandbytes' CUDA kernel's order: (p - update) * (1 - lr * weight_decay)
+            new = (param - (sign * lr / c1 * mu / denom).to(param.dtype)) * (1 - lr * weight_decay)
+        else:
+            new = new - (sign * lr / c1 * mu / denom).to(new.dtype)
         kept = param * (1 - lr * weight_decay) if nan_decays else param  # nan_decays: the skipped element still decays
         p.copy_(torch.where(finite, new, kept) if nan_rule else new)
         if update_with == "stored":
@@ -92,6 +96,63 @@ def rebinds_p(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, *, step, lr,
     p = torch.where(finite, new, p.float()).to(p.dtype)  # noqa: F841 - the slip
     state1[:], absmax1[:] = quantize_blocks(m, qmap1, blocksize, keep_sign=True)
     state2[:], absmax2[:] = quantize_blocks(v, qmap2, blocksize, keep_sign=True)
+
+
+@torch.no_grad()
+def rebinds_states(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, *, step, lr, beta1, beta2, eps,
+                   weight_decay, blocksize):
+    """A cold learner's 07.1: p written in place, but `state1 = c1; absmax1 = a1` only rebinds the names: the
+    caller's state tensors never change."""
+    m = dequantize_blocks(state1, absmax1, qmap1, blocksize)
+    v = dequantize_blocks(state2, absmax2, qmap2, blocksize)
+    grad, param = g.float(), p.float()
+    finite = torch.isfinite(grad)
+    m = torch.where(finite, beta1 * m + (1 - beta1) * grad, 0.0)
+    v = torch.where(finite, beta2 * v + (1 - beta2) * grad * grad, 0.0)
+    new = param * (1 - lr * weight_decay) - lr / (1 - beta1**step) * m / (v.sqrt() / math.sqrt(1 - beta2**step) + eps)
+    p.copy_(torch.where(finite, new, param))
+    c1, a1 = quantize_blocks(m, qmap1, blocksize, keep_sign=True)
+    c2, a2 = quantize_blocks(v, qmap2, blocksize, keep_sign=True)
+    state1, absmax1, state2, absmax2 = c1, a1, c2, a2  # noqa: F841 - the slip
+
+
+@torch.no_grad()
+def rebinds_absmax(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, *, step, lr, beta1, beta2, eps,
+                   weight_decay, blocksize):
+    """The codes written in place, the absmax only rebound (`absmax1 = a1`)."""
+    m = dequantize_blocks(state1, absmax1, qmap1, blocksize)
+    v = dequantize_blocks(state2, absmax2, qmap2, blocksize)
+    grad, param = g.float(), p.float()
+    finite = torch.isfinite(grad)
+    m = torch.where(finite, beta1 * m + (1 - beta1) * grad, 0.0)
+    v = torch.where(finite, beta2 * v + (1 - beta2) * grad * grad, 0.0)
+    new = param * (1 - lr * weight_decay) - lr / (1 - beta1**step) * m / (v.sqrt() / math.sqrt(1 - beta2**step) + eps)
+    p.copy_(torch.where(finite, new, param))
+    state1[:], absmax1 = quantize_blocks(m, qmap1, blocksize, keep_sign=True)
+    state2[:], absmax2 = quantize_blocks(v, qmap2, blocksize, keep_sign=True)
+
+
+def step_in_low_precision(name, *, moments_too):
+    """A cold learner's 07.1 for 16-bit parameters: no upcast to fp32 — the gradient and the parameter used in their
+    own dtype; with ``moments_too`` the dequantized m and v cast to it as well (every product rounded to 16 bits)."""
+
+    @torch.no_grad()
+    def adam8bit_step(p, g, state1, state2, absmax1, absmax2, qmap1, qmap2, *, step, lr, beta1, beta2, eps,
+                      weight_decay, blocksize):
+        m = dequantize_blocks(state1, absmax1, qmap1, blocksize)
+        v = dequantize_blocks(state2, absmax2, qmap2, blocksize)
+        if moments_too:
+            m, v = m.to(p.dtype), v.to(p.dtype)
+        finite = torch.isfinite(g)
+        m = torch.where(finite, beta1 * m + (1 - beta1) * g, 0.0)
+        v = torch.where(finite, beta2 * v + (1 - beta2) * g * g, 0.0)
+        new = p * (1 - lr * weight_decay) - lr / (1 - beta1**step) * m / (v.sqrt() / math.sqrt(1 - beta2**step) + eps)
+        p.copy_(torch.where(finite, new, p))
+        state1[:], absmax1[:] = quantize_blocks(m.float(), qmap1, blocksize, keep_sign=True)
+        state2[:], absmax2[:] = quantize_blocks(v.float(), qmap2, blocksize, keep_sign=True)
+
+    adam8bit_step.__name__ = name
+    return adam8bit_step
 
 
 @torch.no_grad()
@@ -186,6 +247,16 @@ WRONG_STEP = [
     Wrong("07.1", STEP, rebinds_p, "p = ... rebinds the name, p never changes", "`p = ...` only rebinds", True),
     Wrong("07.1", STEP, returns_new_tensors, "returns new tensors instead of writing in place", "nothing changed",
           True),
+    Wrong("07.1", STEP, rebinds_states, "state1 = c1; absmax1 = a1 (…) rebinds the names: the given states never "
+          "change", "nothing was written in place into state1, state2, absmax1, absmax2", True),
+    Wrong("07.1", STEP, rebinds_absmax, "codes written in place, absmax1 = a1 only rebinds the name",
+          "nothing was written in place into absmax1, absmax2", True),
+    Wrong("07.1", STEP, step_in_low_precision("bf16_everything", moments_too=True), "a 16-bit step computed in "
+          "bf16/fp16: gradient, parameter and moments never converted to fp32", "the arithmetic was done in", True),
+    Wrong("07.1", STEP, step_in_low_precision("no_upcast", moments_too=False), "the gradient and the parameter used "
+          "in their 16-bit dtype (no .float())", "arithmetic", True),
+    Wrong("07.1", STEP, make_step("decay_after_update", decay_after=True), "weight decay after the update, "
+          "(p - u) * (1 - lr * wd): bitsandbytes' CUDA order", "you decayed p AFTER the update", True),
 ]
 RIGHT_STEP = [
     Right("07.1", STEP, step_with_lerp_and_masked_fill, "lerp/addcmul moments, masked_fill, folded bias correction"),
@@ -196,7 +267,7 @@ RIGHT_STEP = [
 # ------------------------------------------------------------------ 07.2 · the optimizer class
 def make_optimizer(name, *, strict=False, quantize_all=False, defaults_only=False, no_decay=False, step_rule="state",
                    own_attributes=False, skip_none=True, flat_grad=True, eager_state=False, count="numel",
-                   blocks_rule="ceil", small_l2=False):
+                   blocks_rule="ceil", small_l2=False, flat_p=True):
     """The solution's MyAdam8bit with one slip. step_rule: "state" (right), "always_one", "after" (increased
     after the update, so the first update runs with step 0), "global" (one counter for all parameters),
     "per_call" (one counter increased per call of step()). blocks_rule "floor": n // blocksize absmax entries."""
@@ -260,7 +331,8 @@ def make_optimizer(name, *, strict=False, quantize_all=False, defaults_only=Fals
                     common = dict(step=state["step"], lr=hp["lr"], eps=hp["eps"],
                                   weight_decay=0.0 if no_decay else hp["weight_decay"])
                     if "state1" in state:
-                        reference_step(p.view(-1), p.grad.view(-1) if flat_grad else p.grad, state["state1"],
+                        reference_step(p.view(-1) if flat_p else p, p.grad.view(-1) if flat_grad else p.grad,
+                                       state["state1"],
                                        state["state2"], state["absmax1"], state["absmax2"], self.qmap1, self.qmap2,
                                        beta1=beta1, beta2=beta2, blocksize=group["blocksize"], **common)
                     else:
@@ -321,6 +393,31 @@ class Adam8bitInlineFp32(torch.optim.Optimizer):
                                    weight_decay=wd, blocksize=group["blocksize"])
 
 
+class Adam8bitWithoutSuperInit(torch.optim.Optimizer):
+    """A cold learner's 07.2: no super().__init__(params, defaults); the groups built by hand from a list of
+    parameters — the check's groups (dicts) end up where parameters should be."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, blocksize=256,
+                 min_8bit_size=4096):
+        self.defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, blocksize=blocksize,
+                             min_8bit_size=min_8bit_size)
+        self.param_groups = [dict(self.defaults, params=list(params))]
+        self.state = {}
+        self.maps = (dynamic_map(True), dynamic_map(False))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state.setdefault(p, {"step": 0, "exp_avg": torch.zeros_like(p),
+                                               "exp_avg_sq": torch.zeros_like(p)})
+                st["step"] += 1
+                adam_step(p, p.grad, st["exp_avg"], st["exp_avg_sq"], step=st["step"], lr=group["lr"],
+                          betas=group["betas"], eps=group["eps"], weight_decay=group["weight_decay"])
+
+
 WRONG_OPTIMIZER = [
     Wrong("07.2", OPT, make_optimizer("small_l2", small_l2=True), "L2 (coupled) decay for the fp32-state tensors "
           "(adam_step(..., decoupled=False))", "both paths must use AdamW's DECOUPLED decay", True),
@@ -344,6 +441,10 @@ WRONG_OPTIMIZER = [
           "skip parameters whose .grad is None", True),
     Wrong("07.2", OPT, make_optimizer("grad_not_flat", flat_grad=False), "p.view(-1) but p.grad unflattened",
           "flatten the gradient too", True),
+    Wrong("07.2", OPT, make_optimizer("nothing_flat", flat_grad=False, flat_p=False), "neither p nor p.grad "
+          "flattened for the 8-bit step", "flat views of BOTH the parameter and its gradient", True),
+    Wrong("07.2", OPT, Adam8bitWithoutSuperInit, "no super().__init__(params, defaults): param_groups built by hand "
+          "from a list of parameters", "Call super().__init__(params, defaults)", True),
     Wrong("07.2", OPT, make_optimizer("state_in_init", eager_state=True), "states created in __init__ for every "
           "parameter", "create a parameter's state on its first step", True),
     Wrong("07.2", OPT, make_optimizer("len_not_numel", count="len"), "size compared with p.shape[0], not numel()",
@@ -374,6 +475,9 @@ def make_embedding(name, *, init="xavier_uniform", norm="layer", override="embed
                 nn.init.xavier_uniform_(self.embedding.weight)
             elif init == "xavier_normal":
                 nn.init.xavier_normal_(self.embedding.weight)
+            elif init == "bound_rows":  # a cold learner's bound: sqrt(6 / rows), the number of rows only
+                bound = math.sqrt(6.0 / num_embeddings)
+                nn.init.uniform_(self.embedding.weight, -bound, bound)
             self.norm = nn.LayerNorm(embedding_dim if norm_dim == "embedding_dim" else num_embeddings,
                                      elementwise_affine=affine)
             if freeze is not None:  # e.g. "norm": the LayerNorm kept fixed
@@ -452,6 +556,8 @@ WRONG_EMBEDDING = [
           "still has nn.Embedding's default init", True),
     Wrong("07.3", EMB, make_embedding("xavier_normal", init="xavier_normal"), "xavier_normal_ instead of uniform",
           "that is a NORMAL initialisation", True),
+    Wrong("07.3", EMB, make_embedding("bound_from_rows", init="bound_rows"), "uniform with the bound "
+          "sqrt(6 / num_embeddings) (the rows only)", "yours is sqrt(6 / num_embeddings)", True),
     Wrong("07.3", EMB, make_embedding("no_layer_norm", norm="none"), "StableEmbedding without the layer norm",
           "apply self.norm", True),
     Wrong("07.3", EMB, make_embedding("l2_normalize", norm="l2"), "F.normalize (L2) instead of the LayerNorm",
@@ -486,7 +592,7 @@ RIGHT_EMBEDDING = [
 
 # ------------------------------------------------------------------ 07.4 · training with the optimizer
 def make_train(name, *, record="before", use_lr=True, zero="before", fresh_optimizer=False, reduction="mean",
-               fixed_steps=None, give_back=True, keep="item"):
+               fixed_steps=None, give_back=True, keep="item", squeeze=False, batch=None):
     """The solution's train() with one slip. zero: "before" (right), "none", "between" (after backward, before
     the step)."""
 
@@ -501,7 +607,14 @@ def make_train(name, *, record="before", use_lr=True, zero="before", fresh_optim
                 opt = make()
             if zero == "before":
                 opt.zero_grad()
-            loss = nn.functional.mse_loss(model(x), y, reduction=reduction)
+            xs, ys = x, y
+            if batch is not None:  # random mini-batches (torch's global generator)
+                idx = torch.randint(0, x.shape[0], (batch,))
+                xs, ys = x[idx], y[idx]
+            out = model(xs).squeeze(-1) if squeeze else model(xs)  # squeeze: an output of shape (256,)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # torch warns about the broadcast
+                loss = nn.functional.mse_loss(out, ys, reduction=reduction)
             loss.backward()
             if record == "before":
                 losses.append(loss.item() if keep == "item" else loss if keep == "tensor" else loss.detach())
@@ -552,6 +665,13 @@ WRONG_TRAIN = [
           "return the list of losses", True, (_SOLUTION_OPTIMIZER,)),
     Wrong("07.4", TRAIN, make_train("loss_tensors", keep="tensor"), "the loss tensor appended (graph kept alive)",
           "you appended the loss tensor itself", True, (_SOLUTION_OPTIMIZER,)),
+    Wrong("07.4", TRAIN, make_train("output_squeezed", squeeze=True), "the model's output squeezed to (256,) "
+          "against y of shape (256, 1): mse_loss broadcasts", "paired with EVERY target", True,
+          (_SOLUTION_OPTIMIZER,)),
+    Wrong("07.4", TRAIN, make_train("random_minibatches", batch=32), "random mini-batches of 32 points instead of "
+          "the whole batch", "your model was run on batches of 32 points", True, (_SOLUTION_OPTIMIZER,)),
+    Wrong("07.4", TRAIN, make_train("minibatch_and_squeeze", batch=64, squeeze=True), "random mini-batches AND "
+          "a squeezed output", "your model was run on batches of 64 points", True, (_SOLUTION_OPTIMIZER,)),
     Wrong("07.4", TRAIN, make_train("detached_tensors", keep="detach"), "loss.detach() appended: tensors, not floats",
           "you appended the loss tensor itself", True, (_SOLUTION_OPTIMIZER,)),
 ]

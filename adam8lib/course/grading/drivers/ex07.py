@@ -180,6 +180,18 @@ def _stepped_by_bnb(bnb, cls, x) -> dict:
 
 
 # ---------------------------------------------------------------------------- 07.4
+#: the number of points of each input :func:`mlp_task`'s model was run on while :func:`train_run` records them
+#: (None: not recording)
+_batches: list[int] | None = None
+
+
+def _record_batch(module, inputs) -> None:
+    """A forward pre-hook of :func:`mlp_task`'s model: how many points it is run on (for 07.4's check: the whole
+    batch, or mini-batches)."""
+    if _batches is not None and inputs and torch.is_tensor(inputs[0]):
+        _batches.append(int(inputs[0].shape[0]) if inputs[0].dim() > 1 else 1)
+
+
 def mlp_task(seed: int = 0):
     """``(x, y, model)``: a fixed regression task (256 points, ``y = sum(sin(x @ W))``) and an MLP
     16 -> 64 -> 64 -> 1 (tanh), the same initial weights on every call. The 64x64 weight (4,096
@@ -191,16 +203,20 @@ def mlp_task(seed: int = 0):
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64),
                                 torch.nn.Tanh(), torch.nn.Linear(64, 1))
+    model.register_forward_pre_hook(_record_batch)
     return x, y, model
 
 
 def train_losses(make_optimizer, steps: int = 200, step_fn=None, *, record: str = "before", zero: str = "before",
-                 fresh_optimizer: bool = False, reduction: str = "mean") -> list[float]:
+                 fresh_optimizer: bool = False, reduction: str = "mean", shape: str = "same") -> list[float]:
     """Full-batch training of :func:`mlp_task`'s MLP: the mean squared error before each step.
 
     The keywords reproduce a learner's slips (for the hints): ``record="after"`` (loss after the step),
     ``zero="none"`` / ``"between"`` (no zero_grad / zero_grad between backward and step),
-    ``fresh_optimizer`` (a new optimizer every step), ``reduction="sum"``."""
+    ``fresh_optimizer`` (a new optimizer every step), ``reduction="sum"``, ``shape="broadcast"`` (an output of
+    shape (256,) against y of shape (256, 1): mse_loss broadcasts them to every output against every target)."""
+    import warnings
+
     x, y, model = mlp_task()
     params = list(model.parameters())
     opt = make_optimizer(params)
@@ -210,7 +226,12 @@ def train_losses(make_optimizer, steps: int = 200, step_fn=None, *, record: str 
             opt = make_optimizer(params)
         if zero == "before":
             opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x), y, reduction=reduction)
+        if shape == "broadcast":
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # torch's "target size ... broadcasting" warning
+                loss = torch.nn.functional.mse_loss(model(x).squeeze(-1), y, reduction=reduction)
+        else:
+            loss = torch.nn.functional.mse_loss(model(x), y, reduction=reduction)
         loss.backward()
         if record == "before":
             losses.append(loss.item())
@@ -247,8 +268,15 @@ def _curve(got) -> dict:
 @driver
 def train_run(train_fn, optimizer: str, steps: int, lr: float) -> dict:
     """``train_fn(optimizer_class, steps=steps, lr=lr)`` with the optimizer class named ``optimizer``: its answer
-    described (:func:`_curve`)."""
-    return _curve(train_fn(TRAIN_OPTIMIZERS[optimizer], steps=steps, lr=lr))
+    described (:func:`_curve`), and ``batches``: the sizes of the inputs :func:`mlp_task`'s model was run on."""
+    global _batches
+    _batches = []
+    try:
+        out = _curve(train_fn(TRAIN_OPTIMIZERS[optimizer], steps=steps, lr=lr))
+    finally:
+        seen, _batches = _batches, None
+    out["batches"] = sorted(set(seen))
+    return out
 
 
 @driver
