@@ -462,7 +462,8 @@ EXERCISES: dict[str, ExerciseHints] = {
               {"default": "Work shape (4, 32, 64) by hand for each format and state: codes, then scales.",
                "last_block": "Blocks and half-bytes round up.",
                "axis": "Rank-1 scales apply to every tensor of two or more dimensions: one number per index "
-                       "of each axis.",
+                       "of EACH axis — for (4, 32, 64), 4 + 32 + 64 numbers, not the first axis plus the others "
+                       "flattened.",
                "count": "Tensors below 4,096 elements are fp32 in every format.",
                "factor": "Count the bytes of each part: fp32 takes 4 per element, an 8-bit or FP8 code 1, a 4-bit "
                          "code half; each scale is fp32; and below 4,096 elements every format is fp32."}),
@@ -477,7 +478,9 @@ EXERCISES: dict[str, ExerciseHints] = {
                "sign": "The sign that matters is the interpolation's, not the sign of m itself: a small m can flip "
                        "without changing the step, and an unchanged sign of m can still change it.",
                "order": "Which term of the interpolation gets beta1, the stored m or the new gradient? Read it "
-                        "off lesson 13's rule, not off the order of the arguments."}),
+                        "off lesson 13's rule, not off the order of the arguments.",
+               "error": "Print the shape of each tensor the failing line combines: what the format decodes comes "
+                        "back flat, so the stored m needs m's shape again before it meets g."}),
     # ----------------------------------------------------------------------------------------------- 14
     "14.1": E("release_by_hand", "Step and free, one parameter at a time",
               "Gradient release steps each parameter in a hook that runs as soon as its gradient is complete, "
@@ -499,7 +502,11 @@ EXERCISES: dict[str, ExerciseHints] = {
                           "(the parts do not peak together, least of all in a first step that makes its state), and "
                           "the largest gradient is the one alive then.",
                "factor": "Per parameter: divide by the tracker's number of parameters.",
-               "keys": "The keys the statement names, each a Python float."}),
+               "keys": "The keys the statement names, each a Python float.",
+               "rounding": "Bytes per parameter is a fraction: which division keeps the fraction, and which drops "
+                           "it? Print one value with each.",
+               "type": "The row is a dict of the statement's keys, and every number in it a Python float, even "
+                       "one that comes out whole (not a tensor, not an int): print type() of each of your values."}),
 }
 
 del E

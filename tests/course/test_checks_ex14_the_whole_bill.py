@@ -49,3 +49,18 @@ def test_bill_read_at_another_moment_is_named():
         checks.check_bill_row(ex14.bill_state_read_after_the_step)
     with pytest.raises(AssertionError, match="you say no gradient is alive at the bill's peak"):
         checks.check_bill_row(ex14.bill_largest_read_before_backward)
+
+
+def test_bill_with_floor_division_is_named_and_an_int_is_refused():
+    """Issue 51: values computed with // ('gradients' 3 for 3.9992) got the generic hint, and an int 4 for
+    'weights' was accepted though the task asks for floats."""
+    import pytest
+
+    from adam8lib.course import checks
+    from tests.workbooks.wrong_answers import ex14
+
+    with pytest.raises(AssertionError, match="rounded down to a whole number: floor division") as err:
+        checks.check_bill_row(ex14.bill_floor_division)
+    assert "'gradients' is 3," in str(err.value)
+    with pytest.raises(AssertionError, match="'weights' is the int 4, expected a Python float"):
+        checks.check_bill_row(ex14.bill_weights_as_an_int)

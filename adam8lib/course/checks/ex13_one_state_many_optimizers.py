@@ -11,6 +11,7 @@ in the check process; in a notebook both run in the kernel."""
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import torch
@@ -23,7 +24,7 @@ from ...rules.base import StateSpec, UpdateRule
 from ..grading.drivers import drive
 from ..grading.drivers import ex13 as _drivers
 from ..grading.drivers.ex13 import with_bnb_rounding  # noqa: F401 - the plug, importable here as before
-from ._common import assert_equal, call, fail, passed, require_callable
+from ._common import assert_equal, call, fail, passed, refail, require_callable
 
 __all__ = ["check_lion8bit", "check_state_bytes", "check_lion_flips"]
 
@@ -62,22 +63,37 @@ def _scenario(steps: int = STEPS, dtype=torch.float32) -> tuple[list[torch.Tenso
     return [p.detach() for p in _params(dtype)], [[g.to(dtype) for g in step] for step in _grads(steps)]
 
 
-def _learner_run(cls, kwargs: dict, bnb_rounding: bool = False) -> tuple[list[torch.Tensor], list[dict], bool]:
-    """The learner's class stepped over :func:`_scenario` by the course's driver: its parameters and states, and
-    whether a step changed the gradient it was handed."""
+def _learner_run(cls, kwargs: dict, bnb_rounding: bool = False) -> tuple[list[torch.Tensor], list[dict], bool, list]:
+    """The learner's class stepped over :func:`_scenario` by the course's driver: its parameters and states,
+    whether a step changed the gradient it was handed, and the parameters after every step."""
     params, grads = _scenario()
-    ran = drive(cls, _drivers.step_optimizer, dict(kwargs), params, grads, bnb_rounding=bnb_rounding)
-    return ran["params"], ran["states"], bool(ran.get("grads_changed"))
+    ran = drive(cls, _drivers.step_optimizer, dict(kwargs), params, grads, bnb_rounding=bnb_rounding, trace=True)
+    return ran["params"], ran["states"], bool(ran.get("grads_changed")), ran.get("trace") or []
 
 
-def _run(make, steps: int = STEPS, dtype=torch.float32):
+def _run(make, steps: int = STEPS, dtype=torch.float32, trace: list | None = None):
     params = _params(dtype)
     opt = make(params)
     for grads in _grads(steps):
         for p, g in zip(params, grads):
             p.grad = g.to(dtype)
         opt.step()
+        if trace is not None:
+            trace.append([p.detach().clone() for p in params])
     return params, opt
+
+
+_TENSORS = ("the 70 x 61 matrix (8-bit state)", "the vector of 4,100 (8-bit state)", "the bias of 61 (fp32 state)")
+
+
+def _first_off(ours: list, ref: list, lr: float) -> str:
+    """Where the learner's parameters first leave the reference's: 'from step k of N, on <tensor>, ...'."""
+    for k, (a, b) in enumerate(zip(ours, ref), start=1):
+        if not _params_close(a, b, lr):
+            off = [name for name, x, y in zip(_TENSORS, a, b) if not _params_close([x], [y], lr)]
+            on = "every tensor" if len(off) == len(_TENSORS) else " and ".join(off)
+            return f"from step {k} of {len(ref)} on, on {on}"
+    return f"after {len(ref)} steps"
 
 
 def _states(opt, params) -> list[dict[str, torch.Tensor]]:
@@ -224,6 +240,14 @@ LION_MISTAKES = [
 ]
 
 
+#: the hint for a rule that puts a new tensor into the states dict instead of updating the one it was handed
+REBOUND_STATE = ("your rule does not update its state in place: it writes the new momentum into the dict as a new "
+                 "tensor (states['exp_avg'] = ...) instead of updating the tensor it was handed. The optimizer keeps "
+                 "the tensor it handed your rule, and for an fp32 state (a tensor under 4,096 elements, like the bias "
+                 "here) that is the tensor it stores, so a new tensor put in the dict is lost and that momentum never "
+                 "moves. Update the state in place (mul_ and add_, lerp_, or copy_ of the new value into it).")
+
+
 #: the hint for a rule that writes into the gradient it is handed (whatever else it gets right)
 G_IN_PLACE = ("you change the gradient in place: after your rule ran, g holds other numbers (scaled, decayed, or the "
               "interpolation written into it). The statement says g is left as it is: the momentum's update must "
@@ -260,6 +284,8 @@ BAD_SETTINGS = [
     (dict(betas=(1.0, 0.99)), "betas=(1.0, 0.99)", "beta"),
     (dict(weight_decay=-0.1), "weight_decay=-0.1", "weight_decay"),
 ]
+#: settings of the wrong type: the refusal must be a TypeError
+WRONG_TYPE = {"lr='1e-3' (a string)"}
 BAD_HINTS = {
     "lr=nan": "NaN passes a test written as `if lr < 0: raise`, because every comparison with NaN is False: write "
               "the test so that NaN fails it (`if not lr >= 0: raise`).",
@@ -286,10 +312,15 @@ def _check_update_returns_p(cls) -> None:
         shown = "None (no return statement reached)" if out["none"] else f"a {out['type']}"
         fail(f"{cls.__name__}.rule.update(p, g, states, ...) returned {shown}, not the updated parameter.",
              hint="update changes p and the state in place and returns p: the core writes what you return into the "
-                  "parameter. End update with `return p`.")
+                  "parameter. End update with `return p`.", prop="what update() returns (the parameter p)")
     if tuple(out["shape"]) != tuple(p.shape):
         fail(f"{cls.__name__}.rule.update returned a tensor of shape {tuple(out['shape'])} for a parameter of shape "
-             f"{tuple(p.shape)}.", hint="return the parameter itself (p), not the state or a reduction of it.")
+             f"{tuple(p.shape)}.", hint="return the parameter itself (p), not the state or a reduction of it.",
+             prop="the shape of what update() returns (the parameter's)")
+    if out.get("state_rebound") and not out.get("state_kept"):
+        fail(f"{cls.__name__}.rule.update(p, g, states, ...) put a new tensor in states['exp_avg'] and left the "
+             "tensor it was handed there unchanged.",
+             hint=REBOUND_STATE, prop="the state tensor update() was handed (updated in place)")
 
 
 def _states_track(got: list[dict], want: list[dict]) -> str | None:
@@ -384,66 +415,86 @@ def check_lion8bit(cls) -> None:
     if not made["core"]:
         fail(f"got {getattr(cls, '__name__', type(cls).__name__)}, not a subclass of QuantizedStateOptimizer.",
              hint="build on the library's core: the optimizer must subclass QuantizedStateOptimizer, as the class "
-                  "the workbook gives you does; keep that class and change only the rule.")
+                  "the workbook gives you does; keep that class and change only the rule.",
+             prop="the class your optimizer subclasses (QuantizedStateOptimizer)")
     library = [name for name in made["built_on"] if name in _LIBRARY_LION]
     if library:
         fail(f"{cls.__name__} is built on the library's {library[0]}: that is the Lion your class is compared with, "
              "not yours.",
              hint="write the rule yourself: subclass UpdateRule (your update and check) and QuantizedStateOptimizer, "
-                  "as the class the workbook gives you does, without adam8lib's Lion, Lion8bit or LionRule.")
+                  "as the class the workbook gives you does, without adam8lib's Lion, Lion8bit or LionRule.",
+             prop="a rule of your own (not the library's Lion)")
     if not made["rule_ok"]:
         fail(f"{cls.__name__}.rule is {made['rule_repr']}, not an UpdateRule instance.",
              hint="the class attribute rule must be an instance of your UpdateRule subclass (not the class itself, "
-                  "nor a function): look at where the class sets it.")
+                  "nor a function): look at where the class sets it.", prop="the class's rule (an UpdateRule instance)")
     if not made["specs_ok"]:
         fail(f"your rule declares the states {made['specs_repr']}; Lion keeps exactly one.",
              hint="Lion keeps one state, its momentum, stored on the signed map: look at your rule's states "
-                  "declaration (one StateSpec).")
+                  "declaration (one StateSpec).", prop="the states your rule declares (exactly one)")
     if made["state_format"].get("plain") != "8bit":
         fail(f"{cls.__name__}.state_format is {made['state_format_repr']}, expected '8bit'.",
-             hint="state_format = '8bit' on the class: the format is data, the rule knows nothing of it.")
+             hint="state_format = '8bit' on the class: the format is data, the rule knows nothing of it.",
+             prop="the class's state_format ('8bit')")
     hyper = call(_as_learner(lambda: _hyper(cls), cls))
     if hyper != DEFAULTS:
         fail(f"{cls.__name__}'s defaults are {hyper}, expected {DEFAULTS} (Lion8bit's, bitsandbytes').",
              hint="your class's default arguments are not Lion's: Lion takes a smaller learning rate than Adam and "
-                  "a beta2 of 0.99, without decay by default. Look at the __init__ signature and what it passes on.")
+                  "a beta2 of 0.99, without decay by default. Look at the __init__ signature and what it passes on.",
+             prop="the default arguments (lr, betas, weight_decay)")
     # each setting built once by the course's driver: accepted, or refused with which exception and message
     answers = drive(cls, _drivers.refusals, [bad for bad, _, _ in BAD_SETTINGS] + [dict(lr=0.0)])
     for (bad, what, arg), answer in zip(BAD_SETTINGS, answers):
+        refusing = f"check(group) refusing {what}"
         if not answer["accepted"]:
             kind, message = answer["type"], answer["message"]
             if answer["value_or_type"]:
                 if answer["type_error"] and "not supported between" in message:
                     fail(f"{cls.__name__}(params, {what}) crashed inside your check: {message}",
                          hint="your check compares the value with a number before making sure it is one: test the "
-                              "type first and raise a TypeError naming the argument.")
+                              "type first and raise a TypeError naming the argument.",
+                         prop=f"{refusing} (a TypeError of your own, naming {arg})")
+                if what in WRONG_TYPE and not answer["type_error"]:
+                    fail(f"{cls.__name__}(params, {what}) raised {kind}: {message}; a value of the wrong type is "
+                         "refused with a TypeError.",
+                         hint=f"a string must be refused with a TypeError, not a ValueError: a string is not a "
+                              f"learning rate at all, a value of the wrong TYPE, which Python refuses with a "
+                              f"TypeError (a ValueError is for a number of the right type but a wrong value, like a "
+                              f"negative {arg}). Check the type first and raise TypeError naming {arg!r}, before "
+                              "comparing the value with 0.",
+                         prop=f"{refusing} with a TypeError (the task asks for one)")
                 if not _names(message, arg):
                     fail(f"{cls.__name__}(params, {what}) was refused, but the message does not name the argument: "
                          f"{kind}: {message}",
                          hint=f"a refusal says what was wrong in the user's terms: put the argument's name ({arg!r}) "
-                              "and the value you got in the message.")
+                              "and the value you got in the message.",
+                         prop=f"{refusing}: the message names the argument ({arg})")
                 continue
             fail(f"{cls.__name__}(params, {what}) raised {kind}: {message}",
-                 hint="the rule's check(group) raises ValueError (or TypeError) naming the argument, nothing else.")
+                 hint="the rule's check(group) raises ValueError (or TypeError) naming the argument, nothing else.",
+                 prop=f"{refusing}: the kind of exception (ValueError or TypeError)")
         fail(f"{cls.__name__}(params, {what}) was accepted.",
              hint=BAD_HINTS.get(what, "the rule's check(group) must refuse it with a ValueError naming the argument: "
-                                      "lr and weight_decay >= 0, each beta in [0, 1)."))
+                                      "lr and weight_decay >= 0, each beta in [0, 1)."),
+             prop=f"{refusing} (it was accepted)")
     zero = answers[len(BAD_SETTINGS)]
     if not zero["accepted"]:
         fail(f"{cls.__name__}(params, lr=0.0) was refused ({zero['type']}: {zero['message']}).",
              hint="lr = 0 is a valid setting (a warm-up that starts at 0, a frozen group): refuse only what is below "
-                  "0 or not a number.")
+                  "0 or not a number.", prop="check(group) accepting lr=0.0 (a valid setting)")
     _check_update_returns_p(cls)
     for kwargs, label in ((dict(lr=1e-2, weight_decay=0.1), "lr=1e-2, weight_decay=0.1"),
                           (dict(lr=3e-3, betas=(0.8, 0.95)), "lr=3e-3, betas=(0.8, 0.95), no decay")):
-        ours, ours_states, grads_changed = call(_as_learner(lambda: _learner_run(cls, kwargs), cls))
-        ref, ref_opt = _run(lambda ps: Lion8bit(ps, **kwargs))  # the check's own run of the same scenario
+        ours, ours_states, grads_changed, ours_trace = call(_as_learner(lambda: _learner_run(cls, kwargs), cls))
+        ref_trace: list = []
+        ref, ref_opt = _run(lambda ps: Lion8bit(ps, **kwargs), trace=ref_trace)  # the check's own run, same scenario
         what = f"{cls.__name__}({label}) after {STEPS} steps"
         if grads_changed:
             named = _name_lion_mistake(cls, kwargs)
             fail(f"{what}: after a step, the gradient your rule was handed is not the one the optimizer gave it.",
                  kind="in_place", what=what, got="g (the gradient update() is handed)",
-                 hint=named if named is not None and "in place" in named else G_IN_PLACE)
+                 hint=named if named is not None and "in place" in named else G_IN_PLACE,
+                 prop="the gradient g after a step (left as it was handed)")
         if not _params_close(ours, ref, kwargs["lr"]):
             named = _name_lion_mistake(cls, kwargs)
             if named is None:
@@ -452,13 +503,16 @@ def check_lion8bit(cls) -> None:
                          "not as any of the usual mistakes does: compare your update line by line with the three "
                          "steps of the statement (the decay, the sign step, the state's EMA): which beta each uses, "
                          "their order, and the dtype you compute in.")
-            fail(f"{what}: the parameters are not Lion8bit's.", hint=named)
+            where = _first_off(ours_trace, ref_trace, kwargs["lr"])
+            fail(f"{what}: the parameters are not Lion8bit's ({where}).", hint=named,
+                 prop=f"the parameters, {where}")
         why = _states_track(ours_states, _states(ref_opt, ref))
         if why:
             fail(f"{what}: the parameters are right but the state is not Lion8bit's ({why}).",
                  hint="the update is right, so look at what your rule writes back into the state: which beta its "
                       "EMA uses, whether it writes into the tensor it was given (in place), and whether it does so "
-                      "after the update.")
+                      "after the update.",
+                 prop=f"the state after {STEPS} steps ({label}; the parameters are right)")
     _check_against_bnb(cls)
     passed("Exercise 13.1 · Lion8bit on the core")
 
@@ -469,18 +523,20 @@ def _check_against_bnb(cls) -> None:
     except Exception:  # noqa: BLE001 - bitsandbytes is optional on some machines
         return
     kwargs = dict(lr=1e-2, betas=(0.9, 0.99), weight_decay=0.1)
-    ours, ours_states, _ = _learner_run(cls, kwargs, bnb_rounding=True)
+    ours, ours_states, _, _ = _learner_run(cls, kwargs, bnb_rounding=True)
     theirs, theirs_opt = _run(lambda ps: bnb.optim.Lion8bit(ps, **kwargs))
     if not _params_close(ours, theirs, kwargs["lr"]):
         worst = max(float((a.detach() - b.detach()).abs().max()) for a, b in zip(ours, theirs))
         fail(f"with bitsandbytes' rounding plugged in, {cls.__name__}'s parameters differ from "
              f"bitsandbytes.optim.Lion8bit's by up to {worst:.3g}.",
              hint="adam8lib's Lion8bit matched above, so look at what differs with another quantizer: does your "
-                  "class override quantize, decode or step? Keep to rule + state_format + __init__.")
+                  "class override quantize, decode or step? Keep to rule + state_format + __init__.",
+             prop=f"the parameters after {STEPS} steps with bitsandbytes' rounding")
     why = _states_track(ours_states, _bnb_states(theirs_opt, theirs))
     if why:
         fail(f"with bitsandbytes' rounding plugged in, the state is not bitsandbytes' ({why}).",
-             hint="keep the state's name and layout to the core's: one StateSpec, stored as 'm'.")
+             hint="keep the state's name and layout to the core's: one StateSpec, stored as 'm'.",
+             prop=f"the state after {STEPS} steps with bitsandbytes' rounding")
 
 
 # ---------------------------------------------------------------------------- 13.2
@@ -549,6 +605,16 @@ def _state_bytes_variants(shape, stored_as, fmt) -> list[tuple[str, int]]:
                 out.append((f"rank-1 scales are for every tensor of two or more dimensions, not only matrices: a "
                             f"{len(shape)}-D 'v' keeps one scale per index of each axis, sum(shape) = {sum(shape)} "
                             "fp32 numbers, as lesson 12's format does.", codes4 + 4 * blocks(128)))
+            first, rest = shape[0], math.prod(shape[1:])
+            last, before = shape[-1], math.prod(shape[:-1])
+            each = " + ".join(str(s) for s in shape)
+            out += [(f"you counted the {len(shape)}-D 'v' as a matrix of its first axis by the rest flattened, "
+                     f"{first} + {rest} scales: rank-1 scales keep one scale per index of EACH axis, "
+                     f"{each} = {sum(shape)} for {shape}, not first axis + the product of the others.",
+                     codes4 + 4 * (first + rest)),
+                    (f"you counted the {len(shape)}-D 'v' as a matrix of the leading axes flattened by the last, "
+                     f"{before} + {last} scales: rank-1 scales keep one scale per index of EACH axis, "
+                     f"{each} = {sum(shape)} for {shape}.", codes4 + 4 * (before + last))]
             out += [("4-bit codes are two per byte: ceil(n / 2) bytes of codes.", n + 4 * scales4),
                     ("the 4-bit format's blocks are 128 elements, not 256.", codes4 + 4 * (sum(shape) if rank1
                                                                                             else blocks(256))),
@@ -580,8 +646,8 @@ def check_state_bytes(state_bytes) -> None:
             hint = next((h for h, v in _state_bytes_variants(shape, stored_as, fmt) if v == got and v != want), None)
             if hint is None:
                 hint = ("codes: n bytes in 8-bit and FP8, ceil(n / 2) in 4-bit; scales: 4 bytes each, one per block "
-                        "(256; 4-bit: 128), or rows + columns for a matrix's 'v' in 4-bit; under 4,096 elements "
-                        "4 * n in fp32.")
+                        "(256; 4-bit: 128), or, for a 4-bit 'v' of two or more dimensions, one per index of each "
+                        "axis (for (4, 32, 64): 4 + 32 + 64 = 100 scales); under 4,096 elements 4 * n in fp32.")
             assert_equal(got, want, what=what, hint=hint)
     passed("Exercise 13.2 · The bytes of one state")
 
@@ -619,6 +685,60 @@ def _flip_cases():
              "4bit")]
 
 
+_SIZES = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)")
+
+
+def _flips_call(lion_flips, m, g, beta1, fmt):
+    """The learner's mask for one case; a crash on two shapes that do not broadcast gets a hint that says what
+    differs: a decoded state left flat where one size is all of m's entries, the reduction's hint (keepdim) only
+    where both sizes are sizes of m's axes (an axis dropped shifts the others)."""
+    try:
+        return call(lion_flips, m.clone(), g.clone(), beta1, fmt)
+    except AssertionError as err:
+        sizes = _SIZES.search(str(err.__cause__)) if isinstance(err.__cause__, RuntimeError) else None
+        if sizes is None:
+            raise
+        a, b = int(sizes.group(1)), int(sizes.group(2))
+        n, axes = m.numel(), tuple(m.shape)
+        if n in (a, b):
+            hint = (f"two tensors your code combines have different shapes (sizes {a} and {b} on one axis), and "
+                    f"nothing was reduced: {n} is all of m's entries in one flat row. A decoded state comes back "
+                    f"flat unless it is given m's shape: reshape the stored m to m's shape {axes} before combining "
+                    "it with g.")
+        elif a in axes and b in axes:
+            hint = (f"two tensors your code combines line up an axis of {a} with one of {b}, both sizes of m's axes: "
+                    "an axis is missing from one of them, as after a reduction without keepdim. Check which axis "
+                    "you reduced (keepdim), and print the shape of each tensor you combine.")
+        else:
+            hint = (f"two tensors your code combines have shapes that do not broadcast (sizes {a} and {b} on one "
+                    "axis): print the shape of each. A decoded state comes back flat unless it is given m's shape "
+                    f"{axes}.")
+        refail(err, hint, kind="error")
+
+
+#: beta1 values a learner may have written in place of the argument (Lion's, Adam's, the EMA's)
+_FIXED_BETAS = (0.9, 0.95, 0.99, 0.999, 0.98, 0.5)
+
+
+def _name_fixed_beta(lion_flips, got, m, g, beta1, fmt) -> str | None:
+    """The hint for a mask that does not follow beta1 (a fixed value written in its place), or None."""
+    other = 0.5 if beta1 != 0.5 else 0.8
+    try:
+        with_other = _flips_call(lion_flips, m, g, other, fmt)
+    except AssertionError:
+        return None
+    if not (isinstance(with_other, torch.Tensor) and with_other.shape == got.shape and torch.equal(with_other, got)):
+        return None
+    if torch.equal(reference_lion_flips(m, g, other, fmt), reference_lion_flips(m, g, beta1, fmt)):
+        return None  # this case cannot tell
+    fixed = next((b for b in _FIXED_BETAS if b != beta1 and torch.equal(got, reference_lion_flips(m, g, b, fmt))),
+                 None)
+    named = f": it is the mask of beta1 = {fixed:g}, a fixed value" if fixed is not None else ""
+    return (f"your mask does not change with beta1: with beta1 = {beta1:g} and with beta1 = {other:g} you return the "
+            f"same mask{named}. The interpolation weighs m by the beta1 the function is given (and g by 1 - beta1): "
+            "use the argument, not a number of your own.")
+
+
 def check_lion_flips(lion_flips) -> None:
     """``lion_flips(m, g, beta1, state_format) -> bool mask``: the entries of Lion's update that change when m is
     stored in ``state_format`` (coded and decoded by the format's m) instead of fp32."""
@@ -626,7 +746,7 @@ def check_lion_flips(lion_flips) -> None:
     first_miss = None
     for label, m, g, beta1, fmt in _flip_cases():
         want = reference_lion_flips(m, g, beta1, fmt)
-        got = call(lion_flips, m.clone(), g.clone(), beta1, fmt)
+        got = _flips_call(lion_flips, m, g, beta1, fmt)
         what = f"lion_flips({label})"
         if not isinstance(got, torch.Tensor):
             fail(f"{what} returned {type(got).__name__}, expected a bool tensor shaped like m.",
@@ -661,6 +781,10 @@ def check_lion_flips(lion_flips) -> None:
              ((beta1 * stored + (1 - beta1) * g) > 0) != ((beta1 * m + (1 - beta1) * g) > 0)),
         ]
         matching = [h for h, v in variants if torch.equal(got, v)]
+        if not matching:
+            fixed = _name_fixed_beta(lion_flips, got, m, g, beta1, fmt)
+            if fixed is not None:
+                assert_equal(got, want, what=what, hint=fixed)
         if len(matching) == 1:  # this case tells the listed mistakes apart: name it now
             assert_equal(got, want, what=what, hint=matching[0])
         first_miss = first_miss or (got, want, what, matching)

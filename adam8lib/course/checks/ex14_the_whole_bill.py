@@ -318,11 +318,29 @@ def check_bill_row(bill_row) -> None:
             else:
                 hint = "the largest gradient alive at the moment the bill (weights + gradients + state) peaks"
             fail(f"{what}: largest_gradient is {name!r}, expected {want['largest_gradient']!r}.", hint=hint)
+        numbers = {key: got[key] for key in keys[:-1]
+                   if not isinstance(got[key], bool) and isinstance(got[key], (int, float))}
+        floored = [key for key, value in numbers.items() if value == math.floor(want[key]) != want[key]]
+        if floored:
+            key = floored[0]
+            fail(f"{what}: {key!r} is {numbers[key]!r}, expected {want[key]!r} bytes per parameter.",
+                 hint=f"{numbers[key]!r} is {want[key]!r} rounded down to a whole number: floor division (or int()) "
+                      "drops the fraction, and bytes per parameter is not a whole number here. Divide the bytes by "
+                      "tracker.num_params with true division, which keeps the fraction and gives a Python float.",
+                 prop=f"the value of {key!r} (a fraction, not a whole number)")
         for key in keys[:-1]:
             value = got[key]
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 fail(f"{what}: {key!r} is a {_kind(value)}, expected a number of bytes per parameter.",
                      hint="a Python float (bytes divided by tracker.num_params)")
+            if not isinstance(value, float):
+                fail(f"{what}: {key!r} is the int {value!r}, expected a Python float.",
+                     hint=f"every number of the row is a Python float (the statement says so): bytes per parameter "
+                          f"is a fraction in general, even where it comes out whole, as {key!r} does here. An int "
+                          "comes from floor division or int(); divide the bytes by tracker.num_params with true "
+                          "division.",
+                     kind="type", what=what, got="int", expected="a Python float",
+                     prop=f"the type of {key!r} (a Python float)")
             if not math.isclose(value, want[key], rel_tol=1e-9, abs_tol=1e-12):
                 named = _named_value(tracker, key, float(value), want[key])
                 fail(f"{what}: {key!r} is {value!r}, expected {want[key]!r} bytes per parameter.",

@@ -14,8 +14,9 @@ from tests.workbooks.wrong_answers import Right, Wrong
 
 
 # ---------------------------------------------------------------------------------- 13.1
-def lion_class(update, *, stored_as="m", check=None, defaults=(1e-4, (0.9, 0.99), 0.0)):
-    """A learner's Lion8bit: the workbook's class around a rule whose ``update`` is ``update(p, g, m, group)``."""
+def lion_class(update, *, stored_as="m", check=None, defaults=(1e-4, (0.9, 0.99), 0.0), whole_states=False):
+    """A learner's Lion8bit: the workbook's class around a rule whose ``update`` is ``update(p, g, m, group)``
+    (``whole_states``: ``update(p, g, states, group)``, the dict itself)."""
 
     def default_check(self, group):
         check_number(group["lr"], "lr")
@@ -27,7 +28,8 @@ def lion_class(update, *, stored_as="m", check=None, defaults=(1e-4, (0.9, 0.99)
         "name": "lion", "states": (StateSpec("exp_avg", stored_as),),
         "hyperparameters": {"lr": 1e-4, "betas": (0.9, 0.99), "weight_decay": 0.0},
         "check": check or default_check,
-        "update": lambda self, p, g, states, *, step, group: update(p, g, states["exp_avg"], group),
+        "update": lambda self, p, g, states, *, step, group: update(p, g, states if whole_states
+                                                                     else states["exp_avg"], group),
     })
     lr0, betas0, wd0 = defaults
 
@@ -123,6 +125,27 @@ def lion_state_not_in_place(p, g, m, group):
     p.mul_(1 - lr * wd)
     p.sub_(lr * torch.sign(beta1 * m + (1 - beta1) * g))
     m = beta2 * m + (1 - beta2) * g  # a new tensor: the optimizer's state never sees it
+    return p
+
+
+def lion_state_rebound_in_the_dict(p, g, states, group):
+    beta1, beta2, lr, wd = _hyper(group)
+    m = states["exp_avg"]
+    p.mul_(1 - lr * wd)
+    p.add_(torch.sign(beta1 * m + (1 - beta1) * g), alpha=-lr)
+    states["exp_avg"] = beta2 * m + (1 - beta2) * g  # a new tensor in the dict: an fp32 state keeps the old one
+    return p
+
+
+def lion_state_copied_and_put_in_the_dict(p, g, states, group):
+    """Right: the new momentum copied into the tensor handed, and that value put in the dict as well."""
+    beta1, beta2, lr, wd = _hyper(group)
+    m = states["exp_avg"]
+    p.mul_(1 - lr * wd)
+    p.add_(torch.sign(beta1 * m + (1 - beta1) * g), alpha=-lr)
+    new_m = beta2 * m + (1 - beta2) * g
+    m.copy_(new_m)
+    states["exp_avg"] = new_m
     return p
 
 
@@ -268,6 +291,15 @@ def check_letting_nan_through(self, group):
         check_beta(beta, f"betas[{i}]")
 
 
+def check_value_error_for_a_string(self, group):
+    for key in ("lr", "weight_decay"):
+        value = group[key]
+        if not isinstance(value, (int, float)) or not value >= 0:  # a string refused, but as a ValueError
+            raise ValueError(f"{key} must be a number >= 0, got {value!r}")
+    for i, beta in enumerate(group["betas"]):
+        check_beta(beta, f"betas[{i}]")
+
+
 def check_naming_nothing(self, group):
     bad = not (group["lr"] >= 0 and group["weight_decay"] >= 0) or not all(0 <= b < 1 for b in group["betas"])
     if isinstance(group["lr"], str) or bad:
@@ -317,6 +349,12 @@ WRONG = [
           mistake="check(group) refuses lr = 0", hint="lr = 0 is a valid setting", names_mistake=True),
     Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_right, check=check_letting_nan_through),
           mistake="check(group) written as lr < 0: NaN passes", hint="NaN passes a test written as", names_mistake=True),
+    Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_state_rebound_in_the_dict, whole_states=True),
+          mistake="states['exp_avg'] = a new tensor (the state rebound in the dict, not updated in place)",
+          hint="keeps the tensor it handed your rule", names_mistake=True),
+    Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_right, check=check_value_error_for_a_string),
+          mistake="check(group) refuses a string lr with ValueError (the task asks for TypeError)",
+          hint="a value of the wrong TYPE, which Python refuses with a TypeError", names_mistake=True),
     Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_right, check=check_naming_nothing),
           mistake="a refusal that names no argument", hint="does not name the argument", names_mistake=True),
     Wrong(_CASE_131, checks.check_lion8bit, lion_class(lion_right, defaults=(1e-3, (0.9, 0.999), 0.0)),
@@ -346,6 +384,8 @@ RIGHT = [
           how="torch.lerp for the interpolation and the EMA, decay skipped when weight_decay is 0"),
     Right(_CASE_131, checks.check_lion8bit, lion_class(lion_paper_form),
           how="the Lion paper's form: update = sign(c) + wd * p; p -= lr * update (another rounding order)"),
+    Right(_CASE_131, checks.check_lion8bit, lion_class(lion_state_copied_and_put_in_the_dict, whole_states=True),
+          how="the new momentum copied into the tensor handed (m.copy_) and put in the dict too"),
     Right(_CASE_131, checks.check_lion8bit, lion_class(lion_written_out),
           how="the sign written with torch.where, a new parameter tensor returned, m.copy_ of the EMA"),
 ]
@@ -368,6 +408,17 @@ def bytes_rank1_only_for_matrices(shape, stored_as, state_format):
         return 4 * n
     if state_format == "4bit":
         scales = sum(shape) if (stored_as == "v" and len(shape) == 2) else -(-n // 128)  # 3-D: blocks, wrongly
+        return -(-n // 2) + 4 * scales
+    return n + 4 * -(-n // 256)
+
+
+def bytes_rank1_first_axis_and_the_rest(shape, stored_as, state_format):
+    n = math.prod(shape)
+    if state_format == "fp32" or n < 4096:
+        return 4 * n
+    if state_format == "4bit":
+        # rows + columns, with the "columns" of a 3-D tensor taken as everything after the first axis
+        scales = shape[0] + math.prod(shape[1:]) if (stored_as == "v" and len(shape) >= 2) else -(-n // 128)
         return -(-n // 2) + 4 * scales
     return n + 4 * -(-n // 256)
 
@@ -468,6 +519,9 @@ WRONG += [
     Wrong(_CASE_132, checks.check_state_bytes, bytes_rank1_only_for_matrices,
           mistake="rank-1 scales only when len(shape) == 2 (a 3-D v gets blocks)",
           hint="every tensor of two or more dimensions", names_mistake=True),
+    Wrong(_CASE_132, checks.check_state_bytes, bytes_rank1_first_axis_and_the_rest,
+          mistake="rank-1 scales of a 3-D v counted as shape[0] + prod(shape[1:])",
+          hint="as a matrix of its first axis by the rest flattened", names_mistake=True),
     Wrong(_CASE_132, checks.check_state_bytes, bytes_without_min_size, mistake="small tensors quantized too",
           hint="keeps its state in fp32 (4 bytes per element) in every format: min_8bit_size", names_mistake=True),
     Wrong(_CASE_132, checks.check_state_bytes, bytes_without_scales, mistake="codes only, no absmax",
@@ -543,6 +597,19 @@ def flips_as_integers(m, g, beta1, state_format):
     return (torch.sign(beta1 * stored + (1 - beta1) * g) - torch.sign(beta1 * m + (1 - beta1) * g)).abs()
 
 
+def flips_decoded_left_flat(m, g, beta1, state_format):
+    fmt = FORMATS[state_format].m
+    codes, scales = fmt.quantize(m, m.shape)  # a 2-D m handed to quantize
+    stored = fmt.dequantize(codes, scales, m.shape)  # the decoded state comes back flat, not reshaped to m's
+    return torch.sign(beta1 * stored + (1 - beta1) * g) != torch.sign(beta1 * m + (1 - beta1) * g)
+
+
+def flips_beta1_hard_coded(m, g, beta1, state_format):
+    stored = _stored(m, state_format)
+    b = 0.99  # a fixed beta in place of the argument
+    return torch.sign(b * stored + (1 - b) * g) != torch.sign(b * m + (1 - b) * g)
+
+
 _CASE_133 = "13.3"
 WRONG += [
     Wrong(_CASE_133, checks.check_lion_flips, flips_sign_of_m, mistake="compares sign(m) only",
@@ -562,6 +629,14 @@ WRONG += [
     Wrong(_CASE_133, checks.check_lion_flips, flips_as_integers, mistake="|difference of signs| (0, 1 or 2) as floats",
           hint="compare the two signs with != : that gives a bool tensor", names_mistake=False),
 ]
+WRONG += [
+    Wrong(_CASE_133, checks.check_lion_flips, flips_decoded_left_flat,
+          mistake="the decoded m left flat (not reshaped to m's shape): a broadcasting error",
+          hint="A decoded state comes back flat unless it is given m's shape", names_mistake=True),
+    Wrong(_CASE_133, checks.check_lion_flips, flips_beta1_hard_coded, mistake="beta1 hard-coded (0.99)",
+          hint="your mask does not change with beta1", names_mistake=True),
+]
 RIGHT += [
     Right(_CASE_133, checks.check_lion_flips, flips_right, how="flatten/reshape, Tensor.ne, the shape as torch.Size"),
 ]
+

@@ -332,3 +332,28 @@ RIGHT += [
     Right("14.2", checks.check_bill_row, bill_right, how="Snapshot.bytes and sum()"),
     Right("14.2", checks.check_bill_row, bill_by_hand, how="sums by hand, the peak found on the timeline"),
 ]
+
+
+def bill_floor_division(tracker):
+    n = tracker.num_params
+    end, peak = tracker.at_end_of("backward"), tracker.peak(categories=BILL)
+    largest = peak.largest_gradient
+    return {"weights": end.bytes["parameters"] // n, "gradients": end.bytes["gradients"] // n,
+            "state": end.bytes["optimizer_state"] // n, "between": end.sum() // n, "peak": peak.sum() // n,
+            "largest_gradient": largest[0] if largest else None}
+
+
+def bill_weights_as_an_int(tracker):
+    """Right numbers, but 'weights' an int where it comes out whole (4 bytes per fp32 parameter)."""
+    row = bill_right(tracker)
+    if row["weights"].is_integer():
+        row["weights"] = int(row["weights"])
+    return row
+
+
+WRONG += [
+    Wrong("14.2", checks.check_bill_row, bill_floor_division, mistake="bytes // num_params (floor division)",
+          hint="rounded down to a whole number: floor division", names_mistake=True),
+    Wrong("14.2", checks.check_bill_row, bill_weights_as_an_int, mistake="an int 4 for 'weights' (floats asked)",
+          hint="is the int 4, expected a Python float", names_mistake=True),
+]

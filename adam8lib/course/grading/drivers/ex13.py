@@ -65,10 +65,20 @@ def refusals(cls, settings: list) -> list:
 
 @driver
 def update_once(cls, p, g, state, step: int, group: dict) -> dict:
-    """``cls.rule.update(p, g, {"exp_avg": state}, step=step, group=group)`` once: what it returned."""
-    out = cls.rule.update(p, g, {"exp_avg": state}, step=step, group=group)
+    """``cls.rule.update(p, g, {"exp_avg": state}, step=step, group=group)`` once: what it returned, and what it
+    did to the state it was handed: ``state_rebound``, the dict holds another object than that tensor afterwards
+    (the rule put a new tensor there); ``state_kept``, that tensor holds what the dict holds (equal values: the
+    optimizer, which keeps the tensor it handed for an fp32 state, sees the rule's update)."""
+    handed = state
+    states = {"exp_avg": state}
+    out = cls.rule.update(p, g, states, step=step, group=group)
+    left = states.get("exp_avg")
+    rebound = left is not handed
+    kept = torch.is_tensor(left) and left.shape == handed.shape and bool(torch.equal(left.detach().float(),
+                                                                                      handed.detach().float()))
     return {"tensor": torch.is_tensor(out), "none": out is None, "type": type(out).__name__,
-            "shape": list(out.shape) if torch.is_tensor(out) else None}
+            "shape": list(out.shape) if torch.is_tensor(out) else None, "state_rebound": rebound,
+            "state_kept": kept}
 
 
 def _states(opt, params) -> list[dict]:
