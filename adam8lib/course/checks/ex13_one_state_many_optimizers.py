@@ -695,7 +695,7 @@ def _flips_call(lion_flips, m, g, beta1, fmt):
     try:
         return call(lion_flips, m.clone(), g.clone(), beta1, fmt)
     except AssertionError as err:
-        sizes = _SIZES.search(str(err.__cause__)) if isinstance(err.__cause__, RuntimeError) else None
+        sizes = _SIZES.search(str(err).split("\n", 1)[0])  # the learner's error, as call() reported it
         if sizes is None:
             raise
         a, b = int(sizes.group(1)), int(sizes.group(2))
