@@ -279,8 +279,8 @@ def check_adam8bit_step(adam8bit_step_fn) -> None:
                         "or a new tensor bound to an argument's name inside your function, is lost to the caller: "
                         "update p and the four state tensors IN PLACE (copy_ / slice assignment).")
             elif unwritten:
-                them = "it" if len(unwritten) == 1 else "them"
-                hint = (f"nothing was written in place into {', '.join(unwritten)}: {them} came back exactly as you "
+                it, them = ("it", "it") if len(unwritten) == 1 else ("they", "them")
+                hint = (f"nothing was written in place into {', '.join(unwritten)}: {it} came back exactly as you "
                         f"were given {them}, although p is right (the moments were computed), so the new codes and "
                         "absmax never reached the tensors the caller holds. A new tensor bound to the argument's name inside your function "
                         "is lost when it returns; write the new values INTO the given tensors, in place (copy_ or "
