@@ -21,15 +21,14 @@ in the first exercise (08.1) and the official solution in the other three, grade
 
 from __future__ import annotations
 
-import csv
-import json
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from adam8lib.course.grading import checker, gradebook, sandbox
-from adam8lib.course.grading.conventions import MANIFEST_NAME, Manifest, cell_source, is_solution_cell
+from adam8lib.course.grading import checker, sandbox
+from adam8lib.course.grading.conventions import cell_source, is_solution_cell
+from tests.course._one_workbook_class import grade_class, said
 
 REPO = Path(__file__).resolve().parents[2]
 WB08 = "08_triton_kernel.ipynb"
@@ -114,46 +113,14 @@ CLASS = {
 }
 
 
-def _write(root: Path, learners: dict) -> None:
-    for learner, cells in learners.items():
-        (root / "sub" / learner).mkdir(parents=True)
-        nb = nbformat.read(str(REPO / "exercises" / WB08), as_version=4)
-        tagged = [c for c in nb.cells if c.cell_type == "code" and is_solution_cell(c)]
-        for cell, exercise in zip(tagged, EX08):
-            if exercise in cells:
-                cell.source = cells[exercise]
-        nbformat.write(nb, str(root / "sub" / learner / WB08))
-
-
-def _manifest(root: Path) -> Path:
-    course = Manifest.load(REPO / "exercises" / MANIFEST_NAME)
-    only = root / MANIFEST_NAME
-    only.write_text(Manifest({WB08: course.notebooks[WB08]}, extras={WB08: course.extras.get(WB08, {})}).dumps(),
-                    encoding="utf-8")
-    return only
-
-
 @pytest.fixture(scope="module", params=MODES)
 def graded(request, tmp_path_factory) -> tuple[str, dict]:
     root = tmp_path_factory.mktemp(f"drivers08-{request.param}")
-    _write(root, CLASS)
-    out = root / "grades" / "gradebook.csv"
-    rc = gradebook.main([str(root / "sub"), "--out", str(out), "--manifest", str(_manifest(root)), "--sandbox",
-                         request.param, "--cell-timeout", str(TIMEOUT), "--jobs", "2"])  # fmt: skip
-    assert rc == 0
-    rows = {r["learner"]: r for r in csv.DictReader(out.open(encoding="utf-8"))}
-    for name, row in rows.items():
-        row["report"] = json.loads((out.parent / "reports" / f"{name}.json").read_text())
-    return request.param, rows
+    return request.param, grade_class(root, WB08, EX08, CLASS, request.param, TIMEOUT)
 
 
 def _points(row: dict) -> list[int]:
     return [int(row[e]) for e in EX08]
-
-
-def _said(row: dict, exercise: str) -> str:
-    status = row["report"]["statuses"][exercise]
-    return f"{status['status']} {status['detail']} {status.get('error', '')}"
 
 
 def test_workbook_08_is_graded_by_the_check_process():
@@ -173,14 +140,14 @@ def test_the_frame_walk_with_the_guard_silenced_finds_no_expected_value(graded):
         assert _points(row) == [0, 0, 0, 0], (row["notes"], row["report"]["statuses"])
     else:  # nothing to find in the learner process: the kernel wrote nothing
         assert _points(row) == [0, 1, 1, 1], (row["notes"], row["report"]["statuses"])
-        assert "the frame walk found nothing" in _said(row, "absmax_kernel"), (row["notes"], _said(row, "absmax_kernel"))
+        assert "the frame walk found nothing" in said(row, "absmax_kernel"), (row["notes"], said(row, "absmax_kernel"))
 
 
 def test_a_buffer_turned_into_a_lying_tensor_subclass_crosses_as_a_plain_tensor(graded):
     _, rows = graded
     row = rows["lies"]
     assert _points(row) == [0, 1, 1, 1], (row["notes"], row["report"]["statuses"])
-    assert "nothing was written into absmax" in _said(row, "absmax_kernel"), _said(row, "absmax_kernel")
+    assert "nothing was written into absmax" in said(row, "absmax_kernel"), said(row, "absmax_kernel")
 
 
 def test_the_case_table_emptied_in_the_learner_process_is_not_the_checks(graded):
@@ -191,4 +158,4 @@ def test_the_case_table_emptied_in_the_learner_process_is_not_the_checks(graded)
         assert "ModuleNotFoundError" in row["notes"], row["notes"]
     else:  # it empties its own copy: the check process loops over its own table
         assert _points(row)[0] == 0, (row["notes"], row["report"]["statuses"])
-        assert "absmax_kernel on 1000 values" in _said(row, "absmax_kernel"), _said(row, "absmax_kernel")
+        assert "absmax_kernel on 1000 values" in said(row, "absmax_kernel"), said(row, "absmax_kernel")

@@ -21,15 +21,14 @@ always), next to an honest learner with full marks:
 
 from __future__ import annotations
 
-import csv
-import json
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from adam8lib.course.grading import checker, gradebook, sandbox
-from adam8lib.course.grading.conventions import MANIFEST_NAME, Manifest, cell_source, is_solution_cell
+from adam8lib.course.grading import checker, sandbox
+from adam8lib.course.grading.conventions import cell_source, is_solution_cell
+from tests.course._one_workbook_class import grade_class, said
 
 REPO = Path(__file__).resolve().parents[2]
 WB10 = "10_mixed_precision_finetune.ipynb"
@@ -121,46 +120,14 @@ CLASS = {
 }
 
 
-def _write(root: Path, learners: dict) -> None:
-    for learner, cells in learners.items():
-        (root / "sub" / learner).mkdir(parents=True)
-        nb = nbformat.read(str(REPO / "exercises" / WB10), as_version=4)
-        tagged = [c for c in nb.cells if c.cell_type == "code" and is_solution_cell(c)]
-        for cell, exercise in zip(tagged, EX10):
-            if exercise in cells:
-                cell.source = cells[exercise]
-        nbformat.write(nb, str(root / "sub" / learner / WB10))
-
-
-def _manifest(root: Path) -> Path:
-    course = Manifest.load(REPO / "exercises" / MANIFEST_NAME)
-    only = root / MANIFEST_NAME
-    only.write_text(Manifest({WB10: course.notebooks[WB10]}, extras={WB10: course.extras.get(WB10, {})}).dumps(),
-                    encoding="utf-8")
-    return only
-
-
 @pytest.fixture(scope="module", params=MODES)
 def graded(request, tmp_path_factory) -> tuple[str, dict]:
     root = tmp_path_factory.mktemp(f"drivers10-{request.param}")
-    _write(root, CLASS)
-    out = root / "grades" / "gradebook.csv"
-    rc = gradebook.main([str(root / "sub"), "--out", str(out), "--manifest", str(_manifest(root)), "--sandbox",
-                         request.param, "--cell-timeout", str(TIMEOUT), "--jobs", "2"])  # fmt: skip
-    assert rc == 0
-    rows = {r["learner"]: r for r in csv.DictReader(out.open(encoding="utf-8"))}
-    for name, row in rows.items():
-        row["report"] = json.loads((out.parent / "reports" / f"{name}.json").read_text())
-    return request.param, rows
+    return request.param, grade_class(root, WB10, EX10, CLASS, request.param, TIMEOUT)
 
 
 def _points(row: dict) -> list[int]:
     return [int(row[e]) for e in EX10]
-
-
-def _said(row: dict, exercise: str) -> str:
-    status = row["report"]["statuses"][exercise]
-    return f"{status['status']} {status['detail']} {status.get('error', '')}"
 
 
 def test_workbook_10_is_graded_by_the_check_process():
@@ -187,7 +154,7 @@ def test_a_loss_that_lies_crosses_as_a_plain_float(graded):
     _, rows = graded
     row = rows["lies"]
     assert _points(row) == [1, 0, 1, 1, 1], (row["notes"], row["report"]["statuses"])
-    assert "gradients add up across steps" in _said(row, "training_step"), _said(row, "training_step")
+    assert "gradients add up across steps" in said(row, "training_step"), said(row, "training_step")
 
 
 def test_the_checks_reference_patched_in_the_learner_process_is_not_the_checks(graded):
@@ -199,4 +166,4 @@ def test_the_checks_reference_patched_in_the_learner_process_is_not_the_checks(g
         assert _points(row) == [0, 0, 0, 0, 0], (row["notes"], row["report"]["statuses"])
     else:
         assert _points(row) == [1, 1, 1, 0, 1], (row["notes"], row["report"]["statuses"])
-        assert "the gradients are never zeroed" in _said(row, "accelerate_epoch"), _said(row, "accelerate_epoch")
+        assert "the gradients are never zeroed" in said(row, "accelerate_epoch"), said(row, "accelerate_epoch")
