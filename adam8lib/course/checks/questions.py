@@ -136,7 +136,8 @@ QUESTIONS: dict[str, Question] = {
     "07.a": Question(127, rel_tol=0),
     "07.b": Question("b", choices="abc"),
     "07.c": Question(2 + 8 / 256, rel_tol=1e-3, shown="2.03125"),
-    "07.d": Question(0, rel_tol=0, shown="0 (a 0.1 % change is less than half a code gap: every code stays)"),
+    "07.d": Question(0, rel_tol=0, shown="0 (v / absmax falls by at most 0.16 % per step, less than the smallest half "
+                                         "gap, 0.176 %: every code stays)"),
     "07.e": Question(11.1, rel_tol=0.1, shown="≈ 11 (frozen codes times an absmax that grew 1.5×, against fp32's 0.999^2000 ≈ 1 / 7.4)"),
     # 08 · Triton
     "08.a": Question(16, rel_tol=0),
