@@ -19,9 +19,11 @@ from adam8lib.course.grading.conventions import MANIFEST_NAME, Manifest, is_solu
 REPO = Path(__file__).resolve().parents[2]
 
 
-def grade_class(root: Path, workbook: str, exercises: tuple, learners: dict, mode: str, timeout: float) -> dict:
+def grade_class(root: Path, workbook: str, exercises: tuple, learners: dict, mode: str, timeout: float,
+                learner_flags: tuple = ()) -> dict:
     """``{learner: row}`` of ``learners`` (``{learner: {exercise: cell source}}``) graded in ``root``, sandbox
-    ``mode``, two learners at a time; each row has its ``"report"`` (the learner's JSON report)."""
+    ``mode``, two learners at a time; each row has its ``"report"`` (the learner's JSON report). ``learner_flags``:
+    the learner process's extra arguments (``("--no-guard",)``: what is left when the guard is switched off)."""
     for learner, cells in learners.items():
         (root / "sub" / learner).mkdir(parents=True)
         nb = nbformat.read(str(REPO / "exercises" / workbook), as_version=4)
@@ -35,9 +37,13 @@ def grade_class(root: Path, workbook: str, exercises: tuple, learners: dict, mod
     only.write_text(Manifest({workbook: course.notebooks[workbook]},
                              extras={workbook: course.extras.get(workbook, {})}).dumps(), encoding="utf-8")
     out = root / "grades" / "gradebook.csv"
-    rc = gradebook.main([str(root / "sub"), "--out", str(out), "--manifest", str(only), "--sandbox", mode,
-                         "--cell-timeout", str(timeout), "--jobs", "2"])  # fmt: skip
-    assert rc == 0
+    if learner_flags:
+        gradebook.grade_class(root / "sub", Manifest.load(only), cell_timeout=timeout, jobs=2, out=out, sandbox=mode,
+                              reports=out.parent / "reports", progress=False, learner_flags=learner_flags)  # fmt: skip
+    else:
+        rc = gradebook.main([str(root / "sub"), "--out", str(out), "--manifest", str(only), "--sandbox", mode,
+                             "--cell-timeout", str(timeout), "--jobs", "2"])  # fmt: skip
+        assert rc == 0
     rows = {r["learner"]: r for r in csv.DictReader(out.open(encoding="utf-8"))}
     for name, row in rows.items():
         row["report"] = json.loads((out.parent / "reports" / f"{name}.json").read_text())

@@ -260,6 +260,12 @@ class Manifest:
         found = self.extras.get(notebook, {}).get("implementations", {})
         return [name for names in found.values() for name in names]
 
+    def implementations_by_label(self, notebook: str) -> dict[str, list[str]]:
+        """``{exercise label ("12.4"): [dotted names]}`` of the notebook's ``implementations``."""
+        found = self.extras.get(notebook, {}).get("implementations", {})
+        labels = {spec.exercise: spec.label for spec in self.notebooks.get(notebook, [])}
+        return {labels.get(exercise, exercise): list(names) for exercise, names in found.items()}
+
     # -- queries -------------------------------------------------------------------------
     @property
     def checks(self) -> list[CheckSpec]:

@@ -70,6 +70,7 @@ from pathlib import Path
 from ..second_machine import SECOND_MACHINE_ENV
 from . import sandbox
 from . import reaper
+from . import withheld
 from .channel import Phases as _Phases, converse as _converse, died as _died, kill as _kill, signal_name as _signal_name
 from .conventions import (
     MANIFEST_NAME,
@@ -425,6 +426,7 @@ class Grader:
         self.since, self.subreaper = reaper.now(), reaper.become_subreaper()
         try:
             self.kernel = _grader_kernel() if self.course_setup else None
+            self.withheld = self.withheld_views()
             self.preflight()
         except BaseException:
             self.close()
@@ -596,6 +598,24 @@ class Grader:
         spec = importlib.util.find_spec("adam8lib.course.checks")
         return [(Path(loc), list(LEARNER_VIEW_OF_CHECKS)) for loc in (spec.submodule_search_locations or [])]
 
+    def withheld_views(self) -> dict[str, list[tuple[Path, Path]]]:
+        """Per split workbook under bubblewrap, the files its learner process is shown in place of the library's
+        (:mod:`.withheld`): the modules defining the implementations the manifest says its exercises ask for, with
+        those definitions replaced by stand-ins. A name that cannot be withheld is the grader's problem."""
+        if self.mode != "bwrap" or not self.split:
+            return {}
+        views = {}
+        for name in self.manifest.notebooks:
+            wanted = self.manifest.implementations_by_label(name)
+            if name not in SPLIT or not any(wanted.values()):
+                continue
+            try:
+                views[name] = withheld.write_view(wanted, self.manifest.library_imports(name),
+                                                  self.scratch_root / "withheld" / Path(name).stem)
+            except withheld.Withheld as exc:
+                raise GraderFailure(f"the manifest's implementations of {name} cannot be withheld: {exc}") from None
+        return views
+
     def phase_limit(self) -> float:
         """Seconds a cell or a check may run, by this process's clock, before its grading process is killed from
         outside: the cell timeout (which the process enforces itself first) and a margin."""
@@ -617,7 +637,8 @@ class Grader:
                         "{replies}", "--alarm-fd", "{alarm}", *self.learner_flags]  # fmt: skip
                 job["learner_cmd"], _, workdir = sandbox.wrap(argv, scratch=scratch, hide=[*self.hide, self.scratch_root],
                                                               mode=self.mode, memory_mb=self.memory_mb, file_mb=256,
-                                                              conceal=self.learner_view())  # fmt: skip
+                                                              conceal=self.learner_view(),
+                                                              replace=self.withheld.get(name, []))  # fmt: skip
                 job["learner_cwd"] = str(scratch) if self.mode == "none" else None
                 job["learner_env"] = self._env(workdir)
                 job["early_start"] = self.mode == "bwrap"  # read-only files: no need to wait for the checks' import
@@ -720,6 +741,9 @@ class Grader:
                 grade.points[spec.exercise] = spec.points if status == "passed" else 0
                 if status in NOTED:
                     grade.notes.append(f"{name} {spec.label} {spec.exercise}: {status} ({detail})")
+                for dotted, asked in withheld.used(f"{detail} {error}"):
+                    grade.notes.append(f"{name} {spec.label} {spec.exercise}: called {dotted}, which exercise {asked} "
+                                       "asks the learner to write (not in the learner view while grading)")
         if self.mode == "none":
             changed = list(dict.fromkeys(changed_before + self.course.restore()))
         else:  # the sandbox shows the course read-only: a change is someone else's (never restored over, never scored)

@@ -133,6 +133,7 @@ def wrap(
     memory_mb: int | None = None,
     file_mb: int | None = None,
     conceal: list[tuple[Path, list[str]]] = (),
+    replace: list[tuple[Path, Path]] = (),
 ) -> tuple[list[str], str, Path]:
     """The confined command for ``argv``, the mode used (``"bwrap"`` or ``"none"``), and the
     path of ``scratch`` as the child sees it (its working folder, ``HOME`` and ``TMPDIR``).
@@ -183,6 +184,9 @@ def wrap(
                 if (folder / name).is_file():
                     box += ["--ro-bind", str(folder / name), str(folder / name)]
             concealed.append(folder)
+        for file, original in replace:
+            if Path(original).is_file():
+                box += ["--ro-bind", str(Path(file).resolve()), str(original)]
         for path in [*covered, *concealed]:
             box += ["--remount-ro", str(path)]
         box += ["--chdir", SANDBOX_HOME, "--"]
