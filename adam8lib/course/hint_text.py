@@ -6,6 +6,9 @@ and the nudges for the usual mistakes — ideas and questions, never the code.
   (level 1: one sentence on what the lesson section teaches) and ``nudges`` (level 3: keyed by the property
   that failed or the mistake the check's hint names — see :data:`adam8lib.course.hints.TOPICS` — with a
   ``"default"`` for any other mistake).
+* :data:`FOCUS` — per exercise, the mistakes its checks name: a pattern of the check's words, the part of the
+  lesson it belongs to (level 1) and a nudge (level 3); merged into :data:`EXERCISES` (``parts``, ``mistakes``,
+  ``nudges``).
 * :data:`GENERAL_NUDGES` — the level-3 nudge for a mistake that looks alike in every exercise (no return, a
   type, an error, an input changed in place, ...) when the exercise has none of its own.
 * :data:`LESSONS` — workbook number -> lesson notebook.
@@ -15,9 +18,9 @@ A course test holds every text to containing no line of the solutions' code.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-__all__ = ["ExerciseHints", "EXERCISES", "EXERCISE_OF_CHECK", "GENERAL_NUDGES", "LESSONS"]
+__all__ = ["ExerciseHints", "EXERCISES", "EXERCISE_OF_CHECK", "FOCUS", "GENERAL_NUDGES", "LESSONS", "NUDGE_PARTS"]
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,12 @@ class ExerciseHints:
     title: str
     idea: str
     nudges: dict[str, str] = field(default_factory=dict)
+    #: level 1, when a failure is recorded: mistake key -> which part of the section (which concept) the failing
+    #: property belongs to, "your X — the lesson's part on Y"
+    parts: dict[str, str] = field(default_factory=dict)
+    #: (mistake key, pattern): the exercise's own mistakes, found by the pattern in the check's hint (else its
+    #: message) when no topic names the mistake plainly — see :func:`adam8lib.course.hints.aim`
+    mistakes: tuple[tuple[str, str], ...] = ()
 
 
 LESSONS: dict[str, str] = {
@@ -510,6 +519,758 @@ EXERCISES: dict[str, ExerciseHints] = {
 }
 
 del E
+
+#: per exercise, the mistakes its checks name, each ``(key, pattern, part, nudge)``: ``pattern`` finds the mistake
+#: in the check's hint or message when no topic names it plainly ("" — reached through a topic key of
+#: :data:`adam8lib.course.hints.TOPICS` only); ``part`` says, at level 1, which part of the lesson section the
+#: failing property belongs to; ``nudge`` is the level-3 nudge ("" — the exercise's ``nudges`` has one). Patterns
+#: are tried in order, the first match wins. Keys shared across exercises: ``result_order`` (the items of a returned
+#: tuple in the wrong order), ``absmax`` (a scale forgotten or miscounted), ``states`` (how many states).
+FOCUS: dict[str, list[tuple[str, str, str, str]]] = {
+    "01.1": [
+        ("refuse", r"KeyError|raise ValueError", "an unknown kind — the statement's error for a kind it does not know",
+         ""),
+        ("units", r"\bbits\b|32 bytes",
+         "the size of one entry — bytes, not bits, for an fp32 number and for a uint8 code",
+         "How many bytes does one fp32 number take, and one uint8 code? Write both down before you multiply."),
+        ("blocksize", r"blocksize argument",
+         "the block size in your count — how the scales' cost per parameter depends on it",
+         "Call your function with two different block sizes: should the answer change, and by how much?"),
+        ("states", r"(?-i:\bONE\b)|parameter and its gradient",
+         "which tensors are optimizer state — the lesson's part on what Adam keeps between steps (not p, not its "
+         "gradient)",
+         "List by name what Adam keeps between two steps: how many states, and are the parameter or its gradient "
+         "among them? Then give each its bytes."),
+        ("absmax", r"absmax",
+         "the scales in your count — the lesson's part on one fp32 absmax per block, for each of the two states",
+         "Draw one block of `blocksize` parameters: how many absmax numbers do its two states store, how many bytes "
+         "is each, and how many parameters share them?"),
+        ("count", "", "your count of states and scales — the lesson's part on what Adam keeps between steps", ""),
+        ("factor", "", "a whole-number factor in your count — the lesson's list of states, entries and scales", ""),
+    ],
+    "01.2": [
+        ("absmax", r"forgot the absmax|one absmax per block",
+         "the scales of each 8-bit tensor — one fp32 absmax per block for m, one for v",
+         "For one 8-bit tensor of 4,096 elements: how many blocks, how many absmax per block (one per state?), and "
+         "how many bytes is that?"),
+        ("count", r"small-tensor rule|own blocks|over all tensors", "", ""),
+        ("kind", r"ignored kind",
+         "the optimizer kind — AdamW pays the same per parameter for every tensor, whatever its size",
+         "Call your function with kind='adamw' on one large tensor: which rule applies there, and does your code "
+         "look at kind before it looks at the size?"),
+        ("elements", r"first dimension",
+         "the number of elements of a tensor — the product of its whole shape",
+         "How many elements does a (768, 768) tensor have? Compare with the number your code takes from that shape."),
+        ("last_block", "", "your block count — the lesson's part on the last, short block of a tensor", ""),
+        ("factor", "", "a whole-number factor — which tensors pay fp32 states and which pay 8-bit ones", ""),
+    ],
+    "01.3": [
+        ("result_order", r"returned \(elements",
+         "the order of the pair you return — megabytes first, then elements",
+         "Which of the two numbers does the statement put first? Print your pair next to that sentence."),
+        ("sizes", r"4 bytes|element_size",
+         "each tensor's element size — a uint8 code is one byte, an fp32 number four",
+         "What is the element size of a uint8 code, and of an fp32 number? Multiply each tensor's elements by its "
+         "own size."),
+        ("every_tensor", r"left out some",
+         "every tensor of each state dict — the moments, the scales, the maps and the step counters",
+         "Print every key of one state dict with type() and shape: which of those tensors does your loop skip?"),
+        ("elements", r"tensors, not elements",
+         "the element count — the sum of the tensors' elements, not the number of tensors",
+         "Does your count add tensors or their elements? Work it for a state of two tensors of 3 elements each."),
+        ("factor", r"10\*\*6|MiB", "your unit — MiB is 2**20 bytes, and each tensor's element size is its own", ""),
+        ("count", r"once per state|SAME", "what is counted once — a tensor shared by several states is memory only "
+         "once", ""),
+    ],
+    "02.1": [
+        ("factor", r"gave beta2? to the new",
+         "which weight the old average gets — the lesson's update of an EMA, old value kept, new one mixed in", ""),
+        ("square", r"averaged (g,|\|g\||m \* m)|squared \(1",
+         "what the second moment averages — the square of the gradient, nothing else squared",
+         "What does v average: the gradient, its magnitude, or its square — and does anything besides g get squared? "
+         "Work one element with g = 2 and beta2 = 0.5 by hand."),
+        ("order", r"used beta[12] for",
+         "which beta goes with which moment — the lesson's two averages, each with its own beta", ""),
+        ("result_order", r"returned \(v",
+         "the order of the two moments you return",
+         "Which moment comes first in the pair the statement asks for? Print yours next to that sentence."),
+        ("dtype", "", "your result's dtype — every operation keeps the inputs' dtype unless something converts it",
+         ""),
+    ],
+    "02.2": [
+        ("both", r"uncorrected|corrected m only|corrected v with",
+         "which moment gets which correction — each moment divided by its own factor, with its own beta",
+         "Correct the two moments separately: which beta belongs to m's factor, which to v's? Check both outputs "
+         "at step 1, where the correction is largest."),
+        ("first_step", r"divided by beta\*\*step|1 - beta \* step",
+         "the correction factor at a given step — the lesson's 1 - beta**t and why the first steps need it", ""),
+        ("result_order", r"returned \(v_hat", "the order of the two corrected moments you return",
+         "Which corrected moment comes first in the pair the statement asks for?"),
+        ("order", "", "which beta corrects which moment", ""),
+    ],
+    "03.1": [
+        ("corrected", r"bias-corrected m and v in place",
+         "the stored moments — kept uncorrected for the next step; the corrected ones are new values",
+         "After your step, print m: is it the running average the next step needs, or its corrected value? Which of "
+         "the two should stay in the caller's tensor?"),
+        ("in_place", r"did not change|rebinds|made new tensors|makes a new tensor",
+         "how the step hands its result back — the caller's p, m and v changed in place", ""),
+        ("betas", r"used beta1 for v|used beta2 for m",
+         "which beta each moment uses — the first moment's beta1, the second moment's beta2",
+         "Which beta goes with the average of the squared gradient? Read both off the statement and check each "
+         "moment after one step."),
+        ("first_step", "", "the first step — bias correction counted from step 1", ""),
+        ("decay", "", "your weight decay — Adam's L2 term, added to the gradient before the moments", ""),
+        ("denominator", "", "the denominator — eps added to the root of the corrected second moment", ""),
+    ],
+    "03.2": [
+        ("corrected", r"bias-corrected m and v in place",
+         "the stored moments — kept uncorrected for the next step; the corrected ones are new values",
+         "After your step, print m: is it the running average the next step needs, or its corrected value? Which of "
+         "the two should stay in the caller's tensor?"),
+        ("in_place", r"did not change|rebinds|made new tensors|makes a new tensor",
+         "how the step hands its result back — the caller's p, m and v changed in place", ""),
+        ("denominator", r"eps inside",
+         "the denominator — where eps sits relative to the square root",
+         "Where does eps go: under the square root or after it? Compare the two by hand for a second moment of 0 "
+         "and of 1e-4."),
+        ("sign", "", "the direction of the step — against the gradient",
+         "Take one positive gradient: should p go up or down after the step? Does yours?"),
+        ("factor", "", "the size of the step — lr times the corrected ratio, nothing more",
+         "Your step is off by a constant factor or a slowly varying one: count how often lr enters, and what else "
+         "multiplies or divides the update. Is eps added, or multiplied in?"),
+        ("zeroed", r"all zeros",
+         "the state the step leaves behind — m after the update, as the next step reads it",
+         "Print m after your step: is it the new average, or was it reset, or never written?"),
+        ("decay", "", "your decoupled decay — the parameter shrunk directly, before the Adam update", ""),
+    ],
+    "04.1": [
+        ("sign", r"max\(x\)|quantized \|x\|", "the sign of the values — absmax is the largest magnitude, codes keep "
+         "the sign", ""),
+        ("scale127", r"\b128\b",
+         "the scale — why the largest magnitude lands on 127, the largest int8 value",
+         "What is the largest value int8 holds? Quantize x = [1.0] by hand: which code must it get, and which does "
+         "yours give?"),
+        ("result_order", r"returned \(absmax", "the order of the pair you return — codes first, then the absmax",
+         "Which comes first in the pair the statement asks for: the codes or the absmax?"),
+        ("rounding", "", "rounding — to the nearest integer, not toward zero", ""),
+        ("zero", "", "an all-zero tensor — its absmax is 0", ""),
+        ("dtype", "", "your result's dtypes — int8 codes, a float32 absmax", ""),
+    ],
+    "04.2": [
+        ("scale", r"divided by 128|multiplied by 127|divided by absmax|did not multiply by absmax",
+         "undoing the scale — the same 127 and the same absmax as quantizing, the other way round",
+         "Quantizing divided by the absmax and multiplied by 127: which operation undoes each? Dequantize the code "
+         "127 of a tensor whose absmax is 2 by hand — it must give 2."),
+        ("rounding", r"floor division|rounded the result",
+         "the result's fractions — dequantized values are not whole numbers",
+         "Dequantized values are fractions: which of your operations drops them — a division, a rounding?"),
+        ("offset", r"shifted by a constant|offset",
+         "the code-to-value rule — code 0 is the value 0",
+         "Dequantize code 0 by hand: which value must come out? Compare with yours."),
+        ("sign", "", "the sign of the values — a negative code gives a negative value",
+         "Dequantize one negative code by hand: must the value be negative? Does anything in your code take a "
+         "magnitude?"),
+        ("dtype", "", "your result's dtype — the arithmetic in float32", ""),
+        ("factor", "", "a constant factor — the scale inverted, or 127 used twice", ""),
+    ],
+    "05.1": [
+        ("decades", r"10x too",
+         "the powers of ten — which decade ends at 1 and how far down the lowest one starts",
+         "Which decade ends at 1, and what is the smallest value of the lowest one? Print the first and last entry "
+         "of each of your decades."),
+        ("order", r"did not sort", "the order of the map — sorted, for the nearest-code search", ""),
+        ("midpoints", r"midpoints of linspace",
+         "the values inside a decade — midpoints between evenly spaced points",
+         "Between two points a and b, which midpoint does the lesson take — the arithmetic or the geometric one? "
+         "Work one by hand in the top decade."),
+        ("count", "", "the number of entries — midpoints per decade, signed and unsigned", ""),
+        ("rounding", "", "bit-for-bit values — the same float32 arithmetic as bitsandbytes", ""),
+        ("sign", "", "the signed map — the mirror of the positive decades", ""),
+    ],
+    "05.2": [
+        ("last_block", r"clamp", "values beyond the ends of the map — the first and last index", ""),
+        ("neighbours", r"searchsorted's index|entry before it",
+         "the two neighbours around a value in a sorted map — which one is nearer",
+         "For a value between two map entries, which two indices are candidates? Compute both distances by hand "
+         "for one value and pick the nearer."),
+        ("search", r"linear formula",
+         "why the dynamic map needs a search — its entries are not evenly spaced",
+         "Print the first ten map entries: are they evenly spaced? Which index does your formula give for 0.001, "
+         "and which entry is really nearest?"),
+        ("scaled", r"divided x by its absmax",
+         "what nearest_code receives — values already scaled to [-1, 1]",
+         "What range are the values in when nearest_code gets them? Does your function change them before the "
+         "lookup?"),
+        ("rounding", "", "a tie between two entries — it goes to the lower index", ""),
+    ],
+    "05.3": [
+        ("factor", r"grid point", "the value inside a decade — a midpoint between two grid points", ""),
+        ("decades", r"10x too",
+         "the powers of ten — which decade covers [0.1, 1]",
+         "Which decade covers [0.1, 1]? Decode one index of that decade by hand and check its power of ten."),
+        ("sign", r"negative (entries|codes)|for the negative", "the negative codes — the mirror of the positive ones",
+         ""),
+        ("one", r"1\.0 is",
+         "the entry 1.0 — above the seven decades, with no fraction",
+         "Which index holds 1.0, and what sign, decade and fraction does the statement give it?"),
+        ("fields", r"returned only",
+         "what a decode returns — the four fields, in order",
+         "How many fields does a decoded code have, and in which order? Return all of them."),
+        ("leading_one", r"bit_length|whole tree code",
+         "the tree code — the position of its leading 1 (the decade) and the bits after it (the fraction)",
+         "Write one tree code in binary, say 0b1011: at which position is its leading 1, counting from 0, and "
+         "which bits come after it? Compare both with what your code computes."),
+        ("count", "", "the unsigned map — one more fraction bit", ""),
+    ],
+    "06.1": [
+        ("sign", r"max\(x\)|treats the sign", "the sign of the values — absmax is the largest magnitude of a block",
+         "Take a block whose largest entry in magnitude is negative: what is its absmax, and what does yours give?"),
+        ("map", r"rounded linearly",
+         "the codes — the index of the nearest entry of the dynamic map, not a linear rounding",
+         "What is a code here: a rounded number, or the index of a map entry? Quantize one value by hand with the "
+         "map and compare."),
+        ("axis", r"right sign everywhere but the wrong size",
+         "the order of the elements — flattened in row-major order before the blocks are cut", ""),
+        ("last_block", "", "the last, short block — its own absmax from its real elements", ""),
+        ("block", "", "which block an element belongs to — its index divided by the block size", ""),
+        ("zero", "", "an all-zero block — its absmax is 0", ""),
+    ],
+    "06.2": [
+        ("block", r"i // blocksize|% number_of_blocks",
+         "which absmax scales an element — the one of its own block, element i in block i // blocksize",
+         "Which block does element i belong to? Write the scale index of elements 0, 255, 256 and 600 for blocksize "
+         "256, and compare with the scale your code gives each."),
+        ("map", r"multiplied the codes|linear dequantization|NEIGHBOURING map entry",
+         "the codes — indices into the map, looked up before any scaling",
+         "What is a code: a value, or the index of a map entry? Decode code 255 and code 0 by hand with the map."),
+        ("scale", r"forgot the scale|divided by absmax",
+         "the scale — the map's normalised value times its block's absmax",
+         "The map gives values in [-1, 1]: what turns one back into the size of the original? Work one element by "
+         "hand."),
+        ("last_block", "", "the last, short block — each element's scale follows from its position", ""),
+    ],
+    "07.1": [
+        ("in_place", r"rebinds|did not change|IN PLACE|nothing changed",
+         "how the step hands its result back — everything written into the tensors you were given", ""),
+        ("direction", r"ADDED the update", "the direction of the step — against the gradient",
+         "Take one positive gradient: should p go up or down after the step? Does yours?"),
+        ("maps", r"qmap[12]|signed map",
+         "the two maps — the signed one for m, the unsigned one for v",
+         "Which of the two maps has negative entries, and which moment can be negative? Check which map each of "
+         "yours is coded with."),
+        ("absmax", r"OLD absmax|FRESH absmax",
+         "requantizing — a fresh absmax per block from the updated states",
+         "After the update, which absmax must the codes be divided by: the one the states came with, or one taken "
+         "from the new values?"),
+        ("order", r"requantized \(8-bit\)|from the requantized", "", ""),
+        ("factor", r"up to a constant factor",
+         "the size of one quantity — the step size, or a stored scale, off by a constant",
+         "One quantity is off by a constant factor everywhere: the check names which. Count how often lr (or the "
+         "scale) enters that quantity in your code."),
+        ("denominator", r"under the square root|divided sqrt",
+         "the denominator — the corrected second moment's root, then eps",
+         "Write the denominator for one element by hand: which correction goes under the square root, and where is "
+         "eps added?"),
+        ("first_step", "", "the step number — bias correction counted from 1", ""),
+        ("zero", "", "special elements — a non-finite gradient, an all-zero block", ""),
+        ("last_block", "", "the last, short block — its absmax from its own elements", ""),
+        ("decay", "", "your decoupled decay — before the update", ""),
+        ("nonfinite", "", "NaN where there should be none — the rule for non-finite gradients", ""),
+        ("rounding", "", "where rounding happens — once, when a value is stored", ""),
+    ],
+    "07.2": [
+        ("decay", r"decay|param group|self\.defaults",
+         "the hyperparameters of each group — lr, betas, eps and decoupled weight decay read from its own group",
+         "Create the optimizer on two groups with different lr and weight_decay: does each parameter move by its "
+         "own group's values, decay included?"),
+        ("count", r"small tensor|min_8bit_size", "", ""),
+        ("first_step", "", "the step counter — one per parameter, increased before the update", ""),
+        ("last_block", "", "the number of scales — one more for a short last block", ""),
+        ("state", "", "where the state lives — self.state[p], with the statement's names", ""),
+        ("axis", "", "flat views — the 8-bit step works on flat tensors", ""),
+    ],
+    "07.3": [
+        ("trainable", r"froze|detached",
+         "what trains — the table and the LayerNorm's scale and shift, all trainable",
+         "List the module's parameters with requires_grad, then take one backward through forward: which ones get "
+         "a gradient?"),
+        ("axis", r"BOTH dimensions", "", ""),
+        ("state", r"register|override|32-bit states",
+         "the 32-bit override — registered with bitsandbytes' manager for the table's weight", ""),
+        ("values", r"current parameters", "", ""),
+        ("init", r"\binit\b|initiali[sz]|xavier|N\(0, 1\)",
+         "the initial weights — xavier-uniform's bound for this table",
+         "Print the largest |w| of your initial table and compare it with xavier-uniform's bound for these two "
+         "dimensions: inside it, and reaching close to it?"),
+        ("norm", r"normalis|LayerNorm|self\.norm",
+         "the normalisation — a LayerNorm over each looked-up vector, with its learned scale and shift",
+         "Feed one index through your forward: is the output the looked-up vector normalised over its last "
+         "dimension, then scaled and shifted by the LayerNorm's own parameters?"),
+    ],
+    "07.4": [
+        ("lr", r"\blr\b|learning rate",
+         "the optimizer you build — with train's lr, not its default",
+         "Which learning rate does your optimizer use? Print its param group's lr next to train's argument."),
+        ("order", r"zero_grad|add up|between backward", "", ""),
+        ("factor", r"summed the squared", "", ""),
+        ("once", r"optimizer ONCE", "the optimizer — built once, before the loop, so its state carries over",
+         "How many optimizers does your loop build? What happens to m, v and the step count when a new one is made?"),
+        ("count", r"take `steps` steps|\bsteps=", "", ""),
+        ("floats", r"loss tensor|Python float",
+         "what the curve records — one Python number per step",
+         "Print type() of one entry of your curve: is it a number, or a tensor that keeps its graph alive?"),
+        ("batch", r"mini-batch|batches of",
+         "what one step trains on — the whole batch, every step",
+         "How many points does your model see in one step? The task gives 256: print the batch size inside your "
+         "loop."),
+        ("axis", "", "the loss's shapes — each output against its own target", ""),
+    ],
+    "08.1": [
+        ("last_block", "", "the ragged tail — what masked lanes load", ""),
+        ("sign", r"MAGNITUDE|max of x itself",
+         "the reduction — the largest magnitude of the block, abs before max",
+         "Take a block whose most negative entry is largest in magnitude: which number must the program store, and "
+         "does yours take the magnitudes before or after the max?"),
+        ("store", r"stored into absmax\[0\]|nothing was written|tl\.store",
+         "where a program stores its result — at its own program id",
+         "Which entry of absmax does program pid write, and does every program write one?"),
+        ("pid", r"program_id\(1\)|1-D",
+         "the program id — the grid's one axis",
+         "How many axes has your launch grid? Which program id does each program read?"),
+        ("block", "", "the offsets of a program — pid times the block size", ""),
+    ],
+    "08.2": [
+        ("last_block", r"mask", "the ragged tail — loads and stores masked at n", ""),
+        ("map", r"multiplied the codes|codes themselves", "the map lookup — each code an index into the map",
+         "What is a code: a value, or an index? Which map entry does code 0 give?"),
+        ("block", r"absmax\[0\]|pid \* BLOCK|one entry per BLOCK|absmax_ptr \+ offs|forgot the scale",
+         "which absmax and which offsets a program uses — its own block's, from pid times the block size",
+         "For program pid: which element does its first lane handle, and which single absmax does it multiply by? "
+         "Work pid = 2 by hand."),
+        ("dtype", "", "the code as an offset — a wider integer first", ""),
+    ],
+    "08.3": [
+        ("last_block", r"mask", "the ragged tail — masked lanes store nothing past n", ""),
+        ("edge", r"inside the map", "the upper neighbour — kept inside the map",
+         "For x = 1 (an element equal to its block's absmax), which index does the search end at, and does 'the next "
+         "one' exist?"),
+        ("rounding", r"neighbour|lo \+ 1", "the nearest code — the search's entry or the next one, whichever is "
+         "strictly closer", ""),
+        ("search", r"halvings",
+         "the binary search — 8 halvings to reach all 256 entries",
+         "How many halvings does it take to reach every one of 256 entries? Trace the search for the value 1.0 by "
+         "hand."),
+        ("block", r"absmax\[0\]|multiplied x by absmax|DIVIDING",
+         "the normalisation — each block divided by its own absmax",
+         "Which absmax does program pid divide by, and does its division bring the block into [-1, 1]?"),
+        ("zero", "", "an all-zero block — normalised by 1", ""),
+    ],
+    "08.4": [
+        ("last_block", r"masked lanes|mask the", "the masked lanes — zeroed before the max, never stored", ""),
+        ("sign", r"MAGNITUDE|tl\.max\(m\)",
+         "the new absmax — the largest magnitude of the updated state",
+         "Take a block whose updated state is most negative somewhere: which absmax must come out, and does yours "
+         "take magnitudes first?"),
+        ("ema", r"swapped beta|beta multiplies",
+         "the moving average — beta on the old state, 1 - beta on the new value",
+         "Which term gets beta: the old state or the new gradient? Work one element with beta = 0.9 by hand."),
+        ("order", r"OLD absmax|old absmax|AFTER the update|swapped beta|OLD state", "", ""),
+        ("store", r"did not store|never stored",
+         "what the kernel writes back — the codes and the new absmax",
+         "List what the fused kernel must write back for one block: the codes and what else?"),
+        ("dequant", r"dequantize first|without \* absmax",
+         "dequantizing — the map's value times the block's absmax, before the EMA",
+         "What does the EMA update: the map's normalised value, or the state itself? Dequantize one element by "
+         "hand."),
+        ("rounding", "", "a tie between two codes — the lower index",
+         "On an exact tie between two map entries, which index must win? Take a value exactly halfway and compare "
+         "with 08.3's rule."),
+        ("block", r"absmax entries", "where the new absmax is stored — one per block, at the program id",
+         "How many absmax entries must the kernel write for 4 blocks, and at which addresses?"),
+        ("zero", "", "an all-zero block — its absmax is 0",
+         "An all-zero block has absmax 0: what does your kernel divide by there, and what code must a 0.0 get?"),
+        ("count", "", "the masked lanes — zeroed before the max", ""),
+    ],
+    "09.1": [
+        ("refuse", r"unknown kind|silent fallback", "an unknown kind — the error the statement asks for", ""),
+        ("kind", r"kind='adamw'|adamw:|AdamW",
+         "the two kinds — AdamW's fp32 states against 8-bit codes and scales",
+         "Work kind='adamw' by hand for 1,000 parameters: how many states, how many bytes each, any scales?"),
+        ("factor", r"2\*\*30|GiB|kind='adamw'", "the unit and the kind — MiB, and AdamW's 8 bytes per parameter", ""),
+        ("absmax", r"forgot the absmax|one absmax per block",
+         "the scales — one fp32 absmax per block for each of the two states",
+         "For one block of blocksize parameters: how many absmax numbers, how many bytes each, for both states?"),
+        ("states", r"\bONE state\b",
+         "the states — Adam keeps two, m and v",
+         "How many states does Adam keep, and how many bytes does each take per parameter in 8 bits and in fp32?"),
+        ("inputs", r"right on \d+ of \d+ inputs",
+         "the inputs your answer gets wrong — the kind, the block size, an empty model",
+         "The check names the inputs you get wrong: work exactly those by hand, with the lesson's per-parameter "
+         "rule, and see which argument your code does not use."),
+        ("last_block", "", "the block count — rounded up", ""),
+        ("rounding", "", "the unit conversion — a true division",
+         "Bytes over 2**20 is rarely a whole number: which of your divisions keeps the fraction, and which drops it?"),
+    ],
+    "09.2": [
+        ("small", r"small-tensor rule|min_8bit_size|every tensor 8-bit",
+         "the small-tensor rule — fewer than min_8bit_size elements keep fp32 states",
+         "Take one tensor of exactly min_8bit_size elements and one just below: which gets 8-bit states? Compare "
+         "with yours."),
+        ("dtype", r"whatever the dtype|always fp32|element size",
+         "element sizes — each tensor's own, weights and gradients alike", ""),
+        ("gradients", r"gradients",
+         "the gradients — one per trained parameter, at the parameter's own element size, in the total",
+         "List the four entries of the budget and say which tensors each counts: where are the gradients, and are "
+         "they in the total?"),
+        ("absmax", r"absmax", "the scales of each 8-bit tensor — two fp32 absmax per block",
+         "For one 8-bit tensor: how many blocks, and how many bytes of absmax per block?"),
+        ("factor", r"fp32 states|BYTES as ints|MiB", "the units — bytes, with fp32 states at 8 per parameter",
+         "Which unit does the budget use, and how many bytes per parameter do fp32 Adam states take, whatever the "
+         "weights' dtype?"),
+        ("count", "", "each tensor once — a tied weight is one parameter", ""),
+        ("block", "", "the blocks — counted per tensor",
+         "Blocks belong to one tensor each: count them tensor by tensor, and compare with your count over the whole "
+         "model."),
+        ("state", r"buffers|state_dict", "what is trained — parameters, not buffers",
+         "Which tensors does your loop visit: parameters only, or buffers too? Print their names."),
+    ],
+    "09.3": [
+        ("elements", r"counted bytes|bytes, not|bytes instead|len\(|not len",
+         "elements, not bytes — every element of each tensor",
+         "Does your count add elements or bytes, and does it count every element of a matrix? Work a (3, 4) tensor "
+         "by hand."),
+        ("first_step", r"step counter", "the step counter — one one-element tensor per trained parameter tensor",
+         "How many step counters does AdamW keep: one per element, one per tensor, or one in all? Build it on two "
+         "tensors and count."),
+        ("state", r"moment tensors", "the moments — two tensors shaped like each parameter",
+         "Print the keys of one parameter's AdamW state after a step: how many moment tensors are there?"),
+        ("count", "", "what is counted — trained parameters, their moments and their step counter", ""),
+    ],
+    "09.4": [
+        ("decay", r"LayerNorm|bias|no group", "", ""),
+        ("hyper", r"TrainingArguments|args\.(adam|learning)",
+         "the hyperparameters — every one taken from the arguments",
+         "Print lr, betas and eps of your optimizer next to the arguments' values: which one is still the library's "
+         "default?"),
+        ("optimizer", r"you built|bitsandbytes' optimizer|bnb\.optim",
+         "which optimizer the seed builds — bitsandbytes' 8-bit Adam, fed the two groups",
+         "Which class does the seed build, from which library? Print type() of yours."),
+    ],
+    "10.1": [
+        ("names", r"substring|dotted name|'norm' in its name|Norm' but|class name|by (its|their) type|isinstance",
+         "how a parameter is recognised — by its own name (bias) and by its module's type (a norm layer), not by a "
+         "substring",
+         "For each parameter the check names, find its module and that module's class: is it a bias, is the class a "
+         "norm layer? Decide by those two, not by the words in the dotted name."),
+        ("inverted", r"(?-i:EXCLUDE|GET weight decay)",
+         "which list you return — the names that get weight decay",
+         "Which names does the statement ask for: those that decay, or those that do not?"),
+        ("count", r"recurses|once per ancestor|twice", "", ""),
+        ("own", r"model itself|'\.temperature'|first from named_modules",
+         "parameters of the model itself — the module with the empty name",
+         "Does your walk over the modules reach the model's own parameters? Print the first name named_modules gives."),
+        ("decay", r"biases never|embeddings decay", "which parameters decay — everything but biases and norm layers",
+         "Go through the parameters one by one: which are biases, which belong to norm layers? Everything else "
+         "decays, embeddings included."),
+        ("axis", r"dimensions", "the rule — by name and module type, not by the number of dimensions",
+         "Is a 1-D parameter always a bias or a norm parameter? Find one in the check's model that is neither."),
+        ("count", "", "each parameter once — modules walked with their own parameters", ""),
+    ],
+    "10.2": [
+        ("autocast", r"autocast|fp32|model\.to|\.half",
+         "autocast — the forward in 16 bits on the model's own device, weights kept fp32, backward outside",
+         "Where does your `with` block start and end, which device type does it name, and is the model itself "
+         "cast anywhere?"),
+        ("calls", r"never calls|forgotten|add up",
+         "the five calls of one step — each present, once",
+         "Write the five calls of one step and tick each in your code: which is missing?"),
+        ("order", r"zero_grad|before loss\.backward|scheduler\.step\(\) ran before|AFTER optimizer", "", ""),
+        ("loss", r"SUM over|times the reference",
+         "the loss — the model's own, a mean over the batch",
+         "Is your loss the mean over the batch or the sum? Compare with the model's own loss on one batch."),
+        ("type", r"loss\.item|a float", "", ""),
+    ],
+    "10.3": [
+        ("pair", r"pass your optimizer|optimizers=|scheduler \(optimizers|the pair",
+         "what Trainer receives — the pair (your optimizer, None for its scheduler)",
+         "What does Trainer's `optimizers` argument hold, in which order, and which half lets Trainer build the "
+         "schedule?"),
+        ("order", r"swapped", "the two groups — which gets the decay",
+         "Which group gets args.weight_decay: the names from the decay list, or the others?"),
+        ("decay", "", "the two groups — decay names with args.weight_decay, the rest with 0.0", ""),
+        ("hyper", r"not the one in args|args\.",
+         "the hyperparameters — every one from args, since Trainer does not pass them on",
+         "Print each hyperparameter of your optimizer next to args': which one is a library default?"),
+    ],
+    "10.4": [
+        ("clip", r"fixed norm|max_grad_norm argument",
+         "clipping — at the max_grad_norm you are given",
+         "Which norm does your clipping use: the argument, or a number of your own?"),
+        ("calls", r"never zeroed|add up", "the calls of one batch — gradients cleared every step",
+         "Which call clears the gradients, and does your loop make it once per batch?"),
+        ("order", r"clip (before|after)|you clip|no clipping|not clipped|zero_grad\(\) ran between", "", ""),
+        ("accelerator", r"accelerator\.backward|torch's|autocast block of your own|autocast block",
+         "what goes through the accelerator — backward and clipping, with its own autocast",
+         "List each call of one batch and ask for each: does the accelerator have its own version of it? Use that "
+         "one."),
+        ("scheduler", r"scheduler|learning rate never",
+         "the scheduler — one step per batch, after the optimizer",
+         "How many times per batch does your schedule advance, and where?"),
+        ("train_mode", r"model\.train",
+         "the model's mode — training, with dropout on",
+         "Which mode is the model in when your loop starts? Print model.training."),
+        ("floats", r"loss\.item|a float", "what you record — one Python number per batch",
+         "Print type() of one recorded loss."),
+    ],
+    "10.5": [
+        ("order", r"zero_grad\(\) ran between", "", ""),
+        ("dtype", r"bf16|float16", "the 16-bit format — fp16, the one whose overflow needs the scaler",
+         "Which 16-bit dtype overflows and needs a scaler? Which one does your autocast use?"),
+        ("order", r"AFTER scaler\.step|after scaler\.step|unscale before clipping", "", ""),
+        ("scaler", r"scaler|SCALED loss",
+         "the scaler's calls — scale before backward, unscale before clipping, step and update through it",
+         "Write the scaler's four calls around backward and the step, in order, and tick each in your code: which "
+         "one is missing or replaced?"),
+        ("order", r"zero_grad|between backward", "", ""),
+        ("autocast", r"autocast block", "autocast — the forward only, backward outside",
+         "Where does your `with` block end: before backward or after it?"),
+        ("calls", r"never zeroed|fixed norm|add up", "the calls of one step — each with its argument, every step",
+         "Tick each call of one step against the statement: is each there, with the argument it is given?"),
+        ("factor", "", "what you return — the loss itself", ""),
+    ],
+    "11.1": [
+        ("strategy", r"ZeRO-1 shards only|under DDP|not divided by the world size|FSDP2 shards",
+         "what each strategy shards — DDP nothing, ZeRO-1 the states, FSDP2 everything",
+         "Make a table: DDP, ZeRO-1, FSDP2 against weights, gradients, states — mark which are divided by the world "
+         "size, then compare with your code."),
+        ("last_block", r"rounded the number of blocks down", "", ""),
+        ("absmax", r"absmax", "the scales — two fp32 absmax per block of the rank's own elements",
+         "For the rank's own k parameters: how many blocks, and how many absmax per block (one per state)?"),
+        ("states", r"two \(m and v\)|keeps two", "the states — two of them, m and v",
+         "How many states does Adam keep, and how many bytes per parameter each?"),
+        ("last_block", r"ceil|whole number", "", ""),
+        ("rounding", "", "the block count — rounded up", ""),
+    ],
+    "11.2": [
+        ("integers", r"Python ints",
+         "the type of a position — a Python int, computed with integers",
+         "Print type() of your start and stop: are they ints, or floats from a true division?"),
+        ("last_block", r"clip|past the end|exclusive", "", ""),
+        ("rows", r"rows|dim 0|row length|prod\(shape",
+         "how FSDP2 splits — whole rows of the first dimension, like torch.chunk",
+         "Work shape (5, 3) on 4 ranks with torch.chunk by hand: rows per rank, the last ranks' rows, then each "
+         "rank's flat start and stop."),
+    ],
+    "11.3": [
+        ("count", r"FULL parameter's size|8-bit or fp32 by", "", ""),
+        ("small", r"smaller than min_8bit_size", "the small parameters — fp32 states, no blocks",
+         "Take a parameter smaller than min_8bit_size: which states does it keep, and does it have blocks?"),
+        ("states", r"keeps two", "the states — two of them, m and v, a byte each in 8 bits",
+         "How many states does Adam keep, and how many bytes per element does each take in 8 bits?"),
+        ("block", r"blocks|ceil\(local", "the local blocks — counted from the shard's own first element",
+         "Work one shard by hand: its size from 11.2, then ceil of that over the block size — where do your blocks "
+         "start?"),
+        ("absmax", r"absmax", "the scales — two fp32 absmax per local block",
+         "How many bytes of absmax does one local block cost, for both states?"),
+        ("states", r"two fp32 states", "the fp32 branch — two states at 4 bytes each",
+         "How many bytes per element does fp32 Adam keep?"),
+        ("axis", r"its own shard|shard_range", "this rank's shard — its own size, maybe smaller or empty",
+         "Is every rank's shard the size of rank 0's? Work the last rank by hand."),
+    ],
+    "12.1": [
+        ("last_block", r"padded at the front|AFTER the last", "", ""),
+        ("order", r"nibbles are swapped|interleav", "", ""),
+        ("nibbles", r"nibble|shift",
+         "the nibbles — the first code in the upper 4 bits, the second in the lower 4",
+         "Pack one pair by hand in binary, then unpack it: which code ends in the upper 4 bits, and what takes only "
+         "the lower 4?"),
+        ("factor", "", "two codes per byte — n / 2 bytes",
+         "How many bytes must n codes of 4 bits take? Count yours."),
+    ],
+    "12.2": [
+        ("size", r"depends on the size", "the test — in the decoded values, independent of their size",
+         "Scale both moments by 1e-3: should the flags change? Does your test use a fixed tolerance?"),
+        ("count", "", "when a v is coded 0 — after quantizing, not before",
+         "A v is coded 0 whenever its scaled value is nearer 0 than any other entry, not only when it is exactly 0: "
+         "quantize a tiny non-zero v and decode it."),
+        ("rounding", r"rounded down|NEAREST",
+         "the codes — the nearest map entry, so a small value decodes to 0 only below half the smallest entry",
+         "Which code does a value get: the map entry below it or the nearest one? Take a v whose scaled value is just "
+         "above half the smallest positive entry."),
+        ("block", r"absmax", "the scales — each block's own absmax",
+         "Each block has its own absmax: a block's v is divided by ITS absmax before it meets the map. Which absmax "
+         "does your code use, and does it divide at all?"),
+        ("decoded", r"DECODED|decoded|no victim",
+         "which moments the update reads — both as decoded from their codes",
+         "For one entry, write what the update reads: the decoded m and the decoded v. Which pair makes it m / eps?"),
+        ("sign", r"v's map|signed map", "the maps — m signed, v unsigned",
+         "Which map has negative entries? Which moment needs them?"),
+    ],
+    "12.3": [
+        ("combine", r"SMALLEST|LARGER of the two|alone is one scale", "", ""),
+        ("sign", r"\|x\||magnitudes", "the maxima — of magnitudes", ""),
+        ("combine", r"product|combine|one absmax for the whole|smaller of",
+         "the scale of an entry — the smaller of its row's and its column's maximum",
+         "For entry (i, j) of a 2 × 3 matrix: which two numbers are compared, and which is kept? Build the full "
+         "matrix of them by hand."),
+        ("axis", "", "the reductions — one per row, one per column, broadcast back", ""),
+    ],
+    "12.4": [
+        ("noise", r"random (integers|numbers)|span",
+         "the random numbers — exactly one bf16 step of the lower 16 bits",
+         "How many different values must your random numbers take to cover one bf16 step, no more, no less? Print "
+         "their smallest and largest."),
+        ("odds", r"odds|half of the time",
+         "the odds — round up with the distance from the lower neighbour",
+         "A value a quarter step above a bf16 number: how often must it round up? Measure yours over many draws."),
+        ("generator", r"generator|global RNG",
+         "the randomness — every number drawn from the generator you are given",
+         "Draw every random number from the generator you are given, once per element: which call of yours uses "
+         "torch's global one?"),
+        ("rounding", "", "stochastic rounding — neither to the nearest nor toward zero, but up with the right odds",
+         "Stochastic rounding is neither nearest nor truncation: for a value a quarter step above a bf16 number, how "
+         "often must it go up? Measure yours over many draws."),
+    ],
+    "13.1": [
+        ("defaults", r"default arguments",
+         "Lion's hyperparameters — its own default lr, betas and decay, not Adam's",
+         "Print your class's default arguments next to Lion's in the lesson: which one is Adam's?"),
+        ("state_beta", r"updated with beta1",
+         "the state update — the lesson's second beta, the one for the momentum",
+         "Which of the two betas does the state's own update use, and which only the step's direction? Step once by "
+         "hand with betas (0.9, 0.99) and compare m."),
+        ("state_in_place", r"never changes|handed",
+         "the state — updated inside the very tensor the optimizer handed you",
+         "The optimizer keeps only what your rule writes into the tensor it handed you: does your rule write into "
+         "it, or bind a new tensor to the name?"),
+        ("order", r"you update m before", "", ""),
+        ("map", r"stored_as|never negative",
+         "how the state is stored — the signed map, for a momentum with both signs",
+         "Can Lion's momentum be negative? Which of the two maps holds negative numbers?"),
+        ("sign", r"(?-i:SIGN)", "the step's direction — the sign of the interpolation with beta1", ""),
+        ("in_place", "", "what may be written in place — the states yes, the gradient never", ""),
+        ("first_step", "", "the first step — the direction from the interpolation, with the momentum still 0",
+         "On the first step m is 0: what is the interpolation then, and which direction must p move? Does yours "
+         "move at all?"),
+        ("order", "", "the order of the three updates — decay, the sign step, then the state", ""),
+        ("refuse", "", "what check(group) refuses — the statement's list of invalid arguments", ""),
+        ("decay", "", "decoupled decay — p multiplied by a factor with lr and weight_decay", ""),
+    ],
+    "13.2": [
+        ("count", r"FEWER than|n < min", "", ""),
+        ("axis", r"rank-1 scales|per row", "", ""),
+        ("absmax", r"forgot the scales|fp32 number|4 bytes per block", "the scales — one fp32 number per block",
+         "How many scales does a state of n elements have, and how many bytes is each?"),
+        ("last_block", r"two per byte", "", ""),
+        ("factor", r"FP8|one byte", "", ""),
+    ],
+    "13.3": [
+        ("map", r"'v' moment|never negative",
+         "how m is stored — with the format's signed coding",
+         "Is m ever negative? Which of the format's two moment codings keeps a sign?"),
+        ("sign", r"(?-i:SIGN)|sign of the interpolation|only the sign", "the sign that matters — the interpolation's, "
+         "not m's", ""),
+        ("inverted", r"inverted", "the mask — True where the update changes",
+         "Which entries must your mask mark: those where the sign stays, or those where it flips?"),
+        ("values", r"quantized the gradient", "", ""),
+        ("beta", r"hard-coded|does not change with beta1",
+         "the interpolation — with the beta1 you are given",
+         "Call your function with two different beta1: should the mask change? Does yours?"),
+        ("zero", "", "a zero sign — a flip too", ""),
+    ],
+    "14.1": [
+        ("order", r"zeroing the gradient|keeps its memory", "freeing a gradient — dropped, not zeroed", ""),
+        ("count", r"requires_grad|frozen", "each trainable tensor once — frozen ones get no hook", ""),
+        ("hook", "", "the hook — the kind that runs once the gradient is complete", ""),
+    ],
+    "14.2": [
+        ("count", r"own maximum", "the peak — one moment, not each part's own maximum",
+         "Do the three parts peak at the same moment? Add them at one moment and compare with the sum of their "
+         "maxima."),
+        ("rounding", r"floor|//", "bytes per parameter — a fraction", ""),
+        ("moment", r"peak|moment|at_end_of|backward ends|when forward ends|after the step|before backward",
+         "which moment each number is read at — the end of backward or the bill's own peak",
+         "For each entry of your row, name the moment it is read at: the end of backward or the bill's peak? "
+         "Print both snapshots and find each of your numbers in one of them."),
+        ("largest", r"first item|\(name, bytes\)",
+         "the largest gradient — its name only",
+         "What does the row's largest-gradient entry hold: a name or a pair? Print the snapshot's entry next to "
+         "yours."),
+        ("factor", r"number of parameters|num_params|first item", "", ""),
+        ("parts", r"'state' part|missing from the sum",
+         "the three parts — weights, gradients and state, each from its own category",
+         "Name the tracker's category behind each part of your row, and check that a sum has all three."),
+    ],
+}
+
+for _exercise, _entries in FOCUS.items():
+    _item = EXERCISES[_exercise]
+    _nudges, _parts, _mistakes = dict(_item.nudges), dict(_item.parts), list(_item.mistakes)
+    for _key, _pattern, _part, _nudge in _entries:
+        if _nudge:
+            _nudges[_key] = _nudge
+        if _part:
+            _parts[_key] = _part
+        if _pattern:
+            _mistakes.append((_key, _pattern))
+    EXERCISES[_exercise] = replace(_item, nudges=_nudges, parts=_parts, mistakes=tuple(_mistakes))
+del _exercise, _entries, _item, _nudges, _parts, _mistakes, _key, _pattern, _part, _nudge
+
+#: level 1's parts for the keys of the exercises' own ``nudges`` that :data:`FOCUS` does not describe
+NUDGE_PARTS: dict[str, dict[str, str]] = {
+    "01.2": {"count": "what each tensor is counted as — the small-tensor threshold (inclusive) and blocks counted per "
+                      "tensor"},
+    "02.2": {"denominator": "what bias correction does — it only rescales, with no square root"},
+    "03.1": {"order": "the order of the step — the moments updated first, then the parameter from the new moments"},
+    "03.2": {"order": "the order of the step — the decay before the Adam update",
+             "first_step": "the first step — bias correction counted from step 1, as in Adam"},
+    "07.1": {"sign": "requantizing small states — the sign of every non-zero state kept",
+             "order": "the order of one 8-bit step — dequantize, update the moments, update p, then requantize"},
+    "07.2": {"count": "the counts — the inclusive size threshold, one step counter per parameter, skipped parameters"},
+    "07.3": {"values": "the initial weights and the forward — the module's current parameters, xavier-uniform's spread",
+             "axis": "the table's two dimensions — both in xavier's bound, the last one for the LayerNorm"},
+    "07.4": {"order": "the order of one training step — clear, loss, backward, step, with the loss recorded before it "
+                      "changes",
+             "count": "the curve's length — one loss per step, `steps` of them, from one optimizer",
+             "factor": "the loss — the mean of the squared errors"},
+    "08.4": {"order": "the order inside the fused kernel — the new absmax taken after the EMA"},
+    "09.3": {"factor": "the moments — two per trained parameter"},
+    "09.4": {"decay": "the two parameter groups — decay for everything but biases and LayerNorm parameters, with "
+                      "args.weight_decay",
+             "count": "the two groups — every parameter in exactly one"},
+    "10.1": {"values": "how a norm layer is recognised — by its class, not by its name"},
+    "10.2": {"order": "the order of the five calls of one step — backward, optimizer step, scheduler step, then "
+                      "clearing the gradients"},
+    "10.4": {"order": "the order of one batch — backward, clipping, optimizer step, scheduler step, clearing",
+             "values": "the model's mode — training"},
+    "10.5": {"order": "the scaler's order — scale, backward, unscale, clip, step through the scaler, update"},
+    "11.1": {"last_block": "the largest shard — rounded up, and its blocks rounded up again",
+             "factor": "the bytes per parameter of the states — 8 for fp32 Adam, 2 plus the scales for 8-bit"},
+    "11.2": {"last_block": "the ranks at the end — chunks clipped to the parameter, an empty range past the last row",
+             "factor": "flat positions — rows times the elements of one row"},
+    "11.3": {"count": "8-bit or fp32 — decided by the full parameter, not the shard",
+             "last_block": "local blocks — rounded up, none for an empty shard"},
+    "12.1": {"order": "which code of a pair goes where — the even-index one in the high nibble",
+             "last_block": "an odd count — one zero code of padding at the end, dropped again when unpacking"},
+    "12.2": {"values": "which m the update sees — the one decoded from its code",
+             "last_block": "the last, short block — padded, and the padding dropped again",
+             "zero": "when a v is coded 0 — flagged by the decoded values, after quantizing"},
+    "12.4": {"values": "a number bf16 holds exactly — it never moves",
+             "sign": "negative numbers — the neighbour toward zero, found in the bits"},
+    "13.2": {"last_block": "rounding up — blocks and half-bytes",
+             "axis": "rank-1 scales — one per index of each axis of a tensor with two or more dimensions",
+             "count": "the small-tensor rule — fewer than 4,096 elements keep fp32 states in every format",
+             "factor": "the bytes of each part — codes by format, fp32 scales, fp32 below 4,096 elements"},
+    "13.3": {"values": "what goes through the format — only m, the gradient stays fp32",
+             "order": "the interpolation — which term gets beta1"},
+    "14.2": {"factor": "per parameter — every byte count divided by the tracker's number of parameters"},
+}
+
+for _exercise, _parts in NUDGE_PARTS.items():
+    _item = EXERCISES[_exercise]
+    EXERCISES[_exercise] = replace(_item, parts={**_parts, **_item.parts})
+del _exercise, _parts, _item
 
 #: check name (without ``check_``) -> exercise id
 EXERCISE_OF_CHECK: dict[str, str] = {hints.check: exercise for exercise, hints in EXERCISES.items()}

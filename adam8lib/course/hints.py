@@ -3,7 +3,8 @@
 One level per call, per exercise::
 
     >>> from adam8lib.course import hint
-    >>> hint("02.2")      # 1: the idea to revisit — the lesson section, one sentence, no code
+    >>> hint("02.2")      # 1: the idea to revisit — the lesson section, one sentence, no code — and, after a
+    ...                   #    failed check, which part of it the failing property belongs to
     >>> hint("02.2")      # 2: what your last failed check got wrong: which property, on which input
     >>> hint("02.2")      # 3: a nudge for that mistake (never the code); later calls repeat it
 
@@ -13,6 +14,13 @@ changed in place, the shape, the dtype, NaN/Inf, the values —, the check's wor
 of a different property sends the exercise back to level 2. A failing check ends its message with the line
 to type (``→ property that failed: the shape · stuck? run  hint("04.1")``), and binds ``hint`` in the
 notebook when that name is free.
+
+Levels 1 and 3 aim at one key per failure (:func:`aim`): the structural property (no return, a type, an error, an
+input changed, ...), else the exercise's own mistake whose pattern the check's hint matches (``mistakes`` in
+:mod:`adam8lib.course.hint_text`), else a topic the check's words name plainly. Level 1 adds that key's part of the
+section; level 3 gives its nudge, and for a mistake no nudge is keyed to, a question built on the check's own words
+(which input to work by hand, what to compare) rather than the exercise's default. ``python -m
+tests.course.hint_fallbacks`` counts, over the course's wrong answers, how often either level still falls back.
 
 The words are in :mod:`adam8lib.course.hint_text`; the lesson sections in
 :data:`adam8lib.course.grading.lessons.SECTIONS`.
@@ -26,7 +34,8 @@ from dataclasses import dataclass
 from .checks._common import Failure, last_failure, outcome
 from .hint_text import EXERCISES, GENERAL_NUDGES, LESSONS
 
-__all__ = ["hint", "next_hint", "Hint", "property_words", "kind_of", "mistake_of", "classify", "reset_hints", "TOPICS"]
+__all__ = ["hint", "next_hint", "Hint", "property_words", "kind_of", "mistake_of", "classify", "aim", "nudge_source",
+           "reset_hints", "TOPICS", "FROM_CHECK"]
 
 #: (topic, words for the learner, pattern in the check's message and hint), first match wins; a failure of
 #: kind "values" or "check" is keyed by the topic its check's words name
@@ -160,9 +169,36 @@ def classify(failure: Failure) -> tuple[str, bool]:
     return (topic, False) if topic else (kind, False)
 
 
+def _own_mistake(failure: Failure) -> str | None:
+    """The first of the exercise's own mistakes (:attr:`ExerciseHints.mistakes`) whose pattern the check's hint, or
+    else its message, matches: the exercise's vocabulary for a mistake its check names in its own words."""
+    item = EXERCISES.get(failure.exercise)
+    if item is None or not item.mistakes:
+        return None
+    hint = re.split(r"\bThe rule:", failure.hint or "", maxsplit=1)[0]  # the mistake, not the rule restated
+    for text in (hint, _without_arguments(failure.message)):
+        for key, pattern in item.mistakes:
+            if re.search(pattern, text, re.IGNORECASE):
+                return key
+    return None
+
+
+def aim(failure: Failure) -> tuple[str, bool]:
+    """(the key levels 1 and 3 aim at, whether it is sure): a structural kind (:func:`classify`: no return, a type,
+    an error, ...); else the exercise's own mistake that its check's words match (:attr:`ExerciseHints.mistakes`,
+    the most specific words); else :func:`classify`'s key (sure when the check's words name it plainly)."""
+    key, plain = classify(failure)
+    if plain and (key == kind_of(failure) or key == "dtype_mix"):  # the property itself (not a topic of that name)
+        return key, True
+    own = _own_mistake(failure)
+    if own is not None:
+        return own, True
+    return key, plain
+
+
 def mistake_of(failure: Failure) -> str:
-    """The key of ``failure``'s mistake (:func:`classify`): the level-3 nudge and the reset to level 2 use it."""
-    return classify(failure)[0]
+    """The key of ``failure``'s mistake (:func:`aim`): levels 1 and 3 and the reset to level 2 use it."""
+    return aim(failure)[0]
 
 
 def property_words(failure: Failure) -> str:
@@ -235,10 +271,41 @@ def _clip(text: str, limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _level1(exercise: str) -> str:
+#: level 1's part of the section for a structural property, in any exercise
+_KIND_PARTS = {
+    "stub": "nothing of yours ran yet — the function in your exercise cell is still the workbook's stub",
+    "none": "what your function hands back — the statement's sentence on what it returns",
+    "type": "the type of your result — the statement's sentence on what it returns, and in which container",
+    "error": "an error inside your code — the shapes and dtypes of the tensors the rule combines",
+    "in_place": "an input your function changed — which tensors it may write into and which it only reads",
+    "shape": "the shape of your result — which dimensions the rule keeps, adds or reduces",
+    "dtype": "the dtype of your result — the dtypes the statement asks for",
+    "nonfinite": "NaN or Inf in your result — the rule's special cases (a zero denominator, a non-finite input)",
+    "keys": "the keys of your result — the names the statement gives",
+    "dtype_mix": "two dtypes meeting in one operation — the dtype each intermediate value must have",
+    "refuse": "an argument that must be refused — the statement's list of what is invalid and the error to raise",
+}
+
+
+def _part(exercise: str, failure: Failure | None) -> str | None:
+    """Which part of the section ``failure``'s property belongs to: the exercise's own words for its mistake key,
+    else the words for a structural property; None when no key is sure."""
+    if failure is None:
+        return None
+    key, plain = aim(failure)
+    if not plain:
+        return None
+    return EXERCISES[exercise].parts.get(key) or _KIND_PARTS.get(key)
+
+
+def _level1(exercise: str, failure: Failure | None = None) -> str:
     item = EXERCISES[exercise]
-    return (f"Revisit {_section(exercise)}.\n"
+    text = (f"Revisit {_section(exercise)}.\n"
             f"The idea: {item.idea}")
+    part = _part(exercise, failure)
+    if part:
+        text += f"\nWhere your last check failed: {part}."
+    return text
 
 
 def _level2(exercise: str, failure: Failure | None) -> str:
@@ -287,6 +354,37 @@ def _level2(exercise: str, failure: Failure | None) -> str:
     return "\n".join(lines)
 
 
+#: the opening of a level-3 nudge built on the check's own words (no keyed nudge for the mistake)
+FROM_CHECK = "Your check named the mistake:"
+
+
+def _from_check(failure: Failure) -> str:
+    """A nudge built on the check's hint: its first clause (where checks name the mistake), then which case to work
+    by hand and what to compare — never a line of code."""
+    clause = _clip(_first_clause(failure.hint or "").strip().rstrip("."), 220)
+    on = f" ({_clip(failure.what, 120)})" if failure.what else ""
+    return (f"{FROM_CHECK} “{clause}”. Do not rewrite the whole function: take the one input the check failed "
+            f"on{on}, work it by hand with the lesson's rule, and write each intermediate value next to the one your "
+            "code computes. Which is the first value that differs — and does the check's sentence describe the line "
+            "that makes it?")
+
+
+def nudge_source(exercise: str, failure: Failure | None) -> str:
+    """Where level 3's nudge for ``failure`` comes from: ``"exercise"`` (the exercise's nudge for its mistake key),
+    ``"general"`` (a structural mistake's nudge), ``"check"`` (built on the check's hint) or ``"default"``."""
+    if failure is None:
+        return "default"
+    nudges = EXERCISES[exercise].nudges
+    key, plain = aim(failure)
+    if plain and key in nudges and key != "default":
+        return "exercise"
+    if plain and key in _ANY_EXERCISE:
+        return "general"
+    if failure.hint and _first_clause(failure.hint).strip():
+        return "check"
+    return "default"
+
+
 def _level3(exercise: str, failure: Failure | None) -> str:
     nudges = EXERCISES[exercise].nudges
     if failure is None:
@@ -294,14 +392,14 @@ def _level3(exercise: str, failure: Failure | None) -> str:
             return f"The last run of exercise {exercise}'s check passed: there is no mistake to nudge."
         return (nudges.get("default", GENERAL_NUDGES["values"])
                 + f"\n(Run the check cell first for a nudge aimed at your own mistake.)")
-    key, plain = classify(failure)
-    if plain and key in nudges:
-        text = nudges[key]
-    elif plain and key in _ANY_EXERCISE:
-        text = GENERAL_NUDGES[key]
-    else:  # not named plainly, or a topic this exercise has no nudge for: the exercise's own nudge
-        text = nudges.get("default", GENERAL_NUDGES["check"])
-    return text
+    source = nudge_source(exercise, failure)
+    if source == "exercise":
+        return nudges[aim(failure)[0]]
+    if source == "general":
+        return GENERAL_NUDGES[aim(failure)[0]]
+    if source == "check":  # no nudge keyed to this mistake: a question on the check's own words
+        return _from_check(failure)
+    return nudges.get("default", GENERAL_NUDGES["check"])
 
 
 def next_hint(exercise) -> Hint:
@@ -321,7 +419,7 @@ def next_hint(exercise) -> Hint:
     item = EXERCISES[key]
     head = f"Hint {level} of 3 · Exercise {key} · {item.title}"
     if level == 1:
-        body = _level1(key)
+        body = _level1(key, failure)
         tail = f'Still stuck? hint("{key}") again says what your last check run got wrong.'
     elif level == 2:
         body = _level2(key, failure)

@@ -107,10 +107,26 @@ def test_the_texts_are_small_and_the_idea_is_one_sentence():
         assert len(sentences) == 1 and len(item.idea) <= 320, (exercise, item.idea)
         for key, text in item.nudges.items():
             assert len(text) <= 320, (exercise, key)
-            assert key in KEYS, (exercise, key)
+            assert key in KEYS or key in {k for k, _ in item.mistakes}, (exercise, key)
+        for key, text in item.parts.items():
+            assert 10 <= len(text) <= 200 and "\n" not in text, (exercise, key)
 
 
 KEYS = {"default", "values", *GENERAL_NUDGES, *(topic for topic, _, _ in TOPICS)}
+
+
+def test_every_mistake_of_an_exercise_has_a_pattern_a_part_and_a_nudge():
+    """The exercises' own mistakes (hint_text.FOCUS): each pattern compiles, each key has the part level 1 names and a
+    nudge (its own, a general one, or the exercise's for that topic); every keyed nudge has its part."""
+    from adam8lib.course.hints import _KIND_PARTS
+
+    for exercise, item in EXERCISES.items():
+        for key, pattern in item.mistakes:
+            re.compile(pattern)
+            assert key in item.parts or key in _KIND_PARTS, (exercise, key)
+            assert key in item.nudges or key in GENERAL_NUDGES, (exercise, key)
+        for key in item.nudges:
+            assert key == "default" or key in item.parts or key in _KIND_PARTS, (exercise, key)
 
 
 # --- levels --------------------------------------------------------------------------------------------
@@ -291,6 +307,7 @@ def test_the_solutions_are_read():
 def test_no_idea_or_nudge_contains_a_solution_line():
     texts = [(ex, "idea", item.idea) for ex, item in EXERCISES.items()]
     texts += [(ex, key, text) for ex, item in EXERCISES.items() for key, text in item.nudges.items()]
+    texts += [(ex, "part " + key, text) for ex, item in EXERCISES.items() for key, text in item.parts.items()]
     texts += [("general", key, text) for key, text in GENERAL_NUDGES.items()]
     leaks = [(ex, key, found) for ex, key, text in texts for found in _leaks(text)]
     assert not leaks, leaks
@@ -320,3 +337,129 @@ def test_every_level_after_planted_wrong_answers_names_the_property_and_leaks_no
         assert "No failed check" not in levels[1].text
         for h in (levels[0], levels[2]):  # level 2 quotes the check's own hint, which the check printed already
             assert not _leaks(h.text), (w.exercise, w.mistake, _leaks(h.text))
+
+
+# --- levels 1 and 3 aimed at the learner's own mistake (issue 51) --------------------------------------------
+
+def _wrong(exercise: str, mistake: str):
+    from tests.workbooks.wrong_answers import collect
+
+    wrong, _ = collect()
+    [w] = [w for w in wrong if w.exercise == exercise and w.mistake == mistake]
+    return w
+
+
+def _three_levels(w) -> list:
+    with pytest.raises(AssertionError), contextlib.redirect_stdout(io.StringIO()):
+        w.run()
+    assert last_failure(w.exercise) is not None, (w.exercise, w.mistake)
+    return [next_hint(w.exercise) for _ in range(3)]
+
+
+# wrong answers (the course's own) whose level 3 was the exercise's default nudge, and level 1 the section alone,
+# before levels 1 and 3 read the mistake: (exercise, the wrong answer's mistake, the key they aim at now)
+AIMED = [
+    ("01.1", "AdamW counted with one state", "states"),
+    ("02.1", "g not squared for v", "square"),
+    ("02.2", "only m corrected", "both"),
+    ("03.2", "p, m, v rebound to new tensors", "in_place"),
+    ("04.2", "divided by absmax", "scale"),
+    ("05.3", "decade = bit_length()", "leading_one"),
+    ("06.2", "codes multiplied directly, no map lookup", "map"),
+    ("07.3", "the table frozen (requires_grad False)", "trainable"),
+    ("08.2", "tl.load(absmax_ptr) without + pid", "block"),
+    ("09.4", "torch.optim.AdamW", "optimizer"),
+    ("10.1", "'bias' as a substring of the dotted name", "names"),
+    ("11.2", "chunks of the flat elements, not rows", "rows"),
+    ("12.4", "noise over 2**15, half a step", "noise"),
+    ("13.1", "the state is updated with beta1", "state_beta"),
+    ("13.3", "m stored with the 'v' moment format", "map"),
+    ("14.2", "(name, bytes) instead of the name", "largest"),
+]
+
+
+@pytest.mark.parametrize("exercise, mistake, key", AIMED, ids=[f"{e}-{k}" for e, _, k in AIMED])
+def test_levels_1_and_3_name_the_learners_own_mistake(exercise, mistake, key):
+    from adam8lib.course.hints import aim
+
+    first, second, third = _three_levels(_wrong(exercise, mistake))
+    item = EXERCISES[exercise]
+    assert aim(last_failure(exercise)) == (key, True)
+    assert "Revisit notebooks/" in first.text and f"The idea: {item.idea}" in first.text  # the section, as before
+    assert f"Where your last check failed: {item.parts[key]}." in first.text  # and the part of it that failed
+    assert second.level == 2 and "No failed check" not in second.text
+    assert item.nudges[key] in third.text and item.nudges["default"] not in third.text
+    assert GENERAL_NUDGES["check"] not in third.text and GENERAL_NUDGES["values"] not in third.text
+
+
+def test_13_1_the_issues_example_section_and_part_then_the_property_then_the_nudge():
+    first, second, third = _three_levels(_wrong("13.1", "m updated before the sign is taken"))
+    assert "section “" in first.text and "Where your last check failed: the order of the three updates" in first.text
+    assert "you update m before taking the sign" in second.text
+    assert third.text.splitlines()[1] == EXERCISES["13.1"].nudges["order"]
+
+
+def test_without_a_failure_level_1_is_the_section_and_the_idea_alone():
+    text = next_hint("13.1").text
+    assert "Where your last check failed" not in text and "The idea:" in text
+
+
+def _record(exercise: str, hint: str | None, kind: str = "values") -> None:
+    from adam8lib.course.checks import _common
+
+    item = EXERCISES[exercise]
+    _common._OUTCOMES[exercise] = _common.Failure(exercise, item.check, kind, "update(p, g, m) on 3 elements",
+                                                  "the parameter differs from the reference", hint)
+
+
+def test_a_mistake_no_nudge_is_keyed_to_gets_a_question_built_on_the_checks_words():
+    from adam8lib.course.hints import FROM_CHECK, nudge_source
+
+    _record("13.1", "you squared the gradient before the interpolation: the rule takes g as it is")
+    assert nudge_source("13.1", last_failure("13.1")) == "check"
+    first, _, third = (next_hint("13.1") for _ in range(3))
+    assert "Where your last check failed" not in first.text  # no sure key: the section and the idea only
+    body = third.text.splitlines()[1]
+    assert body.startswith(FROM_CHECK) and "“you squared the gradient before the interpolation”" in body
+    assert "update(p, g, m) on 3 elements" in body and EXERCISES["13.1"].nudges["default"] not in third.text
+    assert "the rule takes g as it is" not in body  # the check's rule stays at level 2
+
+
+def test_without_the_checks_words_level_3_is_the_exercises_default():
+    _record("13.1", None)
+    third = [next_hint("13.1") for _ in range(3)][2]
+    assert EXERCISES["13.1"].nudges["default"] in third.text
+
+
+def test_the_rule_a_check_restates_does_not_pick_the_mistake():
+    """A check's hint that ends with "The rule: ..." is matched on the mistake before it, not on the rule."""
+    from adam8lib.course.hints import aim
+
+    _record("07.1", "p is wrong while m, v are right: a factor is off. The rule: p -= lr * m_hat / (sqrt(v_hat) + eps)")
+    assert aim(last_failure("07.1")) != ("denominator", True)
+    third = [next_hint("07.1") for _ in range(3)][2]
+    assert EXERCISES["07.1"].nudges["denominator"] not in third.text
+
+
+#: bounds from the measurement (tests/course/hint_fallbacks.py over every caught wrong answer of the course): before
+#: issue 51's item 3, 322 of 556 level-3 nudges were the exercise's default or a general fallback and every level 1
+#: (556) was the section alone; after it, none of either, and none needs the nudge built on the check's words
+MAX_LEVEL3_FALLBACK_SHARE = 0.03
+MAX_LEVEL3_FROM_CHECK_SHARE = 0.05
+MAX_LEVEL1_GENERIC_SHARE = 0.05
+
+
+def test_over_the_courses_wrong_answers_levels_1_and_3_rarely_fall_back():
+    from tests.course.hint_fallbacks import measure, summary
+
+    rows = measure()
+    total = summary(rows)["all"]
+    assert total["caught"] >= 500
+    assert total["level3_fallback"] <= MAX_LEVEL3_FALLBACK_SHARE * total["caught"], \
+        [(r.exercise, r.key, r.mistake) for r in rows if r.level3_fallback]
+    assert total["level3_from_check"] <= MAX_LEVEL3_FROM_CHECK_SHARE * total["caught"], \
+        [(r.exercise, r.key, r.mistake) for r in rows if r.level3_from_check]
+    assert total["level1_generic"] <= MAX_LEVEL1_GENERIC_SHARE * total["caught"], \
+        [(r.exercise, r.key, r.mistake) for r in rows if r.level1_generic]
+    for r in rows:  # levels 1 and 3 are words of the hints, never a line of the solutions
+        assert not _leaks(r.texts[0]) and not _leaks(r.texts[2]), (r.exercise, r.mistake)
