@@ -358,12 +358,18 @@ def _level2(exercise: str, failure: Failure | None) -> str:
 FROM_CHECK = "Your check named the mistake:"
 
 
+#: a word of code in a check's hint (a call, an assignment, an index, a name with _ or a dot): level 3 never quotes it
+_CODE_WORD = re.compile(r"[()=`\[\]_{}]|\*\*|//|\w\.\w|<-")
+
+
 def _from_check(failure: Failure) -> str:
-    """A nudge built on the check's hint: its first clause (where checks name the mistake), then which case to work
-    by hand and what to compare — never a line of code."""
+    """A nudge built on the check's hint: its first clause (where checks name the mistake) unless it holds code, then
+    which case to work by hand and what to compare — never a line of code."""
     clause = _clip(_first_clause(failure.hint or "").strip().rstrip("."), 220)
+    named = (f"{FROM_CHECK} “{clause}”." if not _CODE_WORD.search(clause)
+             else f"{FROM_CHECK} its hint (step 2 shows it again) says what your code does differently.")
     on = f" ({_clip(failure.what, 120)})" if failure.what else ""
-    return (f"{FROM_CHECK} “{clause}”. Do not rewrite the whole function: take the one input the check failed "
+    return (f"{named} Do not rewrite the whole function: take the one input the check failed "
             f"on{on}, work it by hand with the lesson's rule, and write each intermediate value next to the one your "
             "code computes. Which is the first value that differs — and does the check's sentence describe the line "
             "that makes it?")

@@ -30,12 +30,9 @@ from dataclasses import dataclass
 
 from adam8lib.course.checks._common import forget_outcomes, last_failure
 from adam8lib.course.hint_text import EXERCISES, GENERAL_NUDGES
-from adam8lib.course.hints import aim, classify, next_hint, reset_hints
+from adam8lib.course.hints import aim, next_hint, reset_hints
 
-try:  # before issue 51's item 3 the nudges had no such fallback
-    from adam8lib.course.hints import FROM_CHECK
-except ImportError:  # pragma: no cover
-    FROM_CHECK = "\0"
+from adam8lib.course.hints import FROM_CHECK, _from_check
 
 __all__ = ["Row", "measure", "summary", "main"]
 
@@ -53,6 +50,7 @@ class Row:
     level3_fallback: bool
     level3_from_check: bool
     texts: tuple[str, str, str]
+    probe: str = ""  # the level-3 question built on the check's words, were no nudge keyed to the mistake
 
 
 def _generic_level1(exercise: str) -> str:
@@ -98,7 +96,7 @@ def measure(workbooks: list[str] | None = None) -> list[Row]:
                         level1_generic=texts[0] == generic[w.exercise],
                         level3_fallback=body3.strip() in _fallbacks(w.exercise),
                         level3_from_check=body3.startswith(FROM_CHECK),
-                        texts=texts))
+                        texts=texts, probe=_from_check(failure) if failure.hint else ""))
     forget_outcomes()
     reset_hints()
     return rows

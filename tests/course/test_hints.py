@@ -449,10 +449,18 @@ MAX_LEVEL3_FROM_CHECK_SHARE = 0.05
 MAX_LEVEL1_GENERIC_SHARE = 0.05
 
 
-def test_over_the_courses_wrong_answers_levels_1_and_3_rarely_fall_back():
-    from tests.course.hint_fallbacks import measure, summary
+@pytest.fixture(scope="module")
+def measured():
+    """Every caught wrong answer of the course with its three levels (tests/course/hint_fallbacks.py), measured once."""
+    from tests.course.hint_fallbacks import measure
 
-    rows = measure()
+    return measure()
+
+
+def test_over_the_courses_wrong_answers_levels_1_and_3_rarely_fall_back(measured):
+    from tests.course.hint_fallbacks import summary
+
+    rows = measured
     total = summary(rows)["all"]
     assert total["caught"] >= 500
     assert total["level3_fallback"] <= MAX_LEVEL3_FALLBACK_SHARE * total["caught"], \
@@ -463,3 +471,16 @@ def test_over_the_courses_wrong_answers_levels_1_and_3_rarely_fall_back():
         [(r.exercise, r.key, r.mistake) for r in rows if r.level1_generic]
     for r in rows:  # levels 1 and 3 are words of the hints, never a line of the solutions
         assert not _leaks(r.texts[0]) and not _leaks(r.texts[2]), (r.exercise, r.mistake)
+
+
+def test_the_question_built_on_a_checks_words_never_quotes_its_code(measured):
+    """Were no nudge keyed to them, the course's wrong answers would get level 3 built on their check's hint: it
+    quotes the hint's first clause only when that holds no code, so it never contains a line of the solutions
+    (the check's hints do quote some: 'scaler.update()', 'return loss.item()')."""
+    from adam8lib.course.hints import FROM_CHECK
+
+    probes = [r for r in measured if r.probe]
+    assert len(probes) >= 500
+    for r in probes:
+        assert r.probe.startswith(FROM_CHECK) and not _leaks(r.probe), (r.exercise, r.mistake, _leaks(r.probe))
+    assert sum("“" in r.probe for r in probes) >= 100  # most checks name the mistake in plain words first
