@@ -32,8 +32,8 @@ class ExerciseHints:
     #: level 1, when a failure is recorded: mistake key -> which part of the section (which concept) the failing
     #: property belongs to, "your X — the lesson's part on Y"
     parts: dict[str, str] = field(default_factory=dict)
-    #: (mistake key, pattern): the exercise's own mistakes, found by the pattern in the check's hint (else its
-    #: message) when no topic names the mistake plainly — see :func:`adam8lib.course.hints.aim`
+    #: (mistake key, pattern): the exercise's own mistakes, found by the pattern in the check's hint (the part before
+    #: a restated rule), first match wins — see :func:`adam8lib.course.hints.aim`
     mistakes: tuple[tuple[str, str], ...] = ()
 
 
@@ -521,7 +521,7 @@ EXERCISES: dict[str, ExerciseHints] = {
 del E
 
 #: per exercise, the mistakes its checks name, each ``(key, pattern, part, nudge)``: ``pattern`` finds the mistake
-#: in the check's hint or message when no topic names it plainly ("" — reached through a topic key of
+#: in the check's hint, before any topic of its words ("" — reached through a topic key of
 #: :data:`adam8lib.course.hints.TOPICS` only); ``part`` says, at level 1, which part of the lesson section the
 #: failing property belongs to; ``nudge`` is the level-3 nudge ("" — the exercise's ``nudges`` has one). Patterns
 #: are tried in order, the first match wins. Keys shared across exercises: ``result_order`` (the items of a returned

@@ -170,17 +170,14 @@ def classify(failure: Failure) -> tuple[str, bool]:
 
 
 def _own_mistake(failure: Failure) -> str | None:
-    """The first of the exercise's own mistakes (:attr:`ExerciseHints.mistakes`) whose pattern the check's hint, or
-    else its message, matches: the exercise's vocabulary for a mistake its check names in its own words."""
+    """The first of the exercise's own mistakes (:attr:`ExerciseHints.mistakes`) whose pattern the check's hint
+    matches — the part before a restated rule ("The rule: ..."): the exercise's vocabulary for a mistake its check
+    names in its own words. The message is not read (it holds the learner's numbers and names, not the mistake)."""
     item = EXERCISES.get(failure.exercise)
-    if item is None or not item.mistakes:
+    if item is None or not item.mistakes or not failure.hint:
         return None
-    hint = re.split(r"\bThe rule:", failure.hint or "", maxsplit=1)[0]  # the mistake, not the rule restated
-    for text in (hint, _without_arguments(failure.message)):
-        for key, pattern in item.mistakes:
-            if re.search(pattern, text, re.IGNORECASE):
-                return key
-    return None
+    hint = re.split(r"\bThe rule:", failure.hint, maxsplit=1)[0]
+    return next((key for key, pattern in item.mistakes if re.search(pattern, hint, re.IGNORECASE)), None)
 
 
 def aim(failure: Failure) -> tuple[str, bool]:
