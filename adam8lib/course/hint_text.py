@@ -936,7 +936,7 @@ FOCUS: dict[str, list[tuple[str, str, str, str]]] = {
          "Which tensors does your loop visit: parameters only, or buffers too? Print their names."),
     ],
     "09.3": [
-        ("elements", r"counted bytes|bytes, not|bytes instead|len\(|not len",
+        ("elements", r"counted bytes|not bytes|bytes, not|bytes instead|len\(|not len",
          "elements, not bytes — every element of each tensor",
          "Does your count add elements or bytes, and does it count every element of a matrix? Work a (3, 4) tensor "
          "by hand."),
@@ -948,7 +948,7 @@ FOCUS: dict[str, list[tuple[str, str, str, str]]] = {
         ("count", "", "what is counted — trained parameters, their moments and their step counter", ""),
     ],
     "09.4": [
-        ("decay", r"LayerNorm|bias|no group", "", ""),
+        ("decay", r"LayerNorm|bias|no group|decay group", "", ""),
         ("hyper", r"TrainingArguments|args\.(adam|learning)",
          "the hyperparameters — every one taken from the arguments",
          "Print lr, betas and eps of your optimizer next to the arguments' values: which one is still the library's "
@@ -998,7 +998,10 @@ FOCUS: dict[str, list[tuple[str, str, str, str]]] = {
          "schedule?"),
         ("order", r"swapped", "the two groups — which gets the decay",
          "Which group gets args.weight_decay: the names from the decay list, or the others?"),
-        ("decay", "", "the two groups — decay names with args.weight_decay, the rest with 0.0", ""),
+        ("optimizer", r"build adam8lib", "which optimizer — adam8lib's Adam8bit over the two decay groups",
+         "Which optimizer class does the task ask you to build, from which library? Print type() of yours."),
+        ("decay", r"weight_decay|weight decay", "the two groups — decay names with args.weight_decay, the rest with "
+         "0.0", ""),
         ("hyper", r"not the one in args|args\.",
          "the hyperparameters — every one from args, since Trainer does not pass them on",
          "Print each hyperparameter of your optimizer next to args': which one is a library default?"),
