@@ -70,8 +70,9 @@ def test_every_declared_implementation_is_withheld_and_its_module_still_imports(
             node = next(n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == value.__name__)
             original = next(n for n in ast.parse(path.read_text(encoding="utf-8")).body
                             if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == value.__name__)
-            # the definition's code is gone: no statement of its body is left in the copy
-            gone = [ast.dump(s) for s in ast.walk(original) if isinstance(s, (ast.Return, ast.Assign, ast.AugAssign))]
+            # the definition's code is gone: no statement of its (or its methods') body is left in the copy
+            code = [f for f in ast.walk(original) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
+            gone = [ast.dump(s) for f in code for s in ast.walk(f) if isinstance(s, (ast.Return, ast.Assign, ast.AugAssign))]
             kept = {ast.dump(s) for s in ast.walk(node)}
             assert not [s for s in gone if s in kept], dotted
             said = ast.unparse(node)
@@ -88,8 +89,18 @@ def test_every_declared_implementation_is_withheld_and_its_module_still_imports(
                 if Path(inspect.getsourcefile(sys.modules[value.__module__])).resolve() != path:
                     continue
                 stand_in = getattr(module, value.__name__)
+                if isinstance(stand_in, type):  # its declarations kept (modules read them at import), its methods not
+                    own = [k for k, v in vars(value).items() if inspect.isfunction(v) and k != "__init__"]
+                    assert own and all(k in vars(stand_in) for k in own), dotted
+                    declared = {k: v for k, v in vars(value).items()
+                                if isinstance(v, (str, int, float, tuple, dict)) and k != "__module__"}
+                    assert declared == {k: vars(stand_in).get(k) for k in declared}, dotted
+                    stand_in()  # an instance can be made (a class body may make one at import)
+                    call = getattr(stand_in, own[0])
+                else:
+                    call = stand_in
                 with pytest.raises(RuntimeError, match=f"{dotted} {withheld.MARK} .*{exercise}"):
-                    stand_in(1.0) if isinstance(stand_in, types.FunctionType) else stand_in().anything
+                    call(1.0)
                 assert withheld.used(f"your code raised RuntimeError: {dotted} {withheld.MARK} {exercise}: ...") == [
                     (dotted, exercise)]  # fmt: skip
 

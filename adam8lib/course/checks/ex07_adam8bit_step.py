@@ -894,6 +894,10 @@ def check_trains_like_adam(train_fn, optimizer_class) -> None:
     if not got["numbers"]:
         fail(f"train(...) recorded values of type {got['kinds']} per step, expected float",
              "record one Python float per step: the value of the loss you backpropagate.")
+    if got.get("course_loops"):
+        fail("train(torch.optim.Adam, steps=20) ran the course's own training loop (the grader's "
+             "adam8lib.course.grading.drivers.ex07.train_losses), not a loop of its own",
+             "07.4 asks for your loop: write it in train() from the task's properties.", prop="your own loop")
     got_curve = [float(v) for v in got["values"]]
     def same(curve, reference):
         return len(curve) == len(reference) and all(

@@ -76,19 +76,38 @@ def _definition(dotted: str) -> tuple[Path, str]:
     return path.resolve(), qualname
 
 
-def _stand_in(name: str, kind: str, message: str) -> list[str]:
-    said = repr(message)
-    if kind == "function":
-        return [f"def {name}(*args, **kwargs):", f"    raise RuntimeError({said})"]
-    # a class: defined (modules subclass it, or make an instance at import), but nothing of it works
-    return [f"class {name}:",
-            f"    __doc__ = {said}",
-            "    def __init__(self, *args, **kwargs):",
-            "        pass",
-            "    def __getattr__(self, attr):",
-            f"        raise RuntimeError({said})",
-            "    def __call__(self, *args, **kwargs):",
-            f"        raise RuntimeError({said})"]
+def _raising(name: str, message: str, decorators: list) -> ast.FunctionDef:
+    """``def name(*args, **kwargs): raise RuntimeError(message)`` (an ``__init__`` does nothing instead)."""
+    body = ([ast.Pass()] if name == "__init__" else
+            [ast.Raise(exc=ast.Call(func=ast.Name("RuntimeError", ast.Load()), args=[ast.Constant(message)],
+                                    keywords=[]), cause=None)])
+    args = ast.arguments(posonlyargs=[], args=[], vararg=ast.arg("args"), kwonlyargs=[], kw_defaults=[],
+                         kwarg=ast.arg("kwargs"), defaults=[])
+    extra = {"type_params": []} if "type_params" in ast.FunctionDef._fields else {}
+    return ast.FunctionDef(name=name, args=args, body=body, decorator_list=decorators, returns=None, **extra)
+
+
+def _stand_in(node: ast.stmt, message: str) -> list[str]:
+    """The lines that replace a top-level definition: a function raises ``message``; a class keeps its bases,
+    decorators and declarations (its class attributes: other modules read them at import) and each of its own
+    methods raises (its ``__init__`` accepts anything and does nothing)."""
+    if isinstance(node, ast.ClassDef):
+        def methods(cls: ast.ClassDef) -> ast.ClassDef:
+            body = []
+            for stmt in cls.body:
+                if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    body.append(_raising(stmt.name, message, stmt.decorator_list))
+                elif isinstance(stmt, ast.ClassDef):
+                    body.append(methods(stmt))
+                else:
+                    body.append(stmt)
+            extra = {"type_params": cls.type_params} if "type_params" in ast.ClassDef._fields else {}
+            return ast.ClassDef(name=cls.name, bases=cls.bases, keywords=cls.keywords, body=body or [ast.Pass()],
+                                decorator_list=cls.decorator_list, **extra)
+        new = methods(node)
+    else:
+        new = _raising(node.name, message, [])
+    return ast.unparse(ast.fix_missing_locations(ast.Module(body=[new], type_ignores=[]))).splitlines()
 
 
 def withheld_sources(implementations: dict[str, list[str]], keep: list[str] = ()) -> dict[Path, str]:
@@ -116,8 +135,7 @@ def withheld_sources(implementations: dict[str, list[str]], keep: list[str] = ()
         for node in ast.parse(text).body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name in names:
                 start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-                kind = "class" if isinstance(node, ast.ClassDef) else "function"
-                spans.append((start, node.end_lineno, node.name, _stand_in(node.name, kind, names[node.name])))
+                spans.append((start, node.end_lineno, node.name, _stand_in(node, names[node.name])))
         missing = set(names) - {span[2] for span in spans}
         if missing:
             raise Withheld(f"{', '.join(sorted(missing))}: not defined at the top level of {path}")

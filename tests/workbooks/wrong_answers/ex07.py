@@ -646,6 +646,13 @@ def train_with_module_loss(optimizer_class, steps=200, lr=1e-2):
 
 _SOLUTION_OPTIMIZER = make_optimizer("MyAdam8bit")  # the 07.2 solution, for 07.4's second argument
 
+
+def train_with_the_course_loop(optimizer_class, steps=200, lr=1e-2):
+    """No loop of its own: the course's driver loop, found in the learner process, handed back."""
+    from adam8lib.course.grading.drivers.ex07 import train_losses
+
+    return train_losses(lambda ps: optimizer_class(ps, lr=lr), steps)
+
 WRONG_TRAIN = [
     Wrong("07.4", TRAIN, make_train("loss_after_step", record="after"), "loss recorded after opt.step()",
           "you recorded the loss AFTER opt.step()", True, (_SOLUTION_OPTIMIZER,)),
@@ -674,6 +681,8 @@ WRONG_TRAIN = [
           "a squeezed output", "your model was run on batches of 64 points", True, (_SOLUTION_OPTIMIZER,)),
     Wrong("07.4", TRAIN, make_train("detached_tensors", keep="detach"), "loss.detach() appended: tensors, not floats",
           "you appended the loss tensor itself", True, (_SOLUTION_OPTIMIZER,)),
+    Wrong("07.4", TRAIN, train_with_the_course_loop, "the course's own training loop (the grader's driver) returned "
+          "as the learner's", "ran the course's own training loop", True, (_SOLUTION_OPTIMIZER,)),
 ]
 RIGHT_TRAIN = [
     Right("07.4", TRAIN, train_with_module_loss, "nn.MSELoss, model.zero_grad, loss.item() read after the step",

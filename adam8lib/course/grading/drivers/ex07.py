@@ -183,6 +183,8 @@ def _stepped_by_bnb(bnb, cls, x) -> dict:
 #: the number of points of each input :func:`mlp_task`'s model was run on while :func:`train_run` records them
 #: (None: not recording)
 _batches: list[int] | None = None
+#: while train_run runs a learner's train(): how many times it ran the course's own loop (train_losses) instead
+_course_loops: int | None = None
 
 
 def _record_batch(module, inputs) -> None:
@@ -217,6 +219,9 @@ def train_losses(make_optimizer, steps: int = 200, step_fn=None, *, record: str 
     shape (256,) against y of shape (256, 1): mse_loss broadcasts them to every output against every target)."""
     import warnings
 
+    global _course_loops
+    if _course_loops is not None:  # inside train_run: the learner's train() ran this loop instead of its own
+        _course_loops += 1
     x, y, model = mlp_task()
     params = list(model.parameters())
     opt = make_optimizer(params)
@@ -268,14 +273,17 @@ def _curve(got) -> dict:
 @driver
 def train_run(train_fn, optimizer: str, steps: int, lr: float) -> dict:
     """``train_fn(optimizer_class, steps=steps, lr=lr)`` with the optimizer class named ``optimizer``: its answer
-    described (:func:`_curve`), and ``batches``: the sizes of the inputs :func:`mlp_task`'s model was run on."""
-    global _batches
-    _batches = []
+    described (:func:`_curve`), ``batches``: the sizes of the inputs :func:`mlp_task`'s model was run on, and
+    ``course_loops``: how many times it ran :func:`train_losses`, the course's loop, instead of a loop of its own."""
+    global _batches, _course_loops
+    _batches, _course_loops = [], 0
     try:
         out = _curve(train_fn(TRAIN_OPTIMIZERS[optimizer], steps=steps, lr=lr))
     finally:
         seen, _batches = _batches, None
+        loops, _course_loops = _course_loops, None
     out["batches"] = sorted(set(seen))
+    out["course_loops"] = loops
     return out
 
 
