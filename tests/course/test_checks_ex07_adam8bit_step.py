@@ -227,7 +227,17 @@ def make_training_optimizer(*, sign=1.0, update=True, bias=True):
 
 
 def reference_train(optimizer_class, steps=200, lr=1e-2):
-    return checks.ex07_adam8bit_step._train(lambda ps: optimizer_class(ps, lr=lr), steps)
+    """A learner's own full-batch loop (07.4 refuses a train() that runs the course's loop)."""
+    x, y, model = checks.ex07_adam8bit_step.mlp_task()
+    opt = optimizer_class(list(model.parameters()), lr=lr)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        losses.append(loss.item())
+        opt.step()
+    return losses
 
 
 def test_training_check_passes_the_solution_and_the_library(capsys):

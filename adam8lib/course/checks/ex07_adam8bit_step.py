@@ -480,7 +480,7 @@ class _StepRuleAdam8bit(torch.optim.Optimizer):
 def _crash_hint(text: str) -> str | None:
     """A hint for the usual ways a learner's optimizer crashes in step()."""
     if "NoneType" in text:
-        return ("skip parameters whose .grad is None (`if p.grad is None: continue`): one parameter here never gets "
+        return ("skip parameters whose .grad is None (no update, no state for them): one parameter here never gets "
                 "a gradient.")
     sizes = re.search(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)", text)
     if sizes and abs(int(sizes.group(1)) - int(sizes.group(2))) == 1:
@@ -602,6 +602,16 @@ def check_adam8bit_optimizer(optimizer_class) -> None:
             ("no weight decay was applied: apply each group's weight_decay (decoupled: p *= 1 - lr * weight_decay, "
              "inside the step).", dict(weight_decay=0.0)),
         ]
+        groups = _group_spec()
+        for key in ("lr", "betas", "eps", "weight_decay"):  # ONE setting read from self.defaults, the rest right
+            if key == "weight_decay" and own.get(key) == 0:
+                continue  # the same parameters as no decay at all: the "no weight decay" hint below names that
+            if key in own and any(g.get(key, own[key]) != own[key] for g in groups):
+                theirs = ", ".join(str(g[key]) for g in groups if key in g)
+                variants.insert(0, (
+                    f"the groups' parameters moved with {key}={own[key]} (your optimizer's default) instead of their "
+                    f"own group's {key} ({theirs}): read lr, betas, eps, weight_decay from each param group "
+                    f"(group['{key}']), not from self.defaults — each group sets its own.", {key: own[key]}))
         for hint, kw in variants:
             alt = _optimizer_params()
             try:
@@ -641,6 +651,12 @@ def check_adam8bit_optimizer(optimizer_class) -> None:
     trip = drive(optimizer_class, _drivers.checkpoint_run, _group_spec(), start, _grads(2), _last_step())
     if trip["load_error"] is not None:
         call(_replay(trip["load_error"], "load_state_dict"))
+    raised = trip.get("step_error")
+    if raised is not None:
+        fail(f"{name}: after load_state_dict() into a new optimizer your step() raised {raised['type']}: "
+             f"{raised['text']}",
+             "everything step() needs must be in self.state[p] (or built in __init__): a new optimizer that loads a "
+             "checkpoint gets only the param groups and self.state back, never attributes set during earlier steps.")
     _shapes_kept(name, trip["a"], start)
     _shapes_kept(name, trip["b"], start)
     if not _same(trip["a"], trip["b"]):
@@ -725,13 +741,15 @@ def check_stable_embedding(stable_embedding_class) -> None:
         elif 0.9 < std_ratio < 1.1:
             hint = ("the std is right but values reach past the bound: that is a NORMAL initialisation "
                     f"(xavier_normal_?) — max |w| is {top / std:.1f} times the std, where a uniform draw stops at "
-                    "sqrt(3) = 1.7 times it. The paper's layer draws uniformly: "
-                    "nn.init.xavier_uniform_(self.embedding.weight).")
+                    "sqrt(3) = 1.7 times it. The paper's layer draws uniformly, within xavier's bound "
+                    "(nn.init's xavier_uniform_, not xavier_normal_).")
         elif 0.9 < w.std().item() < 1.1:
             hint = ("the table still has nn.Embedding's default init N(0, 1): call "
-                    "nn.init.xavier_uniform_(self.embedding.weight) in __init__.")
+                    "the paper's table is drawn xavier-uniform in __init__ (nn.init's xavier_uniform_ on the table).")
         else:
-            hint = "initialise the table with nn.init.xavier_uniform_(self.embedding.weight) (nn.Embedding's default is N(0, 1))."
+            hint = ("your table's spread is neither xavier-uniform's nor nn.Embedding's default N(0, 1): the table is "
+                    f"drawn uniformly within +-sqrt(6 / (num_embeddings + embedding_dim)) = +-{bound:.4f} "
+                    "(nn.init's xavier_uniform_).")
         fail(f"embedding weights: std {w.std().item():.4f}, max |w| {w.abs().max().item():.3f}; "
              f"xavier-uniform gives std {bound / math.sqrt(3):.4f}, |w| <= {bound:.3f}", hint)
     if scale is None or shift is None:
@@ -761,10 +779,31 @@ def check_stable_embedding(stable_embedding_class) -> None:
         fail("StableEmbedding(x) has vectors of length 1",
              "that is L2 normalisation (F.normalize): apply the LayerNorm self.norm, which subtracts each vector's "
              "mean, divides by its std, then scales and shifts.")
-    assert_close(out, want, what="StableEmbedding(x)", hint="return self.norm(self.embedding(x)).")
+    if isinstance(out, torch.Tensor) and out.shape == want.shape:
+        _wrong_dimension(out, w[x], scale, shift, eps)
+    assert_close(out, want, what="StableEmbedding(x)", hint=_FORWARD_RULE)
     _check_trained(ran, name, x, moves, eps)
     _check_override(ran, name)
     passed("Exercise 07.3 · The stable embedding")
+
+
+#: what 07.3's forward must give, as a property (the hint when no known mistake matches)
+_FORWARD_RULE = ("your output differs: the layer norm of each looked-up vector — over the LAST dimension, the "
+                 "embedding_dim values of one token — with self.norm's weight and bias.")
+
+
+def _wrong_dimension(out, looked_up, scale, shift, eps) -> None:
+    """Fail when the output is a layer norm of the looked-up vectors over another dimension than the last."""
+    for d in range(looked_up.dim() - 1):
+        mean = looked_up.mean(dim=d, keepdim=True)
+        var = looked_up.var(dim=d, keepdim=True, unbiased=False)
+        for normed in ((looked_up - mean) / (var + eps).sqrt(), (looked_up - mean) / looked_up.std(dim=d, keepdim=True)):
+            if torch.allclose(out, normed * scale + shift, atol=1e-4) or torch.allclose(out, normed, atol=1e-4):
+                fail(f"StableEmbedding(x) for x of shape {tuple(looked_up.shape[:-1])}: your output is normalised "
+                     f"over dimension {d} (across tokens), not over each looked-up vector",
+                     f"you normalised over dimension {d} of the looked-up tensor of shape {tuple(looked_up.shape)}: "
+                     "a layer norm normalises each token's vector on its own, over the LAST dimension (its "
+                     "embedding_dim values).")
 
 
 def _short_param(t) -> str:
@@ -781,7 +820,7 @@ def _check_trained(ran: dict, name: str, x, moves: dict, eps: float) -> None:
     out = call(_replay(ran["trained_error"], name, _answer(ran["trained"])), x)
     want = torch.nn.functional.layer_norm(w[x], (w.shape[1],), scale, shift, eps)
     if not isinstance(out, torch.Tensor) or out.shape != want.shape:
-        assert_close(out, want, what="StableEmbedding(x) after training", hint="return self.norm(self.embedding(x)).")
+        assert_close(out, want, what="StableEmbedding(x) after training", hint=_FORWARD_RULE)
     plain = torch.nn.functional.layer_norm(w[x], (w.shape[1],), None, None, eps)
     what = "StableEmbedding(x) after training (self.norm.weight != 1, self.norm.bias != 0, the table moved)"
     if torch.allclose(out, plain, atol=1e-5):
@@ -811,16 +850,26 @@ def _check_override(ran: dict, name: str) -> None:
         reraise(found["error"])
     if found["attribute_error"] is not None:  # a registered (module, name) pair that is not a parameter
         fail(f"bitsandbytes' Adam8bit could not apply your override: {found['attribute_error']}",
-             "register the table itself: register_module_override(self.embedding, 'weight', {'optim_bits': 32}) "
-             "— the override names a module and the name of ITS parameter.")
+             "register the table itself: the override names a module and the name of ITS parameter (the "
+             "nn.Embedding and its 'weight'), not a module without that parameter.")
     if found["dtype"] is None:
         fail("bitsandbytes' Adam8bit gave the embedding's table no state: no gradient reached self.embedding.weight",
              "forward must look up self.embedding itself (no copy of the table taken in __init__).")
     if found["dtype"] != torch.float32:
-        fail(f"bitsandbytes' Adam8bit keeps the embedding's state as {found['dtype']}",
-             ("" if found["registered"] else "you did not register the table for 32-bit states: ") +
-             "register it in __init__: bnb.optim.GlobalOptimManager.get_instance()"
-             ".register_module_override(self.embedding, 'weight', {'optim_bits': 32}).")
+        what = f"bitsandbytes' Adam8bit keeps the embedding's state as {found['dtype']}"
+        if not found["registered"]:
+            fail(what, "you did not register the table for 32-bit states: the table's state is still 8-bit, as "
+                       "bitsandbytes gives every large tensor unless its GlobalOptimManager holds an override for "
+                       "THIS parameter (self.embedding's weight), registered in __init__ (register_module_override).")
+        configs = found.get("configs") or []
+        if configs and not any(c.get("optim_bits") == 32 for c in configs):
+            shown = ", ".join(repr(c) for c in configs)
+            fail(what, f"the table's state is still {found['dtype']}: your override is registered for the table, but "
+                       f"its config {shown} does not ask bitsandbytes for 32-bit states — which key (and value) "
+                       "does the manager read for the number of bits of a parameter's states?")
+        fail(what, "your override is registered for the table, yet its state is not 32-bit: the manager must hold it "
+                   "before the optimizer is built (register it in __init__), with the config that asks for 32-bit "
+                   "states.")
 
 
 # ---------------------------------------------------------------------------- 07.4
@@ -867,6 +916,26 @@ _TRAIN_RULE = ("one loss per update, recorded before that update, as a Python fl
                "(all 256 points); the loss is the mean squared error of the model's output, of y's shape (256, 1), "
                "against y; each step's gradient from that step's loss alone; one optimizer for the whole run, over "
                "the model's parameters with train's lr.")
+
+
+def _check_lr_passed(train_fn, lr: float = 3e-3, steps: int = 5) -> None:
+    """A few steps at another lr than the check's 1e-2: train's lr must reach the optimizer (a hard-coded 1e-2 gives
+    the same curve at every lr)."""
+    got = call(_named(lambda optimizer_class, steps, lr: drive(train_fn, _drivers.train_run, "torch.optim.Adam", steps,
+                                                               lr), getattr(train_fn, "__name__", "train")),
+               torch.optim.Adam, steps=steps, lr=lr)
+    curve = [float(v) for v in got.get("values") or []] if got.get("numbers") else []
+    want = _train(lambda ps: torch.optim.Adam(ps, lr=lr), steps)
+    if len(curve) == steps and all(math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-7) for a, b in zip(curve, want)):
+        return
+    at_check_lr = _train(lambda ps: torch.optim.Adam(ps, lr=1e-2), steps)
+    if len(curve) == steps and all(math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-7) for a, b in zip(curve, at_check_lr)):
+        hint = (f"train(..., lr={lr:g}) gave the curve of lr=1e-2: the learning rate is fixed inside your train, "
+                "so the lr it is given never reaches the optimizer — build the optimizer with train's lr.")
+    else:
+        hint = _curve_property(curve, want, _TRAIN_RULE)
+    fail(f"train(torch.optim.Adam, steps={steps}, lr={lr:g}) gave {curve[:3]}...; the reference loop at lr={lr:g} "
+         f"gives {[round(v, 6) for v in want[:3]]}...", hint)
 
 
 def check_trains_like_adam(train_fn, optimizer_class) -> None:
@@ -947,6 +1016,7 @@ def check_trains_like_adam(train_fn, optimizer_class) -> None:
                 hint = _curve_property(got_curve, want_curve, hint)
         fail(f"train(torch.optim.Adam, steps=20) gave {len(got_curve)} losses {got_curve[:3]}...; the reference loop "
              f"gives 20: {[round(v, 6) for v in want_curve[:3]]}...", hint)
+    _check_lr_passed(train_fn)
     curves = train_side_by_side(optimizer_class)
     (name, yours), (_, ref) = curves.items()
     first, last, want = yours[0], yours[-1], ref[-1]

@@ -267,10 +267,12 @@ RIGHT_STEP = [
 # ------------------------------------------------------------------ 07.2 · the optimizer class
 def make_optimizer(name, *, strict=False, quantize_all=False, defaults_only=False, no_decay=False, step_rule="state",
                    own_attributes=False, skip_none=True, flat_grad=True, eager_state=False, count="numel",
-                   blocks_rule="ceil", small_l2=False, flat_p=True):
+                   blocks_rule="ceil", small_l2=False, flat_p=True, from_defaults=(), lazy_steps=False):
     """The solution's MyAdam8bit with one slip. step_rule: "state" (right), "always_one", "after" (increased
     after the update, so the first update runs with step 0), "global" (one counter for all parameters),
-    "per_call" (one counter increased per call of step()). blocks_rule "floor": n // blocksize absmax entries."""
+    "per_call" (one counter increased per call of step()). blocks_rule "floor": n // blocksize absmax entries.
+    from_defaults: the settings read from self.defaults (the rest from the group); lazy_steps: the step counts kept in
+    self.steps, a dict created in the first call of step() (while self.state is empty)."""
 
     class MyAdam8bit(torch.optim.Optimizer):
         def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, blocksize=256,
@@ -310,8 +312,12 @@ def make_optimizer(name, *, strict=False, quantize_all=False, defaults_only=Fals
         @torch.no_grad()
         def step(self):
             self.calls = getattr(self, "calls", 0) + 1
+            if lazy_steps and not self.state:  # the first call: nothing stepped yet
+                self.steps = {}
             for group in self.param_groups:
                 hp = self.hyper if defaults_only else group
+                if from_defaults:
+                    hp = {**group, **{k: self.defaults[k] for k in from_defaults}}
                 beta1, beta2 = hp["betas"]
                 for p in group["params"]:
                     if p.grad is None and skip_none:
@@ -319,7 +325,10 @@ def make_optimizer(name, *, strict=False, quantize_all=False, defaults_only=Fals
                     state = self.mine.setdefault(p, {}) if own_attributes else self.state[p]
                     if not state:
                         self._init_state(state, p, group)
-                    if step_rule == "global":
+                    if lazy_steps:
+                        self.steps[p] = self.steps.get(p, 0) + 1
+                        state["step"] = self.steps[p]
+                    elif step_rule == "global":
                         self.t += 1
                         state["step"] = self.t
                     elif step_rule == "always_one":
@@ -723,3 +732,43 @@ WRONG_STEP_PROPERTIES = [
 
 WRONG = WRONG_STEP + WRONG_STEP_PROPERTIES + WRONG_OPTIMIZER + WRONG_EMBEDDING + WRONG_TRAIN
 RIGHT = RIGHT_STEP + RIGHT_OPTIMIZER + RIGHT_EMBEDDING + RIGHT_TRAIN
+
+# ------------------------------------------------------------------ issue 51: what fresh cold learners wrote
+class StableEmbeddingBitsKey(make_embedding("bits_key", override=None)):
+    """Wrong: the override registered for the table with a config bitsandbytes does not read ({'bits': 32})."""
+
+    def __init__(self, num_embeddings, embedding_dim):
+        import bitsandbytes as bnb
+
+        super().__init__(num_embeddings, embedding_dim)
+        bnb.optim.GlobalOptimManager.get_instance().register_module_override(self.embedding, "weight", {"bits": 32})
+
+
+class StableEmbeddingNormOverTokens(make_embedding("norm_over_tokens")):
+    """Wrong: the layer norm written by hand over the tokens of a row (dim 1), not over each vector."""
+
+    def forward(self, x):
+        e = self.embedding(x)
+        mean, var = e.mean(dim=1, keepdim=True), e.var(dim=1, keepdim=True, unbiased=False)
+        return (e - mean) / (var + self.norm.eps).sqrt() * self.norm.weight + self.norm.bias
+
+
+def train_lr_hard_coded(optimizer_class, steps=200, lr=1e-2):
+    """Wrong: the optimizer built with lr=1e-2 whatever train's lr (a cold learner's torch.optim.Adam(params, lr=1e-2))."""
+    return make_train("train_lr_hard_coded")(optimizer_class, steps, 1e-2)
+
+
+WRONG_COLD_LEARNERS = [
+    Wrong("07.2", OPT, make_optimizer("lr_from_defaults", from_defaults=("lr",)), "lr = self.defaults['lr'] (betas, "
+          "weight_decay from the group)", "moved with lr=0.001 (your optimizer's default)", True),
+    Wrong("07.2", OPT, make_optimizer("steps_made_lazily", lazy_steps=True), "step counts in self.steps, a dict set "
+          "only in the first step() (missing after load_state_dict into a new optimizer)",
+          "after load_state_dict() into a new optimizer your step() raised AttributeError", True),
+    Wrong("07.3", EMB, StableEmbeddingBitsKey, "override registered for the table with {'bits': 32} (a key "
+          "bitsandbytes does not read)", "does not ask bitsandbytes for 32-bit states", True),
+    Wrong("07.3", EMB, StableEmbeddingNormOverTokens, "layer norm by hand over dim 1 (the tokens), not the last",
+          "you normalised over dimension 1", True),
+    Wrong("07.4", TRAIN, train_lr_hard_coded, "optimizer built with lr=1e-2 whatever train's lr",
+          "gave the curve of lr=1e-2", True, (_SOLUTION_OPTIMIZER,)),
+]
+WRONG += WRONG_COLD_LEARNERS

@@ -83,7 +83,8 @@ def step_optimizer(cls, groups: list, params: list, grads: list) -> dict:
 def checkpoint_run(cls, groups: list, params: list, grads: list, last: list) -> dict:
     """A checkpoint's round trip: ``a = cls(groups)`` stepped over ``grads``, its ``state_dict()`` saved to bytes and
     loaded (``weights_only``) into ``b = cls(groups)`` over copies of a's parameters; then both stepped once more
-    with ``last``. Returns both optimizers' parameters — or where ``b.load_state_dict`` raised."""
+    with ``last``. Returns both optimizers' parameters — or where ``b.load_state_dict`` raised, or what b's first step
+    after loading raised (its type and message: the check names it)."""
     a, a_made = _optimizer(cls, groups, params)
     for step in grads:
         _step(a, a_made, step)
@@ -96,8 +97,11 @@ def checkpoint_run(cls, groups: list, params: list, grads: list, last: list) -> 
     if error is not None:
         return {"load_error": error}
     _step(a, a_made, last)
-    _step(b, b_made, last)
-    return {"load_error": None, "a": [p.detach().clone() for p in a_made], "b": [p.detach().clone() for p in b_made]}
+    _, error = attempt(lambda: _step(b, b_made, last))  # the loaded optimizer's first step: what it lacks shows here
+    if error is not None:
+        return {"load_error": None, "step_error": {"type": str(error["names"][0]), "text": str(error["text"])[:300]}}
+    return {"load_error": None, "step_error": None, "a": [p.detach().clone() for p in a_made],
+            "b": [p.detach().clone() for p in b_made]}
 
 
 # ---------------------------------------------------------------------------- 07.3
@@ -145,7 +149,8 @@ def embedding_run(cls, x, moves: dict) -> dict:
 
 def _override(cls, x) -> dict:
     """A fresh ``cls(1000, 64)`` trained one step by bitsandbytes' Adam8bit: the dtype of its table's state1 (None: the
-    table was not stepped), and whether the learner registered the table for 32-bit states — or where it raised."""
+    table was not stepped), whether the learner registered an override for the table and the configs registered for it
+    (their plain entries) — or where it raised."""
     try:
         import contextlib
 
@@ -172,9 +177,11 @@ def _stepped_by_bnb(bnb, cls, x) -> dict:
             return {"attribute_error": str(err)[:1000]}
         state = opt.state.get(module.embedding.weight) or {}
         overrides = manager.module_weight_config_triple
-        registered = any(getattr(mod, name, None) is module.embedding.weight for mod, name, _ in overrides)
+        mine = [config for mod, name, config in overrides if getattr(mod, name, None) is module.embedding.weight]
+        configs = [{str(k): v for k, v in config.items() if isinstance(v, (bool, int, float, str))}
+                   for config in mine if isinstance(config, dict)]
         return {"attribute_error": None, "dtype": state["state1"].dtype if torch.is_tensor(state.get("state1")) else None,
-                "registered": bool(registered)}
+                "registered": bool(mine), "configs": configs}
     finally:  # and leave none behind: a later optimizer could take a dead parameter's override by its id
         manager.initialize()
 
