@@ -11,6 +11,8 @@ and the nudges for the usual mistakes — ideas and questions, never the code.
   ``nudges``).
 * :data:`GENERAL_NUDGES` — the level-3 nudge for a mistake that looks alike in every exercise (no return, a
   type, an error, an input changed in place, ...) when the exercise has none of its own.
+* :data:`RULES` / :data:`GENERIC_OPENINGS` — the openings of a check's hint that restates the rule and names no
+  mistake; :data:`LOCATE` — level 3 then: how to find the mistake on the failing case.
 * :data:`LESSONS` — workbook number -> lesson notebook.
 
 A course test holds every text to containing no line of the solutions' code.
@@ -20,7 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-__all__ = ["ExerciseHints", "EXERCISES", "EXERCISE_OF_CHECK", "FOCUS", "GENERAL_NUDGES", "LESSONS", "NUDGE_PARTS"]
+__all__ = ["ExerciseHints", "EXERCISES", "EXERCISE_OF_CHECK", "FOCUS", "GENERAL_NUDGES", "GENERIC_OPENINGS", "LESSONS",
+           "LOCATE", "NUDGE_PARTS", "RULES"]
 
 
 @dataclass(frozen=True)
@@ -488,8 +491,9 @@ EXERCISES: dict[str, ExerciseHints] = {
                        "without changing the step, and an unchanged sign of m can still change it.",
                "order": "Which term of the interpolation gets beta1, the stored m or the new gradient? Read it "
                         "off lesson 13's rule, not off the order of the arguments.",
-               "error": "Print the shape of each tensor the failing line combines: what the format decodes comes "
-                        "back flat, so the stored m needs m's shape again before it meets g."}),
+               "error": "Print the shape of each tensor the failing line combines, and of what you hand the format and "
+                        "what it gives back: the format codes a flat tensor and decodes a flat one — m goes in "
+                        "flattened, and the stored m needs m's shape again before it meets g."}),
     # ----------------------------------------------------------------------------------------------- 14
     "14.1": E("release_by_hand", "Step and free, one parameter at a time",
               "Gradient release steps each parameter in a hook that runs as soon as its gradient is complete, "
@@ -759,7 +763,8 @@ FOCUS: dict[str, list[tuple[str, str, str, str]]] = {
          "the two maps — the signed one for m, the unsigned one for v",
          "Which of the two maps has negative entries, and which moment can be negative? Check which map each of "
          "yours is coded with."),
-        ("absmax", r"OLD absmax|FRESH absmax",
+        # upper case only: the check's rule restated ("requantize with a fresh absmax per block") names no mistake
+        ("absmax", r"(?-i:OLD absmax|FRESH absmax)",
          "requantizing — a fresh absmax per block from the updated states",
          "After the update, which absmax must the codes be divided by: the one the states came with, or one taken "
          "from the new values?"),
@@ -772,6 +777,16 @@ FOCUS: dict[str, list[tuple[str, str, str, str]]] = {
          "the denominator — the corrected second moment's root, then eps",
          "Write the denominator for one element by hand: which correction goes under the square root, and where is "
          "eps added?"),
+        ("m_path", r"^p, m, absmax of m are wrong while v, absmax of v are right",
+         "m's path — dequantizing m with its own map (the signed one) and its absmax, its EMA, requantizing it",
+         "Only m (and p, which uses it) is wrong; v is right. Follow m alone through one block of your step: which map "
+         "do you decode its codes with — the one with negative entries? —, which absmax, which beta, and which map "
+         "and absmax when you code it again? Print each stage beside the library's reference."),
+        ("v_path", r"^p, v, absmax of v are wrong while m, absmax of m are right",
+         "v's path — dequantizing v with its own map (the unsigned one) and its absmax, its EMA of g * g, requantizing it",
+         "Only v (and p, which uses it) is wrong; m is right. Follow v alone through one block of your step: which map "
+         "do you decode its codes with, which absmax, what does its EMA average, and which map when you code it "
+         "again? Print each stage beside the library's reference."),
         ("first_step", "", "the step number — bias correction counted from 1", ""),
         ("zero", "", "special elements — a non-finite gradient, an all-zero block", ""),
         ("last_block", "", "the last, short block — its absmax from its own elements", ""),
@@ -780,7 +795,7 @@ FOCUS: dict[str, list[tuple[str, str, str, str]]] = {
         ("rounding", "", "where rounding happens — once, when a value is stored", ""),
     ],
     "07.2": [
-        ("decay", r"decay|param group|self\.defaults",
+        ("decay", r"decay|param.?groups?\b|self\.defaults|hyper-?parameters|group\[",
          "the hyperparameters of each group — lr, betas, eps and decoupled weight decay read from its own group",
          "Create the optimizer on two groups with different lr and weight_decay: does each parameter move by its "
          "own group's values, decay included?"),
@@ -796,6 +811,11 @@ FOCUS: dict[str, list[tuple[str, str, str, str]]] = {
          "List the module's parameters with requires_grad, then take one backward through forward: which ones get "
          "a gradient?"),
         ("axis", r"BOTH dimensions", "", ""),
+        ("config", r"its config|which key",
+         "the override's config — the key and value the manager reads for the bits of a parameter's states",
+         "Your override is registered for the right module and parameter, yet the table's state is still 8-bit: the "
+         "manager ignores a config key it does not know. Compare your config's key, letter by letter, with the one "
+         "the lesson's cell passes (and its value)."),
         ("state", r"register|override|32-bit states",
          "the 32-bit override — registered with bitsandbytes' manager for the table's weight", ""),
         ("values", r"current parameters", "", ""),
@@ -1136,6 +1156,10 @@ FOCUS: dict[str, list[tuple[str, str, str, str]]] = {
          "often must it go up? Measure yours over many draws."),
     ],
     "13.1": [
+        ("betas", r"betas are swapped|two betas",
+         "the pair of betas — the first for the step's direction, the second for the state's own update",
+         "Which name does your code give the first entry of the pair, and which the second? Step once by hand with "
+         "betas (0.9, 0.99): the interpolation for the sign must weigh m by 0.9, the state's update by 0.99."),
         ("defaults", r"default arguments",
          "Lion's hyperparameters — its own default lr, betas and decay, not Adam's",
          "Print your class's default arguments next to Lion's in the lesson: which one is Adam's?"),
@@ -1180,10 +1204,20 @@ FOCUS: dict[str, list[tuple[str, str, str, str]]] = {
         ("beta", r"hard-coded|does not change with beta1",
          "the interpolation — with the beta1 you are given",
          "Call your function with two different beta1: should the mask change? Does yours?"),
+        ("small", r"uncoded|whatever its size|under 4,?096",
+         "what goes through the format — m of every size: this question codes small tensors too",
+         "Run your function on an m of 1,024 elements and on the same values repeated past 4,096: does your code "
+         "treat the two sizes differently? The optimizer's small-tensor rule is not part of this question."),
         ("zero", "", "a zero sign — a flip too", ""),
     ],
     "14.1": [
         ("order", r"zeroing the gradient|keeps its memory", "freeing a gradient — dropped, not zeroed", ""),
+        ("free", r"^free the gradient",
+         "freeing each gradient — set to None right after that parameter's step, in the hook that runs once the "
+         "gradient is complete",
+         "After one backward, print p.grad of every parameter: with gradient release each must be None. Does your "
+         "hook drop the gradient once its step has used it — and does it run after autograd has written p.grad, or "
+         "before (then what it frees is written again)?"),
         ("count", r"requires_grad|frozen", "each trainable tensor once — frozen ones get no hook", ""),
         ("hook", "", "the hook — the kind that runs once the gradient is complete", ""),
     ],
@@ -1266,6 +1300,7 @@ NUDGE_PARTS: dict[str, dict[str, str]] = {
              "count": "the small-tensor rule — fewer than 4,096 elements keep fp32 states in every format",
              "factor": "the bytes of each part — codes by format, fp32 scales, fp32 below 4,096 elements"},
     "13.3": {"values": "what goes through the format — only m, the gradient stays fp32",
+             "error": "the shapes the format works in — m handed over flat, the decoded m given m's shape again",
              "order": "the interpolation — which term gets beta1"},
     "14.2": {"factor": "per parameter — every byte count divided by the tracker's number of parameters"},
 }
@@ -1277,6 +1312,39 @@ del _exercise, _parts, _item
 
 #: check name (without ``check_``) -> exercise id
 EXERCISE_OF_CHECK: dict[str, str] = {hints.check: exercise for exercise, hints in EXERCISES.items()}
+
+#: per exercise, the openings of its check's hints that only restate the rule — the check's fallback when it cannot
+#: tell which mistake was made (a sentence of the check's property finder before "The rule:" is no restatement). Such
+#: a hint names no mistake: levels 1 and 3 then say what the check saw and how to find the mistake, rather than
+#: guess one from the rule's words. ``tests/course/test_hints.py`` holds every "The rule: ..." of the course's wrong
+#: answers to an opening listed here.
+RULES: dict[str, tuple[str, ...]] = {
+    "03.2": ("AdamW: p *= 1 - lr * weight_decay first",),
+    "04.1": ("q = round(x * 127 / absmax)",),
+    "04.2": ("x ≈ q * absmax / 127",),
+    "06.1": ("absmax[b] = max |x| over block b", "code = nearest map entry to x / absmax"),
+    "06.2": ("x[i] = code[codes[i]] * absmax[i // blocksize]",),
+    "07.1": ("dequantize m and v (qmap[state] * absmax of the block)",),
+    "09.1": ("adamw: 8 bytes/param; adam8bit:",),
+    "13.2": ("codes: n bytes in 8-bit and FP8",),
+    "13.3": ("none of the usual mistakes",),
+}
+#: openings of a hint that names no mistake, in any exercise
+GENERIC_OPENINGS: tuple[str, ...] = ("The rule:", "none of the usual mistakes")
+
+#: level 3 after a hint that names no mistake (:data:`RULES`): how to find the mistake on the one failing case
+LOCATE: dict[str, str] = {
+    "07.1": "Run that step by hand on the block where it differs (or with adam8lib's reference step) and print m, v, "
+            "the two bias corrections, the denominator, the update and the new p beside yours, stage by stage: the "
+            "first value that differs is your mistake. When only a few elements differ, look at what is special "
+            "there — a tiny v, where eps and the corrections matter most, or a block's largest entry.",
+    "13.2": "Split your number into its parts — the bytes of the codes, the number of scales, the bytes of one "
+            "scale — and work each by hand for that shape, state and format, the way the lesson's table does: "
+            "which part is not what the format keeps?",
+    "13.3": "On that case, compute the two signs yourself — with the fp32 m and with m coded and decoded by the "
+            "format the statement names — and print them beside your mask at the first index that differs: which "
+            "of your tensors is not what the rule takes there?",
+}
 
 #: level-3 nudges for the mistakes that look alike in every exercise (no return, a type, an error, in place,
 #: shape, dtype, NaN/Inf, keys, a refused argument), for an exercise without a nudge of its own for it
@@ -1302,4 +1370,6 @@ GENERAL_NUDGES: dict[str, str] = {
     "values": "Test on the smallest input you can work by hand, and compare every intermediate value.",
     "check": "Read the check's first line again: it names the input and the property; reproduce that input "
              "alone.",
+    "unnamed": "Work that one input by hand with the lesson's rule and print each intermediate value beside the one "
+               "your code computes: the first value that differs is where your mistake is.",
 }

@@ -32,10 +32,10 @@ import re
 from dataclasses import dataclass
 
 from .checks._common import Failure, last_failure, outcome
-from .hint_text import EXERCISES, GENERAL_NUDGES, LESSONS
+from .hint_text import EXERCISES, GENERAL_NUDGES, GENERIC_OPENINGS, LESSONS, LOCATE, RULES
 
 __all__ = ["hint", "next_hint", "Hint", "property_words", "kind_of", "mistake_of", "classify", "aim", "nudge_source",
-           "reset_hints", "TOPICS", "FROM_CHECK"]
+           "reset_hints", "restates_the_rule", "TOPICS", "FROM_CHECK", "UNNAMED", "NO_MISTAKE_NAMED"]
 
 #: (topic, words for the learner, pattern in the check's message and hint), first match wins; a failure of
 #: kind "values" or "check" is keyed by the topic its check's words name
@@ -180,13 +180,28 @@ def _own_mistake(failure: Failure) -> str | None:
     return next((key for key, pattern in item.mistakes if re.search(pattern, hint, re.IGNORECASE)), None)
 
 
+#: the key of a failure whose check's hint names no mistake (:func:`restates_the_rule`)
+NO_MISTAKE_NAMED = "unnamed"
+
+
+def restates_the_rule(failure: Failure) -> bool:
+    """Whether ``failure``'s hint only restates the rule (:data:`adam8lib.course.hint_text.RULES`): the check's
+    fallback when none of the mistakes it knows matched. Its words are the rule's, so a mistake picked from them
+    would be a guess (cold learners were sent to "a fresh absmax per block" for an eps in the wrong place)."""
+    hint = (failure.hint or "").strip()
+    return bool(hint) and hint.startswith(RULES.get(failure.exercise, ()) + GENERIC_OPENINGS)
+
+
 def aim(failure: Failure) -> tuple[str, bool]:
     """(the key levels 1 and 3 aim at, whether it is sure): a structural kind (:func:`classify`: no return, a type,
-    an error, ...); else the exercise's own mistake that its check's words match (:attr:`ExerciseHints.mistakes`,
-    the most specific words); else :func:`classify`'s key (sure when the check's words name it plainly)."""
+    an error, ...); else :data:`NO_MISTAKE_NAMED` when the check's hint only restates the rule; else the exercise's
+    own mistake that its check's words match (:attr:`ExerciseHints.mistakes`, the most specific words, listed first);
+    else :func:`classify`'s key (sure when the check's words name it plainly)."""
     key, plain = classify(failure)
     if plain and (key == kind_of(failure) or key == "dtype_mix"):  # the property itself (not a topic of that name)
         return key, True
+    if restates_the_rule(failure):
+        return NO_MISTAKE_NAMED, True
     own = _own_mistake(failure)
     if own is not None:
         return own, True
@@ -292,7 +307,17 @@ def _part(exercise: str, failure: Failure | None) -> str | None:
     key, plain = aim(failure)
     if not plain:
         return None
+    if key == NO_MISTAKE_NAMED:
+        return (f"{_seen(failure)} — the check's hint only restates the rule, so it could not tell which part of it "
+                "your code gets wrong (step 3: how to find it)")
     return EXERCISES[exercise].parts.get(key) or _KIND_PARTS.get(key)
+
+
+def _seen(failure: Failure) -> str:
+    """What the check saw, from its message: the first sentence, without the worst entry's numbers."""
+    first = failure.message.strip().split("\n", 1)[0]
+    first = re.split(r";\s*(worst|first) ", first, maxsplit=1)[0].rstrip(". ")
+    return _clip(first, 240)
 
 
 def _level1(exercise: str, failure: Failure | None = None) -> str:
@@ -354,6 +379,24 @@ def _level2(exercise: str, failure: Failure | None) -> str:
 #: the opening of a level-3 nudge built on the check's own words (no keyed nudge for the mistake)
 FROM_CHECK = "Your check named the mistake:"
 
+#: the opening of level 3 when the check's hint named no mistake (:func:`restates_the_rule`)
+UNNAMED = "Your check could not name the mistake:"
+
+
+def _difference(failure: Failure) -> str:
+    """" Your result minus the expected one: -21,504." when both sides are whole numbers, else ""."""
+    try:
+        got, expected = int(str(failure.got).replace(",", "")), int(str(failure.expected).replace(",", ""))
+    except ValueError:
+        return ""
+    return f" Your result minus the expected one: {got - expected:+,}." if got != expected else ""
+
+
+def _locate(exercise: str, failure: Failure) -> str:
+    """Level 3 for a hint that names no mistake: what the check saw, and how to find the mistake on that case."""
+    return (f"{UNNAMED} it saw only that {_seen(failure)}.{_difference(failure)} "
+            + LOCATE.get(exercise, GENERAL_NUDGES[NO_MISTAKE_NAMED]))
+
 
 #: a word of code in a check's hint (a call, an assignment, an index, a name with _ or a dot): level 3 never quotes it
 _CODE_WORD = re.compile(r"[()=`\[\]_{}]|\*\*|//|\w\.\w|<-")
@@ -374,11 +417,14 @@ def _from_check(failure: Failure) -> str:
 
 def nudge_source(exercise: str, failure: Failure | None) -> str:
     """Where level 3's nudge for ``failure`` comes from: ``"exercise"`` (the exercise's nudge for its mistake key),
-    ``"general"`` (a structural mistake's nudge), ``"check"`` (built on the check's hint) or ``"default"``."""
+    ``"general"`` (a structural mistake's nudge), ``"located"`` (the check named no mistake: how to find it),
+    ``"check"`` (built on the check's hint) or ``"default"``."""
     if failure is None:
         return "default"
     nudges = EXERCISES[exercise].nudges
     key, plain = aim(failure)
+    if key == NO_MISTAKE_NAMED:
+        return "located"
     if plain and key in nudges and key != "default":
         return "exercise"
     if plain and key in _ANY_EXERCISE:
@@ -400,6 +446,8 @@ def _level3(exercise: str, failure: Failure | None) -> str:
         return nudges[aim(failure)[0]]
     if source == "general":
         return GENERAL_NUDGES[aim(failure)[0]]
+    if source == "located":
+        return _locate(exercise, failure)
     if source == "check":  # no nudge keyed to this mistake: a question on the check's own words
         return _from_check(failure)
     return nudges.get("default", GENERAL_NUDGES["check"])

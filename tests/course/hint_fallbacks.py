@@ -9,7 +9,10 @@ of ``next_hint`` are read, and two things counted:
 * **level 3 fallback** — the level-3 text is the exercise's ``"default"`` nudge or a general fallback
   (``GENERAL_NUDGES["values"]``/``["check"]``): not keyed to the mistake;
 * **level 3 from the check** — the level-3 text is built on the check's own hint (no nudge is keyed to the
-  mistake; :data:`adam8lib.course.hints.FROM_CHECK`): aimed at the mistake only through the check's words.
+  mistake; :data:`adam8lib.course.hints.FROM_CHECK`): aimed at the mistake only through the check's words;
+* **unnamed** — the check's hint only restates the rule (:func:`adam8lib.course.hints.restates_the_rule`): level 1
+  says what the check saw and that it could not tell which part, level 3 how to find it
+  (:data:`adam8lib.course.hints.UNNAMED`) — honest, but the check itself could name more.
 
 ::
 
@@ -32,7 +35,7 @@ from adam8lib.course.checks._common import forget_outcomes, last_failure
 from adam8lib.course.hint_text import EXERCISES, GENERAL_NUDGES
 from adam8lib.course.hints import aim, next_hint, reset_hints
 
-from adam8lib.course.hints import FROM_CHECK, _from_check
+from adam8lib.course.hints import FROM_CHECK, UNNAMED, _from_check
 
 __all__ = ["Row", "measure", "summary", "main"]
 
@@ -51,6 +54,8 @@ class Row:
     level3_from_check: bool
     texts: tuple[str, str, str]
     probe: str = ""  # the level-3 question built on the check's words, were no nudge keyed to the mistake
+    hint: str = ""  # the check's own hint
+    unnamed: bool = False  # the check's hint restates the rule: levels 1 and 3 say how to find the mistake
 
 
 def _generic_level1(exercise: str) -> str:
@@ -96,22 +101,24 @@ def measure(workbooks: list[str] | None = None) -> list[Row]:
                         level1_generic=texts[0] == generic[w.exercise],
                         level3_fallback=body3.strip() in _fallbacks(w.exercise),
                         level3_from_check=body3.startswith(FROM_CHECK),
-                        texts=texts, probe=_from_check(failure) if failure.hint else ""))
+                        texts=texts, probe=_from_check(failure) if failure.hint else "", hint=failure.hint or "",
+                        unnamed=body3.startswith(UNNAMED)))
     forget_outcomes()
     reset_hints()
     return rows
 
 
 def summary(rows: list[Row]) -> dict[str, dict[str, int]]:
-    """Per workbook (and "all"): caught, level1_generic, level3_fallback, level3_from_check."""
+    """Per workbook (and "all"): caught, level1_generic, level3_fallback, level3_from_check, unnamed."""
     out: dict[str, dict[str, int]] = defaultdict(
-        lambda: {"caught": 0, "level1_generic": 0, "level3_fallback": 0, "level3_from_check": 0})
+        lambda: {"caught": 0, "level1_generic": 0, "level3_fallback": 0, "level3_from_check": 0, "unnamed": 0})
     for r in rows:
         for wb in (r.workbook, "all"):
             out[wb]["caught"] += 1
             out[wb]["level1_generic"] += r.level1_generic
             out[wb]["level3_fallback"] += r.level3_fallback
             out[wb]["level3_from_check"] += r.level3_from_check
+            out[wb]["unnamed"] += r.unnamed
     return dict(sorted(out.items(), key=lambda kv: (kv[0] == "all", kv[0])))
 
 
@@ -119,14 +126,14 @@ def main(argv: list[str]) -> int:
     listing = "--list" in argv
     workbooks = [a for a in argv if not a.startswith("--")] or None
     rows = measure(workbooks)
-    print(f"{'workbook':<9}{'caught':>7}{'L1 generic':>12}{'L3 fallback':>13}{'L3 from check':>15}")
+    print(f"{'workbook':<9}{'caught':>7}{'L1 generic':>12}{'L3 fallback':>13}{'L3 from check':>15}{'unnamed':>9}")
     for wb, c in summary(rows).items():
         print(f"{wb:<9}{c['caught']:>7}{c['level1_generic']:>12}{c['level3_fallback']:>13}"
-              f"{c['level3_from_check']:>15}")
+              f"{c['level3_from_check']:>15}{c['unnamed']:>9}")
     if listing:
         for r in rows:
             flags = (("L1 " if r.level1_generic else "   ") + ("L3 " if r.level3_fallback else "   ")
-                     + ("CK" if r.level3_from_check else "  "))
+                     + ("CK " if r.level3_from_check else "   ") + ("UN" if r.unnamed else "  "))
             print(f"{flags} {r.exercise} key={r.key}{'' if r.plain else '?'}: {r.mistake}")
     return 0
 

@@ -473,6 +473,29 @@ def test_over_the_courses_wrong_answers_levels_1_and_3_rarely_fall_back(measured
         assert not _leaks(r.texts[0]) and not _leaks(r.texts[2]), (r.exercise, r.mistake)
 
 
+#: the course's wrong answers whose check's hint only restates the rule (levels 1 and 3 then say how to find the
+#: mistake, :func:`adam8lib.course.hints.restates_the_rule`): 1 of 565 when this bound was set
+MAX_UNNAMED_SHARE = 0.02
+
+
+def test_a_hint_that_restates_the_rule_is_known_and_rare(measured):
+    """Every rule a check restates after its finding ("… The rule: R") opens with one of its exercise's
+    :data:`~adam8lib.course.hint_text.RULES`, so the same rule given alone (the check's fallback) is never read as a
+    mistake; and few of the course's wrong answers get only the rule."""
+    from adam8lib.course.hint_text import RULES
+    from tests.course.hint_fallbacks import summary
+
+    for r in measured:
+        if "The rule:" in r.hint:
+            rule = r.hint.split("The rule:", 1)[1].strip()
+            assert rule.startswith(RULES.get(r.exercise, ())), (r.exercise, r.mistake, rule[:80])
+        if r.unnamed:
+            assert "could not tell which part" in r.texts[0], (r.exercise, r.mistake)
+    total = summary(measured)["all"]
+    assert total["unnamed"] <= MAX_UNNAMED_SHARE * total["caught"], \
+        [(r.exercise, r.mistake) for r in measured if r.unnamed]
+
+
 def test_the_question_built_on_a_checks_words_never_quotes_its_code(measured):
     """Were no nudge keyed to them, the course's wrong answers would get level 3 built on their check's hint: it
     quotes the hint's first clause only when that holds no code, so it never contains a line of the solutions
