@@ -21,13 +21,17 @@ references are the library's own.
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import importlib
 import importlib.util
 import inspect
+import io
+import logging
 import re
 import sys
 import types
+import warnings
 from pathlib import Path
 
 __all__ = ["MARK", "Withheld", "resolve", "withheld_sources", "write_view", "used"]
@@ -47,7 +51,7 @@ def resolve(dotted: str):
     parts = dotted.split(".")
     for cut in range(len(parts), 0, -1):
         try:
-            value = importlib.import_module(".".join(parts[:cut]))
+            value = _quietly_imported(".".join(parts[:cut]))
         except ImportError:
             continue
         try:
@@ -57,6 +61,20 @@ def resolve(dotted: str):
             raise Withheld(f"{dotted}: {'.'.join(parts[:cut])} has no {'.'.join(parts[cut:])}") from None
         return value
     raise Withheld(f"{dotted}: no module of that name imports")
+
+
+def _quietly_imported(name: str) -> types.ModuleType:
+    """``importlib.import_module(name)`` without the notes a library prints when first imported (bitsandbytes
+    logs its optional kernels): the gradebook's output is the instructor's."""
+    if name in sys.modules:
+        return sys.modules[name]
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            return importlib.import_module(name)
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def _definition(dotted: str) -> tuple[Path, str]:
