@@ -1319,6 +1319,12 @@ EXERCISE_OF_CHECK: dict[str, str] = {hints.check: exercise for exercise, hints i
 #: guess one from the rule's words. ``tests/course/test_hints.py`` holds every "The rule: ..." of the course's wrong
 #: answers to an opening listed here.
 RULES: dict[str, tuple[str, ...]] = {
+    "01.1": ("AdamW: two fp32 states; 8-bit Adam: two uint8 codes",),
+    "01.2": ("per tensor: n >= min_8bit_size -> 2 bytes/param",),
+    "01.3": ("sum numel() * element_size() over every tensor",),
+    "02.1": ("m = beta1 * m + (1 - beta1) * g", "v = beta2 * v + (1 - beta2) * g * g"),
+    "02.2": ("m_hat = m / (1 - beta1**step), v_hat",),
+    "03.1": ("Adam: g = g + weight_decay * p; m, v = EMAs",),
     "03.2": ("AdamW: p *= 1 - lr * weight_decay first",),
     "04.1": ("q = round(x * 127 / absmax)",),
     "04.2": ("x ≈ q * absmax / 127",),
@@ -1326,6 +1332,11 @@ RULES: dict[str, tuple[str, ...]] = {
     "06.2": ("x[i] = code[codes[i]] * absmax[i // blocksize]",),
     "07.1": ("dequantize m and v (qmap[state] * absmax of the block)",),
     "09.1": ("adamw: 8 bytes/param; adam8bit:",),
+    "09.2": ("weights and gradients: numel * element_size of each parameter",),
+    "09.3": ("per trainable parameter tensor: exp_avg and exp_avg_sq",),
+    "11.1": ("fp32 weights and gradients (4 bytes each); states",),
+    "11.2": ("rank r holds rows [r*c, (r+1)*c)",),
+    "11.3": ("8-bit when the FULL parameter has",),
     "13.2": ("codes: n bytes in 8-bit and FP8",),
     "13.3": ("none of the usual mistakes",),
 }
