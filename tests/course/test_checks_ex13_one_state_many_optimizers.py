@@ -142,9 +142,30 @@ def test_lion_flips_decoded_state_left_flat_says_so_not_keepdim():
     from tests.workbooks.wrong_answers import ex13
 
     with pytest.raises(AssertionError, match="comes back flat unless it is given m's shape") as err:
-        checks.check_lion_flips(ex13.flips_decoded_left_flat)
+        checks.check_lion_flips(ex13.flips_decode_not_reshaped)
     assert "keepdim" not in str(err.value)
     assert sum(line.startswith("Hint:") for line in str(err.value).splitlines()) == 1
+
+
+def test_lion_flips_names_a_2d_m_handed_to_quantize():
+    """Issue 51 (a fresh cold learner): the 2-D m handed to quantize raises inside quantize, before anything is
+    combined: the hint says quantize takes the values flat, not 'reshape the stored m'."""
+    from adam8lib.course import checks
+    from tests.workbooks.wrong_answers import ex13
+
+    for wrong in (ex13.flips_decoded_left_flat, ex13.flips_quantize_given_2d):
+        with pytest.raises(AssertionError, match="quantize takes the values flat") as err:
+            checks.check_lion_flips(wrong)
+        assert "reshape the stored m" not in str(err.value)
+
+
+def test_lion_flips_names_a_small_m_left_uncoded():
+    from adam8lib.course import checks
+    from tests.workbooks.wrong_answers import ex13
+
+    with pytest.raises(AssertionError, match="code m whatever its size") as err:
+        checks.check_lion_flips(ex13.flips_small_m_uncoded)
+    assert "positive or not" not in str(err.value)
 
 
 def test_lion_flips_with_a_reduced_axis_keeps_the_keepdim_hint():

@@ -595,6 +595,14 @@ def _state_bytes_variants(shape, stored_as, fmt) -> list[tuple[str, int]]:
                         "(n < min_8bit_size) keeps fp32 states.", 4 * n))
         out += [("fp32 keeps 4 bytes per element, not one.", n) if fmt == "fp32" else
                 ("you forgot the scales: one fp32 absmax (4 bytes) per block.", codes4 if fmt == "4bit" else n)]
+        if fmt in ("8bit", "fp8") and rank1:
+            out.append((f"{shape} {stored_as!r} in {fmt!r}: you counted rank-1 scales ({' + '.join(map(str, shape))} "
+                        f"= {sum(shape)}); in {fmt} every state has one fp32 absmax per block of 256 — rank-1 scales "
+                        "are the 4-bit format's, for 'v' only.", n + 4 * sum(shape)))
+        if fmt == "fp8":
+            out += [(f"'fp8' codes take one byte each, not half: an FP8 (e4m3) code is 8 bits, so {shape} keeps {n} "
+                     "bytes of codes, laid out like the 8-bit format (one fp32 absmax per block of 256).", v)
+                    for v in dict.fromkeys((codes4 + 4 * scales4, codes4 + 4 * blocks(256), codes4 + 4 * blocks(128)))]
         if fmt in ("8bit", "fp8"):
             out += [("the last block is short but still has its absmax: round the number of blocks UP, "
                      "ceil(n / 256).", n + 4 * (n // 256)),
@@ -700,7 +708,11 @@ def _flips_call(lion_flips, m, g, beta1, fmt):
             raise
         a, b = int(sizes.group(1)), int(sizes.group(2))
         n, axes = m.numel(), tuple(m.shape)
-        if n in (a, b):
+        if n in (a, b) and _raised_in_quantize(lion_flips, m, g, beta1, fmt):
+            hint = (f"the error comes from inside the format's quantize: your m of shape {axes} reached it as it is. "
+                    "quantize takes the values flat (and m's shape as its second argument): reshape(-1) before "
+                    f"quantize, and give the decoded values m's shape {axes} again after dequantize.")
+        elif n in (a, b):
             hint = (f"two tensors your code combines have different shapes (sizes {a} and {b} on one axis), and "
                     f"nothing was reduced: {n} is all of m's entries in one flat row. A decoded state comes back "
                     f"flat unless it is given m's shape: reshape the stored m to m's shape {axes} before combining "
@@ -714,6 +726,36 @@ def _flips_call(lion_flips, m, g, beta1, fmt):
                     "axis): print the shape of each. A decoded state comes back flat unless it is given m's shape "
                     f"{axes}.")
         refail(err, hint, kind="error")
+
+
+def _raised_in_quantize(lion_flips, m, g, beta1, fmt) -> bool:
+    """Whether the learner's function raised from inside a format's quantize (its m handed over unflattened)."""
+    try:
+        found = drive(lion_flips, _drivers.where_flips_raised, m.clone(), g.clone(), beta1, fmt)
+    except Exception:  # noqa: BLE001 - only for a hint
+        return False
+    return bool(isinstance(found, dict) and found.get("in_quantize"))
+
+
+def _name_uncoded_small(lion_flips, got, m, g, beta1, fmt) -> str | None:
+    """The hint for a function that leaves a small m uncoded (no flips under 4,096 elements, min_8bit_size's rule
+    carried over from the optimizer) while it codes a large one, or None."""
+    n = m.numel()
+    if n >= 4096 or bool(got.any()) or m.dim() < 1:
+        return None
+    k = -(-4096 // n) + 1
+    big_m, big_g = m.repeat(k, *([1] * (m.dim() - 1))), g.repeat(k, *([1] * (g.dim() - 1)))
+    try:
+        big = _flips_call(lion_flips, big_m, big_g, beta1, fmt)
+    except AssertionError:
+        return None
+    if not (isinstance(big, torch.Tensor) and torch.equal(big, reference_lion_flips(big_m, big_g, beta1, fmt))):
+        return None
+    flips = int(reference_lion_flips(m, g, beta1, fmt).sum())
+    return (f"for a tensor of {n} elements your function found no flips where coding in {fmt} flips {flips}, and "
+            f"the same values repeated to {big_m.numel()} elements gave the right mask: your function leaves an m "
+            "under 4,096 elements uncoded — the optimizer's min_8bit_size rule, which this question does not have: "
+            "code m whatever its size.")
 
 
 #: beta1 values a learner may have written in place of the argument (Lion's, Adam's, the EMA's)
@@ -760,6 +802,9 @@ def check_lion_flips(lion_flips) -> None:
                  hint="compare the two signs with != : that gives a bool tensor.")
         if torch.equal(got, want):
             continue
+        uncoded = _name_uncoded_small(lion_flips, got, m, g, beta1, fmt)
+        if uncoded is not None:
+            assert_equal(got, want, what=what, hint=uncoded)
         stored = _stored(m, fmt)
         exact = torch.sign(beta1 * m + (1 - beta1) * g)
         variants = [

@@ -631,12 +631,73 @@ WRONG += [
 ]
 WRONG += [
     Wrong(_CASE_133, checks.check_lion_flips, flips_decoded_left_flat,
-          mistake="the decoded m left flat (not reshaped to m's shape): a broadcasting error",
-          hint="A decoded state comes back flat unless it is given m's shape", names_mistake=True),
+          mistake="the 2-D m handed to quantize, the decoded m left flat: quantize raises first",
+          hint="quantize takes the values flat", names_mistake=True),
     Wrong(_CASE_133, checks.check_lion_flips, flips_beta1_hard_coded, mistake="beta1 hard-coded (0.99)",
           hint="your mask does not change with beta1", names_mistake=True),
 ]
 RIGHT += [
     Right(_CASE_133, checks.check_lion_flips, flips_right, how="flatten/reshape, Tensor.ne, the shape as torch.Size"),
 ]
+
+
+# ------------------------------------------------------------------ issue 51: what fresh cold learners wrote
+def flips_small_m_uncoded(m, g, beta1, state_format):
+    """Wrong: m under 4,096 elements left in fp32 (the optimizer's min_8bit_size carried over)."""
+    stored = _stored(m, state_format) if m.numel() >= 4096 else m
+    return torch.sign(beta1 * stored + (1 - beta1) * g) != torch.sign(beta1 * m + (1 - beta1) * g)
+
+
+def flips_quantize_given_2d(m, g, beta1, state_format):
+    """Wrong: the 2-D m handed to quantize (the decoded values reshaped to m's shape afterwards)."""
+    fmt = FORMATS[state_format].m
+    codes, scales = fmt.quantize(m, m.shape)
+    stored = fmt.dequantize(codes, scales, m.shape).reshape(m.shape)
+    return torch.sign(beta1 * stored + (1 - beta1) * g) != torch.sign(beta1 * m + (1 - beta1) * g)
+
+
+def flips_decode_not_reshaped(m, g, beta1, state_format):
+    """Wrong: m flattened for quantize, but the decoded values left flat."""
+    fmt = FORMATS[state_format].m
+    stored = fmt.dequantize(*fmt.quantize(m.reshape(-1), m.shape), m.shape).reshape(-1)
+    return torch.sign(beta1 * stored + (1 - beta1) * g) != torch.sign(beta1 * m + (1 - beta1) * g)
+
+
+def bytes_rank1_in_8bit_too(shape, stored_as, state_format):
+    """Wrong: rank-1 scales for a 'v' of two or more dimensions in every quantized format, 8-bit and FP8 too."""
+    n = math.prod(shape)
+    if state_format == "fp32" or n < 4096:
+        return 4 * n
+    rank1 = stored_as == "v" and len(shape) >= 2
+    if state_format == "4bit":
+        return -(-n // 2) + 4 * (sum(shape) if rank1 else -(-n // 128))
+    return n + 4 * (sum(shape) if rank1 else -(-n // 256))
+
+
+def bytes_fp8_like_4bit(shape, stored_as, state_format):
+    """Wrong: FP8 counted like 4-bit (two codes per byte)."""
+    n = math.prod(shape)
+    if state_format == "fp32" or n < 4096:
+        return 4 * n
+    if state_format in ("4bit", "fp8"):
+        scales = sum(shape) if (stored_as == "v" and len(shape) >= 2) else -(-n // 128)
+        return -(-n // 2) + 4 * scales
+    return n + 4 * -(-n // 256)
+
+
+WRONG_COLD_LEARNERS = [
+    Wrong(_CASE_132, checks.check_state_bytes, bytes_rank1_in_8bit_too, mistake="rank-1 scales in 8-bit too",
+          hint="you counted rank-1 scales (768 + 3072 = 3840); in 8bit every state has one fp32 absmax per block",
+          names_mistake=True),
+    Wrong(_CASE_132, checks.check_state_bytes, bytes_fp8_like_4bit, mistake="FP8 codes counted like 4-bit ones",
+          hint="'fp8' codes take one byte each, not half", names_mistake=True),
+    Wrong(_CASE_133, checks.check_lion_flips, flips_small_m_uncoded, mistake="m under 4,096 elements not coded",
+          hint="code m whatever its size", names_mistake=True),
+    Wrong(_CASE_133, checks.check_lion_flips, flips_quantize_given_2d, mistake="the 2-D m given to quantize",
+          hint="quantize takes the values flat", names_mistake=True),
+    Wrong(_CASE_133, checks.check_lion_flips, flips_decode_not_reshaped, mistake="m flattened for quantize, the "
+          "decoded values left flat", hint="A decoded state comes back flat unless it is given m's shape",
+          names_mistake=True),
+]
+WRONG += WRONG_COLD_LEARNERS
 

@@ -12,7 +12,7 @@ from ....rules.base import StateSpec, UpdateRule
 from . import described, driver
 
 __all__ = ["with_bnb_rounding", "describe_optimizer", "optimizer_defaults", "refusals", "update_once",
-           "step_optimizer"]
+           "step_optimizer", "where_flips_raised"]
 
 
 def with_bnb_rounding(cls):
@@ -118,3 +118,20 @@ def step_optimizer(cls, kwargs: dict, params: list, grads: list, trace: bool = F
             after.append([p.detach().clone() for p in made])
     return {"params": [p.detach().clone() for p in made], "states": _states(opt, made) if states else None,
             "trace": after, "grads_changed": grads_changed}
+
+
+@driver
+def where_flips_raised(fn, m, g, beta1: float, state_format: str) -> dict:
+    """13.3: ``fn(m, g, beta1, state_format)`` once; where it raised, whether the error came from inside a format's
+    ``quantize`` (the learner's m reached it in another shape than flat) — the frames' function and file names."""
+    try:
+        fn(m, g, beta1, state_format)
+    except Exception as exc:  # noqa: BLE001 - the learner's code raised: only where it did crosses
+        tb, in_quantize = exc.__traceback__, False
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            if code.co_name == "quantize" and code.co_filename.replace("\\", "/").endswith("adam8lib/formats.py"):
+                in_quantize = True
+            tb = tb.tb_next
+        return {"raised": True, "in_quantize": in_quantize}
+    return {"raised": False, "in_quantize": False}
