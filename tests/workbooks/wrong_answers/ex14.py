@@ -357,3 +357,18 @@ WRONG += [
     Wrong("14.2", checks.check_bill_row, bill_weights_as_an_int, mistake="an int 4 for 'weights' (floats asked)",
           hint="is the int 4, expected a Python float", names_mistake=True),
 ]
+
+
+# ------------------------------------------------------------------ issue 51: what fresh cold learners wrote
+def bill_between_everything_live(tracker):
+    """Wrong: 'between' as the snapshot's total, every category (activations and transient too)."""
+    row = bill_right(tracker)
+    row["between"] = tracker.at_end_of("backward").total / tracker.num_params
+    return row
+
+
+WRONG_COLD_LEARNERS = [
+    Wrong("14.2", checks.check_bill_row, bill_between_everything_live, mistake="'between' as the snapshot's total "
+          "(all categories)", hint="that counts activations and transient buffers too", names_mistake=True),
+]
+WRONG += WRONG_COLD_LEARNERS

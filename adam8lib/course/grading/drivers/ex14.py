@@ -127,12 +127,23 @@ def release_run(release_by_hand, optimizer: str, steps: int) -> dict:
     return out
 
 
+#: a row where something outside the bill is alive when backward ends: the logits, kept for logging
+_LOGGED = "8-bit AdamW, its logits kept for logging (alive, outside the bill, when backward ends)"
+
+
+def _logged_loss(model, x, y, kept: list):
+    logits = model(x).float()
+    kept.append(logits)
+    return nn.functional.cross_entropy(logits, y)
+
+
 def tracked_rows() -> list[tuple[str, MemoryTracker]]:
     """Trackers of training steps of :class:`Tied`: fp32 AdamW, 8-bit AdamW with bf16 weights, stochastic rounding
     and gradient release (no gradient left when backward ends), and 8-bit AdamW on fp32 weights, each tracked after
     a first step (the state exists before the step); then three FIRST steps, where the state is made during the
     tracked step — in the step (fp32 AdamW, 8-bit AdamW) or inside backward (release) — so that the weights and
-    state are not the same at every moment and the parts peak at different moments."""
+    state are not the same at every moment and the parts peak at different moments; last, 8-bit AdamW with its logits
+    kept alive (activations outside the bill when backward ends: 'between' is not everything live)."""
     out = []
     for label, dtype, make, release, first in (
             ("fp32 AdamW", torch.float32, lambda ps: torch.optim.AdamW(ps, lr=1e-3), False, False),
@@ -144,7 +155,8 @@ def tracked_rows() -> list[tuple[str, MemoryTracker]]:
             ("the first step of 8-bit AdamW (its state made in the step)", torch.float32,
              lambda ps: AdamW8bit(ps, lr=1e-3), False, True),
             ("the first step of bf16 + SR + 8-bit + release (each state made inside backward)", torch.bfloat16,
-             lambda ps: AdamW8bit(ps, lr=1e-3, stochastic_rounding=True), True, True)):
+             lambda ps: AdamW8bit(ps, lr=1e-3, stochastic_rounding=True), True, True),
+            (_LOGGED, torch.float32, lambda ps: AdamW8bit(ps, lr=1e-3), False, False)):
         model = Tied(dtype)
         opt = make([p for p in model.parameters() if p.requires_grad])
         handle = release_gradients([p for p in model.parameters() if p.requires_grad], opt) if release else None
@@ -154,7 +166,9 @@ def tracked_rows() -> list[tuple[str, MemoryTracker]]:
             if not release:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-        tracker = track_step(model, opt, lambda: loss_of(model, x, y))
+        kept: list = []  # _LOGGED's logits, alive until this row is built (the tracker has stopped by then)
+        compute = (lambda: _logged_loss(model, x, y, kept)) if label == _LOGGED else (lambda: loss_of(model, x, y))
+        tracker = track_step(model, opt, compute)
         if handle:
             handle.remove()
         out.append((label, tracker))
