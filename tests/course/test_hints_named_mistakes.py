@@ -127,6 +127,10 @@ def test_07_2_the_optimizers_defaults_instead_of_the_groups_names_the_groups_not
     "every group stepped with the optimizer's defaults: read lr from each param group, not from self.defaults",
     "a parameter group's own lr was ignored: read the hyper-parameters from param_groups inside step()",
     "the second group's lr is not used: each group may set its own hyperparameters (group['lr'])",
+    # check 07.2's words for one setting read from self.defaults (the cold learner's self.defaults["lr"])
+    "the groups' parameters moved with lr=0.001 (your optimizer's default) instead of their own group's lr (0.01, "
+    "0.003): read lr, betas, eps, weight_decay from each param group (group['lr']), not from self.defaults — each "
+    "group sets its own.",
 ])
 def test_07_2_words_for_the_groups_never_select_the_step_counter(hint):
     from adam8lib.course.checks import _common
