@@ -1185,6 +1185,15 @@ FOCUS: dict[str, list[tuple[str, str, str, str]]] = {
         ("decay", "", "decoupled decay — p multiplied by a factor with lr and weight_decay", ""),
     ],
     "13.2": [
+        ("rank1_where", r"you counted rank-1 scales|rank-1 scales are the 4-bit format's",
+         "which states get rank-1 scales — a 4-bit 'v' of two or more dimensions only; 8-bit and FP8 keep one "
+         "absmax per block of 256",
+         "Which format and which state does your code give rank-1 scales? They belong to the 4-bit format's 'v' "
+         "alone: work (768, 3072) 'v' in 8-bit by hand — how many blocks of 256, and one fp32 scale each."),
+        ("fp8", r"'fp8' codes take one byte|FP8 \(e4m3\) code is",
+         "an FP8 code — one byte, laid out like the 8-bit format, one absmax per block of 256",
+         "An FP8 (e4m3) code is 8 bits: one byte, like an 8-bit code — not half a byte, not two. Which bytes per "
+         "code and which blocks does your code give 'fp8'? Count them exactly as for '8bit'."),
         ("count", r"FEWER than|n < min", "", ""),
         ("axis", r"rank-1 scales|per row", "", ""),
         ("absmax", r"forgot the scales|fp32 number|4 bytes per block", "the scales — one fp32 number per block",

@@ -200,17 +200,35 @@ def _bytes(*, rank1_in_8bit=False, fp8_like_4bit=False):
     return state_bytes
 
 
-@pytest.mark.parametrize("kind", ["rank1_in_8bit", "fp8_like_4bit"])
-def test_13_2_a_count_the_check_cannot_name_gets_the_case_and_the_parts_to_work(kind):
-    """Before: 'the bytes of each part — codes by format, …' and the generic checklist, whatever the mistake."""
+@pytest.mark.parametrize("kind, key", [("rank1_in_8bit", "rank1_where"), ("fp8_like_4bit", "fp8")])
+def test_13_2_rank1_scales_in_8_bit_and_fp8_counted_like_4_bit_are_named(kind, key):
+    """Before: 'the bytes of each part — codes by format, …' and the generic checklist, whatever the mistake; once
+    check 13.2 named rank-1 scales in 8-bit, levels 1 and 3 said rank-1 scales apply to every tensor of two or more
+    dimensions — the opposite of the fix."""
     first, _, third = _levels("13.2", checks.check_state_bytes, _bytes(**{kind: True}))
     failure = last_failure("13.2")
-    if not restates_the_rule(failure):  # the check names this mistake now: levels follow its words
-        assert aim(failure)[1] and WHERE in first
+    if restates_the_rule(failure):  # a check that cannot tell: what it saw and how to find the mistake
+        assert aim(failure) == (NO_MISTAKE_NAMED, True)
+        assert "state_bytes((" in _where(first) and "expected" in _where(first)
+        assert third.startswith(UNNAMED) and "Your result minus the expected one:" in third
+        assert LOCATE["13.2"] in third
         return
-    assert aim(failure) == (NO_MISTAKE_NAMED, True)
-    assert "state_bytes((" in _where(first) and "expected" in _where(first)
-    assert third.startswith(UNNAMED) and "Your result minus the expected one:" in third and LOCATE["13.2"] in third
+    assert aim(failure) == (key, True)
+    part, nudge = _aimed("13.2", key)
+    assert part in first and third == nudge
+    assert EXERCISES["13.2"].nudges["axis"] not in third and EXERCISES["13.2"].nudges["factor"] not in third
+
+
+def test_13_2_a_rule_restated_alone_gets_the_case_and_the_parts_to_work():
+    from adam8lib.course.checks import _common
+
+    _common._OUTCOMES["13.2"] = _common.Failure(
+        "13.2", "state_bytes", "values", "state_bytes((768, 3072), 'v', '8bit')",
+        "state_bytes((768, 3072), 'v', '8bit') = 2374656, expected 2396160.", RULES["13.2"][0] + " …",
+        got="2374656", expected="2396160")
+    first, _, third = (next_hint("13.2").text for _ in range(3))
+    assert "state_bytes((768, 3072), 'v', '8bit') = 2374656, expected 2396160 — the check's hint only restates" in first
+    assert UNNAMED in third and "Your result minus the expected one: -21,504." in third and LOCATE["13.2"] in third
 
 
 # ------------------------------------------------------------------------------------------------ 13.3
