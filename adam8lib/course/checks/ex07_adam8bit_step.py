@@ -621,8 +621,8 @@ def check_adam8bit_optimizer(optimizer_class) -> None:
             if _same(params, alt):
                 fail(f"{name}: parameters after 3 steps differ from adam8lib.optim.Adam8bit", hint)
         for hint, rule in [
-            ("the step count stays at 1: it must grow, 1, 2, 3 … per parameter (state['step'] += 1 before each "
-             "update), or the bias correction keeps dividing as if every step were the first.", "always_one"),
+            ("the step count stays at 1: it must grow, 1, 2, 3 … per parameter (kept in its state, increased before "
+             "each update), or the bias correction keeps dividing as if every step were the first.", "always_one"),
             ("you keep one counter for all parameters (increased for every tensor): each parameter needs its own "
              "count in self.state[p]['step'], 1 on its first update.", "global"),
             ("you count calls of step() (one counter for the optimizer), not updates of each parameter: a parameter "
