@@ -795,6 +795,14 @@ FOCUS: dict[str, list[tuple[str, str, str, str]]] = {
         ("rounding", "", "where rounding happens — once, when a value is stored", ""),
     ],
     "07.2": [
+        ("checkpoint", r"loads a checkpoint|attributes set during",
+         "what a checkpoint keeps — only the param groups and self.state, so everything step() reads must live there",
+         "Save state_dict() after two steps, load it into a NEW optimizer over the same parameters and step it once: "
+         "which of your attributes is missing there? What step() reads must come back with the checkpoint."),
+        ("lazy_state", r"state on its first step|not in __init__",
+         "where the state is made — in step(), on a parameter's first step, so a parameter without a gradient has none",
+         "Build the optimizer over two parameters, give only one a gradient, step once and print len(opt.state): "
+         "does the other parameter have a state? Where does your code make states?"),
         ("decay", r"decay|param.?groups?\b|self\.defaults|hyper-?parameters|group\[",
          "the hyperparameters of each group — lr, betas, eps and decoupled weight decay read from its own group",
          "Create the optimizer on two groups with different lr and weight_decay: does each parameter move by its "

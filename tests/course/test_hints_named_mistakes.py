@@ -298,3 +298,22 @@ def test_a_restated_rule_never_selects_a_mistake_key_in_any_exercise():
             first, _, third = (next_hint(exercise).text for _ in range(3))
             assert "could not tell which part" in first and "worst at" not in first, exercise
             assert UNNAMED in third, exercise
+
+
+@pytest.mark.parametrize("mistake, key, before", [
+    ("states created in __init__", "lazy_state", "the step counter"),
+    ("step counts in self.steps", "checkpoint", "the hyperparameters of each group"),
+])
+def test_07_2_course_wrong_answers_that_had_a_neighbouring_mistakes_part(mistake, key, before):
+    """A state made in __init__ got 'the step counter' ('first step' in the hint), attributes lost in a checkpoint got
+    the groups' hyperparameters ('param groups' in the hint)."""
+    from tests.workbooks.wrong_answers import collect
+
+    wrong, _ = collect()
+    [w] = [w for w in wrong if w.exercise == "07.2" and w.mistake.startswith(mistake)]
+    with pytest.raises(AssertionError), contextlib.redirect_stdout(io.StringIO()):
+        w.run()
+    assert aim(last_failure("07.2")) == (key, True)
+    first, _, third = (next_hint("07.2").text for _ in range(3))
+    part, nudge = _aimed("07.2", key)
+    assert part in first and nudge in third and before not in first
