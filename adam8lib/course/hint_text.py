@@ -795,7 +795,7 @@ FOCUS: dict[str, list[tuple[str, str, str, str]]] = {
         ("rounding", "", "where rounding happens — once, when a value is stored", ""),
     ],
     "07.2": [
-        ("checkpoint", r"loads a checkpoint|attributes set during",
+        ("checkpoint", r"loads a checkpoint|attributes set during|that is what state_dict\(\) saves",
          "what a checkpoint keeps — only the param groups and self.state, so everything step() reads must live there",
          "Save state_dict() after two steps, load it into a NEW optimizer over the same parameters and step it once: "
          "which of your attributes is missing there? What step() reads must come back with the checkpoint."),
@@ -1239,6 +1239,10 @@ FOCUS: dict[str, list[tuple[str, str, str, str]]] = {
         ("hook", "", "the hook — the kind that runs once the gradient is complete", ""),
     ],
     "14.2": [
+        ("bill_only", r"activations and transient|weights \+ gradients \+ state only",
+         "what the bill holds — weights, gradients and state, not activations or transient buffers",
+         "Print the snapshot at the end of backward category by category: which are the bill's three, and which "
+         "categories does your number add up?"),
         ("count", r"own maximum", "the peak — one moment, not each part's own maximum",
          "Do the three parts peak at the same moment? Add them at one moment and compare with the sum of their "
          "maxima."),

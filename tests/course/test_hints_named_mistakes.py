@@ -317,3 +317,23 @@ def test_07_2_course_wrong_answers_that_had_a_neighbouring_mistakes_part(mistake
     first, _, third = (next_hint("07.2").text for _ in range(3))
     part, nudge = _aimed("07.2", key)
     assert part in first and nudge in third and before not in first
+
+
+# ------------------------------------------------------------------- a second cold judge's planted mistakes
+@pytest.mark.parametrize("exercise, hint, key, not_before", [
+    ("07.2", "keep every state (codes, absmax, fp32 moments, the step count) in self.state[p]: that is what "
+             "state_dict() saves; attributes of your own (self.codes = {...}) are lost.", "checkpoint",
+     "The step counter starts at 0"),
+    ("14.2", "that counts activations and transient buffers too: the bill is weights + gradients + state only",
+     "bill_only", "sum of their maxima"),
+])  # fmt: skip
+def test_the_check_words_a_second_cold_judge_met_select_their_own_mistake(exercise, hint, key, not_before):
+    """Before: 07.2's step counts kept outside self.state got 'the step counter starts at 0' at level 3; 14.2's
+    'between' summed over every category got the peak's 'sum of their maxima' at levels 1 and 3."""
+    from adam8lib.course.checks import _common
+
+    _common._OUTCOMES[exercise] = _common.Failure(exercise, EXERCISES[exercise].check, "values", "f(...)",
+                                                  "a result differs", hint)
+    first, _, third = (next_hint(exercise).text for _ in range(3))
+    part, nudge = _aimed(exercise, key)
+    assert part in first and nudge in third and not_before not in first + third
