@@ -1148,6 +1148,10 @@ FOCUS: dict[str, list[tuple[str, str, str, str]]] = {
         ("axis", "", "the reductions — one per row, one per column, broadcast back", ""),
     ],
     "12.4": [
+        ("negative", r"negative x is mishandled",
+         "a negative x — its neighbours toward and away from zero, and the signed gap between them",
+         "Round 1.3 and -1.3 many times each with the same generator: does each go away from zero about as often? "
+         "Follow one negative value through your arithmetic: where does a difference change sign, or lose it?"),
         ("noise", r"random (integers|numbers)|span",
          "the random numbers — exactly one bf16 step of the lower 16 bits",
          "How many different values must your random numbers take to cover one bf16 step, no more, no less? Print "

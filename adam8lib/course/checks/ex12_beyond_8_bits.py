@@ -429,7 +429,7 @@ def check_stochastic_round(stochastic_round) -> None:
         if len(values) == 1 and float(low) != float(high):
             direction = "up (away from 0)" if values == {float(high)} else "down (toward 0)"
             fail(f"{what}: every copy rounded {direction}; stochastic rounding goes both ways.",
-                 hint=_one_way_hint(stochastic_round, values == {float(high)}))
+                 hint=_one_way_hint(stochastic_round, values == {float(high)}, float(x[0])))
         frac = float((x[0].double() - low.double()) / (high.double() - low.double()))
         up = (got.float() == float(high)).double().mean().item()
         se = (frac * (1 - frac) / n) ** 0.5
@@ -476,15 +476,21 @@ def check_stochastic_round(stochastic_round) -> None:
     passed("Exercise 12.4 · Stochastic rounding to bf16")
 
 
-def _one_way_hint(stochastic_round, went_up: bool) -> str:
+def _one_way_hint(stochastic_round, went_up: bool, x: float | None = None) -> str:
     """Every copy went the same way: name the deterministic rounding the learner wrote, from one more input
-    (x three quarters of a step above a bf16 number: nearest rounds it up, truncation down)."""
+    (x three quarters of a step above a bf16 number: nearest rounds it up, truncation down); for a negative x,
+    first whether its positive mirror rounds right (then only the sign is handled wrongly)."""
     generic = ("round up with probability (x - low) / (high - low), with a fresh random number per element "
                "drawn from the generator you are given.")
     if _one_draw_per_call(stochastic_round):
         return ("within one call every element rounds the same way, but calls with other seeds go the other way: "
                 "you drew ONE random number for the whole tensor. Every element needs its own draw (a tensor of "
                 "random numbers shaped like x).")
+    if x is not None and x < 0 and _mirror_rounds_right(stochastic_round, -x):
+        return (f"for {-x:.6g} your rounding goes both ways with the right odds, for {x:.6g} only one way: a negative x "
+                "is mishandled. Its lower neighbour (toward zero) and x differ by a NEGATIVE amount, as do its two "
+                "neighbours: a distance taken as positive (abs) on one side only makes the odds 0 or 1. Work with "
+                "magnitudes throughout, or on the bit pattern, which is the same for either sign.")
     low_half = _probe(stochastic_round, 1.0 + 2.0**-10, 46, n=20000)  # an eighth of a step above 1
     if low_half is not None and abs(float((low_half > 1.0).double().mean()) - 0.125) < 0.03:
         return ("right where x sits in the lower half of its bf16 gap, one way only elsewhere: your 'lower neighbour' "
@@ -511,6 +517,19 @@ def _one_way_hint(stochastic_round, went_up: bool) -> str:
         return ("you truncate (clear the low 16 bits): always toward zero. Round up at random, with probability "
                 "(x - low) / (high - low).")
     return generic
+
+
+def _mirror_rounds_right(stochastic_round, value: float, n: int = 20000) -> bool:
+    """Whether ``n`` copies of the positive ``value`` go to its two bf16 neighbours with the right odds."""
+    got = _probe(stochastic_round, value, 48, n=n)
+    if got is None:
+        return False
+    bits = torch.tensor([value], dtype=torch.float32).view(torch.int32) & ~0xFFFF
+    low, high = float(bits.view(torch.float32)), float((bits + 0x10000).view(torch.float32))
+    if low == high or not set(got.unique().tolist()) <= {low, high}:
+        return False
+    frac = (value - low) / (high - low)
+    return abs(float((got == high).double().mean()) - frac) <= 5 * (frac * (1 - frac) / n) ** 0.5 + 1e-9
 
 
 def _probe(stochastic_round, value: float, seed: int, n: int = 4000) -> torch.Tensor | None:

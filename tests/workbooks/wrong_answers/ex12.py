@@ -266,6 +266,17 @@ def round_by_comparing_rand(x, generator):
 
 C = checks
 P, U = checks.check_pack_nibbles, "12.1"
+def round_gap_taken_positive(x, generator):
+    """Right for a positive x; for a negative one the gap is taken as positive (abs) on one side only, so the odds
+    of going away from zero are never above 0 (a cold learner's mistake)."""
+    bits = x.float().contiguous().view(torch.int32) & -65536
+    low = bits.view(torch.float32)
+    high = (bits + 65536).view(torch.float32)
+    frac = (x.float() - low) / (high - low).abs()
+    up = torch.rand(x.shape, generator=generator) < frac
+    return torch.where(up, high, low).to(torch.bfloat16)
+
+
 WRONG = [
     # 12.1 · two codes per byte (pack checked with a right unpack, unpack with a right pack)
     Wrong(U, P, pack_low_first, "nibble order swapped: low first", "the nibbles are swapped", True, (unpack,)),
@@ -343,6 +354,8 @@ WRONG = [
           "draw every random number from the generator you are given", True),
     Wrong("12.4", C.check_stochastic_round, make_round(dtype=torch.float32), "returns fp32",
           "expected a bf16 tensor", True),
+    Wrong("12.4", C.check_stochastic_round, round_gap_taken_positive, "a negative x's gap taken as positive: one "
+          "way only for negatives", "a negative x is mishandled", True),
 ]
 
 RIGHT = [
