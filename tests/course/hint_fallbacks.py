@@ -31,11 +31,10 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass
 
-from adam8lib.course.checks._common import forget_outcomes, last_failure
+from adam8lib.course.checks._common import last_failure
 from adam8lib.course.hint_text import EXERCISES, GENERAL_NUDGES
-from adam8lib.course.hints import aim, next_hint, reset_hints
-
-from adam8lib.course.hints import FROM_CHECK, UNNAMED, _from_check
+from adam8lib.course.hints import FROM_CHECK, UNNAMED, _from_check, aim, next_hint
+from tests.course._hint_state import forget_hints
 
 __all__ = ["Row", "measure", "summary", "main"]
 
@@ -60,8 +59,7 @@ class Row:
 
 def _generic_level1(exercise: str) -> str:
     """The level-1 text of ``exercise`` with no failure recorded (without its header line)."""
-    forget_outcomes()
-    reset_hints()
+    forget_hints()
     return next_hint(exercise).text
 
 
@@ -82,8 +80,7 @@ def measure(workbooks: list[str] | None = None) -> list[Row]:
             continue
         if w.exercise not in generic:
             generic[w.exercise] = _generic_level1(w.exercise)
-        forget_outcomes()
-        reset_hints()
+        forget_hints()
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             try:
                 w.run()
@@ -103,8 +100,7 @@ def measure(workbooks: list[str] | None = None) -> list[Row]:
                         level3_from_check=body3.startswith(FROM_CHECK),
                         texts=texts, probe=_from_check(failure) if failure.hint else "", hint=failure.hint or "",
                         unnamed=body3.startswith(UNNAMED)))
-    forget_outcomes()
-    reset_hints()
+    forget_hints()
     return rows
 
 

@@ -25,24 +25,16 @@ import torch
 
 import adam8lib.course
 from adam8lib.course import checks
-from adam8lib.course.checks._common import call, forget_outcomes, last_failure, outcome, success_line
+from adam8lib.course.checks._common import call, last_failure, outcome, success_line
 from adam8lib.course.grading.conventions import BEGIN, END
 from adam8lib.course.grading.feedback import split_hint
 from adam8lib.course.grading.lessons import SECTIONS
 from adam8lib.course.hint_text import EXERCISE_OF_CHECK, EXERCISES, GENERAL_NUDGES, LESSONS
-from adam8lib.course.hints import TOPICS, next_hint, reset_hints
+from adam8lib.course.hints import TOPICS, next_hint
+from tests.course._hint_state import forget_hints, fresh_hints  # noqa: F401 (fresh_hints: autouse)
 
 ROOT = Path(__file__).resolve().parents[2]
 PROPERTY = "→ property that failed:"
-
-
-@pytest.fixture(autouse=True)
-def _fresh():
-    forget_outcomes()
-    reset_hints()
-    yield
-    forget_outcomes()
-    reset_hints()
 
 
 def _fails(check, answer, *args) -> str:
@@ -325,8 +317,7 @@ def test_every_level_after_planted_wrong_answers_names_the_property_and_leaks_no
     tried = [w for i, w in enumerate(tried) if [v.exercise for v in tried[:i]].count(w.exercise) < 4]
     assert len(tried) >= 5
     for w in tried:
-        forget_outcomes()
-        reset_hints()
+        forget_hints()
         with pytest.raises(AssertionError) as info, contextlib.redirect_stdout(io.StringIO()):
             w.run()
         message = str(info.value)

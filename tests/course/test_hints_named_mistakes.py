@@ -17,22 +17,14 @@ import torch
 from torch import nn
 
 from adam8lib.course import checks
-from adam8lib.course.checks._common import forget_outcomes, last_failure
+from adam8lib.course.checks._common import last_failure
 from adam8lib.course.hint_text import EXERCISES, LOCATE, RULES
-from adam8lib.course.hints import NO_MISTAKE_NAMED, UNNAMED, aim, next_hint, reset_hints, restates_the_rule
+from adam8lib.course.hints import NO_MISTAKE_NAMED, UNNAMED, aim, next_hint, restates_the_rule
 from adam8lib.formats import FORMATS
 from adam8lib.quant import dequantize_blocks, quantize_blocks
+from tests.course._hint_state import forget_hints, fresh_hints  # noqa: F401 (fresh_hints: autouse)
 
 WHERE = "Where your last check failed:"
-
-
-@pytest.fixture(autouse=True)
-def _fresh():
-    forget_outcomes()
-    reset_hints()
-    yield
-    forget_outcomes()
-    reset_hints()
 
 
 def _levels(exercise, check, answer) -> tuple[str, str, str]:
@@ -290,8 +282,7 @@ def test_a_restated_rule_never_selects_a_mistake_key_in_any_exercise():
 
     for exercise, openings in RULES.items():
         for opening in openings:
-            forget_outcomes()
-            reset_hints()
+            forget_hints()
             _common._OUTCOMES[exercise] = _common.Failure(exercise, EXERCISES[exercise].check, "values",
                                                           "f(x) on 3 elements", "the result differs at 1 of 3 "
                                                           "elements; worst at index (1,)", opening + " …")

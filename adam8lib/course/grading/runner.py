@@ -41,7 +41,6 @@ from __future__ import annotations
 import ast
 import builtins
 import hashlib
-import importlib
 import io
 import json
 import os
@@ -51,6 +50,7 @@ import sysconfig
 import threading
 import types
 
+from . import withheld
 from .guard import install, references
 
 __all__ = ["main", "file_digest", "Snapshot"]
@@ -309,23 +309,7 @@ def course_references(check_modules, library_imports, implementations) -> tuple[
     check the checks' modules define, and every ``adam8lib`` function they import — plus the
     manifest's ``implementations``, less its ``library_imports`` (the solution uses those); and
     the allowed objects."""
-    def resolve(dotted: str):
-        parts = dotted.split(".")
-        for cut in range(len(parts), 0, -1):
-            module = sys.modules.get(".".join(parts[:cut]))
-            if module is None:
-                try:
-                    module = importlib.import_module(".".join(parts[:cut]))
-                except Exception:  # noqa: BLE001 - not importable: nothing to resolve
-                    continue
-            value = module
-            try:
-                for attr in parts[cut:]:
-                    value = getattr(value, attr)
-            except AttributeError:
-                return None
-            return value
-        return None
+    resolve = withheld.resolved  # the longest importable module, then attributes; None where nothing resolves
 
     allowed = [v for v in (resolve(d) for d in library_imports) if v is not None and not isinstance(v, types.ModuleType)]
     allowed_ids = {id(v) for v in allowed}

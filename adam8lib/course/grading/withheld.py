@@ -6,7 +6,9 @@ check cells) name, per exercise, the library's and bitsandbytes' own versions of
 each module that defines one as a *withheld copy*: the same file with that definition's lines replaced by a stand-in
 of the same name, so the module still imports and everything else in it works, and the definition's code is
 nowhere in the learner view (the module's compiled ``__pycache__`` files are shown empty, so Python compiles the
-copy). Calling the stand-in (or any attribute of a withheld class's instance) raises :class:`RuntimeError`::
+copy). A withheld function is a stand-in that raises; a withheld class keeps its bases and class attributes (other
+modules read them at import) and each of its own methods is such a stand-in. Calling one raises
+:class:`RuntimeError`::
 
     adam8lib.rounding.stochastic_round_to_bf16 is not available while grading 12.4: exercise 12.4 asks you to
     write it, so the gradebook's learner view leaves it out
@@ -34,7 +36,7 @@ import types
 import warnings
 from pathlib import Path
 
-__all__ = ["MARK", "Withheld", "resolve", "withheld_sources", "write_view", "used"]
+__all__ = ["MARK", "Withheld", "resolve", "resolved", "withheld_sources", "write_view", "used"]
 
 #: the words of every stand-in's error; :func:`used` finds them in a result
 MARK = "is not available while grading"
@@ -52,7 +54,7 @@ def resolve(dotted: str):
     for cut in range(len(parts), 0, -1):
         try:
             value = _quietly_imported(".".join(parts[:cut]))
-        except ImportError:
+        except Exception:  # noqa: BLE001 - not importable (whatever it raised): try a shorter module name
             continue
         try:
             for attr in parts[cut:]:
@@ -63,23 +65,31 @@ def resolve(dotted: str):
     raise Withheld(f"{dotted}: no module of that name imports")
 
 
+def resolved(dotted: str):
+    """:func:`resolve`, or None where the name does not resolve (the guard's references use it too)."""
+    try:
+        return resolve(dotted)
+    except Withheld:
+        return None
+
+
 def _quietly_imported(name: str) -> types.ModuleType:
     """``importlib.import_module(name)`` without the notes a library prints when first imported (bitsandbytes
     logs its optional kernels): the gradebook's output is the instructor's."""
     if name in sys.modules:
         return sys.modules[name]
-    logging.disable(logging.WARNING)
+    previous = logging.root.manager.disable
+    logging.disable(max(previous, logging.WARNING))
     try:
         with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore")
             return importlib.import_module(name)
     finally:
-        logging.disable(logging.NOTSET)
+        logging.disable(previous)
 
 
-def _definition(dotted: str) -> tuple[Path, str]:
-    """The source file and the top-level name of ``dotted``'s definition (re-exports followed to it)."""
-    value = resolve(dotted)
+def _definition(dotted: str, value) -> tuple[Path, str]:
+    """The source file and the top-level name of ``dotted``'s definition, ``value`` (re-exports followed to it)."""
     if not isinstance(value, (types.FunctionType, type)):
         raise Withheld(f"{dotted}: only functions and classes can be withheld, not {type(value).__name__}")
     home, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", "")
@@ -132,15 +142,16 @@ def withheld_sources(implementations: dict[str, list[str]], keep: list[str] = ()
     """``{source file: its withheld copy's text}`` for ``implementations`` ({exercise label: [dotted names]}),
     leaving out the names in ``keep`` (the solution's ``library_imports``: it uses them). :class:`Withheld` for a
     name that cannot be withheld."""
-    kept = {id(resolve(name)) for name in keep if _importable(name)}
-    asked: dict[str, list[str]] = {}
+    kept = {id(value) for value in map(resolved, keep) if value is not None}
+    asked: dict[str, tuple[object, list[str]]] = {}
     for exercise, names in sorted(implementations.items()):
         for dotted in names:
-            if id(resolve(dotted)) not in kept:
-                asked.setdefault(dotted, []).append(exercise)
+            value = asked[dotted][0] if dotted in asked else resolve(dotted)
+            if id(value) not in kept:
+                asked.setdefault(dotted, (value, []))[1].append(exercise)
     by_file: dict[Path, dict[str, str]] = {}
-    for dotted, exercises in asked.items():
-        path, name = _definition(dotted)
+    for dotted, (value, exercises) in asked.items():
+        path, name = _definition(dotted, value)
         which = (f"exercise {exercises[0]} asks" if len(exercises) == 1
                  else f"exercises {', '.join(exercises[:-1])} and {exercises[-1]} ask")
         message = f"{dotted} {MARK} {exercises[0]}: {which} you to write it, so the gradebook's learner view leaves it out"
@@ -161,14 +172,6 @@ def withheld_sources(implementations: dict[str, list[str]], keep: list[str] = ()
             lines[start - 1:end] = stand_in
         out[path] = "\n".join(lines) + "\n"
     return out
-
-
-def _importable(dotted: str) -> bool:
-    try:
-        resolve(dotted)
-        return True
-    except Withheld:
-        return False
 
 
 def write_view(implementations: dict[str, list[str]], keep: list[str], folder: Path) -> list[tuple[Path, Path]]:
